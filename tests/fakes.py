@@ -1,0 +1,116 @@
+"""A fake drafter/verifier pair on a tiny vocabulary: every loop test runs in milliseconds.
+
+The fake verifier is a deterministic "language model": its logits after a sequence depend on the
+last two tokens through a seeded generator. The fake drafter proposes the verifier's own greedy
+continuation, corrupting each position with probability ``error`` (seeded by the sequence length),
+and gives high confidence to correct tokens and lower confidence to corrupted ones.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vskip.models.protocols import DRAFT_FEATURES, DraftBlock
+from vskip.policy import Verdict
+
+V = 50
+EOS = 0
+SPECIAL = 1
+
+
+def fake_logits(seq) -> np.ndarray:
+    a = seq[-1] if len(seq) else 0
+    b = seq[-2] if len(seq) > 1 else 0
+    rng = np.random.default_rng(1000 * a + b)
+    z = rng.normal(size=V)
+    z[SPECIAL] = -10.0
+    z[EOS] = -10.0 if len(seq) < 40 else z.max() + 1.0  # sequences end after ~40 tokens
+    return z
+
+
+class FakeVerifier:
+    eos_ids = frozenset({EOS})
+    special_ids = frozenset({SPECIAL})
+    max_length = 10_000
+
+    def __init__(self):
+        self.calls = 0
+        self.shadow_calls = 0
+
+    def score(self, seq, block, shadow=False):
+        self.calls += not shadow
+        self.shadow_calls += shadow
+        seq = list(seq)
+        block = [int(t) for t in block]
+        zs = [fake_logits(seq + block[:j]) for j in range(len(block) + 1)]
+        argmax = np.array([int(np.argmax(z)) for z in zs])
+        gap = np.array([zs[j][t] - zs[j].max() for j, t in enumerate(block)])
+        rank = np.array([int((zs[j] > zs[j][t]).sum()) for j, t in enumerate(block)], dtype=np.int64)
+        return Verdict(argmax, gap.reshape(len(block)), rank.reshape(len(block)))
+
+    def greedy(self, seq, n):
+        seq = list(seq)
+        out = []
+        for _ in range(n):
+            t = int(np.argmax(fake_logits(seq)))
+            seq.append(t)
+            out.append(t)
+            if t == EOS:
+                break
+        return out
+
+    def warmup(self, seq, gamma):
+        pass
+
+    def reset(self):
+        pass
+
+
+class FakeDrafter:
+    def __init__(self, error: float = 0.2, seed: int = 0, special_at: int | None = None):
+        self.error = error
+        self.seed = seed
+        self.special_at = special_at
+        self.blocks = 0
+
+    def propose(self, seq, gamma, features=False):
+        self.blocks += 1
+        rng = np.random.default_rng(self.seed * 7919 + len(seq))
+        s = list(seq)
+        toks, conf = [], []
+        for j in range(gamma):
+            t = int(np.argmax(fake_logits(s)))
+            if rng.random() < self.error:
+                t = int(rng.integers(2, V))
+                c = rng.uniform(0.3, 0.95)
+            else:
+                c = rng.uniform(0.85, 1.0)
+            if self.special_at is not None and j == self.special_at:
+                t = SPECIAL
+            toks.append(t)
+            conf.append(c)
+            s.append(t)
+        feats = np.zeros((gamma, len(DRAFT_FEATURES)), np.float32) if features else None
+        if features:
+            feats[:, 4] = conf
+        hidden = np.zeros((gamma, 4), np.float32) if features else None
+        return DraftBlock(np.array(toks, np.int64), np.array(conf, np.float32), feats, hidden)
+
+    def warmup(self, seq, gamma):
+        pass
+
+    def reset(self):
+        pass
+
+
+class StubPredictor:
+    """Scores each position with its raw confidence squashed: stands in for a trained MLP."""
+
+    def __init__(self, power: float = 1.0):
+        self.power = power
+        self.calls = 0
+
+    def scores(self, block, features, task_id=None):
+        self.calls += 1
+        assert features.shape == (block.gamma, 19), features.shape
+        return np.asarray(block.confidence, np.float64) ** self.power

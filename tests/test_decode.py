@@ -1,0 +1,180 @@
+"""The decode loop on a fake drafter/verifier pair: lossless Strict SDD, skips, shadow, records."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fakes import EOS, SPECIAL, FakeDrafter, FakeVerifier, StubPredictor
+from vskip.decode import DecodeConfig, agreement, decode
+from vskip.policy import PolicyConfig
+
+PROMPT = [7, 3, 9, 4]
+
+
+def run(policy, drafter=None, gamma=8, max_new=60, shadow=True, predictor=None, trace=False, prompt=PROMPT):
+    v = FakeVerifier()
+    d = drafter if drafter is not None else FakeDrafter()
+    cfg = DecodeConfig(gamma=gamma, max_new_tokens=max_new, shadow=shadow, trace=trace, task="humaneval")
+    res = decode(prompt, None if policy.name == "ar" else d, v, policy, cfg, predictor=predictor)
+    return res, v
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 24), st.floats(0.0, 1.0), st.integers(0, 10**6), st.integers(1, 80))
+def test_strict_equals_verifier_greedy(gamma, error, seed, max_new):
+    """The lossless property: Strict SDD returns the verifier's own greedy output."""
+    ref, _ = run(PolicyConfig(name="ar"), max_new=max_new)
+    res, _ = run(PolicyConfig(name="strict"), FakeDrafter(error, seed), gamma=gamma, max_new=max_new)
+    assert res.tokens == ref.tokens
+    assert res.tokens == FakeVerifier().greedy(PROMPT, max_new)
+    assert res.stop == ref.stop
+
+
+def test_ar_counts_one_call_per_token():
+    res, v = run(PolicyConfig(name="ar"))
+    assert res.verifier_calls == len(res.tokens) == v.calls
+    assert res.draft_blocks == 0
+    assert res.stop == "eos" and res.tokens[-1] == EOS
+
+
+def test_strict_rounds_commit_L_plus_one():
+    res, _ = run(PolicyConfig(name="strict"), FakeDrafter(0.3, 1))
+    for r in res.rounds[:-1]:  # the last round may be cut at EOS
+        assert r.verified and r.committed == r.L + 1 and not r.relaxed
+    assert res.verifier_calls == res.draft_blocks == len(res.rounds)
+    assert agreement(res.rounds) == (1.0, 1.0)
+
+
+def test_perfect_drafter_commits_gamma_plus_one():
+    res, _ = run(PolicyConfig(name="strict"), FakeDrafter(0.0), gamma=5, max_new=30)
+    assert [r.committed for r in res.rounds[:3]] == [6, 6, 6]
+
+
+def test_raw_skips_and_shadow_audits():
+    pol = PolicyConfig(name="raw", eta_b=0.8, eta_c=0.8, k_min=2, s_max=20)
+    res, v = run(pol, FakeDrafter(0.1, 3), gamma=8, max_new=80)
+    skipped = [r for r in res.rounds if not r.verified]
+    assert skipped, "the fake drafter is confident enough to skip"
+    assert res.skipped_rounds == len(skipped)
+    assert all(r.K >= 2 and r.L is not None and r.relaxed for r in skipped)
+    # shadow calls are not counted as verifier calls
+    assert res.verifier_calls == v.calls == sum(r.verified for r in res.rounds)
+    assert v.shadow_calls == len(skipped)
+    assert sum(r.committed for r in res.rounds) == len(res.tokens)
+    st_, fp = agreement(res.rounds)
+    assert 0.0 <= fp <= st_ <= 1.0
+
+
+def test_shadow_never_changes_decoding():
+    pol = PolicyConfig(name="raw", eta_b=0.8, eta_c=0.8, k_min=2, s_max=20)
+    a, _ = run(pol, FakeDrafter(0.2, 5), shadow=True)
+    b, vb = run(pol, FakeDrafter(0.2, 5), shadow=False)
+    assert a.tokens == b.tokens
+    assert vb.shadow_calls == 0
+    assert all(r.L is None for r in b.rounds if not r.verified)
+
+
+def test_a_lossy_skip_shows_in_agreement():
+    """A drafter that is always wrong but fully confident: raw skips commit wrong tokens and the
+    shadow verifier reports L = 0 on them."""
+    pol = PolicyConfig(name="raw", eta_b=0.0, eta_c=0.0, k_min=1, s_max=1000)
+
+    class Overconfident(FakeDrafter):
+        def propose(self, seq, gamma, features=False):
+            b = super().propose(seq, gamma, features)
+            b.confidence[:] = 1.0
+            return b
+
+    res, _ = run(pol, Overconfident(1.0, 2), gamma=4, max_new=20)
+    skipped = [r for r in res.rounds if not r.verified]
+    assert skipped and all(r.L == 0 for r in skipped)
+    assert agreement(res.rounds) == (0.0, 0.0)
+
+
+def test_staleness_forces_verification():
+    pol = PolicyConfig(name="raw", eta_b=0.0, eta_c=0.0, k_min=1, s_max=12)
+    res, _ = run(pol, FakeDrafter(0.0), gamma=8, max_new=200, prompt=[11, 12, 13])
+    D = 0
+    for r in res.rounds:
+        if r.verified:
+            D = 0
+        else:
+            assert D < 12
+            D += r.K
+        assert D <= 12 + 8 - 1
+
+
+def test_special_token_guard_in_loop():
+    pol = PolicyConfig(name="raw", eta_b=0.0, eta_c=0.0, k_min=1)
+    res, _ = run(pol, FakeDrafter(0.0, special_at=0), gamma=6)
+    assert res.skipped_rounds == 0
+    assert {r.reason for r in res.rounds} <= {"special", "shortened", "eos"}
+    assert "special" in {r.reason for r in res.rounds}
+    assert SPECIAL not in res.tokens
+
+
+def test_lenience_one_and_topk_one_equal_strict():
+    ref, _ = run(PolicyConfig(name="strict"), FakeDrafter(0.3, 9))
+    for pol in (PolicyConfig(name="lenience", lenience=1.0), PolicyConfig(name="topk", top_k=1)):
+        res, _ = run(pol, FakeDrafter(0.3, 9))
+        assert res.tokens == ref.tokens
+        assert [r.committed for r in res.rounds] == [r.committed for r in ref.rounds]
+
+
+def test_lenience_is_relaxed_and_uses_fewer_calls():
+    strict, _ = run(PolicyConfig(name="strict"), FakeDrafter(0.4, 4), max_new=80)
+    len_, _ = run(PolicyConfig(name="lenience", lenience=0.05), FakeDrafter(0.4, 4), max_new=80)
+    assert any(r.relaxed for r in len_.rounds)
+    assert all(r.accepted >= r.L for r in len_.rounds if r.verified)
+    assert len_.verifier_calls / len(len_.tokens) <= strict.verifier_calls / len(strict.tokens)
+
+
+def test_periodic_skips_every_p_rounds():
+    res, _ = run(PolicyConfig(name="periodic", period=3, period_k=2), FakeDrafter(0.2, 1), gamma=8, max_new=80)
+    for r in res.rounds:
+        if not r.verified:
+            assert (r.round + 1) % 3 == 0 and r.K == 2
+
+
+def test_learned_signal_uses_predictor_and_features():
+    pred = StubPredictor(power=2.0)
+    pol = PolicyConfig.make("conditional", eta_b=0.5, epsilon=0.5, k_min=1)
+    res, _ = run(pol, FakeDrafter(0.1, 2), predictor=pred)
+    assert pred.calls == res.draft_blocks > 0
+    with pytest.raises(ValueError, match="predictor"):
+        run(pol, FakeDrafter(0.1, 2), predictor=None)
+
+
+def test_budget_and_shortened_final_block():
+    res, _ = run(PolicyConfig(name="raw", eta_b=0.0, eta_c=0.0, k_min=1), FakeDrafter(0.0), gamma=8, max_new=13)
+    assert len(res.tokens) == 13 and res.stop == "length"
+    assert res.rounds[-1].gamma <= 8
+    shortened = [r for r in res.rounds if r.gamma < 8]
+    assert all(r.verified for r in shortened)
+
+
+def test_trace_records_every_block():
+    res, _ = run(PolicyConfig(name="strict"), FakeDrafter(0.3, 2), trace=True)
+    assert len(res.traces) == res.draft_blocks
+    for t, r in zip(res.traces, res.rounds):
+        assert t.features.shape == (r.gamma, 19) and t.L == r.L
+        assert np.all(t.features[:, 14] == np.arange(1, r.gamma + 1))  # block position
+
+
+def test_timing_excludes_shadow():
+    pol = PolicyConfig(name="raw", eta_b=0.8, eta_c=0.8, k_min=2)
+    res, _ = run(pol, FakeDrafter(0.1, 3))
+    assert res.decode_seconds > 0 and res.shadow_seconds > 0
+    assert res.draft_seconds + res.verify_seconds <= res.decode_seconds + 1e-6
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="empty"):
+        run(PolicyConfig(name="strict"), prompt=[])
+    with pytest.raises(ValueError, match="gamma"):
+        DecodeConfig(gamma=0)
+    v = FakeVerifier()
+    v.max_length = 50
+    with pytest.raises(ValueError, match="context"):
+        decode(list(range(40)), FakeDrafter(), v, PolicyConfig(name="strict"), DecodeConfig(gamma=8, max_new_tokens=20))

@@ -1,0 +1,167 @@
+"""The skip policy of §4.1 (Eq. 3 with ``k_min``, ``s_max`` and the guards) and the periodic
+baseline of A.4, as one pure decision function.
+
+Every method of the paper is a :class:`PolicyConfig` of the same decode loop:
+
+========== ==================================================================
+``ar``          the verifier alone, plain greedy (no drafter)
+``strict``      Strict SDD: verify every block, accept the argmax-matching prefix
+``lenience``    verify every block, Eq. 9 acceptance with ``lenience`` = l
+``topk``        verify every block, top-k acceptance (A.6)
+``periodic``    attempt a ``period_k``-token skip every ``period`` rounds (A.4)
+``raw``         skip on raw drafter confidence (geometric-mean prefix score)
+``marginal``    skip on learned marginal survival (running minimum)
+``conditional`` skip on learned conditional survival (log-space product)
+========== ==================================================================
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .guards import GuardConfig, GuardContext, check_guards, invalid_scores
+from .signals import SIGNALS, feasible_prefix
+
+POLICIES = ("ar", "strict", "lenience", "topk", "periodic", "raw", "marginal", "conditional")
+
+#: Paper defaults (§5.1, A.3, A.6): thresholds per signal when none are given.
+DEFAULT_GATES = {"raw": (0.90, 0.93), "marginal": (0.90, 0.90), "conditional": (0.90, 0.90)}
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """One method of the paper and its parameters. Names follow the paper."""
+
+    name: str = "strict"
+    eta_b: float = 0.90
+    eta_c: float = 0.93
+    k_min: int = 6
+    s_max: int = 64
+    lenience: float = 1.0
+    top_k: int = 1
+    period: int = 4
+    period_k: int = 6
+    guards: GuardConfig = field(default_factory=GuardConfig)
+
+    def __post_init__(self):
+        if self.name not in POLICIES:
+            raise ValueError(f"unknown policy {self.name!r}; expected one of {', '.join(POLICIES)}")
+        for key in ("eta_b", "eta_c"):
+            v = getattr(self, key)
+            if not (isinstance(v, (int, float)) and 0.0 <= v <= 1.0):
+                raise ValueError(f"{key} must lie in [0, 1], got {v}")
+        if not 0.0 < self.lenience <= 1.0:
+            raise ValueError(f"lenience must lie in (0, 1], got {self.lenience}")
+        if self.top_k < 1:
+            raise ValueError(f"top-k must be >= 1, got {self.top_k}")
+        if self.k_min < 0:
+            raise ValueError(f"k_min must be >= 0, got {self.k_min}")
+        if self.s_max < 1:
+            raise ValueError(f"s_max must be >= 1, got {self.s_max}")
+        if self.period < 1 or self.period_k < 1:
+            raise ValueError("the periodic baseline needs period >= 1 and period_k >= 1")
+
+    @classmethod
+    def make(
+        cls,
+        name: str,
+        eta_b: float | None = None,
+        eta_c: float | None = None,
+        eta_m: float | None = None,
+        epsilon: float | None = None,
+        **kw,
+    ) -> "PolicyConfig":
+        """Resolve the paper's parameterisations: ``eta_m`` sets both gates of marginal survival,
+        ``epsilon`` sets ``eta_c = 1 - epsilon`` for conditional survival."""
+        b, c = DEFAULT_GATES.get(name, (0.90, 0.93))
+        if eta_m is not None:
+            b = c = eta_m
+        if epsilon is not None:
+            if not 0.0 <= epsilon <= 1.0:
+                raise ValueError(f"epsilon must lie in [0, 1], got {epsilon}")
+            c = 1.0 - epsilon
+        b = b if eta_b is None else eta_b
+        c = c if eta_c is None else eta_c
+        return cls(name=name, eta_b=b, eta_c=c, **kw)
+
+    @property
+    def signal(self) -> str | None:
+        """The confidence signal that schedules skips, or None for methods without one."""
+        return self.name if self.name in SIGNALS else None
+
+    @property
+    def may_skip(self) -> bool:
+        return self.name in SIGNALS or self.name == "periodic"
+
+    @property
+    def uses_drafter(self) -> bool:
+        return self.name != "ar"
+
+    def summary(self) -> dict:
+        """The parameters that matter for this method (for file names and reports)."""
+        d: dict = {"policy": self.name}
+        if self.signal:
+            d |= {"eta_b": self.eta_b, "eta_c": self.eta_c, "k_min": self.k_min, "s_max": self.s_max}
+        elif self.name == "lenience":
+            d["lenience"] = self.lenience
+        elif self.name == "topk":
+            d["top_k"] = self.top_k
+        elif self.name == "periodic":
+            d |= {"period": self.period, "period_k": self.period_k, "s_max": self.s_max}
+        return d
+
+
+@dataclass(frozen=True)
+class Decision:
+    """``K``: committed skip length (0 means a strict round); ``K_hat``: the candidate length;
+    ``reason``: why (``skip``, ``verify``, ``stale``, ``no_prefix``, ``k_min``, ``not_scheduled``
+    or the refusing guard)."""
+
+    K: int
+    K_hat: int
+    reason: str
+
+
+def decide(
+    cfg: PolicyConfig,
+    D: int,
+    round_index: int,
+    tokens: np.ndarray,
+    q: np.ndarray | None,
+    ctx: GuardContext,
+) -> Decision:
+    """Decide one round (§4.1). ``D`` counts unverified tokens committed since the last verifier
+    call; ``round_index`` counts rounds from 0; ``q`` holds the position scores of the block."""
+    if not cfg.may_skip:
+        return Decision(0, 0, "verify")
+    gamma = int(tokens.shape[0])
+    if cfg.name == "periodic":
+        if (round_index + 1) % cfg.period != 0:
+            return Decision(0, 0, "not_scheduled")
+        k_hat = min(cfg.period_k, gamma)
+    else:
+        assert q is not None and q.shape == (gamma,), (None if q is None else q.shape, gamma)
+        if invalid_scores(q):
+            return Decision(0, 0, "invalid_score")
+        k_hat = feasible_prefix(cfg.name, q, cfg.eta_b, cfg.eta_c)
+    if D >= cfg.s_max:
+        return Decision(0, k_hat, "stale")
+    if k_hat == 0:
+        return Decision(0, 0, "no_prefix")
+    if cfg.signal and k_hat < cfg.k_min:
+        return Decision(0, k_hat, "k_min")
+    scores = q[:k_hat] if q is not None else np.ones(k_hat)
+    refused = check_guards(tokens[:k_hat], scores, ctx, cfg.guards)
+    if refused:
+        return Decision(0, k_hat, refused)
+    return Decision(k_hat, k_hat, "skip")
+
+
+def break_even_length(A: float, c_D: float, c_V: float) -> float:
+    """Eq. 8: a skip of length K beats a strict round locally only when ``K > K* = A c_D/(c_D+c_V)``."""
+    if c_D < 0 or c_V < 0 or (c_D + c_V) == 0 or not math.isfinite(A):
+        raise ValueError("break-even length needs non-negative costs with c_D + c_V > 0")
+    return A * c_D / (c_D + c_V)

@@ -1,0 +1,168 @@
+"""The command line: a thin map from flags to configurations; the library does the work."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .policy import POLICIES
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one clear line, no usage dump
+        print(f"vskip: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _add_policy_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("policy")
+    g.add_argument("--policy", default="raw", choices=POLICIES, help="decoding method (default: raw)")
+    g.add_argument("--gamma", type=int, default=16, help="draft block length (default: 16)")
+    g.add_argument("--steps", type=int, default=2, help="diffusion steps per block (default: 2)")
+    g.add_argument("--eta-b", type=float, help="local gate threshold (Eq. 3)")
+    g.add_argument("--eta-c", type=float, help="prefix gate threshold (Eq. 3)")
+    g.add_argument("--eta-m", type=float, help="marginal survival: both gates")
+    g.add_argument("--epsilon", type=float, help="conditional survival: eta_c = 1 - epsilon")
+    g.add_argument("--k-min", type=int, default=6, help="minimum skip length (default: 6)")
+    g.add_argument("--s-max", type=int, default=64, help="staleness threshold (default: 64)")
+    g.add_argument("--lenience", type=float, default=1.0, help="lenience l of Eq. 9 (default: 1)")
+    g.add_argument("--top-k", type=int, default=1, help="top-k acceptance k (default: 1)")
+    g.add_argument("--period", type=int, default=4, help="periodic baseline: skip every P rounds")
+    g.add_argument("--period-k", type=int, default=6, help="periodic baseline: skip length (default: 6)")
+    g.add_argument("--shadow", action=argparse.BooleanOptionalAction, default=True, help="shadow-verify skipped rounds")
+    g.add_argument("--max-new-tokens", type=int, default=512, help="output budget (default: 512)")
+    g.add_argument("--predictor", help="directory of trained survival predictors (marginal/conditional)")
+    m = p.add_argument_group("models")
+    m.add_argument("--drafter", help="drafter directory (default: the embedded drafter)")
+    m.add_argument("--verifier", help="verifier checkpoint directory (default: embedded SmolLM2-135M-Instruct)")
+    m.add_argument("--reveal", choices=("maskgit_plus", "topk_margin", "entropy"), help="reveal order (default: the drafter's)")
+    m.add_argument("--verifier-cache", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep the verifier's KV cache (--no-verifier-cache recomputes every call, as the paper measured)")
+    m.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
+    m.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="default: float32 on CPU, bfloat16 on CUDA")
+    m.add_argument("--threads", type=int, help="torch CPU threads")
+
+
+def _configs(a):
+    from .decode import DecodeConfig
+    from .policy import PolicyConfig
+    from .runner import ModelConfig
+
+    policy = PolicyConfig.make(
+        a.policy, eta_b=a.eta_b, eta_c=a.eta_c, eta_m=a.eta_m, epsilon=a.epsilon, k_min=a.k_min, s_max=a.s_max,
+        lenience=a.lenience, top_k=a.top_k, period=a.period, period_k=a.period_k,
+    )
+    dec = DecodeConfig(gamma=a.gamma, max_new_tokens=a.max_new_tokens, shadow=a.shadow,
+                       trace=getattr(a, "trace", False), task=getattr(a, "task", None))
+    models = ModelConfig(drafter=a.drafter, verifier=a.verifier, steps=a.steps, reveal=a.reveal,
+                         verifier_cache=a.verifier_cache, device=a.device, dtype=a.dtype, threads=a.threads)
+    return policy, dec, models
+
+
+def cmd_run(a) -> int:
+    from . import tasks
+    from .runner import RunConfig, run
+
+    if a.task not in tasks.ALL_TASKS:
+        raise ValueError(f"unknown task {a.task!r}; expected one of {', '.join(tasks.ALL_TASKS)}")
+    if a.limit is not None and a.limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {a.limit}")
+    policy, dec, models = _configs(a)
+    ids = tuple(i.strip() for i in a.ids.split(",") if i.strip()) if a.ids else None
+    cfg = RunConfig(task=a.task, policy=policy, decode=dec, models=models, limit=a.limit, ids=ids,
+                    score=a.score, predictor=a.predictor)
+    summary = run(cfg, a.out, progress=not a.quiet)
+    keys = ("task", "policy", "n_prompts", "pass_at_1", "tokens_per_s", "calls_per_token", "blocks_per_token",
+            "strict_token", "full_prefix", "skipped_rounds")
+    print(json.dumps({k: summary.get(k) for k in keys}))
+    return 0
+
+
+def cmd_generate(a) -> int:
+    from .decode import decode, warmup
+    from .models.load import load_pair
+    from .prompting import encode_chat
+    from .runtime import resolve_runtime
+
+    if not a.prompt.strip():
+        raise ValueError("the prompt is empty")
+    policy, dec, models = _configs(a)
+    runtime = resolve_runtime(models.device, models.dtype, models.threads)
+    pair = load_pair(runtime, drafter=models.drafter, verifier=models.verifier, steps=models.steps,
+                     use_cache=models.verifier_cache, need_drafter=policy.uses_drafter, reveal=models.reveal)
+    predictor = None
+    if policy.signal in ("marginal", "conditional"):
+        if not a.predictor:
+            raise ValueError(f"--policy {policy.name} needs --predictor DIR")
+        from .predictor import load_fold_predictor
+
+        predictor = load_fold_predictor(a.predictor, kind=policy.signal, runtime=runtime)
+    ids = encode_chat(pair.tokenizer, a.prompt)
+    warmup(pair.drafter, pair.verifier, ids, dec.gamma)
+    res = decode(ids, pair.drafter, pair.verifier, policy, dec, predictor)
+    print(pair.tokenizer.decode(res.tokens, skip_special_tokens=True))
+    n = res.generated_tokens
+    print(
+        f"policy={policy.name} tokens={n} seconds={res.decode_seconds:.3f} tok/s={n / max(res.decode_seconds, 1e-9):.2f} "
+        f"verifier_calls={res.verifier_calls} draft_blocks={res.draft_blocks} skipped_rounds={res.skipped_rounds} "
+        f"stop={res.stop}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def cmd_score(a) -> int:
+    from .scoring import score_samples_file
+
+    res = score_samples_file(a.task, a.samples)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+    print(f"{res['task']}: pass@1 = {res['pass_at_1']:.4f} ({sum(r['passed'] for r in res['results'])}/{res['n']}) sandbox={res['sandbox']}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="vskip", description="Speculative diffusion decoding with verifier skipping.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    r = sub.add_parser("run", help="decode a task's prompts with one configuration and score them")
+    r.add_argument("--task", required=True, help="humaneval, mbpp, mbpp_plus, math500 or gsm8k")
+    r.add_argument("--limit", type=int, help="first N prompts")
+    r.add_argument("--ids", help="comma-separated task ids")
+    r.add_argument("--out", required=True, help="run directory (resumable)")
+    r.add_argument("--score", action=argparse.BooleanOptionalAction, default=True, help="score by execution")
+    r.add_argument("--trace", action="store_true", help="store the A.7 inputs of every block (for predictors)")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_policy_flags(r)
+    r.set_defaults(fn=cmd_run)
+
+    g = sub.add_parser("generate", help="one completion to stdout, statistics to stderr")
+    g.add_argument("prompt", help="the user message")
+    _add_policy_flags(g)
+    g.set_defaults(fn=cmd_generate)
+
+    s = sub.add_parser("score", help="score an EvalPlus-style samples file in the sandbox")
+    s.add_argument("--task", required=True)
+    s.add_argument("--samples", required=True, help="JSONL with task_id and completion (or solution)")
+    s.add_argument("--out", help="write per-sample results as JSON here")
+    s.set_defaults(fn=cmd_score)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        print(f"vskip: error: {msg}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("vskip: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

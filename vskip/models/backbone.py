@@ -1,0 +1,198 @@
+"""A Llama/Qwen2-layout transformer body written out in plain torch, for the diffusion drafter.
+
+The drafter needs attention patterns a causal LM class does not offer (a causally cached context
+followed by a bidirectional block, or full bidirectional attention as Dream uses), and the same
+module serves training and inference. Parameter names follow transformers' Llama/Qwen2 modules
+(``layers.N.self_attn.q_proj.weight`` ...), so checkpoints load without executing any code.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class BackboneConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    attention_bias: bool = False
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @classmethod
+    def from_hf(cls, cfg: dict, num_layers: int | None = None) -> "BackboneConfig":
+        """From a transformers ``config.json`` of the Llama, Qwen2 or Dream family."""
+        rope = cfg.get("rope_theta")
+        if rope is None:
+            rope = (cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}).get("rope_theta", 10000.0)
+        scaling = cfg.get("rope_scaling") or {}
+        if scaling and scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None):
+            raise ValueError(f"rope scaling {scaling} is not supported by the drafter backbone")
+        model_type = cfg.get("model_type", "")
+        bias = cfg.get("attention_bias", model_type in ("qwen2", "Dream", "dream"))
+        return cls(
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=int(cfg["hidden_size"]),
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_layers=int(num_layers if num_layers is not None else cfg["num_hidden_layers"]),
+            num_heads=int(cfg["num_attention_heads"]),
+            num_kv_heads=int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"]),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope),
+            attention_bias=bool(bias),
+        )
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "BackboneConfig":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [T, head_dim] for integer positions [T] (rotate-half convention)."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    ang = positions.float()[:, None] * inv[None, :]
+    emb = torch.cat([ang, ang], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate_half(x):
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat([-b, a], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, c: BackboneConfig):
+        super().__init__()
+        hd = c.head_dim
+        self.c = c
+        self.q_proj = nn.Linear(c.hidden_size, c.num_heads * hd, bias=c.attention_bias)
+        self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * hd, bias=c.attention_bias)
+        self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * hd, bias=c.attention_bias)
+        self.o_proj = nn.Linear(c.num_heads * hd, c.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, past, mask):
+        # x [B, T, d]; cos/sin [T, hd]; past None or (k, v) [B, kvh, P, hd]; mask [T, P+T] bool or None
+        B, T, _ = x.shape
+        hd, h, kvh = self.c.head_dim, self.c.num_heads, self.c.num_kv_heads
+        q = self.q_proj(x).view(B, T, h, hd).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, kvh, hd).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, kvh, hd).transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        if past is not None:
+            k = torch.cat([past[0], k], dim=2)
+            v = torch.cat([past[1], v], dim=2)
+        present = (k, v)
+        if kvh != h:
+            k = k.repeat_interleave(h // kvh, dim=1)
+            v = v.repeat_interleave(h // kvh, dim=1)
+        if isinstance(mask, str):  # "causal": plain causal attention without a cache
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, h * hd)), present
+
+
+class MLP(nn.Module):
+    def __init__(self, c: BackboneConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, c: BackboneConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = Attention(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = MLP(c)
+
+    def forward(self, x, cos, sin, past, mask):
+        a, present = self.self_attn(self.input_layernorm(x), cos, sin, past, mask)
+        x = x + a
+        return x + self.mlp(self.post_attention_layernorm(x)), present
+
+
+class Backbone(nn.Module):
+    """Embedding, decoder layers and final norm. ``forward`` returns the final-normed hidden
+    states (the LM-head input) and the per-layer keys/values of the new positions appended to
+    ``past``."""
+
+    def __init__(self, c: BackboneConfig):
+        super().__init__()
+        self.config = c
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList([Layer(c) for _ in range(c.num_layers)])
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+    def forward(self, embeds: torch.Tensor, positions: torch.Tensor, past=None, mask=None):
+        """embeds [B, T, d]; positions [T]; past: list of (k, v) per layer or None;
+        mask: bool [T, P+T] (True = may attend), None (all attend all) or "causal"."""
+        assert embeds.ndim == 3 and positions.shape == (embeds.shape[1],), (embeds.shape, positions.shape)
+        cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta, embeds.dtype)
+        x = embeds
+        presents = []
+        for i, layer in enumerate(self.layers):
+            x, kv = layer(x, cos, sin, None if past is None else past[i], mask)
+            presents.append(kv)
+        return self.norm(x), presents
+
+
+def read_hf_config(path: Path) -> dict:
+    p = Path(path) / "config.json"
+    if not p.exists():
+        raise FileNotFoundError(f"no config.json in {path}")
+    return json.loads(p.read_text())
+
+
+def read_safetensors_dir(path: Path, keep=None) -> dict[str, torch.Tensor]:
+    """The tensors of a checkpoint directory's safetensors files (sharded or not) whose names pass
+    ``keep``; only those are read from disk. Never unpickles anything."""
+    from safetensors import safe_open
+
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no .safetensors files in {path}")
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as st:
+            for k in st.keys():
+                if keep is None or keep(k):
+                    out[k] = st.get_tensor(k)
+    return out

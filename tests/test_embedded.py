@@ -1,0 +1,125 @@
+"""Tests on the real embedded pair (SmolLM2-135M-Instruct and its drafter). Marked ``model``;
+they run in CI too, on a few prompts with short outputs."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from vskip.decode import DecodeConfig, decode
+from vskip.models.protocols import DraftBlock
+from vskip.policy import PolicyConfig
+
+pytestmark = pytest.mark.model
+THREADS = os.environ.get("VSKIP_TEST_THREADS", "1")
+
+
+@pytest.fixture(scope="module")
+def pair():
+    from vskip.models.load import load_pair
+    from vskip.runtime import resolve_runtime
+
+    return load_pair(resolve_runtime("cpu", "float32"))
+
+
+@pytest.fixture(scope="module")
+def prompts(pair):
+    from vskip import tasks
+    from vskip.prompting import encode_chat
+
+    return [encode_chat(pair.tokenizer, tasks.user_prompt(p)) for p in tasks.load_task("humaneval", ids=["HumanEval/0", "HumanEval/2"])]
+
+
+class Oracle:
+    """The reference continuation with seeded corruptions: long acceptances and skips on the real
+    verifier, whatever the shipped drafter's quality."""
+
+    def __init__(self, n0, ref, error, seed=0):
+        self.n0, self.ref, self.error, self.seed = n0, ref, error, seed
+
+    def propose(self, seq, gamma, features=False):
+        rng = np.random.default_rng(self.seed + len(seq))
+        g = len(seq) - self.n0
+        toks = np.array((list(self.ref[g : g + gamma]) + [198] * gamma)[:gamma], np.int64)
+        bad = rng.random(gamma) < self.error
+        toks[bad] = rng.integers(100, 40000, bad.sum())
+        return DraftBlock(toks, np.where(bad, 0.5, 0.99).astype(np.float32))
+
+    def warmup(self, seq, gamma):
+        pass
+
+    def reset(self):
+        pass
+
+
+def test_strict_is_lossless_on_the_embedded_pair(pair, prompts):
+    cfg = DecodeConfig(gamma=16, max_new_tokens=40)
+    for ids in prompts:
+        pair.verifier.use_cache = True
+        ar = decode(ids, None, pair.verifier, PolicyConfig(name="ar"), cfg)
+        for cache in (True, False):
+            pair.verifier.use_cache = cache
+            strict = decode(ids, pair.drafter, pair.verifier, PolicyConfig(name="strict"), cfg)
+            assert strict.tokens == ar.tokens, f"cache={cache}"
+            oracle = decode(ids, Oracle(len(ids), ar.tokens, 0.2), pair.verifier, PolicyConfig(name="strict"), cfg)
+            assert oracle.tokens == ar.tokens, f"cache={cache}"
+            assert max(r.L for r in oracle.rounds) >= 8  # long acceptances were exercised
+        pair.verifier.use_cache = True
+        skip = decode(ids, Oracle(len(ids), ar.tokens, 0.0), pair.verifier,
+                      PolicyConfig(name="raw", k_min=1, s_max=24), cfg)
+        assert skip.skipped_rounds > 0 and skip.tokens == ar.tokens
+
+
+def test_drafter_proposes_valid_tokens_with_features(pair, prompts):
+    b = pair.drafter.propose(prompts[0], 16, features=True)
+    assert b.tokens.shape == (16,) and np.all(b.tokens < len(pair.tokenizer))
+    assert not set(b.tokens.tolist()) & pair.verifier.special_ids
+    assert np.all((b.confidence > 0) & (b.confidence <= 1))
+    assert b.features.shape == (16, 14) and tuple(b.hidden.shape) == (16, 576)
+
+
+def test_run_writes_the_four_files(tmp_path):
+    out = tmp_path / "run"
+    res = subprocess.run(
+        [sys.executable, "-m", "vskip", "run", "--task", "humaneval", "--limit", "2", "--policy", "raw",
+         "--max-new-tokens", "24", "--out", str(out), "--quiet", "--threads", THREADS],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert res.returncode == 0, res.stderr
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["run"]["policy"]["name"] == "raw" and "torch" in cfg["versions"]
+    samples = [json.loads(l) for l in (out / "samples.jsonl").read_text().splitlines()]
+    rounds = [json.loads(l) for l in (out / "rounds.jsonl").read_text().splitlines()]
+    summary = json.loads((out / "summary.json").read_text())
+    for s in samples:
+        for k in ("task_id", "completion", "passed", "generated_tokens", "decode_seconds", "verifier_calls",
+                  "draft_blocks", "skipped_rounds"):
+            assert k in s, k
+        assert isinstance(s["passed"], bool)
+        mine = [r for r in rounds if r["task_id"] == s["task_id"]]
+        assert sum(r["committed"] for r in mine) == s["generated_tokens"]
+        assert sum(r["verified"] for r in mine) == s["verifier_calls"]
+        assert sum(not r["verified"] for r in mine) == s["skipped_rounds"]
+    for r in rounds:
+        for k in ("task_id", "round", "verified", "K", "L", "committed"):
+            assert k in r, k
+    for k in ("task", "policy", "n_prompts", "pass_at_1", "generated_tokens", "decode_seconds", "tokens_per_s",
+              "verifier_calls", "draft_blocks", "calls_per_token", "blocks_per_token", "strict_token",
+              "full_prefix", "skipped_rounds"):
+        assert k in summary, k
+    assert summary["n_prompts"] == 2
+    assert summary["generated_tokens"] == sum(r["committed"] for r in rounds)
+    assert summary["verifier_calls"] == sum(r["verified"] for r in rounds)
+    assert summary["skipped_rounds"] == sum(not r["verified"] for r in rounds)
+    assert summary["draft_blocks"] == len(rounds)
+    # rerunning the same command resumes: nothing is decoded again
+    again = subprocess.run(
+        [sys.executable, "-m", "vskip", "run", "--task", "humaneval", "--limit", "2", "--policy", "raw",
+         "--max-new-tokens", "24", "--out", str(out), "--quiet", "--threads", THREADS],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert again.returncode == 0, again.stderr
+    assert (out / "rounds.jsonl").read_text().count("\n") == len(rounds)

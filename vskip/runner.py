@@ -101,8 +101,9 @@ def _check_resume(out: Path, cfg_json: dict) -> None:
         raise ValueError(f"{out} holds a run with another configuration; choose another --out or remove it")
 
 
-def run(cfg: RunConfig, out: Path, progress: bool = True) -> dict:
-    """Decode, score and summarise; returns the summary."""
+def run(cfg: RunConfig, out: Path, progress: bool = True, pair=None) -> dict:
+    """Decode, score and summarise; returns the summary. ``pair``: an already loaded
+    :class:`vskip.models.load.ModelPair` matching ``cfg.models`` (sweeps reuse one per process)."""
     from tqdm import tqdm
 
     from . import tasks
@@ -126,7 +127,7 @@ def run(cfg: RunConfig, out: Path, progress: bool = True) -> dict:
 
     m = cfg.models
     runtime = resolve_runtime(m.device, m.dtype, m.threads)
-    pair = load_pair(
+    pair = pair or load_pair(
         runtime, drafter=m.drafter, verifier=m.verifier, steps=m.steps, use_cache=m.verifier_cache,
         need_drafter=cfg.policy.uses_drafter, reveal=m.reveal,
     )

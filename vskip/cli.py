@@ -148,7 +148,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--samples", required=True, help="JSONL with task_id and completion (or solution)")
     s.add_argument("--out", help="write per-sample results as JSON here")
     s.set_defaults(fn=cmd_score)
+
+    for module in _EXTENSIONS:
+        import importlib
+
+        importlib.import_module(module, __package__).register(sub)
     return p
+
+
+#: Modules that add their own subcommands through ``register(subparsers)``.
+_EXTENSIONS = (".distill.cli",)
 
 
 def main(argv=None) -> int:

@@ -79,10 +79,13 @@ class RMSNorm(nn.Module):
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin [T, head_dim] for integer positions [T] (rotate-half convention)."""
+    """cos/sin for integer positions (rotate-half convention): [T, head_dim] for positions [T],
+    [B, 1, T, head_dim] for per-sequence positions [B, T]."""
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
-    ang = positions.float()[:, None] * inv[None, :]
+    ang = positions.float()[..., None] * inv
     emb = torch.cat([ang, ang], dim=-1)
+    if positions.ndim == 2:
+        emb = emb[:, None]
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
@@ -162,9 +165,9 @@ class Backbone(nn.Module):
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
     def forward(self, embeds: torch.Tensor, positions: torch.Tensor, past=None, mask=None):
-        """embeds [B, T, d]; positions [T]; past: list of (k, v) per layer or None;
-        mask: bool [T, P+T] (True = may attend), None (all attend all) or "causal"."""
-        assert embeds.ndim == 3 and positions.shape == (embeds.shape[1],), (embeds.shape, positions.shape)
+        """embeds [B, T, d]; positions [T] or [B, T]; past: list of (k, v) per layer or None;
+        mask: bool [T, P+T] or [B, 1, T, P+T] (True = may attend), None (all attend all) or "causal"."""
+        assert embeds.ndim == 3 and positions.shape[-1] == embeds.shape[1], (embeds.shape, positions.shape)
         cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta, embeds.dtype)
         x = embeds
         presents = []

@@ -1,0 +1,56 @@
+"""``vskip train-drafter``: the command that generates distillation data and trains the drafter.
+Kept apart from :mod:`vskip.distill.train` so that building the CLI imports no torch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "train-drafter",
+        help="generate self-distillation data and train the diffusion drafter (resumable)",
+        description="Generate the verifier's greedy answers to the training prompts (with --generate) and "
+        "train a Dream-style drafter from the verifier's first layers. Both stages resume after a kill.",
+    )
+    p.add_argument("--data", required=True, help="distillation data directory (shards)")
+    p.add_argument("--out", required=True, help="training directory: checkpoints, log, and drafter/ at the end")
+    p.add_argument("--verifier", help="verifier checkpoint directory (default: the embedded verifier)")
+    p.add_argument("--generate", action="store_true", help="first generate (or finish generating) the data")
+    p.add_argument("--limit", type=int, help="with --generate: only the first N prompts")
+    p.add_argument("--max-new-tokens", type=int, default=384, help="with --generate: answer budget")
+    from .config import TrainConfig
+
+    d = TrainConfig()
+    for name in ("num_layers", "gamma", "blocks_per_seq", "batch_seqs", "steps", "warmup", "max_context",
+                 "holdout", "seed", "checkpoint_every", "eval_every"):
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default=d.dtype)
+    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.set_defaults(fn=_cmd_train)
+
+
+def _cmd_train(a) -> int:
+    from ..models.embedded import embedded_verifier_dir
+    from .config import TrainConfig
+    from .train import train
+
+    vdir = Path(a.verifier) if a.verifier else embedded_verifier_dir()
+    if not vdir.exists():
+        raise FileNotFoundError(f"verifier path {vdir} does not exist")
+    if a.generate:
+        from .generate import generate_distillation
+        from .prompts import build_prompts
+
+        generate_distillation(Path(a.data), build_prompts(), vdir, max_new_tokens=a.max_new_tokens,
+                              threads=a.threads or 1, limit=a.limit)
+    if not Path(a.data).exists():
+        raise FileNotFoundError(f"data directory {a.data} does not exist (use --generate)")
+    cfg = TrainConfig(**{k: getattr(a, k) for k in ("num_layers", "gamma", "blocks_per_seq", "batch_seqs", "steps",
+                                                   "warmup", "max_context", "holdout", "seed", "checkpoint_every",
+                                                   "eval_every", "lr", "dtype", "threads")})
+    path = train(Path(a.data), Path(a.out), vdir, cfg)
+    print(json.dumps({"drafter": str(path), **json.loads((path / "drafter.json").read_text())["meta"]["holdout"]}))
+    return 0

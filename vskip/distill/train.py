@@ -1,0 +1,289 @@
+"""Training the self-distilled diffusion drafter on the verifier's own greedy answers.
+
+Each training sequence is one stored row (chat prompt + the verifier's greedy answer). From it we
+draw ``blocks_per_seq`` block starts ``b`` inside the answer and pack, in one forward pass,
+
+    [ x_0 .. x_{C-1} ]  [ x_{b1-1}, m, m, ..., m ]  [ x_{b2-1}, m, ..., m ]  ...
+      causal context      query block 1 (gamma+1)   query block 2
+
+where a query block attends to the context before it (``x_0 .. x_{b-2}``) and bidirectionally to
+itself, exactly as the drafter runs at inference with its causally cached context. Some block
+positions are revealed (ground truth) so the later denoising steps are trained too; the loss is the
+cross-entropy of the masked positions against the verifier's greedy tokens (logits shifted by one,
+over the restricted output head).
+
+Checkpoints are safetensors (parameters and Adam state) plus JSON; a killed run resumes from the
+last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..models.drafter import DiffusionDrafter, DiffusionLM, drafter_from_verifier, save_drafter
+from .config import TrainConfig
+from .generate import iter_distillation
+
+STATE_FILE = "train_state.safetensors"
+META_FILE = "train_state.json"
+
+
+@dataclass
+class Data:
+    rows: list[np.ndarray]  # prompt + completion ids
+    prompt_lens: list[int]
+    prompt_ids: list[str]
+
+    def __len__(self):
+        return len(self.rows)
+
+
+def load_rows(data_dir: Path) -> Data:
+    rows, plens, pids = [], [], []
+    for r in iter_distillation(Path(data_dir)):
+        if len(r["completion"]) < 2:
+            continue
+        rows.append(np.concatenate([r["prompt"], r["completion"]]).astype(np.int64))
+        plens.append(len(r["prompt"]))
+        pids.append(r["prompt_id"])
+    if not rows:
+        raise ValueError(f"no distillation rows in {data_dir}")
+    return Data(rows, plens, pids)
+
+
+def split(data: Data, holdout: int, seed: int) -> tuple[Data, Data]:
+    """A held-out set of whole prompts for the acceptance estimate."""
+    idx = np.random.RandomState(seed).permutation(len(data))
+    ho = set(idx[: min(holdout, len(data) // 5)].tolist())
+    pick = lambda keep: Data(*[[x[i] for i in range(len(data)) if (i in ho) == keep] for x in (data.rows, data.prompt_lens, data.prompt_ids)])
+    return pick(False), pick(True)
+
+
+def head_vocabulary(data: Data, eos_id: int) -> torch.Tensor:
+    """Token ids the drafter's head can emit: every id seen in the training rows (answers and
+    prompts: answers quote the code and text of their prompts), plus eos."""
+    ids = {eos_id}
+    for row in data.rows:
+        ids.update(row.tolist())
+    return torch.tensor(sorted(ids), dtype=torch.long)
+
+
+def make_batch(data: Data, rng: np.random.Generator, cfg: TrainConfig, mask_id: int, head_index: torch.Tensor):
+    """Packed sequences, per-sample positions and masks, and (row, column) targets."""
+    g = cfg.gamma
+    seqs, poss, masks, tgt_pos, tgt_ids = [], [], [], [], []
+    picks = rng.integers(0, len(data), cfg.batch_seqs)
+    for bi, i in enumerate(picks):
+        row, P = data.rows[i], data.prompt_lens[i]
+        n = len(row)
+        starts = rng.integers(P, n, cfg.blocks_per_seq)  # block starts inside the answer
+        # keep at most max_context context tokens: shift the window so the latest block fits
+        lo = max(0, int(starts.max()) - 1 - cfg.max_context)
+        starts = np.maximum(starts, lo + 1)
+        C = int(starts.max()) - 1 - lo  # causal part: x_lo .. x_{max b - 2}
+        toks = [row[lo : lo + C]]
+        pos = [np.arange(lo, lo + C)]
+        S = C + len(starts) * (g + 1)
+        m = np.zeros((S, S), dtype=bool)
+        m[:C, :C] = np.tril(np.ones((C, C), dtype=bool))
+        for k, b in enumerate(starts):
+            r0 = C + k * (g + 1)
+            q = np.full(g + 1, mask_id, dtype=np.int64)
+            q[0] = row[b - 1]
+            target = row[b : b + g]
+            if rng.random() < cfg.full_mask_share:
+                masked = np.ones(g, dtype=bool)
+            else:
+                masked = rng.random(g) < rng.random()
+                if not masked.any():
+                    masked[rng.integers(0, g)] = True
+            reveal = ~masked[: len(target)]
+            q[1 : 1 + len(target)][reveal] = target[reveal]
+            toks.append(q)
+            pos.append(np.arange(b - 1, b + g))
+            m[r0 : r0 + g + 1, : b - 1 - lo] = True
+            m[r0 : r0 + g + 1, r0 : r0 + g + 1] = True
+            for j in range(len(target)):
+                if masked[j]:
+                    tgt_pos.append((bi, r0 + j))  # hidden at query index j predicts target j
+                    tgt_ids.append(int(target[j]))
+        seqs.append(np.concatenate(toks))
+        poss.append(np.concatenate(pos))
+        masks.append(m)
+    S = max(len(s) for s in seqs)
+    B = len(seqs)
+    ids = torch.full((B, S), 0, dtype=torch.long)
+    positions = torch.zeros((B, S), dtype=torch.long)
+    mask = torch.zeros((B, 1, S, S), dtype=torch.bool)
+    for b in range(B):
+        L = len(seqs[b])
+        ids[b, :L] = torch.from_numpy(seqs[b])
+        positions[b, :L] = torch.from_numpy(poss[b])
+        mask[b, 0, :L, :L] = torch.from_numpy(masks[b])
+        mask[b, 0, L:, :] = False
+        mask[b, 0, torch.arange(L, S), torch.arange(L, S)] = True  # padding attends to itself
+    tp = torch.tensor(tgt_pos, dtype=torch.long).reshape(-1, 2)
+    tt = head_index[torch.tensor(tgt_ids, dtype=torch.long)]
+    return ids, positions, mask, tp, tt
+
+
+def trainable(model: DiffusionLM) -> dict[str, torch.nn.Parameter]:
+    """Layers, final norm and the mask embedding; the embedding (and tied head) stays the verifier's."""
+    return {n: p for n, p in model.named_parameters() if not n.startswith("backbone.embed_tokens")}
+
+
+def _lr(step: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    t = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(t, 1.0))))
+
+
+def save_state(out: Path, model, opt, step: int, cfg: TrainConfig, log: list) -> None:
+    from safetensors.torch import save_file
+
+    params = trainable(model)
+    tensors = {f"param.{n}": p.detach().float().contiguous() for n, p in params.items()}
+    names = {id(p): n for n, p in params.items()}
+    for group in opt.param_groups:
+        for p in group["params"]:
+            st = opt.state.get(p, {})
+            for k in ("exp_avg", "exp_avg_sq"):
+                if k in st:
+                    tensors[f"adam.{k}.{names[id(p)]}"] = st[k].contiguous()
+    if model.head_ids is not None:
+        tensors["head_ids"] = model.head_ids.contiguous()
+    tmp = out / (STATE_FILE + ".tmp")
+    save_file(tensors, str(tmp))
+    tmp.replace(out / STATE_FILE)
+    meta = {"step": step, "config": asdict(cfg), "log": log}
+    (out / (META_FILE + ".tmp")).write_text(json.dumps(meta))
+    (out / (META_FILE + ".tmp")).replace(out / META_FILE)
+
+
+def load_state(out: Path, model, opt) -> tuple[int, list]:
+    from safetensors.torch import load_file
+
+    t = load_file(str(out / STATE_FILE))
+    meta = json.loads((out / META_FILE).read_text())
+    params = trainable(model)
+    with torch.no_grad():
+        for n, p in params.items():
+            p.copy_(t[f"param.{n}"])
+    for n, p in params.items():
+        if f"adam.exp_avg.{n}" in t:
+            opt.state[p] = {
+                "step": torch.tensor(float(meta["step"])),
+                "exp_avg": t[f"adam.exp_avg.{n}"],
+                "exp_avg_sq": t[f"adam.exp_avg_sq.{n}"],
+            }
+    return int(meta["step"]), meta.get("log", [])
+
+
+@torch.no_grad()
+def acceptance(model: DiffusionLM, data: Data, gamma: int, steps: int = 2, n_blocks: int = 200, seed: int = 1) -> dict:
+    """Offline Strict SDD acceptance on held-out answers: the stored answers are the verifier's own
+    greedy output, so the accepted length at a block start b is the longest prefix of the draft
+    that equals ``row[b:b+gamma]``. Returns mean L, P(L >= j) and tokens per verifier call."""
+    rng = np.random.default_rng(seed)
+    was_training = model.training
+    model.eval()
+    drafter = DiffusionDrafter(model, steps=steps)
+    Ls = []
+    for _ in range(n_blocks):
+        i = int(rng.integers(0, len(data)))
+        row, P = data.rows[i], data.prompt_lens[i]
+        if len(row) - P < 2:
+            continue
+        b = int(rng.integers(P, len(row) - 1))
+        g = min(gamma, len(row) - b)
+        block = drafter.propose(row[:b].tolist(), g)
+        ok = block.tokens == row[b : b + g]
+        Ls.append(int(np.argmin(ok)) if not ok.all() else g)
+        drafter.reset()
+    model.train(was_training)
+    L = np.array(Ls)
+    return {
+        "mean_L": float(L.mean()),
+        "tokens_per_call": float(L.mean() + 1),
+        "p_L_ge": [float((L >= j).mean()) for j in range(1, gamma + 1)],
+        "n": int(L.size),
+    }
+
+
+def train(data_dir: Path, out: Path, verifier_dir: Path, cfg: TrainConfig, progress: bool = True) -> Path:
+    """Train (or resume) a drafter; writes checkpoints and, at the end, the shippable drafter
+    directory ``out/drafter`` (only what differs from the verifier, fp16)."""
+    from tqdm import tqdm
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    data = load_rows(data_dir)
+    tr, ho = split(data, cfg.holdout, cfg.seed)
+    eos = 2
+    index_path = Path(data_dir) / "index.json"
+    if index_path.exists():
+        eos = int(json.loads(index_path.read_text()).get("eos_id", eos))
+    resume = (out / STATE_FILE).exists()
+    if resume:
+        from safetensors.torch import load_file
+
+        head = load_file(str(out / STATE_FILE))["head_ids"]
+    else:
+        head = head_vocabulary(data, eos)
+    model = drafter_from_verifier(verifier_dir, num_layers=cfg.num_layers, head_ids=head)
+    V = model.spec.backbone.vocab_size
+    head_index = torch.full((V,), -100, dtype=torch.long)
+    head_index[head] = torch.arange(len(head))
+    params = trainable(model)
+    opt = torch.optim.AdamW(params.values(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    step, log = (load_state(out, model, opt) if resume else (0, []))
+    (out / "config.json").write_text(json.dumps({"train": asdict(cfg), "data": str(data_dir),
+                                                 "rows": len(tr), "holdout_rows": len(ho), "head_size": len(head)}, indent=1))
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[cfg.dtype]
+    rng = np.random.default_rng(cfg.seed + step)
+    model.train()
+    bar = tqdm(total=cfg.steps, initial=step, desc="train drafter", unit="step", disable=not progress)
+    t0, tokens_seen = time.time(), 0
+    while step < cfg.steps:
+        ids, pos, mask, tp, tt = make_batch(tr, rng, cfg, model.mask_id, head_index)
+        for grp in opt.param_groups:
+            grp["lr"] = _lr(step, cfg)
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+            h, _ = model(ids, pos, None, mask)
+            hs = h[tp[:, 0], tp[:, 1]]
+            logits = hs @ model.head_weight().T
+        keep = tt >= 0
+        loss = F.cross_entropy(logits.float()[keep], tt[keep])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params.values(), 1.0)
+        opt.step()
+        step += 1
+        tokens_seen += int(ids.numel())
+        entry = {"step": step, "loss": float(loss), "tok_s": tokens_seen / (time.time() - t0)}
+        bar.update(1)
+        bar.set_postfix(loss=f"{entry['loss']:.3f}", tok_s=f"{entry['tok_s']:.0f}")
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            entry["holdout"] = acceptance(model, ho, cfg.gamma, n_blocks=100)
+            bar.write(f"step {step}: loss {entry['loss']:.3f} holdout mean L {entry['holdout']['mean_L']:.2f}")
+        log.append(entry)
+        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+            save_state(out, model, opt, step, cfg, log)
+    bar.close()
+    final = acceptance(model, ho, cfg.gamma, n_blocks=300)
+    meta = {"train": asdict(cfg), "steps": step, "holdout": final, "head_size": int(len(head)), "rows": len(tr)}
+    save_drafter(model.eval(), out / "drafter", base_dir=verifier_dir, meta=meta)
+    return out / "drafter"
+

@@ -36,7 +36,7 @@ def test_packed_blocks_match_inference(verifier_dir):
     drafter = DiffusionDrafter(model, steps=1)
     checked = 0
     for seed in (3, 4):  # one sequence per batch: no padding, so the query blocks are the last rows
-        ids, pos, mask, tp, tt = make_batch(data, np.random.default_rng(seed), cfg, model.mask_id, torch.arange(96))
+        ids, pos, mask, tp, tt, _ = make_batch(data, np.random.default_rng(seed), cfg, model.mask_id, torch.arange(96))
         with torch.no_grad():
             h, _ = model(ids, pos, None, mask)
         b = 0
@@ -75,7 +75,7 @@ def test_training_lowers_loss_and_resumes(verifier_dir, tmp_path):
     batch = make_batch(data, rng, cfg, model.mask_id, head_index)
 
     def loss_of(m):
-        ids, pos, mask, tp, tt = batch
+        ids, pos, mask, tp, tt, _ = batch
         h, _ = m(ids, pos, None, mask)
         return torch.nn.functional.cross_entropy(h[tp[:, 0], tp[:, 1]] @ m.head_weight().T, tt)
 

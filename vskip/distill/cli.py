@@ -27,6 +27,8 @@ def register(subparsers) -> None:
                  "holdout", "seed", "checkpoint_every", "eval_every"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
     p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--position-decay", type=float, default=d.position_decay,
+                   help="loss weight j**-decay for block position j")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default=d.dtype)
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.set_defaults(fn=_cmd_train)
@@ -50,7 +52,7 @@ def _cmd_train(a) -> int:
         raise FileNotFoundError(f"data directory {a.data} does not exist (use --generate)")
     cfg = TrainConfig(**{k: getattr(a, k) for k in ("num_layers", "gamma", "blocks_per_seq", "batch_seqs", "steps",
                                                    "warmup", "max_context", "holdout", "seed", "checkpoint_every",
-                                                   "eval_every", "lr", "dtype", "threads")})
+                                                   "eval_every", "lr", "dtype", "threads", "position_decay")})
     path = train(Path(a.data), Path(a.out), vdir, cfg)
     print(json.dumps({"drafter": str(path), **json.loads((path / "drafter.json").read_text())["meta"]["holdout"]}))
     return 0

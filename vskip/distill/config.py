@@ -17,6 +17,9 @@ class TrainConfig:
     weight_decay: float = 0.0
     max_context: int = 768
     full_mask_share: float = 0.5
+    #: loss weight of block position j (1-based) is j ** -position_decay: early positions decide
+    #: how long an accepted prefix is
+    position_decay: float = 0.5
     holdout: int = 64
     seed: int = 0
     dtype: str = "bfloat16"

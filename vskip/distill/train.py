@@ -79,7 +79,7 @@ def head_vocabulary(data: Data, eos_id: int) -> torch.Tensor:
 def make_batch(data: Data, rng: np.random.Generator, cfg: TrainConfig, mask_id: int, head_index: torch.Tensor):
     """Packed sequences, per-sample positions and masks, and (row, column) targets."""
     g = cfg.gamma
-    seqs, poss, masks, tgt_pos, tgt_ids = [], [], [], [], []
+    seqs, poss, masks, tgt_pos, tgt_ids, tgt_j = [], [], [], [], [], []
     picks = rng.integers(0, len(data), cfg.batch_seqs)
     for bi, i in enumerate(picks):
         row, P = data.rows[i], data.prompt_lens[i]
@@ -115,6 +115,7 @@ def make_batch(data: Data, rng: np.random.Generator, cfg: TrainConfig, mask_id: 
                 if masked[j]:
                     tgt_pos.append((bi, r0 + j))  # hidden at query index j predicts target j
                     tgt_ids.append(int(target[j]))
+                    tgt_j.append(j + 1)
         seqs.append(np.concatenate(toks))
         poss.append(np.concatenate(pos))
         masks.append(m)
@@ -132,7 +133,8 @@ def make_batch(data: Data, rng: np.random.Generator, cfg: TrainConfig, mask_id: 
         mask[b, 0, torch.arange(L, S), torch.arange(L, S)] = True  # padding attends to itself
     tp = torch.tensor(tgt_pos, dtype=torch.long).reshape(-1, 2)
     tt = head_index[torch.tensor(tgt_ids, dtype=torch.long)]
-    return ids, positions, mask, tp, tt
+    w = torch.tensor(tgt_j, dtype=torch.float32) ** -cfg.position_decay
+    return ids, positions, mask, tp, tt, w
 
 
 def trainable(model: DiffusionLM) -> dict[str, torch.nn.Parameter]:
@@ -257,7 +259,7 @@ def train(data_dir: Path, out: Path, verifier_dir: Path, cfg: TrainConfig, progr
     bar = tqdm(total=cfg.steps, initial=step, desc="train drafter", unit="step", disable=not progress)
     t0, tokens_seen = time.time(), 0
     while step < cfg.steps:
-        ids, pos, mask, tp, tt = make_batch(tr, rng, cfg, model.mask_id, head_index)
+        ids, pos, mask, tp, tt, w = make_batch(tr, rng, cfg, model.mask_id, head_index)
         for grp in opt.param_groups:
             grp["lr"] = _lr(step, cfg)
         with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
@@ -265,7 +267,8 @@ def train(data_dir: Path, out: Path, verifier_dir: Path, cfg: TrainConfig, progr
             hs = h[tp[:, 0], tp[:, 1]]
             logits = hs @ model.head_weight().T
         keep = tt >= 0
-        loss = F.cross_entropy(logits.float()[keep], tt[keep])
+        ce = F.cross_entropy(logits.float()[keep], tt[keep], reduction="none")
+        loss = (ce * w[keep]).sum() / w[keep].sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params.values(), 1.0)

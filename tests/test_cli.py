@@ -43,7 +43,7 @@ def test_bad_input_is_one_line(args, needle, tmp_path):
 def test_help_lists_commands():
     res = vskip("--help")
     assert res.returncode == 0
-    for cmd in ("run", "generate", "score", "train-drafter", "train-predictor", "diagnose"):
+    for cmd in ("run", "generate", "score", "sweep", "report", "train-drafter", "train-predictor", "diagnose"):
         assert cmd in res.stdout
 
 

@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: Modules that add their own subcommands through ``register(subparsers)``.
-_EXTENSIONS = (".distill.cli", ".predictor", ".diagnose")
+_EXTENSIONS = (".sweep", ".report", ".distill.cli", ".predictor", ".diagnose")
 
 
 def main(argv=None) -> int:

@@ -116,7 +116,7 @@ def run(cfg: RunConfig, out: Path, progress: bool = True, pair=None) -> dict:
         raise ValueError(f"no prompts selected from {cfg.task}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    cfg_json = cfg.to_json()
+    cfg_json = json.loads(json.dumps(cfg.to_json()))  # tuples become lists, as when read back
     _check_resume(out, cfg_json)
 
     # Resume: keep finished prompts, drop rounds of any prompt cut short.

@@ -31,6 +31,8 @@ def register(subparsers) -> None:
                    help="loss weight j**-decay for block position j")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default=d.dtype)
     p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--export", action="store_true",
+                   help="only write OUT/drafter from the latest checkpoint (the run may still be going)")
     p.set_defaults(fn=_cmd_train)
 
 
@@ -42,6 +44,12 @@ def _cmd_train(a) -> int:
     vdir = Path(a.verifier) if a.verifier else embedded_verifier_dir()
     if not vdir.exists():
         raise FileNotFoundError(f"verifier path {vdir} does not exist")
+    if a.export:
+        from .train import export
+
+        path = export(Path(a.out), vdir, evaluate_on=Path(a.data) if Path(a.data).exists() else None)
+        print(json.dumps({"drafter": str(path)}))
+        return 0
     if a.generate:
         from .generate import generate_distillation
         from .prompts import build_prompts

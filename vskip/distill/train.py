@@ -290,3 +290,22 @@ def train(data_dir: Path, out: Path, verifier_dir: Path, cfg: TrainConfig, progr
     save_drafter(model.eval(), out / "drafter", base_dir=verifier_dir, meta=meta)
     return out / "drafter"
 
+
+
+def export(out: Path, verifier_dir: Path, evaluate_on: Path | None = None) -> Path:
+    """Write the shippable drafter (``out/drafter``) from the latest checkpoint of a training run
+    that may still be going."""
+    from safetensors.torch import load_file
+
+    out = Path(out)
+    meta = json.loads((out / META_FILE).read_text())
+    cfg = TrainConfig(**meta["config"])
+    head = load_file(str(out / STATE_FILE))["head_ids"]
+    model = drafter_from_verifier(verifier_dir, num_layers=cfg.num_layers, head_ids=head)
+    opt = torch.optim.AdamW(trainable(model).values())
+    step, _ = load_state(out, model, opt)
+    info = {"train": asdict(cfg), "steps": step, "head_size": int(len(head))}
+    if evaluate_on is not None:
+        _, ho = split(load_rows(evaluate_on), cfg.holdout, cfg.seed)
+        info["holdout"] = acceptance(model, ho, cfg.gamma, n_blocks=300)
+    return save_drafter(model.eval(), out / "drafter", base_dir=verifier_dir, meta=info)

@@ -1,0 +1,291 @@
+"""Reports from synthetic run directories: the numbers, the frontiers, the tables, and what happens
+with runs from another version, unfinished runs, no reference or unreadable files."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vskip import report
+from vskip.policy import break_even_length
+
+IDS = ["HumanEval/0", "HumanEval/1", "HumanEval/2", "HumanEval/3"]
+
+
+def write_run(d: Path, policy: str, *, calls, blocks, seconds, passed, tokens=10, commit=2.0, task="humaneval",
+              gamma=16, params=None, ids=IDS, relaxed=(), summary=True, config=True, drop_sample=(), drop_round=(),
+              draft_share=0.25, verify_share=0.6):
+    """A run directory as vskip writes it: per prompt ``tokens`` generated, ``calls`` verifier
+    calls, ``blocks`` draft blocks, ``seconds`` of decoding, and rounds whose strict rounds each
+    commit ``commit`` tokens; ``relaxed``: (K, L) of skipped rounds added to every prompt."""
+    d.mkdir(parents=True)
+    params = params or {}
+    pol = {"name": policy, "eta_b": 0.9, "eta_c": 0.93, "k_min": 6, "s_max": 64, "lenience": 1.0, "top_k": 1,
+           "period": 4, "period_k": 6, **params}
+    samples, rounds = [], []
+    for i, tid in enumerate(ids):
+        s = {"task_id": tid, "completion": "x", "passed": passed[i], "generated_tokens": tokens,
+             "decode_seconds": seconds, "verifier_calls": calls, "draft_blocks": blocks,
+             "skipped_rounds": len(relaxed), "draft_seconds": draft_share * seconds,
+             "verify_seconds": verify_share * seconds, "predict_seconds": 0.0, "shadow_seconds": 0.0}
+        for k in drop_sample:
+            s.pop(k, None)
+        samples.append(s)
+        for j in range(calls):
+            rounds.append({"task_id": tid, "round": j, "verified": True, "K": 0, "K_hat": 0, "L": int(commit) - 1,
+                           "accepted": int(commit) - 1, "committed": commit, "relaxed": False, "reason": "verify",
+                           "gamma": gamma})
+        for K, L in relaxed:
+            rounds.append({"task_id": tid, "round": 99, "verified": False, "K": K, "K_hat": K, "L": L, "accepted": K,
+                           "committed": K, "relaxed": True, "reason": "skip", "gamma": gamma})
+    for r in rounds:
+        for k in drop_round:
+            r.pop(k, None)
+    (d / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    (d / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rounds))
+    if config:
+        run = {"task": task, "policy": pol, "decode": {"gamma": gamma, "max_new_tokens": 512, "shadow": True},
+               "models": {"steps": 2, "verifier_cache": True}, "limit": None, "ids": list(IDS), "score": True,
+               "predictor": None}
+        (d / "config.json").write_text(json.dumps({"run": run, "models": {"verifier": "v"}}))
+    if summary:
+        keep = {k: pol[k] for k in ("eta_b", "eta_c", "k_min", "s_max")} if policy in ("raw", "marginal", "conditional") else {}
+        (d / "summary.json").write_text(json.dumps({"task": task, "policy": policy, **keep, "gamma": gamma,
+                                                    "n_prompts": len(samples)}))
+    return d
+
+
+@pytest.fixture
+def sweep_dir(tmp_path):
+    """Strict SDD and a small grid of every kind, with numbers chosen by hand."""
+    root = tmp_path / "sweep"
+    T = [True, True, False, True]  # strict: 3/4
+    write_run(root / "strict", "strict", calls=5, blocks=5, seconds=1.0, passed=T)
+    # raw A: fewer calls, same pass@1, faster
+    write_run(root / "raw_a", "raw", calls=4, blocks=6, seconds=0.8, passed=T, relaxed=[(6, 6), (6, 3)],
+              params={"eta_b": 0.90, "eta_c": 0.93})
+    # raw B: even fewer calls but lower pass@1
+    write_run(root / "raw_b", "raw", calls=3, blocks=6, seconds=0.9, passed=[True, False, False, True],
+              relaxed=[(8, 2)], params={"eta_b": 0.70, "eta_c": 0.70})
+    # raw C: dominated by A in (rel calls, pass@1): more calls, same pass@1
+    write_run(root / "raw_c", "raw", calls=5, blocks=6, seconds=1.1, passed=T, params={"eta_b": 0.95, "eta_c": 0.99})
+    # the k_min diagnostic around raw A's thresholds
+    write_run(root / "raw_k0", "raw", calls=3, blocks=9, seconds=1.2, passed=T, params={"k_min": 0})
+    write_run(root / "raw_k3", "raw", calls=4, blocks=7, seconds=0.85, passed=T, params={"k_min": 3})
+    # gate ablation variants of raw A
+    write_run(root / "raw_local", "raw", calls=4, blocks=6, seconds=0.8, passed=T, params={"eta_c": 0.0})
+    write_run(root / "raw_geo", "raw", calls=3, blocks=6, seconds=0.7, passed=[True, False, False, False],
+              params={"eta_b": 0.0})
+    write_run(root / "lenience_05", "lenience", calls=4, blocks=4, seconds=0.9, passed=[True, True, True, True],
+              params={"lenience": 0.5}, relaxed=[])
+    write_run(root / "periodic_4", "periodic", calls=5, blocks=6, seconds=1.0, passed=[True, True, False, False],
+              params={"period": 4})
+    return root
+
+
+def rows_by_name(rep):
+    return {r.name: r for rows in rep.rows.values() for r in rows}
+
+
+def build(paths, out, **kw):
+    msgs = []
+    rep = report.build_report(paths, out, n_boot=500, warn=msgs.append, **kw)
+    return rep, msgs
+
+
+# --------------------------------------------------------------------------- numbers
+
+
+def test_relative_metrics(sweep_dir, tmp_path):
+    rep, msgs = build([sweep_dir], tmp_path / "out")
+    assert msgs == [] and rep.notes == []
+    r = rows_by_name(rep)
+    a = r["raw_a"]
+    assert a.ref.label == "strict" and a.common == 4
+    assert a.rel_calls == pytest.approx(4 / 5)  # (16/40) / (20/40)
+    assert a.rel_blocks == pytest.approx(6 / 5)
+    assert a.m.tokens_per_s == pytest.approx(40 / 3.2)
+    assert a.speedup == pytest.approx((40 / 3.2) / (40 / 4.0))
+    assert a.m.pass_at_1 == 0.75 and a.delta == 0.0
+    # StrictToken = sum min(K, L) / sum K = (6 + 3) / 12; FullPrefix = 1/2 (per prompt, pooled)
+    assert a.m.strict_token == pytest.approx(9 / 12)
+    assert a.m.full_prefix == pytest.approx(0.5)
+    assert r["strict"].rel_calls == 1.0 and r["strict"].m.strict_token == 1.0
+    b = r["raw_b"]
+    assert b.delta == pytest.approx(-0.25) and b.ci[0] <= -0.25 <= b.ci[1]
+    assert b.m.strict_token == pytest.approx(2 / 8) and b.m.full_prefix == 0.0
+
+
+def test_break_even_length(sweep_dir, tmp_path):
+    rep, _ = build([sweep_dir], tmp_path / "out")
+    a = rows_by_name(rep)["raw_a"]
+    # c_D = 0.25 * 0.8 s / 6 blocks, c_V = 0.6 * 0.8 s / 4 calls, A = 2 tokens per strict round
+    c_D, c_V = 0.2 / 6, 0.48 / 4
+    assert a.m.c_D == pytest.approx(c_D) and a.m.c_V == pytest.approx(c_V) and a.A == 2.0
+    assert a.K_star == pytest.approx(2.0 * c_D / (c_D + c_V)) == pytest.approx(break_even_length(2.0, c_D, c_V))
+
+
+def test_kmin_family_and_eq8_agreement(sweep_dir, tmp_path):
+    rep, _ = build([sweep_dir], tmp_path / "out")
+    rows = next(iter(rep.rows.values()))
+    fams = report.kmin_families(rows)
+    assert len(fams) == 1
+    f = fams[0]
+    assert [r.p("k_min") for r in f.rows] == [0, 3, 6]
+    # strict: c_D = 0.25/5, c_V = 0.6/5, A = 2 -> K* = 2 * 0.25 / 0.85 = 0.588; smallest grid k_min above: 3
+    assert f.K_star == pytest.approx(2 * 0.25 / 0.85)
+    assert f.predicted == 3
+    assert f.best == 6  # raw_a is the fastest (40 / 3.2 tokens/s)
+    assert f.agrees is False and f.above is True
+    csv_text = (tmp_path / "out" / "kmin_humaneval_g16.csv").read_text()
+    assert "raw_k0" in csv_text and "raw_k3" in csv_text
+    assert (tmp_path / "out" / "fig5_humaneval_g16_0.png").stat().st_size > 1000
+
+
+def test_pareto_front():
+    assert report.pareto_front([1, 2, 3, 2], [3, 2, 1, 1]) == [True, True, True, False]
+    # fewer calls better, higher pass@1 better
+    assert report.pareto_front([0.8, 0.9, 0.85], [0.9, 0.95, 0.85], x_max=False) == [True, True, False]
+    # equal points do not dominate each other
+    assert report.pareto_front([1, 1], [1, 1]) == [True, True]
+
+
+def test_frontiers_fade_dominated_settings(sweep_dir, tmp_path):
+    rep, _ = build([sweep_dir], tmp_path / "out")
+    rows = next(iter(rep.rows.values()))
+    fr = report.frontiers(rows, lambda r: r.rel_calls, lambda r: r.pass_common, False, True, k_min=6)
+    raw = {r.name: on for r, on in fr["raw"]}
+    # the k_min diagnostic and the gate ablation are not part of the raw frontier
+    assert set(raw) == {"raw_a", "raw_b", "raw_c"}
+    assert raw == {"raw_a": True, "raw_b": True, "raw_c": False}
+    assert {r.name for r, _ in fr["lenience"]} == {"lenience_05"}
+    for fig in ("fig1_humaneval_g16.png", "fig4_humaneval_g16.png"):
+        assert (tmp_path / "out" / fig).stat().st_size > 1000
+
+
+def test_tables(sweep_dir, tmp_path):
+    out = tmp_path / "out"
+    # another full setting with the same eta_b: raw_local is not its variant
+    write_run(sweep_dir / "raw_d", "raw", calls=5, blocks=6, seconds=1.1, passed=[True] * 4,
+              params={"eta_b": 0.90, "eta_c": 0.99})
+    rep, _ = build([sweep_dir], out)
+    md = (out / "report.md").read_text()
+    # Table 2: full, local only, geometric only
+    t2 = (out / "table2_humaneval_g16.md").read_text()
+    assert "| Full | raw_a |" in t2 and "| Local only | raw_local |" in t2 and "| Geometric only | raw_geo |" in t2
+    assert "raw_d" not in t2 and t2.count("raw_local") == 1
+    # Table 3: periodic P=4 (rel calls 1.0, pass@1 0.5) is dominated by raw_a (0.8, 0.75) and by
+    # raw_b (0.6, 0.5); the one with the fewest calls is named
+    t3 = (out / "table3_humaneval_g16.csv").read_text().splitlines()
+    assert t3[1] == "4,periodic_4,0.5,10.0,1.0,1.0,raw_b"
+    # Matched quality: raw points with pass@1 equal to strict's: raw_a (0.8 calls) beats raw_c (1.0)
+    matched = (out / "matched_humaneval_g16.csv").read_text().splitlines()
+    row = next(l for l in matched if l.startswith("Raw confidence,=,fewest calls"))
+    cells = row.split(",")
+    assert cells[3] == "raw_a" and float(cells[5]) == pytest.approx(0.8) and float(cells[6]) == pytest.approx(0.2)
+    assert any(l.startswith("Lenience,=,none observed") for l in matched)
+    assert any(l.startswith("Lenience,≥,fewest calls,lenience_05") for l in matched)
+    # Table 4: strict and raw at its fixed setting
+    t4 = (out / "table4.csv").read_text()
+    assert "Strict SDD" in t4 and "raw_a" in t4 and "raw_c" not in t4
+    # every table and figure is in report.md, and the commands are listed
+    for f in rep.files:
+        if f.endswith(".png") or f.endswith(".md") and f != "report.md":
+            assert f in md, f
+    assert "vskip run --task humaneval --policy raw --eta-b 0.9 --eta-c 0.93 --k-min 6" in md
+
+
+# --------------------------------------------------------------------------- robustness
+
+
+def test_runs_from_another_version(tmp_path):
+    root = tmp_path / "old"
+    write_run(root / "strict", "strict", calls=5, blocks=5, seconds=1.0, passed=[True] * 4, config=False,
+              drop_sample=("draft_seconds", "verify_seconds"))
+    write_run(root / "raw", "raw", calls=4, blocks=6, seconds=0.8, passed=[True] * 4, config=False,
+              relaxed=[(6, 3)], drop_sample=("draft_seconds", "verify_seconds"),
+              drop_round=("relaxed", "accepted", "gamma", "K_hat", "reason"))
+    rep, msgs = build([root], tmp_path / "out")
+    r = rows_by_name(rep)["raw"]
+    assert r.rel_calls == pytest.approx(0.8)
+    assert r.m.strict_token == pytest.approx(0.5)  # from the DESIGN §8 fields: K=6, L=3
+    assert r.m.c_D is None and r.K_star is None
+    text = "\n".join(msgs)
+    assert "no config.json" in text and "draft_seconds" in text and "relaxed/accepted" in text
+    assert "no config.json" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_unfinished_run_is_compared_on_common_prompts(tmp_path):
+    root = tmp_path / "s"
+    write_run(root / "strict", "strict", calls=5, blocks=5, seconds=1.0, passed=[True, True, False, True])
+    write_run(root / "raw", "raw", calls=4, blocks=6, seconds=0.8, passed=[True, False], ids=IDS[:2], summary=False)
+    (root / "raw" / "samples.jsonl").open("a").write('{"task_id": "HumanEval/2", "compl')  # cut by a kill
+    rep, msgs = build([root], tmp_path / "out")
+    r = rows_by_name(rep)["raw"]
+    assert r.m.n == 2 and r.common == 2
+    assert r.pass_common == 0.5 and r.ref_pass_common == 1.0 and r.delta == -0.5
+    text = "\n".join(msgs)
+    assert "unfinished" in text and "2 of 4" in text and "cut or invalid" in text and "on the 2 prompts" in text
+
+
+def test_no_strict_reference(tmp_path):
+    root = tmp_path / "s"
+    write_run(root / "raw", "raw", calls=4, blocks=6, seconds=0.8, passed=[True] * 4, relaxed=[(6, 6)])
+    rep, msgs = build([root], tmp_path / "out")
+    r = rows_by_name(rep)["raw"]
+    assert r.rel_calls is None and r.delta is None and r.m.tokens_per_s == pytest.approx(12.5)
+    assert any("no Strict SDD run" in m for m in msgs)
+    out = tmp_path / "out"
+    assert (out / "runs_humaneval_g16.csv").exists() and (out / "fig1_humaneval_g16.png").exists()
+    assert not (out / "fig4_humaneval_g16.png").exists()  # nothing to draw without relative calls
+    assert "No Strict SDD run" in (out / "report.md").read_text()
+
+
+def test_unreadable_and_missing_inputs(tmp_path):
+    root = tmp_path / "s"
+    write_run(root / "strict", "strict", calls=5, blocks=5, seconds=1.0, passed=[True] * 4)
+    bad = root / "broken"
+    bad.mkdir()
+    (bad / "summary.json").write_text("{not json")
+    (bad / "config.json").write_text("[1, 2]")
+    odd = write_run(root / "odd", "raw", calls=4, blocks=6, seconds=0.8, passed=[True] * 4)
+    lines = (odd / "samples.jsonl").read_text().splitlines()
+    lines[0] = lines[0].replace('"generated_tokens": 10', '"generated_tokens": "ten"')
+    (odd / "samples.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "empty").mkdir()
+    rep, msgs = build([root, tmp_path / "empty", tmp_path / "nowhere"], tmp_path / "out")
+    text = "\n".join(msgs)
+    assert "summary.json is unreadable" in text and "not a JSON object" in text
+    assert "holds no run directories" in text and "does not exist" in text
+    assert "odd: metrics: could not be produced" in text
+    assert (tmp_path / "out" / "report.md").exists()
+    with pytest.raises(ValueError, match="no run directories"):
+        report.build_report([tmp_path / "empty"], tmp_path / "out2", warn=lambda m: None)
+
+
+def test_shard_directories_are_not_runs(sweep_dir, tmp_path):
+    write_run(sweep_dir / "_shards" / "raw_x" / "000", "raw", calls=1, blocks=1, seconds=1.0, passed=[True] * 4)
+    rep, _ = build([sweep_dir], tmp_path / "out")
+    assert "000" not in rows_by_name(rep)
+
+
+def test_cli(sweep_dir, tmp_path):
+    (sweep_dir / "raw_a" / "summary.json").unlink()
+    code = ("import argparse, sys; from vskip import report\n"
+            "p = argparse.ArgumentParser(prog='vskip'); s = p.add_subparsers(dest='c'); report.register(s)\n"
+            "a = p.parse_args(sys.argv[1:])\n"
+            "try:\n    sys.exit(a.fn(a))\n"
+            "except ValueError as e:\n    print('vskip: error:', e, file=sys.stderr); sys.exit(2)\n")
+    res = subprocess.run([sys.executable, "-c", code, "report", str(sweep_dir), "--out", str(tmp_path / "o"),
+                          "--bootstrap", "200"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stderr and "raw_a: unfinished" in res.stderr
+    assert json.loads(res.stdout)["report"].endswith("report.md")
+    res = subprocess.run([sys.executable, "-c", code, "report", str(tmp_path / "nothing"), "--out",
+                          str(tmp_path / "o2")], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines()[-1].startswith("vskip: error: no run directories")
+    res = subprocess.run([sys.executable, "-c", code, "report", "--help"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "--out" in res.stdout

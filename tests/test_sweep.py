@@ -1,0 +1,323 @@
+"""Sweeps: grids, run directory names, sharding and merging, resume after a kill, worker
+processes and Ray, all on the fake drafter/verifier pair (no model, no scoring)."""
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fakes import FakeDrafter, FakeVerifier
+from vskip import sweep
+from vskip.decode import DecodeConfig
+from vskip.runner import ModelConfig
+
+TIMING = {"decode_seconds", "draft_seconds", "verify_seconds", "predict_seconds", "shadow_seconds",
+          "tokens_per_s", "policy_seconds", "policy_share", "c_D", "c_V"}
+IDS = ("HumanEval/0", "HumanEval/1", "HumanEval/2", "HumanEval/3", "HumanEval/4")
+
+
+class FakeTokenizer:
+    """Six ids per prompt (the fake verifier ends sequences near 40 tokens)."""
+
+    def __call__(self, text):
+        return {"input_ids": [2 + b % 48 for b in hashlib.sha256(text.encode()).digest()[:6]]}
+
+    def decode(self, tokens, skip_special_tokens=True):
+        return " ".join(map(str, tokens))
+
+
+def fake_pair(models, need_drafter):
+    from vskip.models.load import ModelPair
+
+    return ModelPair(FakeDrafter(error=0.15) if need_drafter else None, FakeVerifier(), FakeTokenizer(),
+                     {"verifier": "fake", "drafter": "fake"})
+
+
+class _Crash(RuntimeError):
+    pass
+
+
+class CrashingTokenizer(FakeTokenizer):
+    """Fails while finishing the ``n``-th prompt of the process: a kill with that prompt in flight."""
+
+    budget = [0]
+
+    def decode(self, tokens, skip_special_tokens=True):
+        self.budget[0] -= 1
+        if self.budget[0] < 0:
+            raise _Crash("killed")
+        return super().decode(tokens)
+
+
+def crashing_pair(models, need_drafter):
+    pair = fake_pair(models, need_drafter)
+    pair.tokenizer = CrashingTokenizer()
+    return pair
+
+
+class SlowDrafter(FakeDrafter):
+    def propose(self, seq, gamma, features=False):
+        time.sleep(0.01)
+        return super().propose(seq, gamma, features)
+
+
+def slow_pair(models, need_drafter):
+    pair = fake_pair(models, need_drafter)
+    pair.drafter = SlowDrafter(error=0.15) if need_drafter else None
+    return pair
+
+
+def make_plan(grid="cpu-small", shards=1, ids=IDS, **kw):
+    decode = DecodeConfig(gamma=8, max_new_tokens=24, task="humaneval")
+    return sweep.plan("humaneval", grid, decode, ModelConfig(), ids=ids, score=False, shards=shards, **kw)
+
+
+def read_dir(d: Path) -> dict:
+    """A run directory without its timings."""
+    rows = lambda f: [json.loads(l) for l in (d / f).read_text().splitlines() if l.strip()]
+    strip = lambda x: {k: v for k, v in x.items() if k not in TIMING}
+    return {
+        "samples": [strip(s) for s in rows("samples.jsonl")],
+        "rounds": rows("rounds.jsonl"),
+        "summary": strip(json.loads((d / "summary.json").read_text())),
+        "run": json.loads((d / "config.json").read_text())["run"],
+    }
+
+
+def assert_same_sweep(a: Path, b: Path, names):
+    for name in names:
+        assert read_dir(a / name) == read_dir(b / name), name
+
+
+@pytest.fixture(scope="module")
+def unbroken(tmp_path_factory):
+    out = tmp_path_factory.mktemp("unbroken")
+    p = make_plan()
+    summaries = sweep.run_sweep(p, out, pair_factory=fake_pair, progress=False)
+    return out, p, summaries
+
+
+# --------------------------------------------------------------------------- grids and names
+
+
+def test_table5_grid_is_the_paper():
+    pts = sweep.grid("table5")
+    by = lambda m: [pt.policy for pt in pts if pt.policy.name == m]
+    assert [p.lenience for p in by("lenience")] == [1.0, 0.99, 0.975, 0.95, 0.90, 0.80, 0.70, 0.50, 0.30]
+    assert [p.top_k for p in by("topk")] == [2, 3, 5]
+    raw = {(p.eta_b, p.eta_c) for p in by("raw")}
+    assert len(raw) == 18 and (0.95, 0.995) in raw and (0.60, 0.50) in raw and (0.80, 0.85) in raw
+    assert [p.eta_b for p in by("marginal")] == [0.85, 0.90, 0.93, 0.95, 0.97, 0.98, 0.99]
+    assert all(p.eta_b == p.eta_c for p in by("marginal"))
+    assert [p.eta_c for p in by("conditional")] == [0.99, 0.98, 0.97, 0.95, 0.93, 0.90, 0.85, 0.80]
+    assert all(p.k_min == 6 and p.s_max == 64 for m in sweep.LEARNED + ("raw",) for p in by(m))
+    assert len(by("strict")) == 1 and len(pts) == 46
+
+
+def test_kmin_gates_periodic_grids():
+    kmin = sweep.grid("kmin")
+    assert [p.policy.k_min for p in kmin if p.policy.name == "raw"] == [0, 3, 6, 9, 12, 16, 24, 32]
+    assert all((p.policy.eta_b, p.policy.eta_c) == (0.90, 0.93) for p in kmin if p.policy.name == "raw")
+    gates = {pt.name: pt.role for pt in sweep.grid("gates")}
+    assert gates["raw_eb0.90_ec0.00_k6_s64"] == "gate:local-only"
+    assert gates["raw_eb0.00_ec0.93_k6_s64"] == "gate:geometric-only"
+    assert gates["conditional_eb0.00_ec0.90_k6_s64"] == "gate:product-only"
+    assert [p.policy.period for p in sweep.grid("periodic") if p.policy.name == "periodic"] == [3, 4, 8]
+    assert {pt.name for pt in sweep.grid("cpu-small")} >= {"ar", "strict", "topk_k2", "periodic_P4_K6_s64"}
+    with pytest.raises(ValueError, match="unknown grid"):
+        sweep.grid("nope")
+
+
+def test_config_names():
+    from vskip.policy import PolicyConfig
+
+    assert sweep.config_name(PolicyConfig.make("raw", eta_b=0.9, eta_c=0.93)) == "raw_eb0.90_ec0.93_k6_s64"
+    assert sweep.config_name(PolicyConfig.make("raw", eta_b=0.95, eta_c=0.995, k_min=0)) == "raw_eb0.95_ec0.995_k0_s64"
+    assert sweep.config_name(PolicyConfig.make("marginal", eta_m=0.97)) == "marginal_em0.97_k6_s64"
+    assert sweep.config_name(PolicyConfig.make("conditional", epsilon=0.1)) == "conditional_eb0.90_ec0.90_k6_s64"
+    assert sweep.config_name(PolicyConfig.make("lenience", lenience=0.975)) == "lenience_l0.975"
+    assert sweep.config_name(PolicyConfig.make("periodic", period=8)) == "periodic_P8_K6_s64"
+
+
+def test_learned_signals_need_a_predictor():
+    p = make_plan("transfer")
+    assert set(p.configs) == {"strict", "raw_eb0.90_ec0.93_k6_s64"}
+    assert {n for n, _ in p.skipped} == {"marginal_em0.90_k6_s64", "conditional_eb0.90_ec0.90_k6_s64"}
+    q = make_plan("transfer", predictor="/some/dir")
+    assert len(q.configs) == 4 and not q.skipped
+    assert q.configs["raw_eb0.90_ec0.93_k6_s64"].predictor is None
+    assert q.configs["marginal_em0.90_k6_s64"].predictor == "/some/dir"
+
+
+def test_shards_cut_the_selection_in_order():
+    p = make_plan(shards=3)
+    assert p.shard_ids() == [IDS[0:2], IDS[2:3], IDS[3:5]]
+    assert make_plan(shards=9).shards == len(IDS)
+
+
+# --------------------------------------------------------------------------- running
+
+
+def test_sweep_writes_run_dirs_and_record(unbroken):
+    out, p, summaries = unbroken
+    assert set(summaries) == set(p.configs)
+    rec = json.loads((out / "sweep.json").read_text())
+    assert rec["task"] == "humaneval" and rec["grid"] == "cpu-small" and rec["selection"] == list(IDS)
+    assert [c["name"] for c in rec["configs"]] == list(p.configs)
+    for name, s in summaries.items():
+        assert s["n_prompts"] == len(IDS)
+        assert [x["task_id"] for x in read_dir(out / name)["samples"]] == list(IDS)
+    assert summaries["strict"]["strict_token"] == 1.0
+    assert summaries["ar"]["calls_per_token"] == 1.0
+    assert summaries["raw_eb0.60_ec0.50_k6_s64"]["skipped_rounds"] > 0  # the fakes do skip
+    # the ar run was given the pair without its drafter
+    assert "drafter" not in json.loads((out / "ar" / "config.json").read_text())["models"]
+
+
+def test_shards_merge_to_a_single_run(unbroken, tmp_path):
+    out, p, _ = unbroken
+    q = make_plan(shards=2)
+    sweep.run_sweep(q, tmp_path, pair_factory=fake_pair, progress=False)
+    assert not (tmp_path / sweep.SHARDS).exists()
+    assert_same_sweep(out, tmp_path, p.configs)
+
+
+def test_rerun_of_a_finished_sweep_does_nothing(unbroken):
+    out, p, summaries = unbroken
+
+    def no_models(models, need_drafter):
+        raise AssertionError("a finished sweep must not load models")
+
+    assert sweep.run_sweep(p, out, pair_factory=no_models, progress=False) == summaries
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_resume_after_a_crash_equals_an_unbroken_sweep(unbroken, tmp_path, shards):
+    out, p, _ = unbroken
+    q = make_plan(shards=shards)
+    CrashingTokenizer.budget[0] = 13  # dies while finishing the 14th prompt of 50
+    with pytest.raises(ValueError, match="units failed"):
+        sweep.run_sweep(q, tmp_path, pair_factory=crashing_pair, progress=False)
+    done = sum(len(read_samples) for read_samples in _samples_written(tmp_path))
+    assert done == 13  # nothing after the crash was lost except the prompt in flight
+    sweep.run_sweep(q, tmp_path, pair_factory=fake_pair, progress=False)
+    assert_same_sweep(out, tmp_path, p.configs)
+
+
+def _samples_written(root: Path):
+    for f in root.rglob("samples.jsonl"):
+        yield [l for l in f.read_text().splitlines() if l.strip()]
+
+
+def test_resume_after_sigkill_equals_an_unbroken_sweep(unbroken, tmp_path):
+    out, p, _ = unbroken
+    script = (
+        "import sys; sys.path.insert(0, %r); sys.path.insert(0, %r)\n"
+        "import test_sweep as t\n"
+        "from vskip import sweep\n"
+        "sweep.run_sweep(t.make_plan(shards=2), %r, pair_factory=t.slow_pair, progress=False)\n"
+    ) % (str(Path(__file__).parent), str(Path(__file__).parent.parent), str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    try:
+        deadline = time.time() + 60
+        while sum(len(s) for s in _samples_written(tmp_path)) < 8:
+            assert proc.poll() is None, "the sweep ended before it could be killed"
+            assert time.time() < deadline
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert not all((tmp_path / n / "summary.json").exists() for n in p.configs)
+    sweep.run_sweep(make_plan(shards=2), tmp_path, pair_factory=fake_pair, progress=False)
+    assert_same_sweep(out, tmp_path, p.configs)
+
+
+def test_worker_processes_give_the_same_results(unbroken, tmp_path):
+    out, p, _ = unbroken
+    q = make_plan(shards=2)
+    sweep.run_sweep(q, tmp_path, workers=2, pair_factory=fake_pair, progress=False)
+    assert_same_sweep(out, tmp_path, p.configs)
+
+
+def test_a_different_sweep_in_the_same_directory_is_refused(unbroken, tmp_path):
+    sweep.run_sweep(make_plan("periodic"), tmp_path, pair_factory=fake_pair, progress=False)
+    with pytest.raises(ValueError, match="another task or prompt selection"):
+        sweep.run_sweep(make_plan("periodic", ids=IDS[:2]), tmp_path, pair_factory=fake_pair, progress=False)
+    decode = DecodeConfig(gamma=4, max_new_tokens=24, task="humaneval")
+    other = sweep.plan("humaneval", "periodic", decode, ModelConfig(), ids=IDS, score=False)
+    with pytest.raises(ValueError, match="other settings"):
+        sweep.run_sweep(other, tmp_path, pair_factory=fake_pair, progress=False)
+    # another grid with the same settings shares the directory and its finished runs
+    sweep.run_sweep(make_plan("kmin"), tmp_path, pair_factory=fake_pair, progress=False)
+    rec = json.loads((tmp_path / "sweep.json").read_text())
+    assert rec["grids"] == ["periodic", "kmin"] and len(rec["configs"]) == 4 + 8
+
+
+def test_ray_executor(unbroken, tmp_path):
+    ray = pytest.importorskip("ray")
+    out, p, _ = unbroken
+    here = str(Path(__file__).parent)
+    path = os.pathsep.join([here, str(Path(here).parent), os.environ.get("PYTHONPATH", "")])
+    ray.init(num_cpus=1, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
+    try:
+        sweep.run_sweep(make_plan(shards=2), tmp_path, workers=1, executor="ray", pair_factory=fake_pair,
+                        progress=False)
+    finally:
+        ray.shutdown()
+    assert_same_sweep(out, tmp_path, p.configs)
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def parser():
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="command", required=True)
+    sweep.register(sub)
+    return p
+
+
+def test_cli_lists_a_grid(capsys):
+    a = parser().parse_args(["sweep", "--grid", "gates", "--list"])
+    assert a.fn(a) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 7 and "needs --predictor" in lines[-1]
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--grid", "nope", "--task", "humaneval", "--out", "x"], "unknown grid"),
+        (["--grid", "kmin", "--out", "x"], "--task and --out"),
+        (["--grid", "kmin", "--task", "nope", "--out", "x"], "unknown task"),
+        (["--grid", "kmin", "--task", "humaneval", "--out", "x", "--limit", "0"], "--limit"),
+        (["--grid", "kmin", "--task", "humaneval", "--out", "x", "--workers", "0"], "--workers"),
+        (["--grid", "kmin", "--task", "humaneval", "--out", "x", "--ids", "HumanEval/999"], "999"),
+    ],
+)
+def test_cli_bad_input(args, needle, tmp_path):
+    a = parser().parse_args(["sweep", *[str(tmp_path / "o") if x == "x" else x for x in args]])
+    with pytest.raises(ValueError, match=needle.replace("-", r"\-")) as e:
+        a.fn(a)
+    assert "\n" not in str(e.value)
+
+
+def test_cli_help():
+    res = subprocess.run([sys.executable, "-c", "import sys; sys.argv[0] = 'vskip'; import test_sweep as t; "
+                          "t.parser().parse_args(['sweep', '--help'])"],
+                         capture_output=True, text=True, cwd=Path(__file__).parent)
+    assert res.returncode == 0 and "--grid" in res.stdout and "--executor" in res.stdout
+
+
+def test_ray_missing_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray now fails
+    with pytest.raises(ValueError, match="needs the ray package"):
+        sweep.run_sweep(make_plan("periodic"), tmp_path / "s", executor="ray", pair_factory=fake_pair, progress=False)
+    assert not (tmp_path / "s").exists()

@@ -1,0 +1,726 @@
+"""``vskip sweep``: every configuration of a named grid, run as resumable units of work.
+
+A grid (A.6 Table 5, the ``k_min`` diagnostic of Figure 5, the gate ablation of Table 2, the
+periodic baseline of Table 3, small grids for a CPU) is a list of :class:`PolicyConfig`. Each
+configuration gets a run directory ``DIR/<name>`` (``raw_eb0.90_ec0.93_k6_s64``) holding exactly
+what ``vskip run`` would write for it, and ``DIR/sweep.json`` records the grid, the task and the
+prompt selection.
+
+The unit of work is one configuration x one shard of the selected prompts. A worker process loads
+the model pair once and runs many units; each unit is an ordinary :func:`vskip.runner.run` (its own
+warm-up, per-prompt timing, resume). With one shard per configuration the unit writes straight into
+the configuration's directory; with more, shards write ``DIR/_shards/<name>/<k>`` and are merged,
+in the selection's order, into a directory identical to a single-process run (timings aside).
+
+Resume: rerunning the same command skips finished configurations and, inside unfinished units,
+finished prompts, so a killed sweep loses at most the prompts in flight.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shlex
+import shutil
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from .decode import DecodeConfig
+from .metrics import summarize
+from .policy import PolicyConfig
+from .runner import CONFIG, SAMPLES, SUMMARY, ROUNDS, ModelConfig, RunConfig, _read_jsonl, _write_jsonl
+
+SWEEP = "sweep.json"
+SHARDS = "_shards"
+
+#: Methods that need a trained survival predictor (``--predictor``).
+LEARNED = ("marginal", "conditional")
+
+# --------------------------------------------------------------------------- grids
+
+#: A.6 Table 5.
+LENIENCE = (1.0, 0.99, 0.975, 0.95, 0.90, 0.80, 0.70, 0.50, 0.30)
+TOP_K = (2, 3, 5)
+RAW_ETA_B = (0.90, 0.95)
+RAW_ETA_C = (0.995, 0.99, 0.98, 0.97, 0.95, 0.93, 0.90)
+RAW_EXTRA = ((0.80, 0.93), (0.80, 0.85), (0.70, 0.70), (0.60, 0.50))
+MARGINAL_ETA_M = (0.85, 0.90, 0.93, 0.95, 0.97, 0.98, 0.99)
+CONDITIONAL_ETA_C = (0.99, 0.98, 0.97, 0.95, 0.93, 0.90, 0.85, 0.80)
+#: Figure 5 and Table 3.
+KMIN = (0, 3, 6, 9, 12, 16, 24, 32)
+PERIODS = (3, 4, 8)
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    """One configuration of a grid: its run directory ``name``, the policy, and its ``role`` in
+    the paper (``frontier``, ``reference``, ``kmin``, ``gate:local-only``, ...)."""
+
+    name: str
+    policy: PolicyConfig
+    role: str
+
+
+def _eta(x: float) -> str:
+    """0.9 -> "0.90", 0.995 -> "0.995", 0 -> "0.00"."""
+    s = f"{x:.4f}".rstrip("0")
+    whole, _, frac = s.partition(".")
+    return f"{whole}.{frac.ljust(2, '0')}"
+
+
+def config_name(p: PolicyConfig) -> str:
+    """The run directory name of a configuration; only the parameters that matter appear."""
+    if p.name in ("ar", "strict"):
+        return p.name
+    if p.name == "lenience":
+        return f"lenience_l{_eta(p.lenience)}"
+    if p.name == "topk":
+        return f"topk_k{p.top_k}"
+    if p.name == "periodic":
+        return f"periodic_P{p.period}_K{p.period_k}_s{p.s_max}"
+    if p.name == "marginal" and p.eta_b == p.eta_c:
+        gates = f"em{_eta(p.eta_b)}"
+    else:
+        gates = f"eb{_eta(p.eta_b)}_ec{_eta(p.eta_c)}"
+    return f"{p.name}_{gates}_k{p.k_min}_s{p.s_max}"
+
+
+def _point(name: str, role: str, **kw) -> GridPoint:
+    p = PolicyConfig.make(name, **kw)
+    return GridPoint(config_name(p), p, role)
+
+
+def _table5(k_min: int, s_max: int) -> list[GridPoint]:
+    sig = {"k_min": k_min, "s_max": s_max}
+    pts = [_point("strict", "reference")]
+    pts += [_point("lenience", "frontier", lenience=l) for l in LENIENCE]
+    pts += [_point("topk", "frontier", top_k=k) for k in TOP_K]
+    pairs = [(b, c) for b in RAW_ETA_B for c in RAW_ETA_C] + list(RAW_EXTRA)
+    pts += [_point("raw", "frontier", eta_b=b, eta_c=c, **sig) for b, c in pairs]
+    pts += [_point("marginal", "frontier", eta_m=m, **sig) for m in MARGINAL_ETA_M]
+    pts += [_point("conditional", "frontier", eta_b=0.90, eta_c=c, **sig) for c in CONDITIONAL_ETA_C]
+    return pts
+
+
+def _kmin(k_mins: Sequence[int], eta_b: float, eta_c: float, s_max: int) -> list[GridPoint]:
+    pts = [_point("strict", "reference")]
+    pts += [_point("raw", "kmin", eta_b=eta_b, eta_c=eta_c, k_min=k, s_max=s_max) for k in k_mins]
+    return pts
+
+
+def _gates(k_min: int, s_max: int) -> list[GridPoint]:
+    """Table 2: each variant removes one gate by setting its threshold to 0."""
+    sig = {"k_min": k_min, "s_max": s_max}
+    return [
+        _point("strict", "reference"),
+        _point("raw", "gate:full", eta_b=0.90, eta_c=0.93, **sig),
+        _point("raw", "gate:local-only", eta_b=0.90, eta_c=0.0, **sig),
+        _point("raw", "gate:geometric-only", eta_b=0.0, eta_c=0.93, **sig),
+        _point("conditional", "gate:full", eta_b=0.90, eta_c=0.90, **sig),
+        _point("conditional", "gate:product-only", eta_b=0.0, eta_c=0.90, **sig),
+        _point("conditional", "gate:local-only", eta_b=0.90, eta_c=0.0, **sig),
+    ]
+
+
+def _periodic(s_max: int) -> list[GridPoint]:
+    return [_point("strict", "reference")] + [
+        _point("periodic", "periodic", period=P, period_k=6, s_max=s_max) for P in PERIODS
+    ]
+
+
+def _transfer(k_min: int, s_max: int) -> list[GridPoint]:
+    """Table 4's rows: Strict SDD and each signal at the paper's fixed setting."""
+    sig = {"k_min": k_min, "s_max": s_max}
+    return [
+        _point("strict", "reference"),
+        _point("raw", "transfer", eta_b=0.90, eta_c=0.93, **sig),
+        _point("marginal", "transfer", eta_m=0.90, **sig),
+        _point("conditional", "transfer", eta_b=0.90, eta_c=0.90, **sig),
+    ]
+
+
+def _cpu_small(k_min: int, s_max: int) -> list[GridPoint]:
+    """A grid that finishes on a CPU: the reference points, raw confidence at four threshold
+    pairs (looser than the paper's, since a small drafter is rarely that confident), two
+    lenience values, top-2 and periodic P=4."""
+    sig = {"k_min": k_min, "s_max": s_max}
+    pts = [_point("ar", "reference"), _point("strict", "reference")]
+    pts += [_point("raw", "frontier", eta_b=b, eta_c=c, **sig)
+            for b, c in ((0.90, 0.93), (0.80, 0.85), (0.70, 0.70), (0.60, 0.50))]
+    pts += [_point("lenience", "frontier", lenience=l) for l in (0.50, 0.30)]
+    pts += [_point("topk", "frontier", top_k=2), _point("periodic", "periodic", period=4, period_k=6, s_max=s_max)]
+    return pts
+
+
+#: Named grids: a short description and a builder taking (k_min, s_max).
+GRIDS: dict[str, tuple[str, Callable[[int, int], list[GridPoint]]]] = {
+    "table5": ("A.6 Table 5: every method's grid and Strict SDD", _table5),
+    "kmin": ("Figure 5: raw (0.90, 0.93) at k_min 0..32, and Strict SDD",
+             lambda k, s: _kmin(KMIN, 0.90, 0.93, s)),
+    "gates": ("Table 2: gate ablation of raw (0.90, 0.93) and conditional (0.90, 0.90)", _gates),
+    "periodic": ("Table 3: periodic skipping every P in {3, 4, 8} rounds, and Strict SDD",
+                 lambda k, s: _periodic(s)),
+    "transfer": ("Table 4: Strict SDD and each signal at its fixed setting", _transfer),
+    "cpu-small": ("CPU: ar, strict, raw x4, lenience x2, top-2, periodic P=4", _cpu_small),
+    "cpu-kmin": ("CPU: raw (0.70, 0.70) at k_min 0, 3, 6, 12, and Strict SDD",
+                 lambda k, s: _kmin((0, 3, 6, 12), 0.70, 0.70, s)),
+}
+
+
+def grid(name: str, k_min: int = 6, s_max: int = 64) -> list[GridPoint]:
+    """The configurations of a named grid. ``k_min``/``s_max`` apply where the grid does not set
+    them (the paper's main sweeps use 6 and 64)."""
+    if name not in GRIDS:
+        raise ValueError(f"unknown grid {name!r}; expected one of {', '.join(GRIDS)}")
+    pts = GRIDS[name][1](k_min, s_max)
+    names = [p.name for p in pts]
+    assert len(set(names)) == len(names), names
+    return pts
+
+
+# --------------------------------------------------------------------------- plan
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One configuration x one shard. ``out`` is the configuration's directory when the
+    configuration has a single shard, else its shard directory."""
+
+    name: str
+    shard: int
+    cfg: RunConfig
+    out: Path
+    n_prompts: int
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    task: str
+    grid: str
+    points: tuple[GridPoint, ...]
+    selection: tuple[str, ...]
+    configs: dict  # name -> RunConfig of the whole selection
+    shards: int
+    skipped: tuple[tuple[str, str], ...]  # (name, why)
+
+    def shard_ids(self) -> list[tuple[str, ...]]:
+        """The selection cut into ``shards`` contiguous pieces, in order."""
+        n, s = len(self.selection), self.shards
+        cuts = [round(i * n / s) for i in range(s + 1)]
+        return [self.selection[a:b] for a, b in zip(cuts, cuts[1:])]
+
+    def units(self, out: Path) -> list[Unit]:
+        out = Path(out)
+        res = []
+        pieces = self.shard_ids()
+        for name, cfg in self.configs.items():
+            if self.shards == 1:
+                res.append(Unit(name, 0, cfg, out / name, len(self.selection)))
+                continue
+            for k, ids in enumerate(pieces):
+                shard_cfg = dataclasses.replace(cfg, limit=None, ids=list(ids))  # list: see plan()
+                res.append(Unit(name, k, shard_cfg, out / SHARDS / name / f"{k:03d}", len(ids)))
+        return res
+
+
+def plan(
+    task: str,
+    grid_name: str,
+    decode: DecodeConfig,
+    models: ModelConfig,
+    limit: int | None = None,
+    ids: Sequence[str] | None = None,
+    predictor: str | None = None,
+    score: bool = True,
+    shards: int = 1,
+    k_min: int = 6,
+    s_max: int = 64,
+) -> SweepPlan:
+    """Resolve a grid and a prompt selection into the configurations to run. Learned signals are
+    left out (and listed in ``skipped``) when there is no ``predictor``."""
+    from . import tasks
+
+    if task not in tasks.ALL_TASKS:
+        raise ValueError(f"unknown task {task!r}; expected one of {', '.join(tasks.ALL_TASKS)}")
+    if limit is not None and limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {limit}")
+    if shards < 1:
+        raise ValueError(f"--shards must be >= 1, got {shards}")
+    ids = tuple(ids) if ids else None
+    selection = tuple(p.task_id for p in tasks.load_task(task, limit=limit, ids=list(ids) if ids else None))
+    if not selection:
+        raise ValueError(f"no prompts selected from {task}")
+    points, skipped, configs = [], [], {}
+    for pt in grid(grid_name, k_min=k_min, s_max=s_max):
+        if pt.policy.name in LEARNED and not predictor:
+            skipped.append((pt.name, "needs --predictor"))
+            continue
+        points.append(pt)
+        # ids as a list: the runner compares its config with the JSON it wrote when resuming, and
+        # a list survives that round trip where a tuple does not.
+        configs[pt.name] = RunConfig(task=task, policy=pt.policy, decode=decode, models=models, limit=limit,
+                                     ids=list(ids) if ids else None, score=score,
+                                     predictor=predictor if pt.policy.name in LEARNED else None)
+    if not configs:
+        raise ValueError(f"every configuration of grid {grid_name} needs --predictor")
+    return SweepPlan(task, grid_name, tuple(points), selection, configs, min(shards, len(selection)), tuple(skipped))
+
+
+# --------------------------------------------------------------------------- models per process
+
+
+def load_models(models: ModelConfig, need_drafter: bool):
+    """The default pair factory: the model pair of ``models``, loaded once per worker."""
+    from .models.load import load_pair
+    from .runtime import resolve_runtime
+
+    runtime = resolve_runtime(models.device, models.dtype, models.threads)
+    return load_pair(runtime, drafter=models.drafter, verifier=models.verifier, steps=models.steps,
+                     use_cache=models.verifier_cache, need_drafter=need_drafter, reveal=models.reveal)
+
+
+class _PairCache:
+    """The pair of one worker process, loaded on first use. Methods without a drafter (``ar``)
+    get the same verifier without the drafter."""
+
+    def __init__(self, factory, models: ModelConfig, need_drafter: bool):
+        self.factory, self.models, self.need_drafter = factory, models, need_drafter
+        self.pair = None
+
+    def get(self, uses_drafter: bool):
+        if self.pair is None:
+            self.pair = self.factory(self.models, self.need_drafter)
+        if uses_drafter or getattr(self.pair, "drafter", None) is None or not dataclasses.is_dataclass(self.pair):
+            return self.pair
+        identity = {k: v for k, v in self.pair.identity.items() if k != "drafter"}
+        return dataclasses.replace(self.pair, drafter=None, identity=identity)
+
+
+def _run_unit(unit: Unit, cache: _PairCache) -> str | None:
+    """Run one unit; returns None, or a one-line error (the sweep carries on with other units)."""
+    from .runner import run
+
+    pair = cache.get(unit.cfg.policy.uses_drafter)  # a failure here is fatal: it propagates
+    try:
+        run(unit.cfg, unit.out, progress=False, pair=pair)
+    except Exception as e:  # noqa: BLE001 - reported per unit; the rest of the sweep goes on
+        return f"{unit.name}[{unit.shard}]: {type(e).__name__}: {e}"
+    return None
+
+
+_WORKER: _PairCache | None = None
+
+
+def _init_worker(factory, models: ModelConfig, need_drafter: bool) -> None:
+    global _WORKER
+    _WORKER = _PairCache(factory, models, need_drafter)
+
+
+def _worker_unit(unit: Unit) -> str | None:
+    assert _WORKER is not None
+    return _run_unit(unit, _WORKER)
+
+
+class _RayWorker:
+    """A Ray actor holding one model pair; runs units sent to it."""
+
+    def __init__(self, factory, models: ModelConfig, need_drafter: bool):
+        self.cache = _PairCache(factory, models, need_drafter)
+
+    def run(self, unit: Unit) -> str | None:
+        return _run_unit(unit, self.cache)
+
+
+# --------------------------------------------------------------------------- progress
+
+
+def _count_lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as f:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    except FileNotFoundError:
+        return 0
+
+
+class _Progress:
+    """A tqdm bar over the prompts of the units still to run, with configurations done as its
+    postfix. It counts finished lines in the units' samples files, so it works the same for
+    in-process, pooled and Ray workers."""
+
+    def __init__(self, units: list[Unit], n_configs: int, done_configs: int, enabled: bool):
+        from tqdm import tqdm
+
+        self.units, self.n_configs, self.done_configs = units, n_configs, done_configs
+        self.per = {u.out: u.n_prompts for u in units}
+        self.counts = {u.out: min(_count_lines(u.out / SAMPLES), u.n_prompts) for u in units}
+        self.finished: set[Path] = set()
+        self.bar = tqdm(total=sum(self.per.values()), initial=sum(self.counts.values()), desc="sweep",
+                        unit="prompt", disable=not enabled, file=sys.stderr, dynamic_ncols=True)
+        self._postfix()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True) if enabled else None
+        if self._thread:
+            self._thread.start()
+
+    def _postfix(self):
+        open_names = {u.name for u in self.units if u.out not in self.finished}
+        done = self.done_configs + len({u.name for u in self.units} - open_names)
+        self.bar.set_postfix_str(f"configs {done}/{self.n_configs}")
+
+    def refresh(self):
+        with self._lock:
+            for u in self.units:
+                if u.out in self.finished:
+                    continue
+                n = min(_count_lines(u.out / SAMPLES), self.per[u.out])
+                if n > self.counts[u.out]:
+                    self.bar.update(n - self.counts[u.out])
+                    self.counts[u.out] = n
+
+    def unit_done(self, unit: Unit):
+        self.refresh()
+        with self._lock:
+            self.finished.add(unit.out)
+            self._postfix()
+
+    def _poll(self):
+        while not self._stop.wait(2.0):
+            self.refresh()
+
+    def close(self):
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+        self.refresh()
+        self.bar.close()
+
+
+# --------------------------------------------------------------------------- merge
+
+
+def _summarize_keys() -> set[str]:
+    return set(summarize([], []))
+
+
+def config_done(run_dir: Path, n_prompts: int) -> bool:
+    """A run directory is finished when its summary covers every selected prompt."""
+    p = Path(run_dir) / SUMMARY
+    if not p.exists():
+        return False
+    try:
+        return json.loads(p.read_text()).get("n_prompts") == n_prompts
+    except (json.JSONDecodeError, OSError):
+        return False
+
+
+def merge_shards(run_dir: Path, cfg: RunConfig, shard_dirs: Sequence[Path], selection: Sequence[str]) -> dict:
+    """Merge finished shard run directories into ``run_dir`` as one run of ``cfg`` over
+    ``selection``: samples and rounds in selection order, the summary recomputed over all of
+    them; ``summary.json`` is written last. Returns the summary."""
+    samples, rounds = {}, {}
+    for d in shard_dirs:
+        for s in _read_jsonl(Path(d) / SAMPLES):
+            samples[s["task_id"]] = s
+        for r in _read_jsonl(Path(d) / ROUNDS):
+            rounds.setdefault(r["task_id"], []).append(r)
+    missing = [i for i in selection if i not in samples]
+    if missing:
+        raise ValueError(f"cannot merge {run_dir}: {len(missing)} prompts have no sample (first {missing[0]})")
+    ordered = [samples[i] for i in selection]
+    all_rounds = [r for i in selection for r in rounds.get(i, [])]
+    head = json.loads((Path(shard_dirs[0]) / CONFIG).read_text())
+    head["run"] = cfg.to_json()
+    shard_summary = json.loads((Path(shard_dirs[0]) / SUMMARY).read_text())
+    keys = _summarize_keys()
+    summary = {k: v for k, v in shard_summary.items() if k not in keys} | summarize(ordered, all_rounds)
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / SUMMARY).unlink(missing_ok=True)
+    (run_dir / CONFIG).write_text(json.dumps(head, indent=1))
+    _write_jsonl(run_dir / ROUNDS, all_rounds)
+    _write_jsonl(run_dir / SAMPLES, ordered)
+    tmp = run_dir / (SUMMARY + ".tmp")
+    tmp.write_text(json.dumps(summary, indent=1))
+    tmp.replace(run_dir / SUMMARY)
+    return summary
+
+
+# --------------------------------------------------------------------------- the sweep
+
+
+def _sweep_record(p: SweepPlan, command: str | None) -> dict:
+    return {
+        "task": p.task,
+        "grid": p.grid,
+        "grid_description": GRIDS[p.grid][0],
+        "grids": [p.grid],
+        "selection": list(p.selection),
+        "shards": p.shards,
+        "configs": [{"name": pt.name, "role": pt.role, **pt.policy.summary(), "run": p.configs[pt.name].to_json()}
+                    for pt in p.points],
+        "skipped": [{"name": n, "why": w} for n, w in p.skipped],
+        "command": command,
+    }
+
+
+def _check_and_record(p: SweepPlan, out: Path, command: str | None) -> SweepPlan:
+    """Refuse to mix two different sweeps in one directory; on resume keep the recorded shard
+    layout (prompts finished in a shard stay there) and record any configurations added."""
+    path = out / SWEEP
+    rec = json.loads(json.dumps(_sweep_record(p, command)))  # tuples as lists, as read back
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            old = None
+        if old is not None:
+            if old.get("task") != p.task or old.get("selection") != list(p.selection):
+                raise ValueError(f"{out} holds a sweep of another task or prompt selection; choose another --out")
+            before = {c["name"]: c.get("run") for c in old.get("configs", [])}
+            for c in rec["configs"]:
+                if c["name"] in before and before[c["name"]] != c["run"]:
+                    raise ValueError(f"{out} holds {c['name']} with other settings (model, decode or selection flags); "
+                                     "choose another --out")
+            if old.get("shards", p.shards) != p.shards:
+                print(f"vskip: {out} was sharded {old['shards']} ways; keeping that", file=sys.stderr)
+                p = dataclasses.replace(p, shards=int(old["shards"]))
+                rec["shards"] = p.shards
+            # configurations of the earlier run stay listed
+            names = {c["name"] for c in rec["configs"]}
+            rec["configs"] += [c for c in old.get("configs", []) if c["name"] not in names]
+            rec["grids"] = list(dict.fromkeys(old.get("grids", [old.get("grid")]) + [p.grid]))
+            if command is None:
+                rec["command"] = old.get("command")
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / (SWEEP + ".tmp")
+    tmp.write_text(json.dumps(rec, indent=1))
+    tmp.replace(path)
+    return p
+
+
+def run_sweep(
+    p: SweepPlan,
+    out: Path,
+    workers: int = 1,
+    executor: str = "local",
+    address: str | None = None,
+    pair_factory: Callable | None = None,
+    progress: bool = True,
+    command: str | None = None,
+    gpus_per_worker: float = 0.0,
+) -> dict:
+    """Run (or finish) every configuration of ``p`` under ``out``; returns
+    ``{name: summary}``. ``pair_factory(models, need_drafter)`` returns a loaded model pair
+    (default :func:`load_models`); tests pass a fake one. Raises ValueError when units failed,
+    after running all the others."""
+    if workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
+    if executor not in ("local", "ray"):
+        raise ValueError(f"unknown executor {executor!r}; expected local or ray")
+    if executor == "ray":
+        _import_ray()  # before anything is written
+    out = Path(out)
+    p = _check_and_record(p, out, command)
+    factory = pair_factory or load_models
+    for name, why in p.skipped:
+        print(f"vskip: skipping {name}: {why}", file=sys.stderr)
+
+    n = len(p.selection)
+    done = {name for name in p.configs if config_done(out / name, n)}
+    for name in done:  # shards left by a sweep killed right after their merge
+        if (out / SHARDS / name).exists():
+            shutil.rmtree(out / SHARDS / name)
+    units = [u for u in p.units(out) if u.name not in done]
+    # Shards finished by an earlier, interrupted sweep need no rerun, only the merge.
+    todo = [u for u in units if u.out == out / u.name or not config_done(u.out, u.n_prompts)]
+    need_drafter = any(p.configs[u.name].policy.uses_drafter for u in todo)
+    models = next(iter(p.configs.values())).models
+    threads = models.threads
+    if threads is None and workers > 1 and executor == "local" and (models.device or "cpu") == "cpu":
+        threads = max(1, (os.cpu_count() or 1) // workers)  # no oversubscription; not part of the config
+    load_cfg = dataclasses.replace(models, threads=threads)
+
+    bar = _Progress(units, len(p.configs), len(done), progress) if units else None
+    errors: list[str] = []
+    try:
+        if todo:
+            if executor == "ray":
+                errors = _run_ray(todo, workers, address, factory, load_cfg, need_drafter, gpus_per_worker, bar)
+            elif workers == 1:
+                cache = _PairCache(factory, load_cfg, need_drafter)
+                for u in todo:
+                    err = _run_unit(u, cache)
+                    errors += [err] if err else []
+                    bar.unit_done(u)
+            else:
+                errors = _run_pool(todo, workers, factory, load_cfg, need_drafter, bar)
+        # Merge configurations whose shards are all finished.
+        for name, cfg in p.configs.items():
+            if name in done or p.shards == 1:
+                continue
+            shard_dirs = [out / SHARDS / name / f"{k:03d}" for k in range(p.shards)]
+            sizes = [len(ids) for ids in p.shard_ids()]
+            if all(config_done(d, s) for d, s in zip(shard_dirs, sizes)):
+                merge_shards(out / name, cfg, shard_dirs, p.selection)
+                shutil.rmtree(out / SHARDS / name)
+    finally:
+        if bar:
+            bar.close()
+    if (out / SHARDS).exists() and not any((out / SHARDS).iterdir()):
+        (out / SHARDS).rmdir()
+    if errors:
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise ValueError(f"{len(errors)} of {len(todo)} units failed; rerun to retry them. First: {errors[0]}{more}")
+    return {name: json.loads((out / name / SUMMARY).read_text()) for name in p.configs
+            if (out / name / SUMMARY).exists()}
+
+
+def _run_pool(units, workers, factory, models, need_drafter, bar) -> list[str]:
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    errors = []
+    ctx = mp.get_context("spawn")  # no forked torch state
+    with ProcessPoolExecutor(max_workers=min(workers, len(units)), mp_context=ctx, initializer=_init_worker,
+                             initargs=(factory, models, need_drafter)) as ex:
+        futs = {ex.submit(_worker_unit, u): u for u in units}
+        try:
+            for f in as_completed(futs):
+                err = f.result()  # an exception here (model loading) stops the sweep
+                errors += [err] if err else []
+                bar.unit_done(futs[f])
+        except BaseException:
+            for f in futs:
+                f.cancel()
+            raise
+    return errors
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("--executor ray needs the ray package (pip install ray)") from None
+    return ray
+
+
+def _run_ray(units, workers, address, factory, models, need_drafter, gpus, bar) -> list[str]:
+    ray = _import_ray()
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, ignore_reinit_error=True)
+    actor = ray.remote(num_gpus=gpus)(_RayWorker) if gpus else ray.remote(_RayWorker)
+    pool = [actor.remote(factory, models, need_drafter) for _ in range(min(workers, len(units)))]
+    queue = list(units)
+    running = {}
+    errors = []
+    try:
+        for a in pool:
+            if queue:
+                u = queue.pop(0)
+                running[a.run.remote(u)] = (a, u)
+        while running:
+            ready, _ = ray.wait(list(running), num_returns=1)
+            a, u = running.pop(ready[0])
+            try:
+                err = ray.get(ready[0])
+            except ray.exceptions.RayError as e:
+                last = str(e).strip().splitlines()[-1]
+                raise ValueError(f"a Ray worker failed on {u.name}[{u.shard}]: {last}") from None
+            errors += [err] if err else []
+            bar.unit_done(u)
+            if queue:
+                nxt = queue.pop(0)
+                running[a.run.remote(nxt)] = (a, nxt)
+    finally:
+        for a in pool:
+            ray.kill(a)
+    return errors
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def _add_flags(s) -> None:
+    import argparse
+
+    s.add_argument("--task", help="humaneval, mbpp, mbpp_plus, math500 or gsm8k")
+    s.add_argument("--grid", help=f"named grid: {', '.join(GRIDS)}")
+    s.add_argument("--out", help="sweep directory: one run directory per configuration, and sweep.json")
+    s.add_argument("--list", action="store_true", help="print the grid's configurations and exit")
+    s.add_argument("--limit", type=int, help="first N prompts")
+    s.add_argument("--ids", help="comma-separated task ids")
+    w = s.add_argument_group("execution")
+    w.add_argument("--workers", type=int, default=1, help="worker processes, each loading the models once (default: 1)")
+    w.add_argument("--shards", type=int,
+                   help="shards of the prompts per configuration (default: 1 with one worker, else enough to keep "
+                        "all workers busy); a resumed sweep keeps the recorded value")
+    w.add_argument("--executor", choices=("local", "ray"), default="local", help="local processes or Ray tasks")
+    w.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
+    w.add_argument("--gpus-per-worker", type=float, default=0.0, help="Ray: GPUs reserved per worker (default: 0)")
+    w.add_argument("--score", action=argparse.BooleanOptionalAction, default=True, help="score by execution")
+    w.add_argument("--quiet", action="store_true", help="no progress bar")
+    g = s.add_argument_group("decoding (shared by every configuration)")
+    g.add_argument("--gamma", type=int, default=16, help="draft block length (default: 16)")
+    g.add_argument("--steps", type=int, default=2, help="diffusion steps per block (default: 2)")
+    g.add_argument("--k-min", type=int, default=6, help="k_min where the grid does not set it (default: 6)")
+    g.add_argument("--s-max", type=int, default=64, help="s_max where the grid does not set it (default: 64)")
+    g.add_argument("--max-new-tokens", type=int, default=512, help="output budget (default: 512)")
+    g.add_argument("--shadow", action=argparse.BooleanOptionalAction, default=True, help="shadow-verify skipped rounds")
+    g.add_argument("--predictor", help="trained survival predictors; without it marginal/conditional are skipped")
+    m = s.add_argument_group("models")
+    m.add_argument("--drafter", help="drafter directory (default: the embedded drafter)")
+    m.add_argument("--verifier", help="verifier checkpoint directory (default: embedded SmolLM2-135M-Instruct)")
+    m.add_argument("--reveal", choices=("maskgit_plus", "topk_margin", "entropy"), help="reveal order")
+    m.add_argument("--verifier-cache", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep the verifier's KV cache (--no-verifier-cache recomputes every call)")
+    m.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
+    m.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                   help="default: float32 on CPU, bfloat16 on CUDA")
+    m.add_argument("--threads", type=int, help="torch CPU threads per worker (default: cores / workers)")
+
+
+def cmd_sweep(a) -> int:
+    if not a.grid:
+        raise ValueError(f"--grid is required; expected one of {', '.join(GRIDS)}")
+    if a.list:
+        for pt in grid(a.grid, k_min=a.k_min, s_max=a.s_max):
+            note = "  (needs --predictor)" if pt.policy.name in LEARNED else ""
+            print(f"{pt.name:40s} {pt.role}{note}")
+        return 0
+    if not a.task or not a.out:
+        raise ValueError("--task and --out are required")
+    if a.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {a.workers}")
+    decode = DecodeConfig(gamma=a.gamma, max_new_tokens=a.max_new_tokens, shadow=a.shadow, task=a.task)
+    models = ModelConfig(drafter=a.drafter, verifier=a.verifier, steps=a.steps, reveal=a.reveal,
+                         verifier_cache=a.verifier_cache, device=a.device, dtype=a.dtype, threads=a.threads)
+    ids = tuple(i.strip() for i in a.ids.split(",") if i.strip()) if a.ids else None
+    n_configs = len(grid(a.grid, k_min=a.k_min, s_max=a.s_max))
+    shards = a.shards or (1 if a.workers == 1 else max(1, math.ceil(a.workers / n_configs)))
+    p = plan(a.task, a.grid, decode, models, limit=a.limit, ids=ids, predictor=a.predictor, score=a.score,
+             shards=shards, k_min=a.k_min, s_max=a.s_max)
+    t0 = time.time()
+    summaries = run_sweep(p, Path(a.out), workers=a.workers, executor=a.executor, address=a.address,
+                          progress=not a.quiet, command=shlex.join(["vskip", *sys.argv[1:]]),
+                          gpus_per_worker=a.gpus_per_worker)
+    print(json.dumps({"out": str(a.out), "configs": len(summaries), "skipped": [n for n, _ in p.skipped],
+                      "seconds": round(time.time() - t0, 1)}))
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add ``vskip sweep`` to the CLI's subparsers."""
+    s = subparsers.add_parser(
+        "sweep", help="run every configuration of a named grid (resumable)",
+        description="Run every configuration of a named grid as resumable units (configuration x shard of "
+                    "prompts) on local worker processes or Ray; one run directory per configuration under --out.",
+    )
+    _add_flags(s)
+    s.set_defaults(fn=cmd_sweep)

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .backbone import Backbone, BackboneConfig, read_hf_config, read_safetensors_dir
-from .protocols import DRAFT_FEATURES, DraftBlock
+from .protocols import DRAFT_FEATURES, DraftBlock, common_prefix
 
 REVEAL_ORDERS = ("maskgit_plus", "topk_margin", "entropy")
 ATTENTION = ("block", "full")
@@ -146,14 +146,6 @@ def reveal_counts(gamma: int, steps: int, eps: float = 1e-3) -> list[int]:
     return counts
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 class DiffusionDrafter:
     """Implements the drafter protocol over a :class:`DiffusionLM`.
 
@@ -192,7 +184,7 @@ class DiffusionDrafter:
     # -- context ---------------------------------------------------------------------------
     def _sync_context(self, ctx: Sequence[int]) -> None:
         """Make the causal KV cache hold exactly ``ctx``: crop to the common prefix, prefill the rest."""
-        n = _common_prefix(self._cached_ids, ctx)
+        n = common_prefix(self._cached_ids, ctx)
         if self._cache is not None and n < len(self._cached_ids):
             self._cache = [(k[:, :, :n], v[:, :, :n]) for k, v in self._cache] if n > 0 else None
         new = list(ctx[n:])

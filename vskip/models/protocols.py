@@ -34,6 +34,15 @@ DRAFT_FEATURES = (
 )
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix: how much of a cache built for ``a`` serves ``b``."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
 @dataclass
 class DraftBlock:
     """One proposed block.

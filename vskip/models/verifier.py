@@ -15,14 +15,7 @@ import numpy as np
 import torch
 
 from ..policy import Verdict
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+from .protocols import common_prefix
 
 
 def _crop(cache, n: int) -> None:
@@ -76,7 +69,7 @@ class HFVerifier:
             return out.logits[0, -keep:]
         from transformers import DynamicCache
 
-        n = min(_common_prefix(self._cached_ids, ids), len(ids) - keep)
+        n = min(common_prefix(self._cached_ids, ids), len(ids) - keep)
         if self._cache is None:
             self._cache = DynamicCache(config=self.model.config)
             n = 0
@@ -95,7 +88,7 @@ class HFVerifier:
         block = [int(t) for t in block]
         g = len(block)
         # What the cache could still serve before this call: a shadow call restores exactly that.
-        reusable = _common_prefix(self._cached_ids, seq + block) if shadow else 0
+        reusable = common_prefix(self._cached_ids, seq + block) if shadow else 0
         logits = self._forward(seq + block, g + 1).float()  # [g+1, V]
         if shadow and self.use_cache and self._cache is not None:
             keep = reusable

@@ -123,3 +123,17 @@ def test_run_writes_the_four_files(tmp_path):
     )
     assert again.returncode == 0, again.stderr
     assert (out / "rounds.jsonl").read_text().count("\n") == len(rounds)
+
+
+def test_a_drafter_whose_vocabulary_does_not_fit_is_refused(tmp_path):
+    import torch
+
+    from vskip.models.backbone import BackboneConfig
+    from vskip.models.drafter import DiffusionLM, DrafterSpec, save_drafter
+
+    spec = DrafterSpec(backbone=BackboneConfig(96, 32, 64, 1, 4, 2), mask_token_id=None, head="tied")
+    save_drafter(DiffusionLM(spec), tmp_path / "small", dtype=torch.float32)
+    res = subprocess.run([sys.executable, "-m", "vskip", "generate", "hi", "--drafter", str(tmp_path / "small"),
+                          "--threads", THREADS], capture_output=True, text=True, timeout=300)
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines()[-1].startswith("vskip: error: the drafter's vocabulary")

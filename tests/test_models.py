@@ -225,3 +225,29 @@ def test_verdict_rank_and_gap():
     assert out.argmax[0] == int(z.argmax())
     assert out.draft_gap[0] == pytest.approx(float(z[7] - z.max()), abs=1e-5)
     assert out.draft_rank[0] == int((z > z[7]).sum())
+
+
+class _Tok:
+    def __init__(self, vocab):
+        self.vocab = vocab
+
+    def __len__(self):
+        return len(self.vocab)
+
+    def convert_ids_to_tokens(self, ids):
+        return [self.vocab[i] for i in ids]
+
+
+def test_vocabulary_fit_never_allows_ids_the_verifier_lacks():
+    from vskip.models.load import vocabulary_fit
+
+    words = [f"t{i}" for i in range(200)]
+    drafter_tok = _Tok(words[:180] + ["<|mask|>"] * 20)
+    verifier_tok = _Tok(words[:150] + ["<tool>"] + words[151:170])  # id 150 means something else
+    allowed = vocabulary_fit(drafter_tok, verifier_tok, torch.arange(200), len(verifier_tok))
+    assert allowed[:150].all() and not allowed[150] and allowed[151:170].all()
+    assert not allowed[170:].any()  # ids past the verifier's vocabulary
+    # without a drafter tokenizer only the id range is checked
+    assert vocabulary_fit(None, verifier_tok, torch.arange(200), 170).sum() == 170
+    with pytest.raises(ValueError, match="does not fit"):
+        vocabulary_fit(_Tok(list(reversed(words))), verifier_tok, torch.arange(170), 170)

@@ -29,7 +29,7 @@ CONFIGS = [
     ("strict", True, {}),
     ("strict", False, {}),
     ("raw", True, {}),
-    ("raw", True, {"k_min": 0}),
+    ("raw", True, {"eta_b": 0.7, "eta_c": 0.7, "k_min": 3}),
 ]
 
 

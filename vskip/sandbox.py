@@ -601,6 +601,20 @@ def _run(code, setup: _Setup, timeout, memory_mb, file_mb, nofile, nproc, max_ou
                 if uid is not None:
                     os.chown(host_dir, uid, uid)
                 wd_args = ["--tmpfs", "/tmp", "--bind", host_dir, workdir]
+            # The private /tmp hides any part of the Python installation below /tmp (a checkout
+            # or virtual environment there): bind those parts again on top of it.
+            made = {"/tmp"}
+            for d in _python_dirs():
+                if not d.startswith("/tmp/"):
+                    continue
+                chain, parent = [], os.path.dirname(d)
+                while parent not in made:
+                    chain.append(parent)
+                    parent = os.path.dirname(parent)
+                for q in reversed(chain):  # traversable by the sandbox uid
+                    wd_args += (["--perms", "0755"] if setup.tmpfs_workdir else []) + ["--dir", q]
+                    made.add(q)
+                wd_args += ["--ro-bind", d, d]
             wd_args += ["--remount-ro", "/", "--chdir", workdir]
             prefix = list(setup.bwrap_argv) + wd_args
             cwd = "/"

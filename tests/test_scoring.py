@@ -437,3 +437,14 @@ def test_pass_at_k():
         SC.pass_at_k(3, 4, 1)
     with pytest.raises(ValueError):
         SC.pass_at_k(3, 1, 4)
+
+
+def test_a_restated_function_keeps_the_prompts_imports():
+    """Models often restate the function without the prompt's ``from typing import List``; the
+    prompt's imports go before the extracted code, so such a solution is scored on its merits."""
+    p = T.load_task("humaneval", ids=["HumanEval/0"])[0]
+    body = ("```python\ndef has_close_elements(numbers: List[float], threshold: float) -> bool:\n"
+            "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n```")
+    assert SC.score(p, body).passed
+    wrong = body.replace("< threshold", "> threshold")
+    assert not SC.score(p, wrong).passed

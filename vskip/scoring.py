@@ -104,6 +104,12 @@ def _defines_top_level(code: str, name: str) -> bool:
     return re.search(pattern, code, re.M) is not None
 
 
+def _prompt_imports(prompt: str) -> str:
+    """The top-level import lines of a benchmark prompt, as a block to put before a solution."""
+    lines = [ln for ln in prompt.splitlines() if re.match(r"^(?:import|from)\s+\w", ln)]
+    return "\n".join(lines) + "\n\n" if lines else ""
+
+
 def build_program(problem: Problem, completion: str, nonce: str) -> str:
     """The program that checks ``completion``: solution, tests, then the nonce line."""
     if problem.task not in CODE_TASKS:
@@ -113,7 +119,9 @@ def build_program(problem: Problem, completion: str, nonce: str) -> str:
     code = extract_code(completion)
     if problem.task == "humaneval":
         if problem.entry_point and _defines_top_level(code, problem.entry_point):
-            solution = code
+            # The full function was rewritten: keep the prompt's own imports (``from typing
+            # import List`` ...), which a model often drops when it restates the function.
+            solution = _prompt_imports(problem.prompt) + code
         else:
             # A continuation of the prompt, as the official harness assembles it.
             solution = problem.prompt + completion

@@ -61,7 +61,6 @@ def test_packed_blocks_match_inference(verifier_dir):
 
 
 def test_training_lowers_loss_and_resumes(verifier_dir, tmp_path):
-    from vskip.distill import train as T
 
     cfg = TrainConfig(num_layers=1, gamma=4, blocks_per_seq=4, batch_seqs=2, steps=4, lr=3e-3, warmup=1,
                       holdout=0, dtype="float32", checkpoint_every=2, eval_every=1000)

@@ -33,6 +33,11 @@ def _add_policy_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--shadow", action=argparse.BooleanOptionalAction, default=True, help="shadow-verify skipped rounds")
     g.add_argument("--max-new-tokens", type=int, default=512, help="output budget (default: 512)")
     g.add_argument("--predictor", help="directory of trained survival predictors (marginal/conditional)")
+    add_model_flags(p)
+
+
+def add_model_flags(p: argparse.ArgumentParser, threads_help: str = "torch CPU threads") -> None:
+    """The model flags shared by every command that loads the pair (run, generate, sweep)."""
     m = p.add_argument_group("models")
     m.add_argument("--drafter", help="drafter directory (default: the embedded drafter)")
     m.add_argument("--verifier", help="verifier checkpoint directory (default: embedded SmolLM2-135M-Instruct)")
@@ -41,13 +46,20 @@ def _add_policy_flags(p: argparse.ArgumentParser) -> None:
                    help="keep the verifier's KV cache (--no-verifier-cache recomputes every call, as the paper measured)")
     m.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
     m.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="default: float32 on CPU, bfloat16 on CUDA")
-    m.add_argument("--threads", type=int, help="torch CPU threads")
+    m.add_argument("--threads", type=int, help=threads_help)
+
+
+def model_config(a):
+    """The :class:`vskip.runner.ModelConfig` of parsed model flags (``--steps`` included)."""
+    from .runner import ModelConfig
+
+    return ModelConfig(drafter=a.drafter, verifier=a.verifier, steps=a.steps, reveal=a.reveal,
+                       verifier_cache=a.verifier_cache, device=a.device, dtype=a.dtype, threads=a.threads)
 
 
 def _configs(a):
     from .decode import DecodeConfig
     from .policy import PolicyConfig
-    from .runner import ModelConfig
 
     policy = PolicyConfig.make(
         a.policy, eta_b=a.eta_b, eta_c=a.eta_c, eta_m=a.eta_m, epsilon=a.epsilon, k_min=a.k_min, s_max=a.s_max,
@@ -55,9 +67,7 @@ def _configs(a):
     )
     dec = DecodeConfig(gamma=a.gamma, max_new_tokens=a.max_new_tokens, shadow=a.shadow,
                        trace=getattr(a, "trace", False), task=getattr(a, "task", None))
-    models = ModelConfig(drafter=a.drafter, verifier=a.verifier, steps=a.steps, reveal=a.reveal,
-                         verifier_cache=a.verifier_cache, device=a.device, dtype=a.dtype, threads=a.threads)
-    return policy, dec, models
+    return policy, dec, model_config(a)
 
 
 def cmd_run(a) -> int:

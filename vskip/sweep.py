@@ -674,17 +674,9 @@ def _add_flags(s) -> None:
     g.add_argument("--max-new-tokens", type=int, default=512, help="output budget (default: 512)")
     g.add_argument("--shadow", action=argparse.BooleanOptionalAction, default=True, help="shadow-verify skipped rounds")
     g.add_argument("--predictor", help="trained survival predictors; without it marginal/conditional are skipped")
-    m = s.add_argument_group("models")
-    m.add_argument("--drafter", help="drafter directory (default: the embedded drafter)")
-    m.add_argument("--verifier", help="verifier checkpoint directory (default: embedded SmolLM2-135M-Instruct)")
-    m.add_argument("--reveal", choices=("maskgit_plus", "topk_margin", "entropy"), help="reveal order")
-    m.add_argument("--verifier-cache", action=argparse.BooleanOptionalAction, default=True,
-                   help="keep the verifier's KV cache (--no-verifier-cache recomputes every call)")
-    m.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
-    m.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
-                   help="default: float32 on CPU, bfloat16 on CUDA")
-    m.add_argument("--threads", type=int, help="torch CPU threads per worker (default: cores / workers)")
+    from .cli import add_model_flags
 
+    add_model_flags(s, threads_help="torch CPU threads per worker (default: cores / workers)")
 
 def cmd_sweep(a) -> int:
     if not a.grid:
@@ -699,8 +691,9 @@ def cmd_sweep(a) -> int:
     if a.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {a.workers}")
     decode = DecodeConfig(gamma=a.gamma, max_new_tokens=a.max_new_tokens, shadow=a.shadow, task=a.task)
-    models = ModelConfig(drafter=a.drafter, verifier=a.verifier, steps=a.steps, reveal=a.reveal,
-                         verifier_cache=a.verifier_cache, device=a.device, dtype=a.dtype, threads=a.threads)
+    from .cli import model_config
+
+    models = model_config(a)
     ids = tuple(i.strip() for i in a.ids.split(",") if i.strip()) if a.ids else None
     n_configs = len(grid(a.grid, k_min=a.k_min, s_max=a.s_max))
     shards = a.shards or (1 if a.workers == 1 else max(1, math.ceil(a.workers / n_configs)))

@@ -24,9 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .backbone import Backbone, BackboneConfig, read_hf_config, read_safetensors_dir

@@ -252,7 +252,8 @@ def train(data_dir: Path, out: Path, verifier_dir: Path, cfg: TrainConfig, progr
     opt = torch.optim.AdamW(params.values(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     step, log = (load_state(out, model, opt) if resume else (0, []))
     (out / "config.json").write_text(json.dumps({"train": asdict(cfg), "data": str(data_dir),
-                                                 "rows": len(tr), "holdout_rows": len(ho), "head_size": len(head)}, indent=1))
+                                                 "data_files": data_fingerprint(data_dir), "rows": len(tr),
+                                                 "holdout_rows": len(ho), "head_size": len(head)}, indent=1))
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[cfg.dtype]
     rng = np.random.default_rng(cfg.seed + step)
     model.train()
@@ -288,8 +289,55 @@ def train(data_dir: Path, out: Path, verifier_dir: Path, cfg: TrainConfig, progr
     final = acceptance(model, ho, cfg.gamma, n_blocks=300)
     meta = {"train": asdict(cfg), "steps": step, "holdout": final, "head_size": int(len(head)), "rows": len(tr)}
     save_drafter(model.eval(), out / "drafter", base_dir=verifier_dir, meta=meta)
+    write_manifest(out / "drafter", out, data_dir, verifier_dir)
     return out / "drafter"
 
+
+
+def data_fingerprint(data_dir: Path, shards: list[str] | None = None) -> list[dict]:
+    """Name, size and sha256 of each distillation shard (all of ``data_dir``'s, or ``shards``)."""
+    from ..models.embedded import file_sha256
+
+    files = [Path(data_dir) / f for f in shards] if shards else sorted(Path(data_dir).glob("shard_*.safetensors"))
+    return [{"file": f.name, "bytes": f.stat().st_size, "sha256": file_sha256(f)} for f in files]
+
+
+def write_manifest(drafter_dir: Path, train_dir: Path, data_dir: Path, verifier_dir: Path,
+                   shards: list[str] | None = None) -> dict:
+    """``manifest.json`` beside a shippable drafter: the verifier it was distilled from, its layout,
+    the data (prompt-file and shard hashes), the training settings and steps, and the held-out
+    figures. The data files are those recorded when training started, else ``shards``, else all
+    of ``data_dir``'s now."""
+    from ..models.embedded import file_sha256
+
+    drafter_dir, train_dir, data_dir = Path(drafter_dir), Path(train_dir), Path(data_dir)
+    spec = json.loads((drafter_dir / "drafter.json").read_text())
+    run = json.loads((train_dir / "config.json").read_text()) if (train_dir / "config.json").exists() else {}
+    index = json.loads((data_dir / "index.json").read_text()) if (data_dir / "index.json").exists() else {}
+    weights = drafter_dir / "drafter.safetensors"
+    marker = Path(verifier_dir) / "vskip.json"
+    manifest = {
+        "format": "vskip-drafter-manifest/1",
+        "verifier": {
+            "model_sha256": file_sha256(Path(verifier_dir) / "model.safetensors"),
+            "source": json.loads(marker.read_text()) if marker.exists() else None,
+        },
+        "layout": {k: spec[k] for k in ("backbone", "mask_token_id", "head", "attention", "reveal")}
+                  | {"head_size": spec["meta"].get("head_size")},
+        "data": {
+            "prompts_sha256": index.get("prompts_sha256"),
+            "max_new_tokens": index.get("max_new_tokens"),
+            "files": run.get("data_files") or data_fingerprint(data_dir, shards),
+            "train_rows": run.get("rows", spec["meta"].get("rows")),
+            "holdout_rows": run.get("holdout_rows"),
+        },
+        "train": spec["meta"].get("train"),
+        "steps": spec["meta"].get("steps"),
+        "holdout": spec["meta"].get("holdout"),
+        "weights": {"file": weights.name, "bytes": weights.stat().st_size, "sha256": file_sha256(weights)},
+    }
+    (drafter_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    return manifest
 
 
 def export(out: Path, verifier_dir: Path, evaluate_on: Path | None = None) -> Path:
@@ -308,4 +356,9 @@ def export(out: Path, verifier_dir: Path, evaluate_on: Path | None = None) -> Pa
     if evaluate_on is not None:
         _, ho = split(load_rows(evaluate_on), cfg.holdout, cfg.seed)
         info["holdout"] = acceptance(model, ho, cfg.gamma, n_blocks=300)
-    return save_drafter(model.eval(), out / "drafter", base_dir=verifier_dir, meta=info)
+    save_drafter(model.eval(), out / "drafter", base_dir=verifier_dir, meta=info)
+    run = json.loads((out / "config.json").read_text()) if (out / "config.json").exists() else {}
+    data_dir = evaluate_on or run.get("data")
+    if data_dir and Path(data_dir).exists():
+        write_manifest(out / "drafter", out, Path(data_dir), verifier_dir)
+    return out / "drafter"

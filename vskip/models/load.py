@@ -6,6 +6,7 @@ Nothing here reaches a model hub (``HF_HUB_OFFLINE`` is set) and no code from a 
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -80,6 +81,18 @@ def vocabulary_fit(drafter_tok, verifier_tok, head_ids: torch.Tensor, verifier_l
     return torch.tensor([i in same for i in ids])
 
 
+def _check_manifest(ddir: Path, vdir: Path) -> None:
+    """Warn when the shipped drafter was distilled from another verifier file than the one loaded."""
+    try:
+        want = json.loads((ddir / "manifest.json").read_text())["verifier"]["source"]["sha256"]
+        have = json.loads((vdir / "vskip.json").read_text())["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if want != have:
+        print(f"vskip: warning: the embedded drafter was distilled from verifier {want[:12]}, "
+              f"but {vdir} holds {have[:12]}", file=sys.stderr)
+
+
 def load_pair(
     runtime: Runtime,
     drafter: str | None = None,
@@ -101,6 +114,7 @@ def load_pair(
         if drafter in (None, "", "default", EMBEDDED_DRAFTER):
             ddir = embedded_drafter_dir()
             if (ddir / "drafter.json").exists():
+                _check_manifest(ddir, vdir)
                 model = load_drafter_model(ddir, base_dir=vdir, dtype=runtime.torch_dtype(), device=runtime.device)
                 identity["drafter"] = EMBEDDED_DRAFTER
             else:

@@ -3,6 +3,7 @@ P(L >= j), generated tokens per verifier call, c_D / c_V, and tokens/s against t
 greedy decoding (``ar``), all measured in one run on HumanEval prompts. Usage::
 
     python benchmarks/bench_drafter.py --limit 164 --gammas 8,16,32 --max-new-tokens 256 --out docs/results/drafter
+    python benchmarks/bench_drafter.py --runs runs/ar runs/strict-g8 runs/strict-g16 --out docs/results/drafter
 """
 
 from __future__ import annotations
@@ -24,6 +25,65 @@ from vskip.prompting import encode_chat
 from vskip.runtime import resolve_runtime
 
 
+def measure(totals: dict, rounds: list[dict], gamma: int | None) -> dict:
+    """The figures of one configuration from its totals (tokens, seconds, calls, blocks, draft and
+    verify seconds) and its rounds (``L`` and ``gamma`` of each)."""
+    N, T, calls = totals["tokens"], totals["seconds"], totals["calls"]
+    res = {"tokens": int(N), "seconds": T, "tok_s": N / T, "tokens_per_call": N / calls}
+    if gamma is not None:
+        hist = acceptance_histogram(rounds, gamma)
+        full = [x["L"] for x in rounds if x["gamma"] == gamma]
+        res |= {
+            "mean_L": sum(full) / len(full),
+            "histogram": hist,
+            "p_L_ge": survival_curve(hist),
+            "c_D_ms": 1000 * totals["draft"] / totals["blocks"],
+            "c_V_ms": 1000 * totals["verify"] / calls,
+            "c_D_over_c_V": (totals["draft"] / totals["blocks"]) / (totals["verify"] / calls),
+        }
+    return res
+
+
+def from_runs(dirs: list[str]) -> tuple[dict, str]:
+    """The same figures from run directories written by ``vskip run`` (one per configuration:
+    ``--policy ar`` and ``--policy strict`` at each gamma over the same prompts)."""
+    results, prompts = {}, set()
+    for d in map(Path, dirs):
+        cfg = json.loads((d / "config.json").read_text())["run"]
+        s = json.loads((d / "summary.json").read_text())
+        pol, g = cfg["policy"]["name"], cfg["decode"]["gamma"]
+        rounds = [json.loads(x) for x in (d / "rounds.jsonl").read_text().splitlines() if x.strip()]
+        totals = {"tokens": s["generated_tokens"], "seconds": s["decode_seconds"], "calls": s["verifier_calls"],
+                  "blocks": s["draft_blocks"], "draft": s["draft_seconds"], "verify": s["verify_seconds"]}
+        results["ar" if pol == "ar" else f"gamma={g}"] = measure(totals, rounds, None if pol == "ar" else g)
+        prompts.add(s["n_prompts"])
+        mnt = cfg["decode"]["max_new_tokens"]
+    head = f"prompts={'/'.join(map(str, sorted(prompts)))} max_new_tokens={mnt} from run directories"
+    return results, head
+
+
+def live(a, gammas) -> tuple[dict, str]:
+    pair = load_pair(resolve_runtime("cpu", a.dtype, a.threads), drafter=a.drafter)
+    problems = tasks.load_task("humaneval", limit=a.limit)
+    prompts = [encode_chat(pair.tokenizer, tasks.user_prompt(p)) for p in problems]
+    warmup(pair.drafter, pair.verifier, prompts[0], max(gammas))
+    results = {}
+    for name, g in [("ar", 1)] + [("strict", g) for g in gammas]:
+        cfg = DecodeConfig(gamma=g, max_new_tokens=a.max_new_tokens, shadow=False)
+        t = dict.fromkeys(("tokens", "seconds", "calls", "blocks", "draft", "verify"), 0.0)
+        rounds = []
+        for ids in tqdm(prompts, desc=f"{name} gamma={g}", unit="prompt", file=sys.stderr):
+            r = decode(ids, pair.drafter, pair.verifier, PolicyConfig(name=name), cfg)
+            for k, v in (("tokens", r.generated_tokens), ("seconds", r.decode_seconds), ("calls", r.verifier_calls),
+                         ("blocks", r.draft_blocks), ("draft", r.draft_seconds), ("verify", r.verify_seconds)):
+                t[k] += v
+            rounds += [{"L": x.L, "gamma": x.gamma} for x in r.rounds]
+        results["ar" if name == "ar" else f"gamma={g}"] = measure(t, rounds, None if name == "ar" else g)
+    head = (f"prompts={len(prompts)} max_new_tokens={a.max_new_tokens} dtype={a.dtype} threads={a.threads} "
+            f"drafter={pair.identity.get('drafter')}")
+    return results, head
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=int, default=20)
@@ -32,42 +92,14 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--drafter")
+    ap.add_argument("--runs", nargs="+", metavar="DIR",
+                    help="summarize finished `vskip run` directories (ar and strict at each gamma) instead of decoding")
     ap.add_argument("--out", help="directory for results.json and results.md")
     a = ap.parse_args(argv)
     gammas = [int(g) for g in a.gammas.split(",")]
-
-    pair = load_pair(resolve_runtime("cpu", a.dtype, a.threads), drafter=a.drafter)
-    problems = tasks.load_task("humaneval", limit=a.limit)
-    prompts = [encode_chat(pair.tokenizer, tasks.user_prompt(p)) for p in problems]
-    warmup(pair.drafter, pair.verifier, prompts[0], max(gammas))
-    results = {}
-    for name, g in [("ar", 1)] + [("strict", g) for g in gammas]:
-        cfg = DecodeConfig(gamma=g, max_new_tokens=a.max_new_tokens, shadow=False)
-        N = T = calls = blocks = draft = verify = 0.0
-        rounds = []
-        for ids in tqdm(prompts, desc=f"{name} gamma={g}", unit="prompt", file=sys.stderr):
-            r = decode(ids, pair.drafter, pair.verifier, PolicyConfig(name=name), cfg)
-            N += r.generated_tokens
-            T += r.decode_seconds
-            calls += r.verifier_calls
-            blocks += r.draft_blocks
-            draft += r.draft_seconds
-            verify += r.verify_seconds
-            rounds += [{"L": x.L, "gamma": x.gamma} for x in r.rounds]
-        key = "ar" if name == "ar" else f"gamma={g}"
-        res = {"tokens": int(N), "seconds": T, "tok_s": N / T, "tokens_per_call": N / calls}
-        if name != "ar":
-            hist = acceptance_histogram(rounds, g)
-            full = [x["L"] for x in rounds if x["gamma"] == g]
-            res |= {
-                "mean_L": sum(full) / len(full),
-                "histogram": hist,
-                "p_L_ge": survival_curve(hist),
-                "c_D_ms": 1000 * draft / blocks,
-                "c_V_ms": 1000 * verify / calls,
-                "c_D_over_c_V": (draft / blocks) / (verify / calls),
-            }
-        results[key] = res
+    results, head = from_runs(a.runs) if a.runs else live(a, gammas)
+    if "ar" not in results:
+        raise SystemExit("bench_drafter: an `ar` run is needed for the speed ratio")
     for k, r in results.items():
         r["speedup_vs_ar"] = r["tok_s"] / results["ar"]["tok_s"]
     rows = [[k, r["tokens"], f"{r.get('mean_L', float('nan')):.2f}", f"{r['tokens_per_call']:.2f}",
@@ -75,20 +107,44 @@ def main(argv=None) -> int:
              f"{r.get('c_D_over_c_V', float('nan')):.2f}", f"{r['tok_s']:.2f}", f"{r['speedup_vs_ar']:.3f}"]
             for k, r in results.items()]
     table = tabulate(rows, headers=["config", "tokens", "mean L", "tok/call", "c_D ms", "c_V ms", "c_D/c_V", "tok/s", "x ar"])
-    head = (f"prompts={len(prompts)} max_new_tokens={a.max_new_tokens} dtype={a.dtype} threads={a.threads} "
-            f"drafter={pair.identity.get('drafter')}")
-    print(table)
-    print(head)
+    lines = [table, head]
     for k, r in results.items():
         if "p_L_ge" in r:
-            print(f"{k}: P(L>=j) j=1.. " + " ".join(f"{p:.2f}" for p in r["p_L_ge"]))
-            print(f"{k}: histogram of L " + " ".join(str(c) for c in r["histogram"]))
+            lines.append(f"{k}: P(L>=j) j=1.. " + " ".join(f"{p:.3f}" for p in r["p_L_ge"]))
+            lines.append(f"{k}: histogram of L (0..gamma) " + " ".join(str(c) for c in r["histogram"]))
+    print("\n".join(lines))
     if a.out:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "results.json").write_text(json.dumps({"settings": vars(a), "results": results}, indent=1))
-        (out / "results.md").write_text(f"```\n{table}\n{head}\n```\n")
+        (out / "results.md").write_text("```\n" + "\n".join(lines) + "\n```\n")
+        plot(results, out / "acceptance.png")
     return 0
+
+
+def plot(results: dict, path: Path) -> None:
+    """P(L >= j) per gamma, and the histogram of L."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for k, r in results.items():
+        if "p_L_ge" not in r:
+            continue
+        j = range(1, len(r["p_L_ge"]) + 1)
+        a1.plot(j, r["p_L_ge"], marker=".", label=k)
+        h = r["histogram"]
+        a2.plot(range(len(h)), [c / max(1, sum(h)) for c in h], marker=".", label=k)
+    a1.set(xlabel="position j", ylabel="P(L >= j)", yscale="log", title="per-position acceptance")
+    a2.set(xlabel="accepted length L", ylabel="share of full blocks", yscale="log", title="histogram of L")
+    for ax in (a1, a2):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

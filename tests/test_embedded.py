@@ -137,3 +137,19 @@ def test_a_drafter_whose_vocabulary_does_not_fit_is_refused(tmp_path):
                           "--threads", THREADS], capture_output=True, text=True, timeout=300)
     assert res.returncode != 0 and "Traceback" not in res.stderr
     assert res.stderr.strip().splitlines()[-1].startswith("vskip: error: the drafter's vocabulary")
+
+
+def test_the_shipped_drafter_loads_matches_its_manifest_and_is_trained(pair):
+    from vskip.models.embedded import EMBEDDED_DRAFTER, embedded_drafter_dir, embedded_verifier_dir, file_sha256
+
+    d = embedded_drafter_dir()
+    manifest = json.loads((d / "manifest.json").read_text())
+    weights = d / manifest["weights"]["file"]
+    assert weights.stat().st_size == manifest["weights"]["bytes"] <= 50 * 2**20
+    assert file_sha256(weights) == manifest["weights"]["sha256"]
+    vmark = json.loads((embedded_verifier_dir() / "vskip.json").read_text())
+    assert manifest["verifier"]["source"]["sha256"] == vmark["sha256"]
+    assert pair.identity["drafter"] == EMBEDDED_DRAFTER
+    # Trained, not the untrained fallback: its held-out acceptance was measured and is above zero.
+    assert manifest["steps"] > 0 and manifest["holdout"]["mean_L"] > 0.2
+    assert manifest["data"]["files"] and all(len(f["sha256"]) == 64 for f in manifest["data"]["files"])

@@ -131,6 +131,9 @@ def test_kmin_gates_periodic_grids():
     assert gates["conditional_eb0.00_ec0.90_k6_s64"] == "gate:product-only"
     assert [p.policy.period for p in sweep.grid("periodic") if p.policy.name == "periodic"] == [3, 4, 8]
     assert {pt.name for pt in sweep.grid("cpu-small")} >= {"ar", "strict", "topk_k2", "periodic_P4_K6_s64"}
+    signals = sweep.grid("cpu-signals")
+    assert [sum(p.policy.name == n for p in signals) for n in ("strict", "raw", "marginal", "conditional")] == [1, 3, 3, 3]
+    assert all(p.policy.k_min == 3 for p in signals if p.policy.name != "strict")
     with pytest.raises(ValueError, match="unknown grid"):
         sweep.grid("nope")
 

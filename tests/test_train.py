@@ -98,3 +98,34 @@ def test_training_lowers_loss_and_resumes(verifier_dir, tmp_path):
         o.step()
     for a, b in zip(trainable(model).values(), trainable(fresh).values()):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_manifest_records_verifier_data_and_weights(verifier_dir, tmp_path):
+    import json
+
+    from vskip.distill.train import data_fingerprint, write_manifest
+    from vskip.models.drafter import save_drafter
+    from vskip.models.embedded import file_sha256
+
+    model = drafter_from_verifier(verifier_dir, num_layers=1)
+    ddir = save_drafter(model, tmp_path / "run" / "drafter", base_dir=verifier_dir,
+                        meta={"steps": 7, "holdout": {"mean_L": 0.4}, "rows": 5, "head_size": 96})
+    data = tmp_path / "data"
+    data.mkdir()
+    for i, payload in enumerate((b"a", b"bb")):
+        (data / f"shard_{i:05d}.safetensors").write_bytes(payload)
+    (data / "index.json").write_text(json.dumps({"prompts_sha256": "p" * 64, "max_new_tokens": 9}))
+    # Recorded at training start: only the first shard existed then.
+    (tmp_path / "run" / "config.json").write_text(json.dumps(
+        {"data_files": data_fingerprint(data, ["shard_00000.safetensors"]), "rows": 5, "holdout_rows": 1}))
+    m = write_manifest(ddir, tmp_path / "run", data, verifier_dir)
+    assert json.loads((ddir / "manifest.json").read_text()) == m
+    assert [f["file"] for f in m["data"]["files"]] == ["shard_00000.safetensors"]
+    assert m["data"]["files"][0]["sha256"] == file_sha256(data / "shard_00000.safetensors")
+    assert m["verifier"]["model_sha256"] == file_sha256(verifier_dir / "model.safetensors")
+    assert m["weights"]["sha256"] == file_sha256(ddir / "drafter.safetensors")
+    assert m["steps"] == 7 and m["holdout"]["mean_L"] == 0.4 and m["layout"]["backbone"]["num_layers"] == 1
+    # Without a record, every shard of the data directory now.
+    (tmp_path / "run" / "config.json").unlink()
+    m = write_manifest(ddir, tmp_path / "run", data, verifier_dir)
+    assert [f["file"] for f in m["data"]["files"]] == ["shard_00000.safetensors", "shard_00001.safetensors"]

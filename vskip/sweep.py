@@ -145,6 +145,17 @@ def _transfer(k_min: int, s_max: int) -> list[GridPoint]:
     ]
 
 
+def _cpu_signals(s_max: int) -> list[GridPoint]:
+    """The online frontier of the three signals on a CPU: each at three settings from loose to
+    tight, at k_min 3 (a small drafter rarely has 6 tokens to skip)."""
+    sig = {"k_min": 3, "s_max": s_max}
+    pts = [_point("strict", "reference")]
+    pts += [_point("raw", "frontier", eta_b=b, eta_c=c, **sig) for b, c in ((0.80, 0.85), (0.70, 0.70), (0.60, 0.50))]
+    pts += [_point("marginal", "frontier", eta_m=m, **sig) for m in (0.90, 0.70, 0.50)]
+    pts += [_point("conditional", "frontier", eta_b=0.70, eta_c=c, **sig) for c in (0.90, 0.70, 0.50)]
+    return pts
+
+
 def _cpu_small(k_min: int, s_max: int) -> list[GridPoint]:
     """A grid that finishes on a CPU: the reference points, raw confidence at four threshold
     pairs (looser than the paper's, since a small drafter is rarely that confident), two
@@ -170,6 +181,8 @@ GRIDS: dict[str, tuple[str, Callable[[int, int], list[GridPoint]]]] = {
     "cpu-small": ("CPU: ar, strict, raw x4, lenience x2, top-2, periodic P=4", _cpu_small),
     "cpu-kmin": ("CPU: raw (0.70, 0.70) at k_min 0, 3, 6, 12, and Strict SDD",
                  lambda k, s: _kmin((0, 3, 6, 12), 0.70, 0.70, s)),
+    "cpu-signals": ("CPU: raw, marginal and conditional survival at three settings each (k_min 3), and Strict SDD",
+                    lambda k, s: _cpu_signals(s)),
 }
 
 

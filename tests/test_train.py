@@ -129,3 +129,27 @@ def test_manifest_records_verifier_data_and_weights(verifier_dir, tmp_path):
     (tmp_path / "run" / "config.json").unlink()
     m = write_manifest(ddir, tmp_path / "run", data, verifier_dir)
     assert [f["file"] for f in m["data"]["files"]] == ["shard_00000.safetensors", "shard_00001.safetensors"]
+
+
+def test_a_drafter_from_chosen_verifier_layers_round_trips(verifier_dir, tmp_path):
+    from vskip.models.drafter import load_drafter_model, save_drafter
+    from vskip.models.backbone import read_safetensors_dir
+
+    model = drafter_from_verifier(verifier_dir, layers=[1, 0])
+    assert model.spec.base_layers == (1, 0) and model.spec.backbone.num_layers == 2
+    src = read_safetensors_dir(verifier_dir, lambda k: ".layers." in k)
+    for i, j in enumerate((1, 0)):
+        w = model.backbone.layers[i].state_dict()
+        assert any(torch.equal(v, src[f"model.layers.{j}.{k}"]) for k, v in w.items())
+        assert all(torch.equal(v, src[f"model.layers.{j}.{k}"]) for k, v in w.items() if f"model.layers.{j}.{k}" in src)
+    with torch.no_grad():
+        model.backbone.layers[1].mlp.down_proj.weight.add_(1.0)  # trained: one tensor now differs
+    d = save_drafter(model, tmp_path / "d", base_dir=verifier_dir)
+    back = load_drafter_model(d, base_dir=verifier_dir)
+    assert back.spec.base_layers == (1, 0)
+    for k, v in model.state_dict().items():
+        assert torch.allclose(back.state_dict()[k].float(), v.float(), atol=1e-2), k
+    # The first layers in order are the default layout, not a selection.
+    assert drafter_from_verifier(verifier_dir, layers=[0, 1]).spec.base_layers is None
+    with pytest.raises(ValueError, match="distinct"):
+        drafter_from_verifier(verifier_dir, layers=[0, 0])

@@ -3,6 +3,7 @@ Kept apart from :mod:`vskip.distill.train` so that building the CLI imports no t
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -26,6 +27,8 @@ def register(subparsers) -> None:
     for name in ("num_layers", "gamma", "blocks_per_seq", "batch_seqs", "steps", "warmup", "max_context",
                  "holdout", "seed", "checkpoint_every", "eval_every"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
+    p.add_argument("--layers", type=_layer_list,
+                   help="comma-separated verifier layers to start from, e.g. 0,1,2,3,14,29 (default: the first --num-layers)")
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--position-decay", type=float, default=d.position_decay,
                    help="loss weight j**-decay for block position j")
@@ -34,6 +37,13 @@ def register(subparsers) -> None:
     p.add_argument("--export", action="store_true",
                    help="only write OUT/drafter from the latest checkpoint (the run may still be going)")
     p.set_defaults(fn=_cmd_train)
+
+
+def _layer_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated layer indices, got {text!r}") from None
 
 
 def _cmd_train(a) -> int:
@@ -58,9 +68,11 @@ def _cmd_train(a) -> int:
                               threads=a.threads or 1, limit=a.limit)
     if not Path(a.data).exists():
         raise FileNotFoundError(f"data directory {a.data} does not exist (use --generate)")
+    if a.layers:
+        a.num_layers = len(a.layers)
     cfg = TrainConfig(**{k: getattr(a, k) for k in ("num_layers", "gamma", "blocks_per_seq", "batch_seqs", "steps",
                                                    "warmup", "max_context", "holdout", "seed", "checkpoint_every",
-                                                   "eval_every", "lr", "dtype", "threads", "position_decay")})
+                                                   "eval_every", "lr", "dtype", "threads", "position_decay", "layers")})
     path = train(Path(a.data), Path(a.out), vdir, cfg)
     print(json.dumps({"drafter": str(path), **json.loads((path / "drafter.json").read_text())["meta"]["holdout"]}))
     return 0

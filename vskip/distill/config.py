@@ -8,6 +8,8 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class TrainConfig:
     num_layers: int = 6
+    #: which verifier layers the drafter starts from (None: the first ``num_layers``)
+    layers: tuple[int, ...] | None = None
     gamma: int = 16
     blocks_per_seq: int = 24
     batch_seqs: int = 4

@@ -244,7 +244,7 @@ def train(data_dir: Path, out: Path, verifier_dir: Path, cfg: TrainConfig, progr
         head = load_file(str(out / STATE_FILE))["head_ids"]
     else:
         head = head_vocabulary(data, eos)
-    model = drafter_from_verifier(verifier_dir, num_layers=cfg.num_layers, head_ids=head)
+    model = drafter_from_verifier(verifier_dir, num_layers=cfg.num_layers, head_ids=head, layers=cfg.layers)
     V = model.spec.backbone.vocab_size
     head_index = torch.full((V,), -100, dtype=torch.long)
     head_index[head] = torch.arange(len(head))
@@ -349,7 +349,7 @@ def export(out: Path, verifier_dir: Path, evaluate_on: Path | None = None) -> Pa
     meta = json.loads((out / META_FILE).read_text())
     cfg = TrainConfig(**meta["config"])
     head = load_file(str(out / STATE_FILE))["head_ids"]
-    model = drafter_from_verifier(verifier_dir, num_layers=cfg.num_layers, head_ids=head)
+    model = drafter_from_verifier(verifier_dir, num_layers=cfg.num_layers, head_ids=head, layers=cfg.layers)
     opt = torch.optim.AdamW(trainable(model).values())
     step, _ = load_state(out, model, opt)
     info = {"train": asdict(cfg), "steps": step, "head_size": int(len(head))}

@@ -45,7 +45,8 @@ class DrafterSpec:
     mask_token_id: the vocabulary's mask id, or None for a learned mask embedding;
     head: ``tied`` (embedding matrix) or ``lm_head``; a ``head_ids`` tensor in the weights restricts
     the output head to those token ids; base: where tensors missing from the drafter's own weights
-    come from (``embedded-verifier`` or None).
+    come from (``embedded-verifier`` or None); base_layers: which of the base's decoder layers the
+    drafter's layers start from, in order (None: the first ``num_layers``).
     """
 
     backbone: BackboneConfig
@@ -55,8 +56,13 @@ class DrafterSpec:
     reveal: str = "maskgit_plus"
     base: str | None = None
     meta: dict = field(default_factory=dict)
+    base_layers: tuple[int, ...] | None = None
 
     def __post_init__(self):
+        if self.base_layers is not None:
+            object.__setattr__(self, "base_layers", tuple(int(i) for i in self.base_layers))
+            if len(self.base_layers) != self.backbone.num_layers:
+                raise ValueError(f"base_layers names {len(self.base_layers)} layers for a {self.backbone.num_layers}-layer drafter")
         if self.head not in ("tied", "lm_head"):
             raise ValueError(f"unknown drafter head {self.head!r}")
         if self.attention not in ATTENTION:
@@ -73,6 +79,7 @@ class DrafterSpec:
             "attention": self.attention,
             "reveal": self.reveal,
             "base": self.base,
+            "base_layers": list(self.base_layers) if self.base_layers is not None else None,
             "meta": self.meta,
         }
 
@@ -88,6 +95,7 @@ class DrafterSpec:
             reveal=d.get("reveal", "maskgit_plus"),
             base=d.get("base"),
             meta=d.get("meta", {}),
+            base_layers=d.get("base_layers"),
         )
 
 
@@ -287,32 +295,50 @@ def _strip(prefix: str, sd: dict) -> dict:
     return {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
 
 
-def backbone_state_from_hf(path: Path, num_layers: int) -> dict[str, torch.Tensor]:
-    """Embedding, the first ``num_layers`` decoder layers and the final norm of a Llama/Qwen2/Dream
-    checkpoint directory, renamed to :class:`Backbone` names."""
+def backbone_state_from_hf(path: Path, num_layers: int, layers: Sequence[int] | None = None) -> dict[str, torch.Tensor]:
+    """Embedding, decoder layers and the final norm of a Llama/Qwen2/Dream checkpoint directory,
+    renamed to :class:`Backbone` names. The layers are the first ``num_layers``, or ``layers`` (the
+    checkpoint's layer ``layers[i]`` becomes layer ``i``)."""
+    src = {int(j): i for i, j in enumerate(layers)} if layers is not None else {j: j for j in range(num_layers)}
 
     def keep(k: str) -> bool:
         if not k.startswith("model."):
             return k == "lm_head.weight"
         parts = k.split(".")
-        return parts[1] != "layers" or int(parts[2]) < num_layers
+        return parts[1] != "layers" or int(parts[2]) in src
 
     sd = read_safetensors_dir(path, keep)
-    out = _strip("model.", sd)
+    out = {}
+    for k, v in _strip("model.", sd).items():
+        parts = k.split(".")
+        if parts[0] == "layers":
+            parts[1] = str(src[int(parts[1])])
+        out[".".join(parts)] = v
     if "lm_head.weight" in sd:
         out["lm_head.weight"] = sd["lm_head.weight"]
     return out
 
 
-def drafter_from_verifier(verifier_dir: Path, num_layers: int = 6, head_ids: torch.Tensor | None = None) -> DiffusionLM:
-    """A drafter on the verifier's own layout: its embedding, first ``num_layers`` layers, final
-    norm and tied head, a learned mask embedding (initialised to the mean token embedding), block
-    attention. Untrained: the starting point of self-distillation."""
+def drafter_from_verifier(verifier_dir: Path, num_layers: int = 6, head_ids: torch.Tensor | None = None,
+                          layers: Sequence[int] | None = None) -> DiffusionLM:
+    """A drafter on the verifier's own layout: its embedding, first ``num_layers`` layers (or the
+    verifier layers ``layers``, in order), final norm and tied head, a learned mask embedding
+    (initialised to the mean token embedding), block attention. Untrained: the starting point of
+    self-distillation."""
     cfg = read_hf_config(verifier_dir)
+    if layers is not None:
+        layers = tuple(int(i) for i in layers)
+        total = int(cfg["num_hidden_layers"])
+        if not layers or len(set(layers)) != len(layers) or not all(0 <= i < total for i in layers):
+            raise ValueError(f"layers must be distinct indices in 0..{total - 1}, got {list(layers)}")
+        num_layers = len(layers)
+        if layers == tuple(range(num_layers)):
+            layers = None
     bb = BackboneConfig.from_hf(cfg, num_layers=num_layers)
-    spec = DrafterSpec(backbone=bb, mask_token_id=None, head="tied", attention="block", base="embedded-verifier")
+    spec = DrafterSpec(backbone=bb, mask_token_id=None, head="tied", attention="block", base="embedded-verifier",
+                       base_layers=layers)
     model = DiffusionLM(spec, head_ids)
-    sd = backbone_state_from_hf(verifier_dir, num_layers)
+    sd = backbone_state_from_hf(verifier_dir, num_layers, layers)
     sd.pop("lm_head.weight", None)
     missing, unexpected = model.backbone.load_state_dict(sd, strict=False)
     assert not unexpected and not missing, (missing, unexpected)
@@ -331,7 +357,7 @@ def save_drafter(model: DiffusionLM, out_dir: Path, base_dir: Path | None = None
     spec = model.spec if meta is None else replace(model.spec, meta={**model.spec.meta, **meta})
     sd = {k: v.detach().cpu() for k, v in model.state_dict().items() if v is not None}
     if base_dir is not None:
-        base = backbone_state_from_hf(base_dir, spec.backbone.num_layers)
+        base = backbone_state_from_hf(base_dir, spec.backbone.num_layers, spec.base_layers)
         for k, v in list(sd.items()):
             name = k[len("backbone."):] if k.startswith("backbone.") else None
             if name in base and base[name].shape == v.shape and torch.equal(base[name].to(v.dtype), v):
@@ -367,7 +393,7 @@ def load_drafter_model(path: Path, base_dir: Path | None = None, dtype=torch.flo
         if spec.base is not None:
             if base_dir is None:
                 raise ValueError(f"drafter {path} is stored as a difference to {spec.base!r}; its base is needed")
-            base = backbone_state_from_hf(base_dir, spec.backbone.num_layers)
+            base = backbone_state_from_hf(base_dir, spec.backbone.num_layers, spec.base_layers)
             sd |= {"backbone." + k: v for k, v in base.items() if k != "lm_head.weight"}
             if spec.head == "lm_head" and "lm_head.weight" in base:
                 sd["lm_head.weight"] = base["lm_head.weight"]

@@ -609,14 +609,15 @@ class KminFamily:
 
     @property
     def above(self) -> bool | None:
-        """The weaker check: whether the best observed k_min lies above K*."""
-        return None if self.K_star is None or self.best is None else self.best > self.K_star
+        """The weaker check: whether the best observed k_min lies above K* (k_min 0 counts as 1)."""
+        return None if self.K_star is None or self.best is None else max(self.best, 1) > self.K_star
 
 
 def kmin_families(rows: list[Row]) -> list[KminFamily]:
     """Signal runs that differ only in ``k_min`` (Figure 5), with the Eq. 8 prediction: the
     smallest ``k_min`` of the grid above ``K* = A c_D / (c_D + c_V)``, against the observed best
-    (highest tokens/s)."""
+    (highest tokens/s). A skip commits at least one token (``K_hat > 0``), so ``k_min`` 0 acts as 1:
+    when ``K* < 1`` every skip pays and the prediction is the grid's smallest ``k_min``."""
     groups: dict[tuple, list[Row]] = {}
     for r in rows:
         if r.method in SIGNALS and r.p("k_min") is not None and (r.p("eta_b") or 0) > 0 and (r.p("eta_c") or 0) > 0:
@@ -633,7 +634,7 @@ def kmin_families(rows: list[Row]) -> list[KminFamily]:
             if rm.A is not None and rm.c_D is not None and rm.c_V is not None and rm.c_D + rm.c_V > 0:
                 K = break_even_length(rm.A, rm.c_D, rm.c_V)
         grid = [r.p("k_min") for r in rs]
-        predicted = min((k for k in grid if k > K), default=None) if K is not None else None
+        predicted = min((k for k in grid if max(k, 1) > K), default=None) if K is not None else None
         timed = [r for r in rs if r.m.tokens_per_s is not None]
         best = max(timed, key=lambda r: r.m.tokens_per_s).p("k_min") if timed else None
         fams.append(KminFamily(m, tuple(key), rs, K, predicted, best))
@@ -916,7 +917,7 @@ def build_report(paths: Sequence[Path], out: Path, k_min: int = 6, n_boot: int =
                 verdict = {True: "agrees", False: "does not agree", None: "cannot be checked"}[fam.agrees]
                 body.extend([f"### k_min diagnostic (Figure 5): {ftitle}", "", f"![Figure 5]({p.name})", "",
                              f"Eq. 8 with Strict SDD's measured c_D, c_V and A gives K* = {_fmt(fam.K_star)}; the "
-                             f"smallest k_min above it is {_fmt(fam.predicted)}, the best observed (highest tokens/s) "
+                             f"smallest k_min above it (k_min 0 acting as 1) is {_fmt(fam.predicted)}, the best observed (highest tokens/s) "
                              f"is {_fmt(fam.best)}: the prediction {verdict}"
                              + (f"; the best k_min lies {'above' if fam.above else 'at or below'} K*."
                                 if fam.above is not None else "."), "",

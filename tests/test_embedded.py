@@ -148,7 +148,7 @@ def test_the_shipped_drafter_loads_matches_its_manifest_and_is_trained(pair):
     assert weights.stat().st_size == manifest["weights"]["bytes"] <= 50 * 2**20
     assert file_sha256(weights) == manifest["weights"]["sha256"]
     vmark = json.loads((embedded_verifier_dir() / "vskip.json").read_text())
-    assert manifest["verifier"]["source"]["sha256"] == vmark["sha256"]
+    assert manifest["verifier"]["verifier_source_sha256"] == vmark["sha256"]
     assert pair.identity["drafter"] == EMBEDDED_DRAFTER
     # Trained, not the untrained fallback: its held-out acceptance was measured and is above zero.
     assert manifest["steps"] > 0 and manifest["holdout"]["mean_L"] > 0.2

@@ -122,7 +122,7 @@ def test_manifest_records_verifier_data_and_weights(verifier_dir, tmp_path):
     assert json.loads((ddir / "manifest.json").read_text()) == m
     assert [f["file"] for f in m["data"]["files"]] == ["shard_00000.safetensors"]
     assert m["data"]["files"][0]["sha256"] == file_sha256(data / "shard_00000.safetensors")
-    assert m["verifier"]["model_sha256"] == file_sha256(verifier_dir / "model.safetensors")
+    assert m["verifier"]["verifier_sha256"] == file_sha256(verifier_dir / "model.safetensors")
     assert m["weights"]["sha256"] == file_sha256(ddir / "drafter.safetensors")
     assert m["steps"] == 7 and m["holdout"]["mean_L"] == 0.4 and m["layout"]["backbone"]["num_layers"] == 1
     # Without a record, every shard of the data directory now.
@@ -153,3 +153,17 @@ def test_a_drafter_from_chosen_verifier_layers_round_trips(verifier_dir, tmp_pat
     assert drafter_from_verifier(verifier_dir, layers=[0, 1]).spec.base_layers is None
     with pytest.raises(ValueError, match="distinct"):
         drafter_from_verifier(verifier_dir, layers=[0, 0])
+
+
+def test_a_manifest_naming_another_verifier_warns(tmp_path, capsys):
+    import json
+
+    from vskip.models.load import _check_manifest
+
+    (tmp_path / "v").mkdir()
+    (tmp_path / "d").mkdir()
+    (tmp_path / "v" / "vskip.json").write_text(json.dumps({"sha256": "a" * 64}))
+    for want, warns in (("a" * 64, False), ("b" * 64, True)):
+        (tmp_path / "d" / "manifest.json").write_text(json.dumps({"verifier": {"verifier_source_sha256": want}}))
+        _check_manifest(tmp_path / "d", tmp_path / "v")
+        assert ("distilled from verifier bbbbbbbbbbbb" in capsys.readouterr().err) == warns

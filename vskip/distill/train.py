@@ -309,19 +309,17 @@ def write_manifest(drafter_dir: Path, train_dir: Path, data_dir: Path, verifier_
     figures. The data files are those recorded when training started, else ``shards``, else all
     of ``data_dir``'s now."""
     from ..models.embedded import file_sha256
+    from .generate import _verifier_hashes
 
     drafter_dir, train_dir, data_dir = Path(drafter_dir), Path(train_dir), Path(data_dir)
     spec = json.loads((drafter_dir / "drafter.json").read_text())
     run = json.loads((train_dir / "config.json").read_text()) if (train_dir / "config.json").exists() else {}
     index = json.loads((data_dir / "index.json").read_text()) if (data_dir / "index.json").exists() else {}
     weights = drafter_dir / "drafter.safetensors"
-    marker = Path(verifier_dir) / "vskip.json"
     manifest = {
         "format": "vskip-drafter-manifest/1",
-        "verifier": {
-            "model_sha256": file_sha256(Path(verifier_dir) / "model.safetensors"),
-            "source": json.loads(marker.read_text()) if marker.exists() else None,
-        },
+        # the same hashes the distillation data records: the dequantized weights and their source file
+        "verifier": _verifier_hashes(Path(verifier_dir)),
         "layout": {k: spec[k] for k in ("backbone", "mask_token_id", "head", "attention", "reveal")}
                   | {"head_size": spec["meta"].get("head_size")},
         "data": {

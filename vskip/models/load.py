@@ -84,7 +84,7 @@ def vocabulary_fit(drafter_tok, verifier_tok, head_ids: torch.Tensor, verifier_l
 def _check_manifest(ddir: Path, vdir: Path) -> None:
     """Warn when the shipped drafter was distilled from another verifier file than the one loaded."""
     try:
-        want = json.loads((ddir / "manifest.json").read_text())["verifier"]["source"]["sha256"]
+        want = json.loads((ddir / "manifest.json").read_text())["verifier"]["verifier_source_sha256"]
         have = json.loads((vdir / "vskip.json").read_text())["sha256"]
     except (OSError, ValueError, KeyError, TypeError):
         return

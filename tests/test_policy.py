@@ -64,6 +64,18 @@ def test_conditional_product_gate_implies_local(q, eta_b, eta_c):
     assert both == product_only
 
 
+def test_a_zero_score_makes_every_product_zero():
+    """A score of 0 anywhere makes the product and the geometric mean through it exactly 0, so no
+    positive threshold, however small, lets that prefix through (found by hypothesis: a floor
+    inside the logarithm once let a 1e-300 product pass a 2e-309 gate)."""
+    q = np.array([0.9, 0.0, 0.9])
+    for signal in ("raw", "conditional"):
+        assert np.array_equal(prefix_scores(signal, q) > 0, [True, False, False])
+        assert feasible_prefix(signal, np.array([0.0]), 2.2e-309, 2.2e-309) == 0
+    rows = np.array([[0.9, 0.0, 0.9], [0.9, 0.9, 0.9]])
+    assert np.array_equal(prefix_scores("conditional", rows)[1], prefix_scores("conditional", rows[1]))
+
+
 def test_local_gate_binds_for_raw():
     """The geometric mean can stay high over one low position; the local gate catches it."""
     q = np.array([0.99, 0.99, 0.99, 0.5, 0.99, 0.99, 0.99, 0.99])

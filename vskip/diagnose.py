@@ -29,10 +29,9 @@ from typing import Sequence
 import numpy as np
 
 from .policy import DEFAULT_GATES, feasible_prefix
+from .policy.signals import local_scores, prefix_scores
 from .traces import KINDS, TraceSet, survival_labels
 
-#: Smallest score inside a logarithm, as in :mod:`vskip.policy.signals`.
-_TINY = 1e-300
 #: Conditional AUROC is reported only with this many positives and negatives at a position (A.2).
 MIN_CLASS = 10
 _EPS = 1e-7
@@ -144,17 +143,7 @@ def positionwise_bce(ts: TraceSet, kind: str, P: np.ndarray, rotations) -> BCERe
 def feasible_prefix_rows(signal: str, Q: np.ndarray, eta_b: float, eta_c: float) -> np.ndarray:
     """Row-wise :func:`vskip.policy.feasible_prefix` for Q [B, gamma]: int [B]."""
     Q = np.asarray(Q, np.float64)
-    B = np.minimum.accumulate(Q, axis=1)
-    if signal == "raw":
-        k = np.arange(1, Q.shape[1] + 1)
-        C = np.exp(np.cumsum(np.log(np.maximum(Q, _TINY)), axis=1) / k)
-    elif signal == "marginal":
-        C = B
-    elif signal == "conditional":
-        C = np.exp(np.cumsum(np.log(np.maximum(Q, _TINY)), axis=1))
-    else:
-        raise ValueError(f"unknown signal {signal!r}")
-    ok = (B >= eta_b) & (C >= eta_c)
+    ok = (local_scores(Q) >= eta_b) & (prefix_scores(signal, Q) >= eta_c)
     last = Q.shape[1] - np.argmax(ok[:, ::-1], axis=1)
     return np.where(ok.any(axis=1), last, 0)
 

@@ -16,26 +16,28 @@ import numpy as np
 
 SIGNALS = ("raw", "marginal", "conditional")
 
-#: Smallest score used inside a logarithm, so that a zero score gives a very small product
-#: rather than NaN.
-_TINY = 1e-300
-
 
 def local_scores(q: np.ndarray) -> np.ndarray:
-    """``B_k = min_{j<=k} q_j`` for k = 1..gamma."""
-    return np.minimum.accumulate(np.asarray(q, dtype=np.float64))
+    """``B_k = min_{j<=k} q_j`` for k = 1..gamma (along the last axis)."""
+    return np.minimum.accumulate(np.asarray(q, dtype=np.float64), axis=-1)
+
+
+def _log_cumsum(q: np.ndarray) -> np.ndarray:
+    """``sum_{j<=k} log q_j`` along the last axis; a zero score gives ``-inf``, so every product
+    (and geometric mean) through it is exactly 0."""
+    with np.errstate(divide="ignore"):
+        return np.cumsum(np.log(q), axis=-1)
 
 
 def prefix_scores(signal: str, q: np.ndarray) -> np.ndarray:
-    """``C_k`` for k = 1..gamma under ``signal`` (one of :data:`SIGNALS`)."""
+    """``C_k`` for k = 1..gamma under ``signal`` (one of :data:`SIGNALS`), along the last axis."""
     q = np.asarray(q, dtype=np.float64)
     if signal == "raw":
-        k = np.arange(1, q.shape[0] + 1)
-        return np.exp(np.cumsum(np.log(np.maximum(q, _TINY))) / k)
+        return np.exp(_log_cumsum(q) / np.arange(1, q.shape[-1] + 1))
     if signal == "marginal":
-        return np.minimum.accumulate(q)
+        return local_scores(q)
     if signal == "conditional":
-        return np.exp(np.cumsum(np.log(np.maximum(q, _TINY))))
+        return np.exp(_log_cumsum(q))
     raise ValueError(f"unknown signal {signal!r}; expected one of {', '.join(SIGNALS)}")
 
 

@@ -41,6 +41,8 @@ def add_model_flags(p: argparse.ArgumentParser, threads_help: str = "torch CPU t
     m = p.add_argument_group("models")
     m.add_argument("--drafter", help="drafter directory (default: the embedded drafter)")
     m.add_argument("--verifier", help="verifier checkpoint directory (default: embedded SmolLM2-135M-Instruct)")
+    m.add_argument("--copy-prior", default="auto", metavar="auto|off|PATH",
+                   help="the drafter's copy prior: auto (the drafter's copy_prior.json if it has one), off, or a file")
     m.add_argument("--reveal", choices=("maskgit_plus", "topk_margin", "entropy"), help="reveal order (default: the drafter's)")
     m.add_argument("--verifier-cache", action=argparse.BooleanOptionalAction, default=True,
                    help="keep the verifier's KV cache (--no-verifier-cache recomputes every call, as the paper measured)")
@@ -54,7 +56,8 @@ def model_config(a):
     from .runner import ModelConfig
 
     return ModelConfig(drafter=a.drafter, verifier=a.verifier, steps=a.steps, reveal=a.reveal,
-                       verifier_cache=a.verifier_cache, device=a.device, dtype=a.dtype, threads=a.threads)
+                       verifier_cache=a.verifier_cache, device=a.device, dtype=a.dtype, threads=a.threads,
+                       copy_prior=a.copy_prior)
 
 
 def _configs(a):
@@ -100,7 +103,8 @@ def cmd_generate(a) -> int:
     policy, dec, models = _configs(a)
     runtime = resolve_runtime(models.device, models.dtype, models.threads)
     pair = load_pair(runtime, drafter=models.drafter, verifier=models.verifier, steps=models.steps,
-                     use_cache=models.verifier_cache, need_drafter=policy.uses_drafter, reveal=models.reveal)
+                     use_cache=models.verifier_cache, need_drafter=policy.uses_drafter, reveal=models.reveal,
+                     copy_prior=models.copy_prior)
     predictor = None
     if policy.signal in ("marginal", "conditional"):
         if not a.predictor:

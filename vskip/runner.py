@@ -34,6 +34,7 @@ class ModelConfig:
     device: str | None = None
     dtype: str | None = None
     threads: int | None = None
+    copy_prior: str | None = "auto"
 
     def __post_init__(self):
         if self.steps < 1:
@@ -129,7 +130,7 @@ def run(cfg: RunConfig, out: Path, progress: bool = True, pair=None) -> dict:
     runtime = resolve_runtime(m.device, m.dtype, m.threads)
     pair = pair or load_pair(
         runtime, drafter=m.drafter, verifier=m.verifier, steps=m.steps, use_cache=m.verifier_cache,
-        need_drafter=cfg.policy.uses_drafter, reveal=m.reveal,
+        need_drafter=cfg.policy.uses_drafter, reveal=m.reveal, copy_prior=m.copy_prior,
     )
     predictor = None
     if cfg.policy.signal in ("marginal", "conditional"):

@@ -295,7 +295,8 @@ def load_models(models: ModelConfig, need_drafter: bool):
 
     runtime = resolve_runtime(models.device, models.dtype, models.threads)
     return load_pair(runtime, drafter=models.drafter, verifier=models.verifier, steps=models.steps,
-                     use_cache=models.verifier_cache, need_drafter=need_drafter, reveal=models.reveal)
+                     use_cache=models.verifier_cache, need_drafter=need_drafter, reveal=models.reveal,
+                     copy_prior=models.copy_prior)
 
 
 class _PairCache:

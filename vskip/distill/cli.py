@@ -38,6 +38,50 @@ def register(subparsers) -> None:
                    help="only write OUT/drafter from the latest checkpoint (the run may still be going)")
     p.set_defaults(fn=_cmd_train)
 
+    c = subparsers.add_parser(
+        "fit-copy-prior",
+        help="fit the drafter's copy prior (a pointer mixture over its context) on distillation data",
+        description="Fit the mixture weights of the drafter's copy prior by maximum likelihood on distillation "
+        "shards the drafter was not trained on, report held-out figures, and write copy_prior.json.",
+    )
+    c.add_argument("--data", required=True, help="distillation data directory (shards)")
+    c.add_argument("--fit-shards", required=True, type=_names, help="comma-separated shard files to fit on")
+    c.add_argument("--eval-shards", type=_names, default=(), help="comma-separated shard files for held-out figures")
+    c.add_argument("--drafter", help="drafter directory (default: the embedded drafter)")
+    c.add_argument("--verifier", help="verifier checkpoint directory (default: the embedded verifier)")
+    c.add_argument("--out", help="file or directory to write (default: the drafter directory's copy_prior.json)")
+    c.add_argument("--gamma", type=int, default=32, help="block length sampled (default: 32)")
+    c.add_argument("--per-row", type=int, default=6, help="block starts per answer (default: 6)")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--threads", type=int, help="torch CPU threads")
+    c.set_defaults(fn=_cmd_fit_copy)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not names:
+        raise argparse.ArgumentTypeError("expected comma-separated shard file names")
+    return names
+
+
+def _cmd_fit_copy(a) -> int:
+    from ..models.embedded import embedded_drafter_dir, file_sha256
+    from ..models.load import load_pair
+    from ..runtime import resolve_runtime
+    from .copyfit import fit_copy_prior, write_copy_prior
+
+    if not Path(a.data).exists():
+        raise FileNotFoundError(f"data directory {a.data} does not exist")
+    pair = load_pair(resolve_runtime("cpu", "float32", a.threads), drafter=a.drafter, verifier=a.verifier, copy_prior="off")
+    prior = fit_copy_prior(pair.drafter, Path(a.data), a.fit_shards, a.eval_shards, gamma=a.gamma, per_row=a.per_row,
+                           seed=a.seed)
+    ddir = Path(a.drafter) if a.drafter else embedded_drafter_dir()
+    weights = sorted(ddir.glob("*.safetensors"))
+    prior.meta["drafter_weights_sha256"] = {w.name: file_sha256(w) for w in weights}
+    path = write_copy_prior(prior, Path(a.out) if a.out else ddir)
+    print(json.dumps({"copy_prior": str(path), **{k: prior.meta[k] for k in ("fit", "heldout") if k in prior.meta}}))
+    return 0
+
 
 def _layer_list(text: str) -> tuple[int, ...]:
     try:

@@ -27,6 +27,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from .copy import CopyPrior
 from .backbone import Backbone, BackboneConfig, read_hf_config, read_safetensors_dir
 from .protocols import DRAFT_FEATURES, DraftBlock, common_prefix
 
@@ -152,13 +153,18 @@ def reveal_counts(gamma: int, steps: int, eps: float = 1e-3) -> list[int]:
     return counts
 
 
+OUTSIDE, BANNED = -1, -2
+
+
 class DiffusionDrafter:
     """Implements the drafter protocol over a :class:`DiffusionLM`.
 
     ``allowed``: bool [head size], False for head outputs the verifier's vocabulary lacks (these
-    are never proposed)."""
+    are never proposed). ``copy``: a :class:`~vskip.models.copy.CopyPrior` mixed into every reveal
+    step (None: the network alone); ``banned``: ids its hints never propose."""
 
-    def __init__(self, model: DiffusionLM, steps: int = 2, allowed: torch.Tensor | None = None, reveal: str | None = None):
+    def __init__(self, model: DiffusionLM, steps: int = 2, allowed: torch.Tensor | None = None, reveal: str | None = None,
+                 copy: CopyPrior | None = None, banned: Sequence[int] = ()):
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
         self.model = model.eval()
@@ -177,6 +183,17 @@ class DiffusionDrafter:
             assert allowed.shape == (n,), (allowed.shape, n)
             self._neg = torch.where(allowed.to(dev), 0.0, float("-inf"))
         self.device = dev
+        self.copy = copy
+        # for the copy prior's hints: the head column of each vocabulary id, OUTSIDE for ids the
+        # head lacks (the mixture gives them an extra column), BANNED for ids never proposed
+        # (those the head masks out, and ``banned``, e.g. the verifier's special tokens)
+        size = max(int(model.spec.backbone.vocab_size), int(self._ids.max()) + 1, max(banned, default=-1) + 1)
+        self._col = torch.full((size,), OUTSIDE, dtype=torch.long, device=dev)
+        self._col[self._ids] = torch.arange(n, device=dev)
+        if allowed is not None:
+            self._col[self._ids[~allowed.to(dev)]] = BANNED
+        if banned:
+            self._col[torch.tensor(sorted(banned), device=dev)] = BANNED
         self.reset()
 
     def reset(self) -> None:
@@ -211,6 +228,53 @@ class DiffusionDrafter:
         h, _ = self.model(x, pos, self._cache, None)
         return h[0]
 
+    # -- copy prior --------------------------------------------------------------------------
+    def _mix(self, logits, hint, lam, tokens, masked) -> torch.Tensor:
+        """Log-probabilities of the copy mixture over the head plus one extra column, which holds
+        the hint's mass when the hint is outside the head. A hint is dropped from the first
+        position where a revealed token disagrees with it."""
+        wrong = (~masked) & (tokens != hint)
+        col = self.head_column(hint)
+        lam = lam * (torch.cumsum(wrong.long(), 0) - wrong.long() == 0) * (col != BANNED)
+        p = torch.softmax(logits, dim=-1) * (1 - lam)[:, None]
+        inside = col >= 0
+        rows = torch.arange(p.shape[0], device=p.device)
+        p[rows[inside], col[inside]] += lam[inside]
+        extra = torch.where(inside, torch.zeros_like(lam), lam)
+        return torch.cat([p, extra[:, None]], dim=-1).log()
+
+    def _token(self, cols, idx, hint) -> torch.Tensor:
+        """Token ids of chosen head columns; the extra column of :meth:`_mix` is the hint."""
+        n = self._ids.shape[0]
+        if hint is None:
+            return self._ids[cols]
+        return torch.where(cols == n, hint[idx], self._ids[cols.clamp(max=n - 1)])
+
+    @torch.inference_mode()
+    def first_step(self, seq: Sequence[int], gamma: int) -> torch.Tensor:
+        """The network's distribution over its head [gamma, head size] for a fully masked block
+        after ``seq`` (the first reveal step, no copy prior): what the copy prior is fitted on."""
+        seq = list(seq)
+        if self.spec.attention == "block":
+            self._sync_context(seq[:-1])
+            prefix, start = seq[-1:], len(seq) - 1
+        else:
+            self._cache = None
+            prefix, start = seq, 0
+        P = len(prefix)
+        x = torch.full((1, P + gamma), self.model.mask_id, dtype=torch.long, device=self.device)
+        x[0, :P] = torch.tensor(prefix, device=self.device)
+        logits = (self._hidden(x, start)[P - 1 : P - 1 + gamma] @ self._W.T).float()
+        if self._neg is not None:
+            logits = logits + self._neg
+        return torch.softmax(logits, dim=-1)
+
+    def head_column(self, ids: torch.Tensor) -> torch.Tensor:
+        """Head column of each id (negative: outside the head or never proposed)."""
+        ids = torch.as_tensor(ids, device=self.device)
+        ok = (ids >= 0) & (ids < self._col.shape[0])
+        return torch.where(ok, self._col[ids.clamp(0, self._col.shape[0] - 1)], BANNED)
+
     # -- proposal --------------------------------------------------------------------------
     @torch.inference_mode()
     def propose(self, seq: Sequence[int], gamma: int, features: bool = False) -> DraftBlock:
@@ -233,12 +297,21 @@ class DiffusionDrafter:
         hidden = torch.zeros(gamma, self._W.shape[1], dtype=self._W.dtype, device=self.device) if features else None
         order = 0
         p1_0 = ne_0 = None
+        hint = lam = None
+        if self.copy is not None:
+            h, w = self.copy.hint(seq, gamma)
+            if w.any():
+                hint = torch.from_numpy(h).to(self.device)
+                lam = torch.from_numpy(w).to(device=self.device, dtype=torch.float32)
         for s, n in enumerate(reveal_counts(gamma, self.steps)):
             h = self._hidden(x, start)[P - 1 : P - 1 + gamma]  # shifted: hidden j-1 predicts j
             logits = (h @ self._W.T).float()
             if self._neg is not None:
                 logits = logits + self._neg
-            logp = torch.log_softmax(logits, dim=-1)
+            if hint is None:
+                logp = torch.log_softmax(logits, dim=-1)
+            else:
+                logp = self._mix(logits, hint, lam, tokens, masked)
             top = logp.topk(5 if features else 2, dim=-1)
             p_top = top.values.exp()
             p1 = p_top[:, 0]
@@ -255,7 +328,7 @@ class DiffusionDrafter:
             if n == 0:
                 continue
             idx = score.masked_fill(~masked, float("-inf")).topk(n).indices
-            chosen = self._ids[top.indices[idx, 0]]
+            chosen = self._token(top.indices[idx, 0], idx, hint)
             tokens[idx] = chosen
             conf[idx] = p1[idx]
             masked[idx] = False

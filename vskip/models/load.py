@@ -15,8 +15,9 @@ from pathlib import Path
 import torch
 
 from ..runtime import Runtime
+from .copy import COPY_FILE, CopyPrior
 from .drafter import DiffusionDrafter, is_dream_checkpoint, load_drafter_model
-from .embedded import EMBEDDED_DRAFTER, EMBEDDED_VERIFIER, embedded_drafter_dir, embedded_verifier_dir
+from .embedded import EMBEDDED_DRAFTER, EMBEDDED_VERIFIER, embedded_drafter_dir, embedded_verifier_dir, file_sha256
 from .verifier import HFVerifier
 
 #: Above this share of shared ids that decode differently, a drafter's vocabulary does not fit.
@@ -93,6 +94,29 @@ def _check_manifest(ddir: Path, vdir: Path) -> None:
               f"but {vdir} holds {have[:12]}", file=sys.stderr)
 
 
+def resolve_copy_prior(choice: str | None, drafter_dir: Path | None) -> CopyPrior | None:
+    """The copy prior named by ``--copy-prior`` (see :func:`load_pair`)."""
+    if choice in (None, "off", "none"):
+        return None
+    if choice == "auto":
+        path = Path(drafter_dir) / COPY_FILE if drafter_dir is not None else None
+        if path is None or not path.exists():
+            return None
+    else:
+        path = Path(choice)
+        if path.is_dir():
+            path = path / COPY_FILE
+        if not path.exists():
+            raise FileNotFoundError(f"copy prior {choice} does not exist")
+    try:
+        data = json.loads(path.read_text())
+        prior = CopyPrior.from_json(data)
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path} is not a copy prior: {e}") from None
+    return CopyPrior(prior.lam, prior.length_edges, prior.offset_edges, prior.max_len,
+                     prior.meta | {"sha256": file_sha256(path)})
+
+
 def load_pair(
     runtime: Runtime,
     drafter: str | None = None,
@@ -101,8 +125,12 @@ def load_pair(
     use_cache: bool = True,
     need_drafter: bool = True,
     reveal: str | None = None,
+    copy_prior: str | None = "auto",
 ) -> ModelPair:
-    """The verifier (embedded default or a directory) and, when asked, the drafter."""
+    """The verifier (embedded default or a directory) and, when asked, the drafter.
+
+    ``copy_prior``: ``auto`` uses the drafter directory's ``copy_prior.json`` when it has one,
+    ``off`` (or None) none, anything else is the path of a copy-prior file."""
     runtime.activate()
     if need_drafter and drafter not in (None, "", "default", EMBEDDED_DRAFTER) and not Path(drafter).exists():
         raise FileNotFoundError(f"drafter path {drafter} does not exist")
@@ -142,5 +170,9 @@ def load_pair(
         if model.spec.mask_token_id is not None:
             allowed &= head_ids != model.spec.mask_token_id
         allowed &= torch.tensor([i not in ver.special_ids for i in head_ids.tolist()])
-        d_adapter = DiffusionDrafter(model, steps=steps, allowed=allowed.to(runtime.device), reveal=reveal)
+        prior = resolve_copy_prior(copy_prior, ddir)
+        if prior is not None:
+            identity["copy_prior"] = prior.meta.get("sha256", "custom")
+        d_adapter = DiffusionDrafter(model, steps=steps, allowed=allowed.to(runtime.device), reveal=reveal,
+                                     copy=prior, banned=sorted(ver.special_ids))
     return ModelPair(d_adapter, ver, tok, identity)

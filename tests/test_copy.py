@@ -1,0 +1,189 @@
+"""The drafter's copy prior: the suffix match, the mixture weights and their fit (pure), and the
+mixture inside a tiny drafter's reveal steps."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vskip.models.backbone import BackboneConfig
+from vskip.models.copy import CopyPrior, copy_hint, fit_lambda, mixture_nll, suffix_match
+from vskip.models.drafter import DiffusionDrafter, DiffusionLM, DrafterSpec
+
+V = 64
+
+
+def brute_match(seq, max_len):
+    """Longest suffix (<= max_len) occurring earlier with a follower; most recent occurrence."""
+    n = len(seq)
+    for length in range(min(max_len, n - 1), 0, -1):
+        key = seq[n - length:]
+        for end in range(n - 2, length - 2, -1):
+            if seq[end - length + 1:end + 1] == key:
+                return length, end + 1
+    return 0, -1
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 3), min_size=0, max_size=40), st.integers(1, 8))
+def test_suffix_match_is_the_longest_most_recent_match(seq, max_len):
+    assert suffix_match(seq, max_len) == brute_match(seq, max_len)
+
+
+def test_copy_hint_continues_the_match_and_repeats_a_period():
+    h, length = copy_hint([1, 2, 3, 9, 1, 2, 3], 6)
+    assert length == 3 and h.tolist() == [9, 1, 2, 3, 9, 1]
+    h, length = copy_hint([7, 5, 5, 5], 5)  # a run: the copy repeats it
+    assert length == 2 and h.tolist() == [5, 5, 5, 5, 5]
+    h, length = copy_hint([1, 2, 3], 3)
+    assert length == 0 and h.tolist() == [-1, -1, -1]
+
+
+def test_prior_weights_follow_the_buckets_and_round_trip():
+    lam = [[0.1 * i + 0.01 * j for j in range(3)] for i in range(2)]
+    p = CopyPrior(lam, length_edges=(1, 4), offset_edges=(0, 2, 5))
+    assert p.weights(0, 4).tolist() == [0, 0, 0, 0]
+    assert np.allclose(p.weights(3, 7), [0, 0, 0.01, 0.01, 0.01, 0.02, 0.02])
+    assert np.allclose(p.weights(9, 3), [0.1, 0.1, 0.11])
+    back = CopyPrior.from_json(json.loads(json.dumps(p.to_json())))
+    assert back == p
+    with pytest.raises(ValueError, match="lie in"):
+        CopyPrior([[1.5]], length_edges=(1,), offset_edges=(0,))
+    with pytest.raises(ValueError, match="x"):
+        CopyPrior([[0.5, 0.5]], length_edges=(1,), offset_edges=(0,))
+    with pytest.raises(ValueError, match="increase"):
+        CopyPrior([[0.5, 0.5]], length_edges=(1,), offset_edges=(0, 0))
+
+
+def log_likelihood(p, b, lam):
+    """Of the samples that carry information about lam (a nonzero likelihood somewhere)."""
+    keep = (p > 0) | b
+    mix = (1 - lam) * p[keep] + lam * b[keep]
+    return float(np.log(mix).sum()) if np.all(mix > 0) else -np.inf
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.just(0.0), st.floats(1e-4, 1)), st.booleans()), min_size=1, max_size=30))
+def test_fit_lambda_maximizes_the_likelihood(rows):
+    p = np.array([r[0] for r in rows])
+    b = np.array([r[1] for r in rows])
+    lam = fit_lambda(p, b, iters=20000, tol=1e-13)
+    assert 0 <= lam <= 1
+    best = max(log_likelihood(p, b, g) for g in np.linspace(0, 1, 401))
+    assert log_likelihood(p, b, lam) >= best - 1e-4 * max(1.0, abs(best))
+
+
+def test_fit_lambda_recovers_a_known_mixture():
+    """Tokens drawn from (1 - lam) * p_D + lam * (hint): the fit finds lam."""
+    rng = np.random.default_rng(0)
+    n, lam = 20000, 0.3
+    p_d = np.array([0.1, 0.4, 0.3, 0.2])  # the hint is token 0
+    x = np.where(rng.random(n) < lam, 0, rng.choice(4, size=n, p=p_d))
+    got = fit_lambda(p_d[x], x == 0)
+    assert abs(got - lam) < 0.03
+    assert fit_lambda(p_d[x], np.zeros(n, bool)) == 0.0
+    assert fit_lambda(np.zeros(4), np.ones(4, bool)) == pytest.approx(1.0, abs=1e-6)
+
+
+def tiny_drafter(head=None, copy=None, banned=()):
+    spec = DrafterSpec(backbone=BackboneConfig(V, 32, 64, 2, 4, 2), mask_token_id=None, attention="block")
+    torch.manual_seed(5)
+    model = DiffusionLM(spec, head)
+    with torch.no_grad():
+        model.mask_embedding.normal_()
+    return DiffusionDrafter(model, steps=2, copy=copy, banned=banned)
+
+
+def full_prior(value):
+    return CopyPrior([[value] * 2] * 2, length_edges=(1, 3), offset_edges=(0, 4))
+
+
+SEQ = [3, 4, 5, 6, 7, 8, 9, 10, 3, 4, 5]  # hint: 6 7 8 9 10 3 4 5 ...
+
+
+def test_a_full_weight_prior_proposes_the_hint_even_outside_the_head():
+    head = torch.arange(0, V, 2)  # odd ids are outside the head
+    d = tiny_drafter(head, full_prior(1.0))
+    b = d.propose(SEQ, 8)
+    assert b.tokens.tolist() == [6, 7, 8, 9, 10, 3, 4, 5]
+    assert np.allclose(b.confidence, 1.0)
+    assert b.features is None
+
+
+def test_a_zero_weight_prior_changes_nothing():
+    plain = tiny_drafter().propose(SEQ, 8, features=True)
+    mixed = tiny_drafter(copy=full_prior(0.0)).propose(SEQ, 8, features=True)
+    assert np.array_equal(plain.tokens, mixed.tokens)
+    assert np.allclose(plain.confidence, mixed.confidence, atol=1e-6)
+    assert np.allclose(plain.features, mixed.features, atol=1e-5)
+
+
+def test_banned_hints_are_never_proposed():
+    b = tiny_drafter(copy=full_prior(1.0), banned=[7, 9]).propose(SEQ, 8)
+    assert 7 not in b.tokens.tolist() and 9 not in b.tokens.tolist()
+    assert b.tokens[0] == 6
+
+
+def test_a_partial_prior_keeps_a_distribution():
+    d = tiny_drafter(copy=full_prior(0.4))
+    b = d.propose(SEQ, 8, features=True)
+    assert np.all((b.confidence >= 0.4 - 1e-6) | (b.tokens != np.array([6, 7, 8, 9, 10, 3, 4, 5])))
+    assert np.all(b.confidence <= 1.0 + 1e-6)
+    assert np.all(b.features[:, 9] <= 1.0 + 1e-5)  # top-5 mass of a distribution
+
+
+def test_a_wrong_revealed_token_drops_the_hint_after_it():
+    d = tiny_drafter(copy=full_prior(1.0))
+    gamma = 4
+    hint = torch.tensor([6, 7, 8, 9])
+    lam = torch.ones(gamma)
+    tokens = torch.tensor([6, 11, 0, 0])
+    masked = torch.tensor([False, False, True, True])
+    logits = torch.randn(gamma, V)
+    logp = d._mix(logits, hint, lam, tokens, masked)
+    net = torch.log_softmax(logits, -1)
+    assert torch.allclose(logp[2:, :V], net[2:], atol=1e-5)  # after the wrong token: the network
+    assert logp[1, 7] == 0.0  # at the wrong token itself the hint still holds (it is revealed anyway)
+
+
+def write_copy_data(path, n_rows, seed):
+    """Answers that repeat their prompt: a hint is right almost everywhere."""
+    from vskip.distill.generate import write_shard
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(n_rows):
+        prompt = rng.integers(3, V - 1, 12)
+        rows.append({"prompt": prompt, "completion": np.concatenate([prompt, prompt]), "finished": True})
+    meta = {"prompt_ids": [f"p{i}" for i in range(n_rows)], "sources": ["t"] * n_rows}
+    write_shard(path, rows, meta)
+
+
+def test_fit_on_copying_answers_learns_to_copy(tmp_path):
+    from vskip.distill.copyfit import fit_copy_prior, write_copy_prior
+    from vskip.models.load import resolve_copy_prior
+
+    write_copy_data(tmp_path / "shard_00000.safetensors", 8, 0)
+    write_copy_data(tmp_path / "shard_00001.safetensors", 4, 1)
+    d = tiny_drafter()
+    prior = fit_copy_prior(d, tmp_path, ["shard_00000.safetensors"], ["shard_00001.safetensors"], gamma=8,
+                           per_row=4, min_count=5, progress=False, strict_gammas=(4,))
+    assert d.copy is None  # the drafter is handed back as it came
+    assert max(max(r) for r in prior.lam) > 0.9
+    ho = prior.meta["heldout"]
+    assert ho["nll_mixture"] < ho["nll_network"]
+    assert ho["strict"]["4"]["mean_L_mixture"] > ho["strict"]["4"]["mean_L_network"]
+    path = write_copy_prior(prior, tmp_path)
+    back = resolve_copy_prior("auto", tmp_path)
+    assert back.lam == prior.lam and back.meta["sha256"]
+    assert resolve_copy_prior(str(path), None).lam == prior.lam
+    assert resolve_copy_prior("off", tmp_path) is None
+    assert resolve_copy_prior("auto", tmp_path / "nowhere") is None
+    with pytest.raises(FileNotFoundError):
+        resolve_copy_prior(str(tmp_path / "missing.json"), None)
+    (tmp_path / "bad.json").write_text(json.dumps({"lam": [[2.0]]}))
+    with pytest.raises(ValueError, match="not a copy prior"):
+        resolve_copy_prior(str(tmp_path / "bad.json"), None)

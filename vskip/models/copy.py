@@ -1,0 +1,154 @@
+"""The drafter's copy prior: a pointer mixture over the drafter's own context.
+
+Code answers repeat their context: names, signatures, whole lines of the prompt. A small drafter
+learns that late. The copy prior gives it the continuation of the longest earlier match of the
+sequence's suffix (prompt-lookup style) as a *hint* per block position, and mixes it in::
+
+    p(x_k) = (1 - lam[l, k]) * p_D(x_k) + lam[l, k] * 1{x_k = h_k}
+
+``l`` is the match length, ``k`` the block position, and ``lam`` a small table fitted by maximum
+likelihood on distillation data (:func:`fit_lambda`). The mixture is still a distribution, so the
+drafter's confidence (its top probability at the reveal step) keeps its meaning for the skip
+policies. The hint reads only the committed sequence the drafter is given, never the verifier.
+
+Pure numpy; the drafter applies it inside its reveal steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+#: file name of a fitted copy prior beside a drafter
+COPY_FILE = "copy_prior.json"
+
+#: default bucket edges: match lengths 1, 2, 3, 4, 5-7, 8-15, 16+ and block positions
+LENGTH_EDGES = (1, 2, 3, 4, 5, 8, 16)
+OFFSET_EDGES = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24)
+
+
+def suffix_match(seq: Sequence[int] | np.ndarray, max_len: int = 32) -> tuple[int, int]:
+    """The longest suffix of ``seq`` (at most ``max_len`` tokens) that also occurs earlier and is
+    followed there by at least one token; ties go to the most recent occurrence.
+
+    Returns ``(length, start)``: the match length (0 if even the last token never occurred before)
+    and the index where the copied continuation starts (the token after the earlier occurrence)."""
+    a = np.asarray(seq, dtype=np.int64)
+    n = a.shape[0]
+    if n < 2:
+        return 0, -1
+    # ends[i]: index of the last token of a candidate earlier occurrence (always < n - 1)
+    ends = np.flatnonzero(a[:-1] == a[-1])
+    if ends.size == 0:
+        return 0, -1
+    length = 1
+    while length < max_len:
+        back = ends - length
+        keep = ends[(back >= 0) & (a[np.maximum(back, 0)] == a[n - 1 - length])]
+        if keep.size == 0:
+            break
+        ends, length = keep, length + 1
+    return length, int(ends[-1]) + 1
+
+
+def copy_hint(seq: Sequence[int] | np.ndarray, gamma: int, max_len: int = 32) -> tuple[np.ndarray, int]:
+    """Hint tokens for the next ``gamma`` positions and the match length behind them.
+
+    The copied run continues past the end of ``seq`` by repeating itself (a match that ends right
+    before the suffix describes a period), so every position gets a hint when there is a match.
+    With no match the hint is all -1 and the length 0."""
+    a = np.asarray(seq, dtype=np.int64)
+    length, start = suffix_match(a, max_len)
+    if length == 0:
+        return np.full(gamma, -1, dtype=np.int64), 0
+    period = a.shape[0] - start  # >= 1
+    idx = start + np.arange(gamma) % period
+    return a[idx], length
+
+
+def _bucket(value: int | np.ndarray, edges: Sequence[int]) -> int | np.ndarray:
+    return np.searchsorted(np.asarray(edges), value, side="right") - 1
+
+
+@dataclass(frozen=True)
+class CopyPrior:
+    """The fitted mixture weights. ``lam[i][j]`` applies to match lengths in bucket i (edges
+    ``length_edges``) at block positions in bucket j (edges ``offset_edges``)."""
+
+    lam: tuple[tuple[float, ...], ...]
+    length_edges: tuple[int, ...] = LENGTH_EDGES
+    offset_edges: tuple[int, ...] = OFFSET_EDGES
+    max_len: int = 32
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        lam = tuple(tuple(float(x) for x in row) for row in self.lam)
+        object.__setattr__(self, "lam", lam)
+        object.__setattr__(self, "length_edges", tuple(int(x) for x in self.length_edges))
+        object.__setattr__(self, "offset_edges", tuple(int(x) for x in self.offset_edges))
+        if len(lam) != len(self.length_edges) or any(len(r) != len(self.offset_edges) for r in lam):
+            raise ValueError(f"lam must be {len(self.length_edges)} x {len(self.offset_edges)}")
+        if any(not 0.0 <= x <= 1.0 for r in lam for x in r):
+            raise ValueError("every lam must lie in [0, 1]")
+        if self.length_edges[0] != 1 or self.offset_edges[0] != 0:
+            raise ValueError("length edges start at 1 and offset edges at 0")
+        if list(self.length_edges) != sorted(set(self.length_edges)) or list(self.offset_edges) != sorted(set(self.offset_edges)):
+            raise ValueError("bucket edges must increase strictly")
+
+    def weights(self, length: int, gamma: int) -> np.ndarray:
+        """Mixture weight per block position for a match of ``length`` (0: no match, all 0)."""
+        if length <= 0:
+            return np.zeros(gamma)
+        row = np.asarray(self.lam[int(_bucket(length, self.length_edges))])
+        return row[_bucket(np.arange(gamma), self.offset_edges)]
+
+    def hint(self, seq: Sequence[int], gamma: int) -> tuple[np.ndarray, np.ndarray]:
+        """(hint tokens [gamma], mixture weights [gamma]) for a block after ``seq``."""
+        h, length = copy_hint(seq, gamma, self.max_len)
+        return h, self.weights(length, gamma)
+
+    def to_json(self) -> dict:
+        return {"lam": [list(r) for r in self.lam], "length_edges": list(self.length_edges),
+                "offset_edges": list(self.offset_edges), "max_len": self.max_len, "meta": self.meta}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "CopyPrior":
+        return cls(lam=d["lam"], length_edges=d.get("length_edges", LENGTH_EDGES),
+                   offset_edges=d.get("offset_edges", OFFSET_EDGES), max_len=d.get("max_len", 32),
+                   meta=d.get("meta", {}))
+
+
+def fit_lambda(p_target: np.ndarray, is_hint: np.ndarray, iters: int = 200, tol: float = 1e-9) -> float:
+    """Maximum-likelihood weight of the mixture ``(1 - lam) * p_target + lam * is_hint`` by EM.
+
+    p_target: the drafter's probability of the true next token at each sample; is_hint: whether
+    the hint was that token. The likelihood is concave in lam, so EM reaches the optimum. A
+    sample with neither (a true token outside the head, a wrong hint) has likelihood 0 at every
+    lam and says nothing about it: it is left out."""
+    p = np.asarray(p_target, dtype=np.float64)
+    b = np.asarray(is_hint, dtype=np.float64)
+    informative = (p > 0) | (b > 0)
+    p, b = p[informative], b[informative]
+    if p.size == 0:
+        return 0.0
+    if not b.any():
+        return 0.0
+    lam = 0.5
+    for _ in range(iters):
+        mix = (1 - lam) * p + lam * b
+        r = np.divide(lam * b, mix, out=np.zeros_like(p), where=mix > 0)
+        new = float(r.mean())
+        if abs(new - lam) < tol:
+            lam = new
+            break
+        lam = new
+    return float(np.clip(lam, 0.0, 1.0))
+
+
+def mixture_nll(p_target: np.ndarray, is_hint: np.ndarray, lam: np.ndarray | float, floor: float = 1e-12) -> float:
+    """Mean negative log-likelihood of the true tokens under the mixture (``floor`` stands in for a
+    zero probability, e.g. a token outside the drafter's head)."""
+    mix = (1 - np.asarray(lam)) * np.asarray(p_target) + np.asarray(lam) * np.asarray(is_hint, dtype=np.float64)
+    return float(-np.log(np.maximum(mix, floor)).mean())

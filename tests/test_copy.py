@@ -170,13 +170,23 @@ def test_fit_on_copying_answers_learns_to_copy(tmp_path):
     write_copy_data(tmp_path / "shard_00001.safetensors", 4, 1)
     d = tiny_drafter()
     prior = fit_copy_prior(d, tmp_path, ["shard_00000.safetensors"], ["shard_00001.safetensors"], gamma=8,
-                           per_row=4, min_count=5, progress=False, strict_gammas=(4,))
+                           per_row=4, min_count=5, progress=False, strict_gammas=(4,),
+                           replay_answers=3, replay_tokens=16)
     assert d.copy is None  # the drafter is handed back as it came
     assert max(max(r) for r in prior.lam) > 0.9
     ho = prior.meta["heldout"]
     assert ho["nll_mixture"] < ho["nll_network"]
     assert ho["strict"]["4"]["mean_L_mixture"] > ho["strict"]["4"]["mean_L_network"]
+    replay = ho["replay"]["4"]
+    assert replay["mixture"]["tokens"] == replay["network"]["tokens"] == 3 * 16
+    assert replay["mixture"]["tokens_per_call"] > replay["network"]["tokens_per_call"]
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": "vskip-drafter-manifest/1"}))
     path = write_copy_prior(prior, tmp_path)
+    from vskip.models.embedded import file_sha256
+
+    recorded = json.loads((tmp_path / "manifest.json").read_text())["copy_prior"]
+    assert recorded["sha256"] == file_sha256(path) and recorded["heldout"] == ho
     back = resolve_copy_prior("auto", tmp_path)
     assert back.lam == prior.lam and back.meta["sha256"]
     assert resolve_copy_prior(str(path), None).lam == prior.lam
@@ -187,3 +197,36 @@ def test_fit_on_copying_answers_learns_to_copy(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps({"lam": [[2.0]]}))
     with pytest.raises(ValueError, match="not a copy prior"):
         resolve_copy_prior(str(tmp_path / "bad.json"), None)
+
+
+class ScriptedDrafter:
+    """Proposes the stored answer with its i-th token wrong (i from a script), or all right."""
+
+    def __init__(self, row, wrong_at):
+        self.row, self.wrong_at, self.calls = row, list(wrong_at), 0
+
+    def propose(self, seq, gamma, features=False):
+        from vskip.models.protocols import DraftBlock
+
+        b = len(seq)
+        toks = np.array(self.row[b:b + gamma])
+        w = self.wrong_at[self.calls]
+        self.calls += 1
+        if w is not None and w < gamma:
+            toks[w] = -5
+        return DraftBlock(toks, np.ones(gamma, np.float32))
+
+    def reset(self):
+        pass
+
+
+def test_replay_counts_the_rounds_a_strict_decode_makes():
+    from vskip.distill.copyfit import simulate_strict
+
+    row = np.arange(100, 130)  # prompt of 10, answer of 20
+    d = ScriptedDrafter(row, [2, 0, None, 1, None])
+    # budget 12 tokens (answer positions 10..21): L 2 commits 3 (to 13), L 0 commits 1 (14), a
+    # full block commits 4 + 1 (19), L 1 of a 3-block commits 2 (21), and the last 1-block 1 (22)
+    out = simulate_strict(d, [(row, 10)], gamma=4, max_new_tokens=12, progress=False)
+    assert out["tokens"] == 12 and out["calls"] == 5
+    assert out["mean_L"] == pytest.approx((2 + 0 + 4 + 1 + 1) / 5)

@@ -81,18 +81,19 @@ def fit_table(samples: dict, length_edges=LENGTH_EDGES, offset_edges=OFFSET_EDGE
     ob = _bucket(samples["offset"], offset_edges)
     lam = np.zeros((len(length_edges), len(offset_edges)))
     count = np.zeros_like(lam, dtype=np.int64)
+    fit = lambda sel: fit_lambda(samples["p_target"][sel], samples["is_hint"][sel])
     for i in range(len(length_edges)):
         in_row = lb == i
-        pooled = fit_lambda(samples["p_target"][in_row], samples["is_hint"][in_row])
+        pooled = fit(in_row)
         for j in range(len(offset_edges)):
             sel = in_row & (ob == j)
             count[i, j] = int(sel.sum())
-            lam[i, j] = fit_lambda(samples["p_target"][sel], samples["is_hint"][sel]) if count[i, j] >= min_count else pooled
+            lam[i, j] = fit(sel) if count[i, j] >= min_count else pooled
     return lam, count
 
 
 def lam_of(samples: dict, prior: CopyPrior) -> np.ndarray:
-    """The prior's weight at every sample."""
+    """The prior's mixture weight at every sample."""
     lam = np.asarray(prior.lam)
     return lam[_bucket(samples["length"], prior.length_edges), _bucket(samples["offset"], prior.offset_edges)]
 
@@ -100,12 +101,11 @@ def lam_of(samples: dict, prior: CopyPrior) -> np.ndarray:
 def summarize(samples: dict, prior: CopyPrior) -> dict:
     """Held-out figures of a fitted prior: NLL and top-1 accuracy of the network alone and of the
     mixture (at the first reveal step, positions with a hint)."""
-    lam = lam_of(samples, prior)
     p, h = samples["p_target"], samples["is_hint"].astype(bool)
     return {
         "samples": int(p.size),
         "nll_network": mixture_nll(p, h, 0.0),
-        "nll_mixture": mixture_nll(p, h, lam),
+        "nll_mixture": mixture_nll(p, h, lam_of(samples, prior)),
         "hint_right": float(h.mean()) if p.size else 0.0,
         "network_right": float(samples["net_right"].mean()) if p.size else 0.0,
     }
@@ -124,49 +124,104 @@ def strict_lengths(drafter: DiffusionDrafter, rows, starts, gamma: int, progress
     return np.asarray(Ls)
 
 
+def simulate_strict(drafter: DiffusionDrafter, rows, gamma: int, max_new_tokens: int = 64, progress: bool = True) -> dict:
+    """Strict SDD decoding replayed on stored answers: each round drafts after the answer so far,
+    accepts the longest prefix equal to the stored (verifier greedy) tokens, and commits one more
+    token, the verifier's. Exactly the rounds a lossless decode of these answers makes, without
+    the verifier: tokens per verifier call and the accepted lengths."""
+    calls = tokens = 0
+    Ls = []
+    for row, P in tqdm(rows, desc=f"copy prior: replay gamma {gamma}", unit="answer", disable=not progress, file=sys.stderr):
+        end = min(len(row), P + max_new_tokens)
+        b = P
+        while b < end:
+            g = min(gamma, end - b)
+            ok = drafter.propose(row[:b].tolist(), g).tokens == row[b : b + g]
+            L = g if ok.all() else int(np.argmin(ok))
+            Ls.append(L)
+            b += min(L + 1, end - b)
+            calls += 1
+        tokens += end - P
+        drafter.reset()
+    L = np.asarray(Ls)
+    return {"answers": len(rows), "tokens": int(tokens), "calls": int(calls), "tokens_per_call": tokens / max(calls, 1),
+            "mean_L": float(L.mean()) if L.size else 0.0}
+
+
+def evaluate_prior(drafter: DiffusionDrafter, prior: CopyPrior, rows, seed: int = 1, per_row: int = 6, gamma: int = 32,
+                   strict_gammas: Sequence[int] = (8, 16, 32), replay_answers: int = 48, replay_tokens: int = 64,
+                   progress: bool = True) -> dict:
+    """Held-out figures of ``prior`` on ``rows``: NLL and top-1 of the first reveal step, and with
+    and without the prior at each of ``strict_gammas`` the Strict SDD accepted length at random
+    block starts and tokens per verifier call when the first ``replay_tokens`` of
+    ``replay_answers`` answers are decoded again (:func:`simulate_strict`)."""
+    saved = drafter.copy
+    try:
+        drafter.copy = None
+        out = summarize(collect(drafter, rows, block_starts(rows, per_row, seed), gamma, progress=progress), prior)
+        starts = block_starts(rows, 2, seed + 1)
+        sub = [rows[i] for i in np.random.default_rng(seed + 2).permutation(len(rows))[:replay_answers]]
+        strict, replay = {}, {}
+        for g in strict_gammas:
+            res = {}
+            for name, p in (("network", None), ("mixture", prior)):
+                drafter.copy = p
+                res[name] = (strict_lengths(drafter, rows, starts, g, progress),
+                             simulate_strict(drafter, sub, g, replay_tokens, progress) if sub else None)
+            strict[str(g)] = {"blocks": len(starts), "mean_L_network": float(res["network"][0].mean()),
+                              "mean_L_mixture": float(res["mixture"][0].mean())}
+            if sub:
+                replay[str(g)] = {"network": res["network"][1], "mixture": res["mixture"][1]}
+        out["strict"] = strict
+        if sub:
+            out["replay"] = {"max_new_tokens": replay_tokens, **replay}
+    finally:
+        drafter.copy = saved
+    return out
+
+
 def fit_copy_prior(drafter: DiffusionDrafter, data_dir: Path, fit_shards: Sequence[str], eval_shards: Sequence[str] = (),
                    gamma: int = 32, per_row: int = 6, seed: int = 0, min_count: int = 50, progress: bool = True,
-                   strict_gammas: Sequence[int] = (8, 16, 32)) -> CopyPrior:
-    """Fit the prior on ``fit_shards``; on ``eval_shards`` report the held-out NLL and the offline
-    Strict SDD accepted length with and without it at each of ``strict_gammas``."""
+                   **evaluate) -> CopyPrior:
+    """Fit the prior on ``fit_shards`` and, given ``eval_shards``, evaluate it there
+    (:func:`evaluate_prior`, which takes the remaining keyword arguments)."""
+    from .train import data_fingerprint
+
     t0 = time.time()
     saved, drafter.copy = drafter.copy, None
     try:
         rows = load_answers(data_dir, fit_shards)
         samples = collect(drafter, rows, block_starts(rows, per_row, seed), gamma, progress=progress)
-        lam, count = fit_table(samples, min_count=min_count)
-        from .train import data_fingerprint
-
-        meta = {"fit_shards": data_fingerprint(data_dir, list(fit_shards)), "fit_rows": len(rows), "gamma": gamma, "per_row": per_row,
-                "seed": seed, "min_count": min_count, "counts": count.tolist()}
-        prior = CopyPrior(lam.tolist(), meta=meta)
-        meta["fit"] = summarize(samples, prior)
-        if eval_shards:
-            ho = load_answers(data_dir, eval_shards)
-            ho_samples = collect(drafter, ho, block_starts(ho, per_row, seed + 1), gamma, progress=progress)
-            meta["eval_shards"] = data_fingerprint(data_dir, list(eval_shards))
-            meta["eval_rows"] = len(ho)
-            meta["heldout"] = summarize(ho_samples, prior)
-            starts = block_starts(ho, 2, seed + 2)
-            strict = {}
-            for g in strict_gammas:
-                drafter.copy = None
-                net = strict_lengths(drafter, ho, starts, g, progress)
-                drafter.copy = prior
-                mix = strict_lengths(drafter, ho, starts, g, progress)
-                strict[str(g)] = {"blocks": int(net.size), "mean_L_network": float(net.mean()),
-                                  "mean_L_mixture": float(mix.mean())}
-            drafter.copy = None
-            meta["heldout"]["strict"] = strict
-        meta["seconds"] = round(time.time() - t0, 1)
     finally:
         drafter.copy = saved
-    return CopyPrior(lam.tolist(), meta=meta)
+    lam, count = fit_table(samples, min_count=min_count)
+    meta = {"fit_shards": data_fingerprint(data_dir, list(fit_shards)), "fit_rows": len(rows), "gamma": gamma,
+            "per_row": per_row, "seed": seed, "min_count": min_count, "counts": count.tolist()}
+    prior = CopyPrior(lam.tolist(), meta=meta)
+    meta["fit"] = summarize(samples, prior)
+    if eval_shards:
+        ho = load_answers(data_dir, eval_shards)
+        meta["eval_shards"] = data_fingerprint(data_dir, list(eval_shards))
+        meta["eval_rows"] = len(ho)
+        meta["heldout"] = evaluate_prior(drafter, prior, ho, seed=seed + 1, per_row=per_row, gamma=gamma,
+                                         progress=progress, **evaluate)
+    meta["seconds"] = round(time.time() - t0, 1)
+    return prior
 
 
 def write_copy_prior(prior: CopyPrior, path: Path) -> Path:
+    """Write the prior (to ``path/copy_prior.json`` for a directory). Beside a drafter with a
+    ``manifest.json``, the manifest records the prior's file, hash and held-out figures."""
+    from ..models.embedded import file_sha256
+
     path = Path(path)
     if path.is_dir():
         path = path / COPY_FILE
     path.write_text(json.dumps(prior.to_json(), indent=1))
+    manifest = path.parent / "manifest.json"
+    if path.name == COPY_FILE and manifest.exists():
+        m = json.loads(manifest.read_text())
+        m["copy_prior"] = {"file": path.name, "sha256": file_sha256(path),
+                           "fit_shards": prior.meta.get("fit_shards"), "heldout": prior.meta.get("heldout")}
+        manifest.write_text(json.dumps(m, indent=1))
     return path

@@ -32,6 +32,7 @@ def assert_one_line_error(res, needle):
         (["generate", ""], "empty"),
         (["generate", "hi", "--verifier", "/nonexistent/model"], "does not exist"),
         (["generate", "hi", "--drafter", "/nonexistent/drafter"], "does not exist"),
+        (["generate", "hi", "--copy-prior", "/nonexistent/copy_prior.json"], "does not exist"),
         (["score", "--task", "humaneval", "--samples", "/nonexistent.jsonl"], ""),
     ],
 )
@@ -43,7 +44,8 @@ def test_bad_input_is_one_line(args, needle, tmp_path):
 def test_help_lists_commands():
     res = vskip("--help")
     assert res.returncode == 0
-    for cmd in ("run", "generate", "score", "sweep", "report", "train-drafter", "train-predictor", "diagnose"):
+    for cmd in ("run", "generate", "score", "sweep", "report", "train-drafter", "train-predictor", "diagnose",
+                "fit-copy-prior"):
         assert cmd in res.stdout
 
 

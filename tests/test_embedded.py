@@ -153,3 +153,31 @@ def test_the_shipped_drafter_loads_matches_its_manifest_and_is_trained(pair):
     # Trained, not the untrained fallback: its held-out acceptance was measured and is above zero.
     assert manifest["steps"] > 0 and manifest["holdout"]["mean_L"] > 0.2
     assert manifest["data"]["files"] and all(len(f["sha256"]) == 64 for f in manifest["data"]["files"])
+
+
+def test_the_shipped_copy_prior_is_on_by_default_recorded_and_copies(pair, prompts):
+    from vskip.models.copy import COPY_FILE
+    from vskip.models.embedded import embedded_drafter_dir, file_sha256
+
+    d = embedded_drafter_dir()
+    manifest = json.loads((d / "manifest.json").read_text())
+    sha = file_sha256(d / COPY_FILE)
+    assert manifest["copy_prior"]["sha256"] == sha == pair.identity["copy_prior"]
+    prior = pair.drafter.copy
+    assert prior is not None
+    # fitted on answers the network never trained on, and evaluated on others again
+    trained = {f["sha256"] for f in manifest["data"]["files"]}
+    fit = {f["sha256"] for f in prior.meta["fit_shards"]}
+    held = {f["sha256"] for f in prior.meta["eval_shards"]}
+    assert fit and held and not (fit & trained) and not (held & trained) and not (fit & held)
+    assert prior.meta["drafter_weights_sha256"]["drafter.safetensors"] == manifest["weights"]["sha256"]
+    ho = prior.meta["heldout"]
+    assert ho["nll_mixture"] < ho["nll_network"]
+    # a long match is copied: a stretch of the prompt, started again, is continued from it
+    ids = list(prompts[0])
+    start = len(ids) // 2
+    seq = ids + ids[start:start + 8]
+    assert sum(ids[i:i + 8] == ids[start:start + 8] for i in range(len(ids))) == 1
+    b = pair.drafter.propose(seq, 4)
+    assert b.tokens.tolist() == ids[start + 8:start + 12]
+    assert np.all(b.confidence > 0.9)

@@ -230,3 +230,11 @@ def test_replay_counts_the_rounds_a_strict_decode_makes():
     out = simulate_strict(d, [(row, 10)], gamma=4, max_new_tokens=12, progress=False)
     assert out["tokens"] == 12 and out["calls"] == 5
     assert out["mean_L"] == pytest.approx((2 + 0 + 4 + 1 + 1) / 5)
+
+
+def test_first_step_is_the_distribution_propose_starts_from():
+    d = tiny_drafter()
+    b = d.propose(SEQ, 8, features=True)
+    probs = d.first_step(SEQ, 8)
+    assert probs.shape == (8, V) and torch.allclose(probs.sum(-1), torch.ones(8), atol=1e-5)
+    assert np.allclose(probs.max(-1).values.numpy(), b.features[:, 10], atol=1e-5)  # p_top1_step0

@@ -178,6 +178,10 @@ def test_the_shipped_copy_prior_is_on_by_default_recorded_and_copies(pair, promp
     start = len(ids) // 2
     seq = ids + ids[start:start + 8]
     assert sum(ids[i:i + 8] == ids[start:start + 8] for i in range(len(ids))) == 1
+    from vskip.models.copy import copy_hint
+
+    hint, length = copy_hint(seq, 4)
+    assert length >= 8 and hint.tolist() == ids[start + 8:start + 12]
     b = pair.drafter.propose(seq, 4)
-    assert b.tokens.tolist() == ids[start + 8:start + 12]
-    assert np.all(b.confidence > 0.9)
+    assert b.tokens.tolist() == hint.tolist()
+    assert np.all(b.confidence >= prior.weights(length, 4) - 1e-6)  # at least the hint's own mass

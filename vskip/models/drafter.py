@@ -228,6 +228,22 @@ class DiffusionDrafter:
         h, _ = self.model(x, pos, self._cache, None)
         return h[0]
 
+    def _block_input(self, seq: Sequence[int], gamma: int) -> tuple[torch.Tensor, int, int]:
+        """The query ``[prefix ; gamma masks]`` [1, P + gamma], P and its first position. Block
+        attention caches ``seq[:-1]`` causally and queries from the last token; full attention
+        recomputes the whole sequence."""
+        seq = list(seq)
+        if self.spec.attention == "block":
+            self._sync_context(seq[:-1])
+            prefix, start = seq[-1:], len(seq) - 1
+        else:
+            self._cache = None
+            prefix, start = seq, 0
+        P = len(prefix)
+        x = torch.full((1, P + gamma), self.model.mask_id, dtype=torch.long, device=self.device)
+        x[0, :P] = torch.tensor(prefix, device=self.device)
+        return x, P, start
+
     # -- copy prior --------------------------------------------------------------------------
     def _mix(self, logits, hint, lam, tokens, masked) -> torch.Tensor:
         """Log-probabilities of the copy mixture over the head plus one extra column, which holds
@@ -254,16 +270,7 @@ class DiffusionDrafter:
     def first_step(self, seq: Sequence[int], gamma: int) -> torch.Tensor:
         """The network's distribution over its head [gamma, head size] for a fully masked block
         after ``seq`` (the first reveal step, no copy prior): what the copy prior is fitted on."""
-        seq = list(seq)
-        if self.spec.attention == "block":
-            self._sync_context(seq[:-1])
-            prefix, start = seq[-1:], len(seq) - 1
-        else:
-            self._cache = None
-            prefix, start = seq, 0
-        P = len(prefix)
-        x = torch.full((1, P + gamma), self.model.mask_id, dtype=torch.long, device=self.device)
-        x[0, :P] = torch.tensor(prefix, device=self.device)
+        x, P, start = self._block_input(seq, gamma)
         logits = (self._hidden(x, start)[P - 1 : P - 1 + gamma] @ self._W.T).float()
         if self._neg is not None:
             logits = logits + self._neg
@@ -279,16 +286,7 @@ class DiffusionDrafter:
     @torch.inference_mode()
     def propose(self, seq: Sequence[int], gamma: int, features: bool = False) -> DraftBlock:
         assert len(seq) >= 1 and gamma >= 1, (len(seq), gamma)
-        seq = list(seq)
-        if self.spec.attention == "block":
-            self._sync_context(seq[:-1])
-            prefix, start = seq[-1:], len(seq) - 1
-        else:
-            self._cache = None
-            prefix, start = seq, 0
-        P = len(prefix)
-        x = torch.full((1, P + gamma), self.model.mask_id, dtype=torch.long, device=self.device)
-        x[0, :P] = torch.tensor(prefix, device=self.device)
+        x, P, start = self._block_input(seq, gamma)
 
         masked = torch.ones(gamma, dtype=torch.bool, device=self.device)
         tokens = torch.zeros(gamma, dtype=torch.long, device=self.device)

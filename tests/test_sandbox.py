@@ -140,8 +140,9 @@ def test_fork_bomb_watchdog_as_root(monkeypatch):
     r = S.run_program("import os\nwhile True:\n    try:\n        os.fork()\n"
                       "    except OSError:\n        pass\n",
                       timeout=1.5, nproc=8, isolation="rlimits")
+    # the watchdog, not the 1.5 s timeout, ended it (a timeout reports status "timeout"); no
+    # wall-clock bound here: on a loaded machine the watchdog's own polling can be starved
     assert r.status == "failed" and "processes" in r.note
-    assert r.seconds < 1.0
     assert_no_leftovers()
 
 

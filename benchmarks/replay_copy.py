@@ -25,12 +25,12 @@ from tqdm import tqdm
 from vskip.distill.copyfit import load_answers, simulate_strict
 from vskip.models.copy import copy_hint
 from vskip.models.load import load_pair
+from vskip.policy.acceptance import leading_run
 from vskip.runtime import resolve_runtime
 
 
 def accepted(draft, ref) -> int:
-    ok = np.asarray(draft)[: len(ref)] == ref
-    return len(ref) if ok.all() else int(np.argmin(ok))
+    return leading_run(np.asarray(draft)[: len(ref)] == ref)
 
 
 def oracle(drafter, prior, rows, gamma: int, max_new_tokens: int) -> dict:

@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from ..models.copy import COPY_FILE, LENGTH_EDGES, OFFSET_EDGES, CopyPrior, _bucket, copy_hint, fit_lambda, mixture_nll
 from ..models.drafter import DiffusionDrafter
+from ..policy.acceptance import leading_run
 from .generate import read_shard, shard_rows
 
 
@@ -119,8 +120,7 @@ def strict_lengths(drafter: DiffusionDrafter, rows, starts, gamma: int, progress
     for i, b in tqdm(starts, desc="copy prior: strict L", unit="block", disable=not progress, file=sys.stderr):
         row = rows[i][0]
         g = min(gamma, len(row) - b)
-        ok = drafter.propose(row[:b].tolist(), g).tokens == row[b : b + g]
-        Ls.append(g if ok.all() else int(np.argmin(ok)))
+        Ls.append(leading_run(drafter.propose(row[:b].tolist(), g).tokens == row[b : b + g]))
     return np.asarray(Ls)
 
 
@@ -136,8 +136,7 @@ def simulate_strict(drafter: DiffusionDrafter, rows, gamma: int, max_new_tokens:
         b = P
         while b < end:
             g = min(gamma, end - b)
-            ok = drafter.propose(row[:b].tolist(), g).tokens == row[b : b + g]
-            L = g if ok.all() else int(np.argmin(ok))
+            L = leading_run(drafter.propose(row[:b].tolist(), g).tokens == row[b : b + g])
             Ls.append(L)
             b += min(L + 1, end - b)
             calls += 1

@@ -195,24 +195,22 @@ def acceptance(model: DiffusionLM, data: Data, gamma: int, steps: int = 2, n_blo
     """Offline Strict SDD acceptance on held-out answers: the stored answers are the verifier's own
     greedy output, so the accepted length at a block start b is the longest prefix of the draft
     that equals ``row[b:b+gamma]``. Returns mean L, P(L >= j) and tokens per verifier call."""
+    from .copyfit import strict_lengths
+
     rng = np.random.default_rng(seed)
     was_training = model.training
     model.eval()
     drafter = DiffusionDrafter(model, steps=steps)
-    Ls = []
+    rows = list(zip(data.rows, data.prompt_lens))
+    starts = []
     for _ in range(n_blocks):
         i = int(rng.integers(0, len(data)))
-        row, P = data.rows[i], data.prompt_lens[i]
-        if len(row) - P < 2:
-            continue
-        b = int(rng.integers(P, len(row) - 1))
-        g = min(gamma, len(row) - b)
-        block = drafter.propose(row[:b].tolist(), g)
-        ok = block.tokens == row[b : b + g]
-        Ls.append(int(np.argmin(ok)) if not ok.all() else g)
-        drafter.reset()
+        row, P = rows[i]
+        if len(row) - P >= 2:
+            starts.append((i, int(rng.integers(P, len(row) - 1))))
+    Ls = strict_lengths(drafter, rows, starts, gamma, progress=False)
     model.train(was_training)
-    L = np.array(Ls)
+    L = np.asarray(Ls)
     return {
         "mean_L": float(L.mean()),
         "tokens_per_call": float(L.mean() + 1),

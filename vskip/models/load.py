@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -113,8 +113,7 @@ def resolve_copy_prior(choice: str | None, drafter_dir: Path | None) -> CopyPrio
         prior = CopyPrior.from_json(data)
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path} is not a copy prior: {e}") from None
-    return CopyPrior(prior.lam, prior.length_edges, prior.offset_edges, prior.max_len,
-                     prior.meta | {"sha256": file_sha256(path)})
+    return replace(prior, meta=prior.meta | {"sha256": file_sha256(path)})
 
 
 def load_pair(

@@ -40,7 +40,7 @@ class Verdict:
         return int(self.draft_gap.shape[0])
 
 
-def _first_false(ok: np.ndarray) -> int:
+def leading_run(ok: np.ndarray) -> int:
     """Length of the leading run of True values."""
     bad = np.flatnonzero(~ok)
     return int(bad[0]) if bad.size else int(ok.shape[0])
@@ -49,7 +49,7 @@ def _first_false(ok: np.ndarray) -> int:
 def strict_accept(draft: np.ndarray, verdict: Verdict) -> int:
     """Strict SDD: the longest prefix where the draft equals the verifier's argmax (L)."""
     assert draft.shape == (verdict.gamma,), (draft.shape, verdict.gamma)
-    return _first_false(np.asarray(draft) == verdict.argmax[:-1])
+    return leading_run(np.asarray(draft) == verdict.argmax[:-1])
 
 
 def lenience_accept(draft: np.ndarray, verdict: Verdict, lenience: float) -> int:
@@ -61,7 +61,7 @@ def lenience_accept(draft: np.ndarray, verdict: Verdict, lenience: float) -> int
         raise ValueError(f"lenience must lie in (0, 1], got {lenience}")
     if lenience == 1.0:
         return strict_accept(draft, verdict)
-    return _first_false(verdict.draft_gap >= math.log(lenience))
+    return leading_run(verdict.draft_gap >= math.log(lenience))
 
 
 def topk_accept(draft: np.ndarray, verdict: Verdict, k: int) -> int:
@@ -70,7 +70,7 @@ def topk_accept(draft: np.ndarray, verdict: Verdict, k: int) -> int:
         raise ValueError(f"top-k needs k >= 1, got {k}")
     if k == 1:
         return strict_accept(draft, verdict)
-    return _first_false(verdict.draft_rank < k)
+    return leading_run(verdict.draft_rank < k)
 
 
 def committed_tokens(draft: np.ndarray, verdict: Verdict, accepted: int) -> np.ndarray:

@@ -47,11 +47,10 @@ def test_packed_blocks_match_inference(verifier_dir):
             row = next(rw for rw in data.rows if len(rw) >= start and rw[start - 1] == ids[b, r0]
                        and np.array_equal(rw[:C], ids[b, :C].numpy()))
             drafter.reset()
-            drafter._sync_context(row[: start - 1].tolist())
-            x = torch.full((1, g + 1), model.mask_id)
-            x[0, 0] = int(row[start - 1])
+            x, P, q0, missing = drafter._block_input(row[:start].tolist(), g)
+            assert (P, q0, len(missing)) == (1, start - 1, start - 1)
             with torch.no_grad():
-                want = drafter._hidden(x, start - 1)
+                want = drafter._first_hidden(x, q0, missing)
             got = h[b, r0 : r0 + g + 1]
             assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
             checked += 1

@@ -47,7 +47,11 @@ def add_model_flags(p: argparse.ArgumentParser, threads_help: str = "torch CPU t
     m.add_argument("--verifier-cache", action=argparse.BooleanOptionalAction, default=True,
                    help="keep the verifier's KV cache (--no-verifier-cache recomputes every call, as the paper measured)")
     m.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
-    m.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="default: float32 on CPU, bfloat16 on CUDA")
+    m.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                   help="the verifier's dtype (default: float32 on CPU, bfloat16 on CUDA); only float32 is lossless on CPU")
+    m.add_argument("--drafter-dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+                   help="the drafter's dtype; it never changes what Strict SDD commits (default auto: bfloat16 where "
+                        "the device runs it natively, else --dtype)")
     m.add_argument("--threads", type=int, help=threads_help)
 
 
@@ -57,7 +61,7 @@ def model_config(a):
 
     return ModelConfig(drafter=a.drafter, verifier=a.verifier, steps=a.steps, reveal=a.reveal,
                        verifier_cache=a.verifier_cache, device=a.device, dtype=a.dtype, threads=a.threads,
-                       copy_prior=a.copy_prior)
+                       copy_prior=a.copy_prior, drafter_dtype=a.drafter_dtype)
 
 
 def _configs(a):
@@ -101,7 +105,7 @@ def cmd_generate(a) -> int:
     if not a.prompt.strip():
         raise ValueError("the prompt is empty")
     policy, dec, models = _configs(a)
-    runtime = resolve_runtime(models.device, models.dtype, models.threads)
+    runtime = resolve_runtime(models.device, models.dtype, models.threads, models.drafter_dtype)
     pair = load_pair(runtime, drafter=models.drafter, verifier=models.verifier, steps=models.steps,
                      use_cache=models.verifier_cache, need_drafter=policy.uses_drafter, reveal=models.reveal,
                      copy_prior=models.copy_prior)

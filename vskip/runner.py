@@ -35,6 +35,7 @@ class ModelConfig:
     dtype: str | None = None
     threads: int | None = None
     copy_prior: str | None = "auto"
+    drafter_dtype: str | None = "auto"
 
     def __post_init__(self):
         if self.steps < 1:
@@ -127,7 +128,7 @@ def run(cfg: RunConfig, out: Path, progress: bool = True, pair=None) -> dict:
     _write_jsonl(out / SAMPLES, done.values())
 
     m = cfg.models
-    runtime = resolve_runtime(m.device, m.dtype, m.threads)
+    runtime = resolve_runtime(m.device, m.dtype, m.threads, m.drafter_dtype)
     pair = pair or load_pair(
         runtime, drafter=m.drafter, verifier=m.verifier, steps=m.steps, use_cache=m.verifier_cache,
         need_drafter=cfg.policy.uses_drafter, reveal=m.reveal, copy_prior=m.copy_prior,

@@ -293,7 +293,7 @@ def load_models(models: ModelConfig, need_drafter: bool):
     from .models.load import load_pair
     from .runtime import resolve_runtime
 
-    runtime = resolve_runtime(models.device, models.dtype, models.threads)
+    runtime = resolve_runtime(models.device, models.dtype, models.threads, models.drafter_dtype)
     return load_pair(runtime, drafter=models.drafter, verifier=models.verifier, steps=models.steps,
                      use_cache=models.verifier_cache, need_drafter=need_drafter, reveal=models.reveal,
                      copy_prior=models.copy_prior)

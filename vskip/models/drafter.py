@@ -205,44 +205,49 @@ class DiffusionDrafter:
         self.reset()
 
     # -- context ---------------------------------------------------------------------------
-    def _sync_context(self, ctx: Sequence[int]) -> None:
-        """Make the causal KV cache hold exactly ``ctx``: crop to the common prefix, prefill the rest."""
-        n = common_prefix(self._cached_ids, ctx)
-        if self._cache is not None and n < len(self._cached_ids):
-            self._cache = [(k[:, :, :n], v[:, :, :n]) for k, v in self._cache] if n > 0 else None
-        new = list(ctx[n:])
-        if new:
-            ids = torch.tensor([new], device=self.device)
-            pos = torch.arange(n, n + len(new), device=self.device)
-            if self._cache is None:
-                mask = "causal"
-            else:
-                T = len(new)
-                mask = torch.ones(T, n + T, dtype=torch.bool, device=self.device).tril(diagonal=n)
-            _, self._cache = self.model(ids, pos, self._cache, mask)
-        self._cached_ids = list(ctx)
-
     def _hidden(self, x: torch.Tensor, start: int) -> torch.Tensor:
         """Final hidden states of query ``x`` [1, T] placed at positions start..start+T-1."""
         pos = torch.arange(start, start + x.shape[1], device=self.device)
         h, _ = self.model(x, pos, self._cache, None)
         return h[0]
 
-    def _block_input(self, seq: Sequence[int], gamma: int) -> tuple[torch.Tensor, int, int]:
-        """The query ``[prefix ; gamma masks]`` [1, P + gamma], P and its first position. Block
-        attention caches ``seq[:-1]`` causally and queries from the last token; full attention
-        recomputes the whole sequence."""
+    def _block_input(self, seq: Sequence[int], gamma: int) -> tuple[torch.Tensor, int, int, list[int]]:
+        """The block query ``[prefix ; gamma masks]`` [1, P + gamma], P, its first position, and
+        the context tokens the cache still lacks. Block attention caches ``seq[:-1]`` causally and
+        queries from the last token; the missing context is encoded by the first reveal step
+        together with the block (:meth:`_first_hidden`). Full attention recomputes everything."""
         seq = list(seq)
         if self.spec.attention == "block":
-            self._sync_context(seq[:-1])
-            prefix, start = seq[-1:], len(seq) - 1
+            ctx = seq[:-1]
+            n = common_prefix(self._cached_ids, ctx)
+            if self._cache is not None and n < len(self._cached_ids):
+                self._cache = [(k[:, :, :n], v[:, :, :n]) for k, v in self._cache] if n > 0 else None
+                self._cached_ids = self._cached_ids[:n]
+            prefix, start, missing = seq[-1:], len(seq) - 1, ctx[n:]
         else:
             self._cache = None
-            prefix, start = seq, 0
+            prefix, start, missing = seq, 0, []
         P = len(prefix)
         x = torch.full((1, P + gamma), self.model.mask_id, dtype=torch.long, device=self.device)
         x[0, :P] = torch.tensor(prefix, device=self.device)
-        return x, P, start
+        return x, P, start, missing
+
+    def _first_hidden(self, x: torch.Tensor, start: int, missing: list[int]) -> torch.Tensor:
+        """Hidden states of the block query ``x`` [1, T] at the first reveal step. The context
+        tokens ``missing`` (positions start - len(missing) .. start - 1) ride in the same forward,
+        attending causally, and their keys/values join the cache."""
+        if not missing:
+            return self._hidden(x, start)
+        C, T = len(missing), x.shape[1]
+        n = start - C
+        q = torch.cat([torch.tensor([missing], device=self.device), x], dim=1)
+        mask = torch.ones(C + T, n + C + T, dtype=torch.bool, device=self.device)
+        mask[:C, n:] = torch.ones(C, C + T, dtype=torch.bool, device=self.device).tril()
+        pos = torch.arange(n, start + T, device=self.device)
+        h, present = self.model(q, pos, self._cache, mask)
+        self._cache = [(k[:, :, :start], v[:, :, :start]) for k, v in present]
+        self._cached_ids = self._cached_ids + list(missing)
+        return h[0, C:]
 
     # -- copy prior --------------------------------------------------------------------------
     def _mix(self, logits, hint, lam, tokens, masked) -> torch.Tensor:
@@ -270,8 +275,8 @@ class DiffusionDrafter:
     def first_step(self, seq: Sequence[int], gamma: int) -> torch.Tensor:
         """The network's distribution over its head [gamma, head size] for a fully masked block
         after ``seq`` (the first reveal step, no copy prior): what the copy prior is fitted on."""
-        x, P, start = self._block_input(seq, gamma)
-        logits = (self._hidden(x, start)[P - 1 : P - 1 + gamma] @ self._W.T).float()
+        x, P, start, missing = self._block_input(seq, gamma)
+        logits = (self._first_hidden(x, start, missing)[P - 1 : P - 1 + gamma] @ self._W.T).float()
         if self._neg is not None:
             logits = logits + self._neg
         return torch.softmax(logits, dim=-1)
@@ -286,7 +291,7 @@ class DiffusionDrafter:
     @torch.inference_mode()
     def propose(self, seq: Sequence[int], gamma: int, features: bool = False) -> DraftBlock:
         assert len(seq) >= 1 and gamma >= 1, (len(seq), gamma)
-        x, P, start = self._block_input(seq, gamma)
+        x, P, start, missing = self._block_input(seq, gamma)
 
         masked = torch.ones(gamma, dtype=torch.bool, device=self.device)
         tokens = torch.zeros(gamma, dtype=torch.long, device=self.device)
@@ -302,7 +307,8 @@ class DiffusionDrafter:
                 hint = torch.from_numpy(h).to(self.device)
                 lam = torch.from_numpy(w).to(device=self.device, dtype=torch.float32)
         for s, n in enumerate(reveal_counts(gamma, self.steps)):
-            h = self._hidden(x, start)[P - 1 : P - 1 + gamma]  # shifted: hidden j-1 predicts j
+            h = self._first_hidden(x, start, missing) if s == 0 else self._hidden(x, start)
+            h = h[P - 1 : P - 1 + gamma]  # shifted: hidden j-1 predicts j
             logits = (h @ self._W.T).float()
             if self._neg is not None:
                 logits = logits + self._neg

@@ -18,6 +18,7 @@ from ..runtime import Runtime
 from .copy import COPY_FILE, CopyPrior
 from .drafter import DiffusionDrafter, is_dream_checkpoint, load_drafter_model
 from .embedded import EMBEDDED_DRAFTER, EMBEDDED_VERIFIER, embedded_drafter_dir, embedded_verifier_dir, file_sha256
+from .attention import use_gqa_attention
 from .verifier import HFVerifier
 
 #: Above this share of shared ids that decode differently, a drafter's vocabulary does not fit.
@@ -55,6 +56,8 @@ def load_verifier(path: Path, runtime: Runtime, use_cache: bool = True):
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=runtime.torch_dtype(), trust_remote_code=False)
     model.to(runtime.device)
+    if runtime.device == "cpu":
+        use_gqa_attention(model)
     eos = set()
     for src in (tok.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
         if src is None:
@@ -142,18 +145,18 @@ def load_pair(
             ddir = embedded_drafter_dir()
             if (ddir / "drafter.json").exists():
                 _check_manifest(ddir, vdir)
-                model = load_drafter_model(ddir, base_dir=vdir, dtype=runtime.torch_dtype(), device=runtime.device)
+                model = load_drafter_model(ddir, base_dir=vdir, dtype=runtime.torch_dtype("drafter"), device=runtime.device)
                 identity["drafter"] = EMBEDDED_DRAFTER
             else:
                 from .drafter import drafter_from_verifier
 
                 print("vskip: no trained embedded drafter found; using an untrained one built from the verifier", file=sys.stderr)
-                model = drafter_from_verifier(vdir).to(device=runtime.device, dtype=runtime.torch_dtype())
+                model = drafter_from_verifier(vdir).to(device=runtime.device, dtype=runtime.torch_dtype("drafter"))
                 identity["drafter"] = EMBEDDED_DRAFTER + "-untrained"
             dtok = None
         else:
             ddir = Path(drafter)
-            model = load_drafter_model(ddir, base_dir=vdir, dtype=runtime.torch_dtype(), device=runtime.device)
+            model = load_drafter_model(ddir, base_dir=vdir, dtype=runtime.torch_dtype("drafter"), device=runtime.device)
             identity["drafter"] = str(drafter)
             dtok = None
             if is_dream_checkpoint(ddir) and (ddir / "tokenizer_config.json").exists():

@@ -72,9 +72,15 @@ class FakeDrafter:
         self.seed = seed
         self.special_at = special_at
         self.blocks = 0
+        self.gammas: list[int] = []
+
+    def match_length(self, seq):
+        """A deterministic stand-in for a copy hint's match length: 0..11 as the sequence grows."""
+        return len(seq) % 12
 
     def propose(self, seq, gamma, features=False):
         self.blocks += 1
+        self.gammas.append(gamma)
         rng = np.random.default_rng(self.seed * 7919 + len(seq))
         s = list(seq)
         toks, conf = [], []

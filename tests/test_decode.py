@@ -178,3 +178,30 @@ def test_bad_inputs():
     v.max_length = 50
     with pytest.raises(ValueError, match="context"):
         decode(list(range(40)), FakeDrafter(), v, PolicyConfig(name="strict"), DecodeConfig(gamma=8, max_new_tokens=20))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 8), st.integers(0, 16), st.integers(1, 12), st.floats(0.0, 1.0), st.integers(0, 10**6),
+       st.integers(1, 80))
+def test_block_length_per_round_keeps_strict_lossless(gamma, extra, min_match, error, seed, max_new):
+    """Choosing the block length each round changes what is drafted, never what Strict SDD commits."""
+    d = FakeDrafter(error, seed)
+    cfg = DecodeConfig(gamma=gamma, max_new_tokens=max_new, gamma_max=gamma + extra, min_match=min_match)
+    res = decode(PROMPT, d, FakeVerifier(), PolicyConfig(name="strict"), cfg)
+    assert res.tokens == FakeVerifier().greedy(PROMPT, max_new)
+    assert set(d.gammas) <= set(range(1, gamma + extra + 1))
+
+
+def test_block_length_follows_the_match_and_the_last_block():
+    d = FakeDrafter(0.5, 4)
+    cfg = DecodeConfig(gamma=4, max_new_tokens=200, gamma_max=12, min_match=8)
+    res = decode(PROMPT, d, FakeVerifier(), PolicyConfig(name="strict"), cfg)
+    seq = list(PROMPT)
+    last_full = False
+    assert len(d.gammas) == len(res.rounds) > 5
+    for g, r in zip(d.gammas, res.rounds):
+        want = 12 if (len(seq) % 12 >= 8 or last_full) else 4
+        assert g == min(want, 200 - (len(seq) - len(PROMPT)))
+        last_full = r.accepted == r.gamma
+        seq += res.tokens[len(seq) - len(PROMPT): len(seq) - len(PROMPT) + r.committed]
+    assert {4, 12} <= set(d.gammas)

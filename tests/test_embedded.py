@@ -73,6 +73,29 @@ def test_strict_is_lossless_on_the_embedded_pair(pair, prompts):
         assert skip.skipped_rounds > 0 and skip.tokens == ar.tokens
 
 
+@pytest.mark.parametrize("drafter_dtype", ["bfloat16", "float32"])
+def test_strict_is_lossless_with_any_drafter_dtype_steps_and_block_length(drafter_dtype, prompts):
+    """Only the verifier's argmax decides what Strict SDD commits: a drafter in another dtype, with
+    one or two reveal steps, and a block length chosen per round all give the verifier's output."""
+    import copy
+
+    from vskip.models.load import load_pair
+    from vskip.runtime import resolve_runtime
+
+    p = load_pair(resolve_runtime("cpu", "float32", drafter_dtype=drafter_dtype), steps=1)
+    assert str(p.drafter._W.dtype) == f"torch.{drafter_dtype}"
+    two = copy.copy(p.drafter)
+    two.steps = 2
+    for ids in prompts:
+        ar = decode(ids, None, p.verifier, PolicyConfig(name="ar"), DecodeConfig(max_new_tokens=48))
+        for drafter in (p.drafter, two):
+            for cfg in (DecodeConfig(gamma=8, max_new_tokens=48), DecodeConfig(gamma=4, gamma_max=16, min_match=3,
+                                                                                max_new_tokens=48)):
+                res = decode(ids, drafter, p.verifier, PolicyConfig(name="strict"), cfg)
+                assert res.tokens == ar.tokens, (drafter.steps, cfg)
+                assert res.verifier_calls < len(ar.tokens)
+
+
 def test_drafter_proposes_valid_tokens_with_features(pair, prompts):
     b = pair.drafter.propose(prompts[0], 16, features=True)
     assert b.tokens.shape == (16,) and np.all(b.tokens < len(pair.tokenizer))

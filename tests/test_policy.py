@@ -251,3 +251,22 @@ def test_break_even():
     assert break_even_length(3.0, 1.0, 2.0) == pytest.approx(1.0)
     with pytest.raises(ValueError):
         break_even_length(3.0, 0.0, 0.0)
+
+
+@given(st.integers(1, 64), st.integers(0, 64), st.integers(1, 40), st.integers(0, 60), st.booleans())
+def test_block_length_is_base_or_long(gamma, extra, min_match, match, last_full):
+    from vskip.policy import BlockLength, block_length
+
+    cfg = BlockLength(gamma, gamma + extra, min_match)
+    g = block_length(cfg, match, last_full)
+    long = extra > 0 and (match >= min_match or last_full)
+    assert g == (gamma + extra if long else gamma)
+    assert block_length(BlockLength(gamma), match, last_full) == gamma
+
+
+def test_block_length_rejects_bad_settings():
+    from vskip.policy import BlockLength
+
+    for kw in ({"gamma": 0}, {"gamma": 8, "gamma_max": 4}, {"gamma": 8, "min_match": 0}):
+        with pytest.raises(ValueError):
+            BlockLength(**kw)

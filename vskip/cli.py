@@ -15,11 +15,13 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def _add_policy_flags(p: argparse.ArgumentParser) -> None:
+def _add_policy_flags(p: argparse.ArgumentParser, policy: bool = True) -> None:
     g = p.add_argument_group("policy")
-    g.add_argument("--policy", default="raw", choices=POLICIES, help="decoding method (default: raw)")
+    if policy:
+        g.add_argument("--policy", default="raw", choices=POLICIES, help="decoding method (default: raw)")
     g.add_argument("--gamma", type=int, default=16, help="draft block length (default: 16)")
     g.add_argument("--steps", type=int, default=2, help="diffusion steps per block (default: 2)")
+    add_block_flags(g)
     g.add_argument("--eta-b", type=float, help="local gate threshold (Eq. 3)")
     g.add_argument("--eta-c", type=float, help="prefix gate threshold (Eq. 3)")
     g.add_argument("--eta-m", type=float, help="marginal survival: both gates")
@@ -34,6 +36,14 @@ def _add_policy_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-new-tokens", type=int, default=512, help="output budget (default: 512)")
     g.add_argument("--predictor", help="directory of trained survival predictors (marginal/conditional)")
     add_model_flags(p)
+
+
+def add_block_flags(g) -> None:
+    """Block length per round (beyond the paper; off unless --gamma-max is given)."""
+    g.add_argument("--gamma-max", type=int,
+                   help="draft a block of this length instead of --gamma when the drafter's copy hint matches at "
+                        "least --min-match tokens or the previous block was accepted whole (default: off)")
+    g.add_argument("--min-match", type=int, default=8, help="copy-hint match length that earns --gamma-max (default: 8)")
 
 
 def add_model_flags(p: argparse.ArgumentParser, threads_help: str = "torch CPU threads") -> None:
@@ -64,15 +74,16 @@ def model_config(a):
                        copy_prior=a.copy_prior, drafter_dtype=a.drafter_dtype)
 
 
-def _configs(a):
+def _configs(a, policy_name: str | None = None):
     from .decode import DecodeConfig
     from .policy import PolicyConfig
 
     policy = PolicyConfig.make(
-        a.policy, eta_b=a.eta_b, eta_c=a.eta_c, eta_m=a.eta_m, epsilon=a.epsilon, k_min=a.k_min, s_max=a.s_max,
+        policy_name or a.policy, eta_b=a.eta_b, eta_c=a.eta_c, eta_m=a.eta_m, epsilon=a.epsilon, k_min=a.k_min, s_max=a.s_max,
         lenience=a.lenience, top_k=a.top_k, period=a.period, period_k=a.period_k,
     )
-    dec = DecodeConfig(gamma=a.gamma, max_new_tokens=a.max_new_tokens, shadow=a.shadow,
+    dec = DecodeConfig(gamma=a.gamma, max_new_tokens=a.max_new_tokens, shadow=a.shadow, gamma_max=a.gamma_max,
+                       min_match=a.min_match,
                        trace=getattr(a, "trace", False), task=getattr(a, "task", None))
     return policy, dec, model_config(a)
 
@@ -130,6 +141,58 @@ def cmd_generate(a) -> int:
     return 0
 
 
+def cmd_compare(a) -> int:
+    import tempfile
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from . import compare, tasks
+    from .models.load import load_pair
+    from .prompting import encode_chat
+    from .runtime import resolve_runtime
+
+    if a.task not in tasks.ALL_TASKS:
+        raise ValueError(f"unknown task {a.task!r}; expected one of {', '.join(tasks.ALL_TASKS)}")
+    if a.limit is not None and a.limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {a.limit}")
+    try:
+        shard = tuple(int(x) for x in a.shard.split("/"))
+        assert len(shard) == 2 and 1 <= shard[0] <= shard[1]
+    except (ValueError, AssertionError):
+        raise ValueError(f"--shard must be I/N with 1 <= I <= N, got {a.shard!r}") from None
+    _, dec, models = _configs(a, "strict")
+    variants = [compare.parse_variant(s, dec, models.steps) for s in a.configs.split(",") if s.strip()]
+    if not any(v.name == "ar" for v in variants):
+        raise ValueError("--configs must include ar, the reference every configuration is measured against")
+    ids = tuple(i.strip() for i in a.ids.split(",") if i.strip()) if a.ids else None
+    problems = tasks.load_task(a.task, limit=a.limit, ids=list(ids) if ids else None)
+    if not problems:
+        raise ValueError(f"no prompts selected from {a.task}")
+    runtime = resolve_runtime(models.device, models.dtype, models.threads, models.drafter_dtype)
+    pair = load_pair(runtime, drafter=models.drafter, verifier=models.verifier, steps=models.steps,
+                     use_cache=models.verifier_cache, need_drafter=any(v.policy not in (None, "ar") for v in variants), reveal=models.reveal,
+                     copy_prior=models.copy_prior)
+    prompts = [(p.task_id, encode_chat(pair.tokenizer, tasks.user_prompt(p))) for p in problems]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(a.out) if a.out else Path(tmp)
+        if a.out:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / f"settings-{shard[0]}-of-{shard[1]}.json").write_text(json.dumps(
+                {"argv": sys.argv[1:], "configs": [v.name for v in variants], "runtime": asdict(runtime),
+                 "models": pair.identity}, indent=1))
+        compare.run_compare(prompts, pair, variants, out, shard, dec.max_new_tokens, progress=not a.quiet)
+        rows = [r for f in sorted(out.glob("shard-*.jsonl")) for r in compare.read_rows(f)]
+    s = compare.summarize(rows)
+    text = compare.format_summary(s)
+    print(text)
+    print(f"{s['n_prompts']} prompts of {a.task}, {dec.max_new_tokens} new tokens at most, verifier {runtime.dtype}, "
+          f"drafter {runtime.drafter_dtype}; ar is the verifier alone, = ar counts outputs identical to it")
+    if a.out:
+        (Path(a.out) / "summary.json").write_text(json.dumps(s, indent=1))
+        (Path(a.out) / "summary.md").write_text(text + "\n")
+    return 0
+
+
 def cmd_score(a) -> int:
     from .scoring import score_samples_file
 
@@ -160,6 +223,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("prompt", help="the user message")
     _add_policy_flags(g)
     g.set_defaults(fn=cmd_generate)
+
+    c = sub.add_parser("compare", help="decode the same prompts with several configurations, paired per prompt, "
+                                       "and print their speed against ar")
+    c.add_argument("--task", default="humaneval", help="humaneval, mbpp, mbpp_plus, math500 or gsm8k (default: humaneval)")
+    c.add_argument("--limit", type=int, help="first N prompts")
+    c.add_argument("--ids", help="comma-separated task ids")
+    c.add_argument("--configs", default="ar,strict",
+                   help="comma-separated: ar, a policy name, POLICY@G, POLICY@G-M-m (block length per round), "
+                        "a /sS suffix (reveal steps), hf, lookupN (default: ar,strict)")
+    c.add_argument("--out", help="keep the rows here (resumable; shards of several processes add up)")
+    c.add_argument("--shard", default="1/1", help="I/N: this process takes prompts I, I+N, ... (default: 1/1)")
+    c.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_policy_flags(c, policy=False)
+    c.set_defaults(fn=cmd_compare)
 
     s = sub.add_parser("score", help="score an EvalPlus-style samples file in the sandbox")
     s.add_argument("--task", required=True)

@@ -15,7 +15,7 @@ import numpy as np
 
 from .features import assemble_features
 from .models.protocols import Drafter, Predictor, Verifier
-from .policy import GuardContext, PolicyConfig, accept, committed_tokens, decide, strict_accept
+from .policy import BlockLength, GuardContext, PolicyConfig, accept, block_length, committed_tokens, decide, strict_accept
 from .runtime import now
 
 #: How many committed tokens the repetition guard looks back over.
@@ -26,19 +26,25 @@ _HISTORY = 64
 class DecodeConfig:
     """``gamma``: draft block length; ``max_new_tokens``: output budget; ``shadow``: recover L on
     skipped rounds (§3.2); ``trace``: keep the A.7 inputs of every block; ``task``: dataset name
-    for the indicator features."""
+    for the indicator features; ``gamma_max``/``min_match``: a block length per round
+    (:mod:`vskip.policy.blocks`; None keeps every block at ``gamma``)."""
 
     gamma: int = 16
     max_new_tokens: int = 512
     shadow: bool = True
     trace: bool = False
     task: str | None = None
+    gamma_max: int | None = None
+    min_match: int = 8
 
     def __post_init__(self):
-        if self.gamma < 1:
-            raise ValueError(f"gamma must be >= 1, got {self.gamma}")
+        self.blocks  # validates gamma, gamma_max and min_match
         if self.max_new_tokens < 1:
             raise ValueError(f"max-new-tokens must be >= 1, got {self.max_new_tokens}")
+
+    @property
+    def blocks(self) -> BlockLength:
+        return BlockLength(self.gamma, self.gamma_max, self.min_match)
 
 
 @dataclass(frozen=True)
@@ -104,11 +110,11 @@ class DecodeResult:
 def check_prompt(prompt: Sequence[int], verifier: Verifier, cfg: DecodeConfig) -> None:
     if len(prompt) == 0:
         raise ValueError("the prompt is empty")
-    need = len(prompt) + cfg.max_new_tokens + cfg.gamma + 1
+    need = len(prompt) + cfg.max_new_tokens + cfg.blocks.longest + 1
     if need > verifier.max_length:
         raise ValueError(
             f"prompt of {len(prompt)} tokens + {cfg.max_new_tokens} new tokens + a block of "
-            f"{cfg.gamma} exceeds the verifier's context of {verifier.max_length} tokens"
+            f"{cfg.blocks.longest} exceeds the verifier's context of {verifier.max_length} tokens"
         )
 
 
@@ -139,6 +145,7 @@ def decode(
     t_draft = t_verify = t_predict = t_shadow = 0.0
     calls = blocks = 0
     D = 0  # unverified tokens committed since the last verifier call
+    last_full = False  # the previous verified block was accepted whole
     stop = "length"
 
     if drafter is not None:
@@ -159,7 +166,10 @@ def decode(
             new = verdict.argmax[:1]
             rec = RoundRecord(r, True, 0, 0, None, 0, 1, False, "verify", 0)
         else:
-            g = min(cfg.gamma, remaining)
+            gamma = cfg.gamma
+            if cfg.blocks.adaptive:
+                gamma = block_length(cfg.blocks, drafter.match_length(seq), last_full)
+            g = min(gamma, remaining)
             # 1. draft
             t = now()
             block = drafter.propose(seq, g, features=want_features)
@@ -175,7 +185,7 @@ def decode(
                 q = np.asarray(predictor.scores(block, feats, task_id), dtype=np.float64)
                 t_predict += now() - t
             # 3. decide
-            ctx = GuardContext(np.asarray(seq[-_HISTORY:]), forbidden, eos, shortened=g < cfg.gamma)
+            ctx = GuardContext(np.asarray(seq[-_HISTORY:]), forbidden, eos, shortened=g < gamma)
             d = decide(policy, D, r, block.tokens, q, ctx)
             if d.K > 0:
                 # 4a. skip: commit the prefix unverified; the shadow verifier only audits it.
@@ -197,6 +207,7 @@ def decode(
                 acc = accept(policy, block.tokens, verdict)
                 new = committed_tokens(block.tokens, verdict, acc)
                 D = 0
+                last_full = acc == g
                 relaxed = policy.name in ("lenience", "topk") and acc > 0
                 rec = RoundRecord(r, True, 0, d.K_hat, L, acc, 0, relaxed, d.reason, g)
             if cfg.trace:

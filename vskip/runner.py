@@ -193,7 +193,8 @@ def run(cfg: RunConfig, out: Path, progress: bool = True, pair=None) -> dict:
         _write_jsonl(out / SAMPLES, samples)
     rounds = _read_jsonl(out / ROUNDS)
     summary = {"task": cfg.task, "policy": cfg.policy.name, **cfg.policy.summary(),
-               "gamma": dcfg.gamma, "steps": m.steps, "verifier_cache": m.verifier_cache,
+               "gamma": dcfg.gamma, "gamma_max": dcfg.gamma_max, "steps": m.steps, "verifier_cache": m.verifier_cache,
+               "verifier_dtype": runtime.dtype, "drafter_dtype": runtime.drafter_dtype,
                "sandbox": scoring_note, **summarize(samples, rounds)}
     (out / SUMMARY).write_text(json.dumps(summary, indent=1))
     return summary

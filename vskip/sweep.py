@@ -683,6 +683,9 @@ def _add_flags(s) -> None:
     g = s.add_argument_group("decoding (shared by every configuration)")
     g.add_argument("--gamma", type=int, default=16, help="draft block length (default: 16)")
     g.add_argument("--steps", type=int, default=2, help="diffusion steps per block (default: 2)")
+    from .cli import add_block_flags
+
+    add_block_flags(g)
     g.add_argument("--k-min", type=int, default=6, help="k_min where the grid does not set it (default: 6)")
     g.add_argument("--s-max", type=int, default=64, help="s_max where the grid does not set it (default: 64)")
     g.add_argument("--max-new-tokens", type=int, default=512, help="output budget (default: 512)")
@@ -704,7 +707,8 @@ def cmd_sweep(a) -> int:
         raise ValueError("--task and --out are required")
     if a.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {a.workers}")
-    decode = DecodeConfig(gamma=a.gamma, max_new_tokens=a.max_new_tokens, shadow=a.shadow, task=a.task)
+    decode = DecodeConfig(gamma=a.gamma, max_new_tokens=a.max_new_tokens, shadow=a.shadow, task=a.task,
+                          gamma_max=a.gamma_max, min_match=a.min_match)
     from .cli import model_config
 
     models = model_config(a)

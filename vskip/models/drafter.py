@@ -27,7 +27,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .copy import CopyPrior
+from .copy import CopyPrior, suffix_match
 from .backbone import Backbone, BackboneConfig, read_hf_config, read_safetensors_dir
 from .protocols import DRAFT_FEATURES, DraftBlock, common_prefix
 
@@ -199,6 +199,12 @@ class DiffusionDrafter:
     def reset(self) -> None:
         self._cache = None
         self._cached_ids: list[int] = []
+
+    def match_length(self, seq: Sequence[int]) -> int:
+        """The copy hint's match length after ``seq`` (0 without a copy prior)."""
+        if self.copy is None:
+            return 0
+        return suffix_match(seq, self.copy.max_len)[0]
 
     def warmup(self, seq, gamma) -> None:
         self.propose(seq, gamma, features=True)

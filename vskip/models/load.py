@@ -134,6 +134,10 @@ def load_pair(
     ``copy_prior``: ``auto`` uses the drafter directory's ``copy_prior.json`` when it has one,
     ``off`` (or None) none, anything else is the path of a copy-prior file."""
     runtime.activate()
+    if need_drafter and runtime.dtype != "float32":
+        print(f"vskip: note: the verifier runs in {runtime.dtype}: its argmax can round differently in a "
+              f"block verification than in a one-token step, so Strict SDD is not guaranteed "
+              f"to equal ar token for token (use --dtype float32 for that)", file=sys.stderr)
     if need_drafter and drafter not in (None, "", "default", EMBEDDED_DRAFTER) and not Path(drafter).exists():
         raise FileNotFoundError(f"drafter path {drafter} does not exist")
     vdir = resolve_verifier_dir(verifier)

@@ -76,6 +76,11 @@ class Drafter(Protocol):
     def reset(self) -> None:
         """Forget any cached context (a new prompt follows)."""
 
+    def match_length(self, seq: Sequence[int]) -> int:
+        """How many of the last tokens of ``seq`` the drafter can continue by copying (its copy
+        hint's match length; 0 when it does not copy). Read before drafting, to choose a block
+        length (:mod:`vskip.policy.blocks`)."""
+
 
 class Verifier(Protocol):
     eos_ids: frozenset[int]

@@ -1,0 +1,224 @@
+"""``vskip compare``: decoders side by side on the same prompts, paired per prompt.
+
+Every prompt is decoded by every configuration, one after the other, in an order that rotates
+from prompt to prompt, so machine drift falls on all configurations alike. ``ar`` (the verifier's
+own greedy decoding through vskip's verifier runtime) is the reference every other
+configuration is measured and checked against. Configurations (``--configs``):
+
+- a policy name (``strict``, ``raw``, ...) with the command's settings; ``POLICY@G`` at block
+  length G; ``POLICY@G-M-m`` with a block length per round (G, or M when the copy hint matches at
+  least m tokens, :mod:`vskip.policy.blocks`); a suffix ``/sS`` drafts with S reveal steps;
+- ``hf``: transformers' greedy ``generate`` on the same model object;
+- ``lookupN``: transformers' prompt-lookup assisted generation with ``prompt_lookup_num_tokens=N``.
+
+Rows go to ``OUT/shard-I-of-N.jsonl``, one per (prompt, configuration), so several processes
+(``--shard I/N``) can split the prompts and a killed comparison resumes. The summary gives
+tokens/s as ΣN/ΣT, the ratio to ``ar`` with a 95% bootstrap interval over prompts, how many
+outputs equal ``ar`` and where the others first differ, tokens per verifier call, c_D/c_V and
+the share of decode time outside model forwards.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+_SPEC = re.compile(r"^(?P<policy>[a-z]+)(@(?P<g>\d+)(-(?P<m>\d+)-(?P<k>\d+))?)?(/s(?P<s>\d+))?$")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One configuration: a vskip policy with its decode settings and reveal steps, or one of
+    transformers' decoders (``hf`` greedy, ``lookup`` with ``lookup`` tokens)."""
+
+    name: str
+    policy: str | None = None
+    decode: object = None
+    steps: int | None = None
+    lookup: int | None = None
+
+    @property
+    def hf(self) -> bool:
+        return self.policy is None
+
+
+def parse_variant(spec: str, base, steps: int):
+    """The :class:`Variant` of a ``--configs`` entry; ``base`` is the command's DecodeConfig."""
+    from .policy import POLICIES
+
+    spec = spec.strip()
+    if spec == "hf":
+        return Variant(spec)
+    if spec.startswith("lookup") and spec[len("lookup"):].isdigit() and int(spec[len("lookup"):]) >= 1:
+        return Variant(spec, lookup=int(spec[len("lookup"):]))
+    m = _SPEC.match(spec)
+    if not m or m["policy"] not in POLICIES:
+        raise ValueError(f"unknown configuration {spec!r}; expected POLICY[@G[-M-m]][/sS], hf or lookupN")
+    dec = base
+    if m["g"]:
+        dec = replace(dec, gamma=int(m["g"]), gamma_max=int(m["m"]) if m["m"] else None,
+                      min_match=int(m["k"]) if m["k"] else dec.min_match)
+    return Variant(spec, policy=m["policy"], decode=dec, steps=int(m["s"]) if m["s"] else steps)
+
+
+def _digest(tokens) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps([int(t) for t in tokens]).encode()).hexdigest()[:16]
+
+
+def _hf_generate(pair, ids, max_new: int, lookup: int | None):
+    import torch
+
+    from .runtime import now
+
+    x = torch.tensor([ids], device=pair.verifier.device)
+    eos = sorted(pair.verifier.eos_ids)
+    kw = {"prompt_lookup_num_tokens": lookup} if lookup else {}
+    t = now()
+    with torch.inference_mode():
+        out = pair.verifier.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new,
+                                           do_sample=False, eos_token_id=eos, pad_token_id=eos[0], **kw)
+    return out[0, len(ids):].tolist(), now() - t
+
+
+def _decode_row(pair, v: Variant, ids, tid, predictor=None) -> tuple[dict, list[int]]:
+    from .decode import decode
+    from .policy import PolicyConfig
+
+    drafter = pair.drafter
+    if drafter is not None and v.steps != getattr(drafter, "steps", v.steps):
+        drafter = copy.copy(drafter)  # same model and prior, another number of reveal steps
+        drafter.steps = v.steps
+    policy = PolicyConfig.make(v.policy)
+    r = decode(ids, drafter if policy.uses_drafter else None, pair.verifier, policy, v.decode, predictor, task_id=tid)
+    row = {"seconds": r.decode_seconds, "calls": r.verifier_calls, "blocks": r.draft_blocks,
+           "draft_seconds": r.draft_seconds, "verify_seconds": r.verify_seconds,
+           "skipped": r.skipped_rounds, "accepted": [x.accepted for x in r.rounds if x.verified and x.gamma]}
+    return row, r.tokens
+
+
+def run_compare(prompts, pair, variants, out: Path, shard: tuple[int, int] = (1, 1), max_new: int = 512,
+                progress: bool = True) -> Path:
+    """Decode ``prompts`` [(task_id, ids)] (this shard's share) with every variant; returns the
+    shard's row file. Rows already there are kept (resume)."""
+    from tqdm import tqdm
+
+    from .decode import warmup
+
+    i, n = shard
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"shard-{i}-of-{n}.jsonl"
+    kept = read_rows(path)
+    done = {(r["task_id"], r["config"]) for r in kept}
+    # keep only whole rows, so that a line cut by a kill cannot swallow the next one
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    tmp.replace(path)
+    mine = prompts[i - 1 :: n]
+    if mine:
+        longest = max(v.decode.blocks.longest for v in variants if not v.hf) if any(not v.hf for v in variants) else 1
+        warmup(pair.drafter, pair.verifier, mine[0][1], longest)
+    with open(path, "a") as f:
+        for k, (tid, ids) in enumerate(tqdm(mine, desc=f"compare {i}/{n}", unit="prompt", disable=not progress,
+                                            file=sys.stderr)):
+            for v in variants[k % len(variants):] + variants[: k % len(variants)]:
+                if (tid, v.name) in done:
+                    continue
+                if v.hf:
+                    tokens, seconds = _hf_generate(pair, ids, max_new, v.lookup)
+                    row = {"seconds": seconds}
+                else:
+                    row, tokens = _decode_row(pair, v, ids, tid)
+                row = {"task_id": tid, "config": v.name, "prompt_tokens": len(ids), **row,
+                       "tokens": len(tokens), "digest": _digest(tokens), "output": [int(t) for t in tokens]}
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+    return path
+
+
+def read_rows(path: Path) -> list[dict]:
+    rows = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut by a kill: that row is redone
+    return rows
+
+
+def _ratio_interval(N, T, N0, T0, reps: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95% percentile bootstrap interval of (ΣN/ΣT) / (ΣN0/ΣT0), resampling prompts."""
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(N), size=(reps, len(N)))
+    r = (N[idx].sum(1) / T[idx].sum(1)) / (N0[idx].sum(1) / T0[idx].sum(1))
+    return float(np.percentile(r, 2.5)), float(np.percentile(r, 97.5))
+
+
+def _first_divergence(a: list[int], b: list[int]) -> int | None:
+    for j, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return j
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Per configuration, over the prompts every configuration finished."""
+    by: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        by.setdefault(r["config"], {})[r["task_id"]] = r
+    if "ar" not in by:
+        raise ValueError("the comparison has no ar rows to measure against")
+    common = sorted(set.intersection(*(set(v) for v in by.values())))
+    ar = by["ar"]
+    N0 = np.array([ar[t]["tokens"] for t in common], float)
+    T0 = np.array([ar[t]["seconds"] for t in common], float)
+    out = {"n_prompts": len(common), "configs": {}}
+    for name, res in by.items():
+        rs = [res[t] for t in common]
+        N = np.array([r["tokens"] for r in rs], float)
+        T = np.array([r["seconds"] for r in rs], float)
+        div = [_first_divergence(r["output"], ar[t]["output"]) for r, t in zip(rs, common)]
+        div = [d for d in div if d is not None]
+        d = {"tokens": int(N.sum()), "seconds": float(T.sum()), "tokens_per_s": float(N.sum() / T.sum()),
+             "ratio_vs_ar": float((N.sum() / T.sum()) / (N0.sum() / T0.sum())),
+             "ratio_ci95": _ratio_interval(N, T, N0, T0), "same_as_ar": len(common) - len(div),
+             "first_divergence": {"n": len(div), "median": float(np.median(div)) if div else None,
+                                  "min": int(min(div)) if div else None}}
+        if rs and "calls" in rs[0]:
+            calls = sum(r["calls"] for r in rs)
+            blocks = sum(r["blocks"] for r in rs)
+            draft = sum(r["draft_seconds"] for r in rs)
+            verify = sum(r["verify_seconds"] for r in rs)
+            d |= {"tokens_per_call": float(N.sum() / calls), "calls_per_token": float(calls / N.sum()),
+                  "c_V_ms": 1000 * verify / calls, "outside_forwards": float((T.sum() - draft - verify) / T.sum())}
+            if blocks:
+                acc = [x for r in rs for x in r["accepted"]]
+                d |= {"mean_L": float(np.mean(acc)) if acc else None, "c_D_ms": 1000 * draft / blocks,
+                      "c_D_over_c_V": (draft / blocks) / (verify / calls), "blocks_per_token": float(blocks / N.sum())}
+        out["configs"][name] = d
+    return out
+
+
+def format_summary(s: dict) -> str:
+    from tabulate import tabulate
+
+    def f(x, fmt):
+        return "–" if x is None else format(x, fmt)
+
+    rows = []
+    for name, d in s["configs"].items():
+        lo, hi = d["ratio_ci95"]
+        rows.append([name, d["tokens"], f(d["tokens_per_s"], ".2f"), f(d["ratio_vs_ar"], ".3f"), f"[{lo:.3f}, {hi:.3f}]",
+                     f"{d['same_as_ar']}/{s['n_prompts']}", f(d.get("tokens_per_call"), ".2f"),
+                     f(d.get("c_D_over_c_V"), ".3f"), f(d.get("outside_forwards"), ".1%")])
+    return tabulate(rows, headers=["config", "tokens", "tok/s", "× ar", "95% CI (prompts)", "= ar", "tokens/call",
+                                   "c_D/c_V", "outside forwards"], tablefmt="github")

@@ -1,6 +1,11 @@
 """The verifier adapter: any transformers causal LM, with a KV cache that follows the committed
 sequence, or the paper's no-cache mode that recomputes the full sequence every call (A.8).
 
+The output head: for float32 models whose logits are a plain linear map of the last hidden state,
+the head is :class:`~vskip.models.head.ExactHead` (a bfloat16 screen with a rigorous error bound,
+then the surviving candidates in float64): cheaper, exact, and the same whatever the number of
+positions a call scores. ``exact_head=False`` keeps the model's own head.
+
 Cache discipline: before each call the cache is cropped to the longest prefix it shares with the
 new input (and never past the last committed token, whose logits are needed), then the rest —
 tokens committed by skips included — is prefilled in the same forward as the block. A shadow call
@@ -15,6 +20,7 @@ import numpy as np
 import torch
 
 from ..policy import Verdict
+from .head import ExactHead, plain_head
 from .protocols import common_prefix
 
 
@@ -41,6 +47,7 @@ class HFVerifier:
         special_ids: Sequence[int] = (),
         use_cache: bool = True,
         max_length: int | None = None,
+        exact_head: bool = True,
     ):
         self.model = model.eval()
         self.use_cache = use_cache
@@ -51,6 +58,8 @@ class HFVerifier:
         self.max_length = int(max_length or getattr(cfg, "max_position_embeddings", 1 << 30))
         self.device = next(model.parameters()).device
         self._cache_arg = _cache_kwarg(model)
+        head = plain_head(model) if exact_head else None
+        self.head = ExactHead(head.weight) if head is not None else None
         self.reset()
 
     def reset(self) -> None:
@@ -62,11 +71,14 @@ class HFVerifier:
         self.reset()
 
     def _forward(self, ids: list[int], keep: int) -> torch.Tensor:
-        """Logits [keep, V] of the last ``keep`` positions of ``ids``."""
+        """Outputs [keep, ...] of the last ``keep`` positions of ``ids``: final hidden states when
+        the exact head is used, logits otherwise."""
+        base = self.model.model if self.head is not None else self.model
+        kw = {} if self.head is not None else {"logits_to_keep": keep}
         if not self.use_cache:
             x = torch.tensor([ids], device=self.device)
-            out = self.model(input_ids=x, use_cache=False, logits_to_keep=keep)
-            return out.logits[0, -keep:]
+            out = base(input_ids=x, use_cache=False, **kw)
+            return self._output(out)[0, -keep:]
         from transformers import DynamicCache
 
         n = min(common_prefix(self._cached_ids, ids), len(ids) - keep)
@@ -77,10 +89,13 @@ class HFVerifier:
             _crop(self._cache, n)
         x = torch.tensor([ids[n:]], device=self.device)
         pos = torch.arange(n, len(ids), device=self.device)[None]
-        kw = {self._cache_arg: self._cache}
-        out = self.model(input_ids=x, use_cache=True, position_ids=pos, logits_to_keep=keep, **kw)
+        kw[self._cache_arg] = self._cache
+        out = base(input_ids=x, use_cache=True, position_ids=pos, **kw)
         self._cached_ids = list(ids)
-        return out.logits[0, -keep:]
+        return self._output(out)[0, -keep:]
+
+    def _output(self, out) -> torch.Tensor:
+        return out.last_hidden_state if self.head is not None else out.logits
 
     @torch.inference_mode()
     def score(self, seq: Sequence[int], block: Sequence[int], shadow: bool = False) -> Verdict:
@@ -89,22 +104,30 @@ class HFVerifier:
         g = len(block)
         # What the cache could still serve before this call: a shadow call restores exactly that.
         reusable = common_prefix(self._cached_ids, seq + block) if shadow else 0
-        logits = self._forward(seq + block, g + 1).float()  # [g+1, V]
+        out = self._forward(seq + block, g + 1)  # [g+1, d] hidden states or [g+1, V] logits
         if shadow and self.use_cache and self._cache is not None:
             keep = reusable
             _crop(self._cache, keep)
             self._cached_ids = self._cached_ids[:keep]
-        argmax = logits.argmax(-1)
-        if g:
-            b = torch.tensor(block, device=logits.device)
-            z = logits[:-1]
-            zd = z.gather(1, b[:, None])[:, 0]
-            gap = zd - z.max(-1).values
-            rank = (z > zd[:, None]).sum(-1)
+        b = torch.tensor(block, dtype=torch.long, device=out.device)
+        if self.head is not None:
+            argmax, gap, rank_fn = self.head(out, b if g else None)
+            rank = lambda: rank_fn().cpu().numpy().astype(np.int64)  # noqa: E731 - computed on demand
         else:
-            gap = rank = torch.zeros(0)
+            argmax, gap, r = _plain_verdict(out.float(), b)
+            rank = r.cpu().numpy().astype(np.int64)
         return Verdict(
             argmax=argmax.cpu().numpy().astype(np.int64),
             draft_gap=gap.cpu().numpy().astype(np.float64),
-            draft_rank=rank.cpu().numpy().astype(np.int64),
+            draft_rank=rank,
         )
+
+
+def _plain_verdict(logits: torch.Tensor, block: torch.Tensor):
+    """Argmax [g+1], drafted-token gap [g] and rank [g] from full logits [g+1, V]."""
+    argmax = logits.argmax(-1)
+    if not block.numel():
+        return argmax, torch.zeros(0), torch.zeros(0, dtype=torch.long)
+    z = logits[:-1]
+    zd = z.gather(1, block[:, None])[:, 0]
+    return argmax, zd - z.max(-1).values, (z > zd[:, None]).sum(-1)

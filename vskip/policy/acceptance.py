@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
+from typing import Callable, Union
 
 import numpy as np
 
@@ -24,16 +26,29 @@ class Verdict:
     argmax:     int   [gamma + 1]  verifier argmax at each block position and after the block
     draft_gap:  float [gamma]      z_j(x̂_j) - max_v z_j(v)  (<= 0; the log-ratio of Eq. 9)
     draft_rank: int   [gamma]      number of tokens whose logit is strictly above the draft's
+
+    ``draft_rank`` may be given as a function that computes it: only top-k acceptance reads it,
+    so a verifier can leave the work to the first read.
     """
 
     argmax: np.ndarray
     draft_gap: np.ndarray
-    draft_rank: np.ndarray
+    rank: Union[np.ndarray, Callable[[], np.ndarray]]
 
-    def __post_init__(self):
+    def __init__(self, argmax: np.ndarray, draft_gap: np.ndarray, draft_rank):
+        object.__setattr__(self, "argmax", argmax)
+        object.__setattr__(self, "draft_gap", draft_gap)
+        object.__setattr__(self, "rank", draft_rank)
         g = self.draft_gap.shape[0]
         assert self.argmax.shape == (g + 1,), (self.argmax.shape, g)
-        assert self.draft_rank.shape == (g,), (self.draft_rank.shape, g)
+        if not callable(draft_rank):
+            assert draft_rank.shape == (g,), (draft_rank.shape, g)
+
+    @cached_property
+    def draft_rank(self) -> np.ndarray:
+        r = self.rank() if callable(self.rank) else self.rank
+        assert r.shape == (self.gamma,), (r.shape, self.gamma)
+        return r
 
     @property
     def gamma(self) -> int:

@@ -14,13 +14,14 @@ BASE = DecodeConfig(gamma=8, max_new_tokens=40)
 def test_parse_variant():
     v = compare.parse_variant("strict", BASE, 1)
     assert (v.policy, v.decode.gamma, v.decode.gamma_max, v.steps) == ("strict", 8, None, 1)
-    v = compare.parse_variant("strict@4-16-6/s2", BASE, 1)
-    assert (v.decode.gamma, v.decode.gamma_max, v.decode.min_match, v.steps) == (4, 16, 6, 2)
-    v = compare.parse_variant("raw@12", BASE, 1)
+    v = compare.parse_variant("strict+gamma=4+gamma_max=16+min_match=6+trim=0.5+steps=2", BASE, 1)
+    assert (v.decode.gamma, v.decode.gamma_max, v.decode.min_match, v.decode.trim, v.steps) == (4, 16, 6, 0.5, 2)
+    v = compare.parse_variant("raw+gamma=12", BASE, 1)
     assert (v.policy, v.decode.gamma, v.decode.gamma_max) == ("raw", 12, None)
     assert compare.parse_variant("lookup10", BASE, 1).lookup == 10
     assert compare.parse_variant("hf", BASE, 1).hf
-    for bad in ("nope", "strict@", "lookup0", "strict@8-16", "strict@8/s"):
+    for bad in ("nope", "strict+", "lookup0", "lookupx", "strict+gamma", "strict+gamma=x", "strict+foo=1",
+                "strict+steps=0", "strict+gamma=0", "strict+trim=2"):
         with pytest.raises(ValueError):
             compare.parse_variant(bad, BASE, 1)
 
@@ -31,14 +32,14 @@ def _pair():
 
 def test_rows_pair_every_prompt_and_resume(tmp_path):
     prompts = [(f"t{i}", [7, 3, 9, i + 2]) for i in range(5)]
-    variants = [compare.parse_variant(s, BASE, 1) for s in ("ar", "strict", "strict@4-12-3")]
+    variants = [compare.parse_variant(s, BASE, 1) for s in ("ar", "strict", "strict+gamma=4+gamma_max=12+min_match=3+trim=0.6")]
     path = compare.run_compare(prompts, _pair(), variants, tmp_path, progress=False)
     rows = compare.read_rows(path)
     assert sorted((r["task_id"], r["config"]) for r in rows) == sorted(
         (t, v.name) for t, _ in prompts for v in variants)
     # the order of configurations rotates from prompt to prompt
     firsts = [rows[3 * k]["config"] for k in range(3)]
-    assert firsts == ["ar", "strict", "strict@4-12-3"]
+    assert firsts == ["ar", "strict", "strict+gamma=4+gamma_max=12+min_match=3+trim=0.6"]
     # a cut line and a missing row are redone, nothing is counted twice
     text = path.read_text().splitlines()
     path.write_text("\n".join(text[:-2]) + "\n" + text[-2][: len(text[-2]) // 2])
@@ -48,7 +49,7 @@ def test_rows_pair_every_prompt_and_resume(tmp_path):
     s = compare.summarize(rows)
     assert s["n_prompts"] == 5
     # Strict SDD is lossless with either block length rule
-    assert s["configs"]["strict"]["same_as_ar"] == s["configs"]["strict@4-12-3"]["same_as_ar"] == 5
+    assert s["configs"]["strict"]["same_as_ar"] == s["configs"]["strict+gamma=4+gamma_max=12+min_match=3+trim=0.6"]["same_as_ar"] == 5
     assert s["configs"]["ar"]["ratio_vs_ar"] == pytest.approx(1.0)
     assert s["configs"]["strict"]["tokens_per_call"] > 1
     assert "× ar" in compare.format_summary(s)

@@ -183,13 +183,22 @@ def test_bad_inputs():
 @settings(max_examples=25, deadline=None)
 @given(st.integers(1, 8), st.integers(0, 16), st.integers(1, 12), st.floats(0.0, 1.0), st.integers(0, 10**6),
        st.integers(1, 80))
-def test_block_length_per_round_keeps_strict_lossless(gamma, extra, min_match, error, seed, max_new):
-    """Choosing the block length each round changes what is drafted, never what Strict SDD commits."""
+def test_block_length_per_round_keeps_strict_lossless( gamma, extra, min_match, error, seed, max_new):
+    """Choosing the block length each round, and trimming what is verified, change what is
+    drafted and checked, never what Strict SDD commits."""
+    for trim in (None, 0.0, 0.9, 1.0):
+        _check_blocks(gamma, extra, min_match, error, seed, max_new, trim)
+
+
+def _check_blocks(gamma, extra, min_match, error, seed, max_new, trim):
     d = FakeDrafter(error, seed)
-    cfg = DecodeConfig(gamma=gamma, max_new_tokens=max_new, gamma_max=gamma + extra, min_match=min_match)
-    res = decode(PROMPT, d, FakeVerifier(), PolicyConfig(name="strict"), cfg)
+    v = FakeVerifier()
+    cfg = DecodeConfig(gamma=gamma, max_new_tokens=max_new, gamma_max=gamma + extra, min_match=min_match, trim=trim)
+    res = decode(PROMPT, d, v, PolicyConfig(name="strict"), cfg)
     assert res.tokens == FakeVerifier().greedy(PROMPT, max_new)
     assert set(d.gammas) <= set(range(1, gamma + extra + 1))
+    if trim == 1.0:  # the fake's confidences never reach 1: every verification checks one token
+        assert all(r.accepted <= 1 and r.committed <= 2 for r in res.rounds)
 
 
 def test_block_length_follows_the_match_and_the_last_block():
@@ -205,3 +214,8 @@ def test_block_length_follows_the_match_and_the_last_block():
         last_full = r.accepted == r.gamma
         seq += res.tokens[len(seq) - len(PROMPT): len(seq) - len(PROMPT) + r.committed]
     assert {4, 12} <= set(d.gammas)
+
+
+def test_trim_refuses_traces():
+    with pytest.raises(ValueError, match="trim"):
+        DecodeConfig(trim=0.5, trace=True)

@@ -270,3 +270,15 @@ def test_block_length_rejects_bad_settings():
     for kw in ({"gamma": 0}, {"gamma": 8, "gamma_max": 4}, {"gamma": 8, "min_match": 0}):
         with pytest.raises(ValueError):
             BlockLength(**kw)
+
+
+@given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=32), st.floats(0.0, 1.0))
+def test_verify_length_is_the_confident_run(q, trim):
+    from vskip.policy import verify_length
+
+    q = np.array(q)
+    n = verify_length(q, trim)
+    assert 1 <= n <= len(q)
+    assert np.all(q[: n] >= trim) or n == 1
+    assert n == len(q) or q[n] < trim or (n == 1 and q[0] < trim)
+    assert verify_length(q, None) == len(q)

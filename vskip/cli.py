@@ -44,6 +44,9 @@ def add_block_flags(g) -> None:
                    help="draft a block of this length instead of --gamma when the drafter's copy hint matches at "
                         "least --min-match tokens or the previous block was accepted whole (default: off)")
     g.add_argument("--min-match", type=int, default=8, help="copy-hint match length that earns --gamma-max (default: 8)")
+    g.add_argument("--trim", type=float,
+                   help="verify only the leading drafted tokens with raw confidence >= TRIM (at least one; default: "
+                        "the whole block). Lossless; traces need whole blocks")
 
 
 def add_model_flags(p: argparse.ArgumentParser, threads_help: str = "torch CPU threads") -> None:
@@ -83,7 +86,7 @@ def _configs(a, policy_name: str | None = None):
         lenience=a.lenience, top_k=a.top_k, period=a.period, period_k=a.period_k,
     )
     dec = DecodeConfig(gamma=a.gamma, max_new_tokens=a.max_new_tokens, shadow=a.shadow, gamma_max=a.gamma_max,
-                       min_match=a.min_match,
+                       min_match=a.min_match, trim=a.trim,
                        trace=getattr(a, "trace", False), task=getattr(a, "task", None))
     return policy, dec, model_config(a)
 
@@ -230,8 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--limit", type=int, help="first N prompts")
     c.add_argument("--ids", help="comma-separated task ids")
     c.add_argument("--configs", default="ar,strict",
-                   help="comma-separated: ar, a policy name, POLICY@G, POLICY@G-M-m (block length per round), "
-                        "a /sS suffix (reveal steps), hf, lookupN (default: ar,strict)")
+                   help="comma-separated: ar, a policy name with this command's settings, POLICY+key=value+... "
+                        "(keys: gamma, gamma_max, min_match, trim, steps), hf, lookupN (default: ar,strict)")
     c.add_argument("--out", help="keep the rows here (resumable; shards of several processes add up)")
     c.add_argument("--shard", default="1/1", help="I/N: this process takes prompts I, I+N, ... (default: 1/1)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")

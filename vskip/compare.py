@@ -5,9 +5,9 @@ from prompt to prompt, so machine drift falls on all configurations alike. ``ar`
 own greedy decoding through vskip's verifier runtime) is the reference every other
 configuration is measured and checked against. Configurations (``--configs``):
 
-- a policy name (``strict``, ``raw``, ...) with the command's settings; ``POLICY@G`` at block
-  length G; ``POLICY@G-M-m`` with a block length per round (G, or M when the copy hint matches at
-  least m tokens, :mod:`vskip.policy.blocks`); a suffix ``/sS`` drafts with S reveal steps;
+- a policy name (``strict``, ``raw``, ...) with the command's settings, or with some of them
+  changed: ``strict+gamma=4+gamma_max=16+min_match=6+trim=0.5+steps=2`` (block length per
+  round and trimming: :mod:`vskip.policy.blocks`; ``steps``: reveal steps of the drafter);
 - ``hf``: transformers' greedy ``generate`` on the same model object;
 - ``lookupN``: transformers' prompt-lookup assisted generation with ``prompt_lookup_num_tokens=N``.
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -30,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-_SPEC = re.compile(r"^(?P<policy>[a-z]+)(@(?P<g>\d+)(-(?P<m>\d+)-(?P<k>\d+))?)?(/s(?P<s>\d+))?$")
+#: settings a configuration may change, and how to read them
+_KEYS = {"gamma": int, "gamma_max": int, "min_match": int, "trim": float, "steps": int}
 
 
 @dataclass(frozen=True)
@@ -56,16 +56,27 @@ def parse_variant(spec: str, base, steps: int):
     spec = spec.strip()
     if spec == "hf":
         return Variant(spec)
-    if spec.startswith("lookup") and spec[len("lookup"):].isdigit() and int(spec[len("lookup"):]) >= 1:
-        return Variant(spec, lookup=int(spec[len("lookup"):]))
-    m = _SPEC.match(spec)
-    if not m or m["policy"] not in POLICIES:
-        raise ValueError(f"unknown configuration {spec!r}; expected POLICY[@G[-M-m]][/sS], hf or lookupN")
-    dec = base
-    if m["g"]:
-        dec = replace(dec, gamma=int(m["g"]), gamma_max=int(m["m"]) if m["m"] else None,
-                      min_match=int(m["k"]) if m["k"] else dec.min_match)
-    return Variant(spec, policy=m["policy"], decode=dec, steps=int(m["s"]) if m["s"] else steps)
+    if spec.startswith("lookup"):
+        n = spec[len("lookup"):]
+        if not n.isdigit() or int(n) < 1:
+            raise ValueError(f"bad configuration {spec!r}; expected lookupN with N >= 1")
+        return Variant(spec, lookup=int(n))
+    name, *pairs = spec.split("+")
+    if name not in POLICIES:
+        raise ValueError(f"unknown configuration {spec!r}; expected POLICY[+key=value...], hf or lookupN")
+    kw = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        if key not in _KEYS or not value:
+            raise ValueError(f"bad setting {pair!r} in {spec!r}; expected key=value with key in {', '.join(_KEYS)}")
+        try:
+            kw[key] = _KEYS[key](value)
+        except ValueError:
+            raise ValueError(f"bad value in {pair!r} of {spec!r}") from None
+    s = kw.pop("steps", steps)
+    if s < 1:
+        raise ValueError(f"steps must be >= 1 in {spec!r}")
+    return Variant(spec, policy=name, decode=replace(base, **kw), steps=s)
 
 
 def _digest(tokens) -> str:

@@ -15,7 +15,8 @@ import numpy as np
 
 from .features import assemble_features
 from .models.protocols import Drafter, Predictor, Verifier
-from .policy import BlockLength, GuardContext, PolicyConfig, accept, block_length, committed_tokens, decide, strict_accept
+from .policy import (BlockLength, GuardContext, PolicyConfig, accept, block_length, committed_tokens, decide,
+                     strict_accept, verify_length)
 from .runtime import now
 
 #: How many committed tokens the repetition guard looks back over.
@@ -26,8 +27,9 @@ _HISTORY = 64
 class DecodeConfig:
     """``gamma``: draft block length; ``max_new_tokens``: output budget; ``shadow``: recover L on
     skipped rounds (§3.2); ``trace``: keep the A.7 inputs of every block; ``task``: dataset name
-    for the indicator features; ``gamma_max``/``min_match``: a block length per round
-    (:mod:`vskip.policy.blocks`; None keeps every block at ``gamma``)."""
+    for the indicator features; ``gamma_max``/``min_match``: a block length per round, ``trim``:
+    verify only the confident drafted prefix (:mod:`vskip.policy.blocks`; None: the paper's
+    fixed blocks)."""
 
     gamma: int = 16
     max_new_tokens: int = 512
@@ -36,15 +38,18 @@ class DecodeConfig:
     task: str | None = None
     gamma_max: int | None = None
     min_match: int = 8
+    trim: float | None = None
 
     def __post_init__(self):
-        self.blocks  # validates gamma, gamma_max and min_match
+        self.blocks  # validates gamma, gamma_max, min_match and trim
+        if self.trace and self.trim is not None:
+            raise ValueError("traces need the strict length L of whole blocks: collect them without --trim")
         if self.max_new_tokens < 1:
             raise ValueError(f"max-new-tokens must be >= 1, got {self.max_new_tokens}")
 
     @property
     def blocks(self) -> BlockLength:
-        return BlockLength(self.gamma, self.gamma_max, self.min_match)
+        return BlockLength(self.gamma, self.gamma_max, self.min_match, self.trim)
 
 
 @dataclass(frozen=True)
@@ -199,15 +204,16 @@ def decode(
                 rec = RoundRecord(r, False, d.K, d.K_hat, L, d.K, d.K, True, d.reason, g)
             else:
                 # 4b. verify: the method's acceptance rule, then the correction or bonus token.
+                checked = block.tokens[: verify_length(block.confidence, cfg.trim)]
                 t = now()
-                verdict = verifier.score(seq, block.tokens)
+                verdict = verifier.score(seq, checked)
                 t_verify += now() - t
                 calls += 1
-                L = strict_accept(block.tokens, verdict)
-                acc = accept(policy, block.tokens, verdict)
-                new = committed_tokens(block.tokens, verdict, acc)
+                L = strict_accept(checked, verdict)
+                acc = accept(policy, checked, verdict)
+                new = committed_tokens(checked, verdict, acc)
                 D = 0
-                last_full = acc == g
+                last_full = acc == len(checked)
                 relaxed = policy.name in ("lenience", "topk") and acc > 0
                 rec = RoundRecord(r, True, 0, d.K_hat, L, acc, 0, relaxed, d.reason, g)
             if cfg.trace:

@@ -708,7 +708,7 @@ def cmd_sweep(a) -> int:
     if a.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {a.workers}")
     decode = DecodeConfig(gamma=a.gamma, max_new_tokens=a.max_new_tokens, shadow=a.shadow, task=a.task,
-                          gamma_max=a.gamma_max, min_match=a.min_match)
+                          gamma_max=a.gamma_max, min_match=a.min_match, trim=a.trim)
     from .cli import model_config
 
     models = model_config(a)

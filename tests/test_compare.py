@@ -20,6 +20,8 @@ def test_parse_variant():
     assert (v.policy, v.decode.gamma, v.decode.gamma_max) == ("raw", 12, None)
     assert compare.parse_variant("lookup10", BASE, 1).lookup == 10
     assert compare.parse_variant("hf", BASE, 1).hf
+    fast = compare.parse_variant("fast", BASE, 1)
+    assert fast.name == "fast" and fast.decode == compare.parse_variant(compare.FAST, BASE, 1).decode
     for bad in ("nope", "strict+", "lookup0", "lookupx", "strict+gamma", "strict+gamma=x", "strict+foo=1",
                 "strict+steps=0", "strict+gamma=0", "strict+trim=2"):
         with pytest.raises(ValueError):

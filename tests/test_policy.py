@@ -5,7 +5,7 @@ import sys
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vskip.policy import (
@@ -160,7 +160,7 @@ def _run_policy(cfg, qs, toks_fn, gamma):
     return Ds
 
 
-@settings(max_examples=50)
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(1, 32), st.integers(1, 80), st.integers(0, 32), st.data())
 def test_staleness_never_exceeds_smax_plus_gamma_minus_one(gamma, s_max, k_min, data):
     cfg = PolicyConfig(name="raw", eta_b=0.5, eta_c=0.5, k_min=k_min, s_max=s_max)
@@ -253,6 +253,7 @@ def test_break_even():
         break_even_length(3.0, 0.0, 0.0)
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(1, 64), st.integers(0, 64), st.integers(1, 40), st.integers(0, 60), st.booleans())
 def test_block_length_is_base_or_long(gamma, extra, min_match, match, last_full):
     from vskip.policy import BlockLength, block_length
@@ -272,6 +273,7 @@ def test_block_length_rejects_bad_settings():
             BlockLength(**kw)
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=32), st.floats(0.0, 1.0))
 def test_verify_length_is_the_confident_run(q, trim):
     from vskip.policy import verify_length

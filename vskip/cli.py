@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
+from .defaults import GAMMA, K_MIN, S_MAX, STEPS
 from .policy import POLICIES
 
 
@@ -19,15 +21,15 @@ def _add_policy_flags(p: argparse.ArgumentParser, policy: bool = True) -> None:
     g = p.add_argument_group("policy")
     if policy:
         g.add_argument("--policy", default="raw", choices=POLICIES, help="decoding method (default: raw)")
-    g.add_argument("--gamma", type=int, default=16, help="draft block length (default: 16)")
-    g.add_argument("--steps", type=int, default=2, help="diffusion steps per block (default: 2)")
+    g.add_argument("--gamma", type=int, default=GAMMA, help=f"draft block length (default: {GAMMA}; the paper: 32)")
+    g.add_argument("--steps", type=int, default=STEPS, help=f"diffusion steps per block (default: {STEPS}; the paper: 2)")
     add_block_flags(g)
     g.add_argument("--eta-b", type=float, help="local gate threshold (Eq. 3)")
     g.add_argument("--eta-c", type=float, help="prefix gate threshold (Eq. 3)")
     g.add_argument("--eta-m", type=float, help="marginal survival: both gates")
     g.add_argument("--epsilon", type=float, help="conditional survival: eta_c = 1 - epsilon")
-    g.add_argument("--k-min", type=int, default=6, help="minimum skip length (default: 6)")
-    g.add_argument("--s-max", type=int, default=64, help="staleness threshold (default: 64)")
+    g.add_argument("--k-min", type=int, default=K_MIN, help=f"minimum skip length (default: {K_MIN})")
+    g.add_argument("--s-max", type=int, default=S_MAX, help=f"staleness threshold (default: {S_MAX})")
     g.add_argument("--lenience", type=float, default=1.0, help="lenience l of Eq. 9 (default: 1)")
     g.add_argument("--top-k", type=int, default=1, help="top-k acceptance k (default: 1)")
     g.add_argument("--period", type=int, default=4, help="periodic baseline: skip every P rounds")
@@ -147,13 +149,16 @@ def cmd_generate(a) -> int:
 def cmd_compare(a) -> int:
     import tempfile
     from dataclasses import asdict
-    from pathlib import Path
 
     from . import compare, tasks
     from .models.load import load_pair
     from .prompting import encode_chat
     from .runtime import resolve_runtime
 
+    if a.summary:
+        if not a.out or not Path(a.out).is_dir():
+            raise ValueError("--summary needs --out DIR holding a comparison's rows")
+        return _print_comparison(compare, Path(a.out), None)
     if a.task not in tasks.ALL_TASKS:
         raise ValueError(f"unknown task {a.task!r}; expected one of {', '.join(tasks.ALL_TASKS)}")
     if a.limit is not None and a.limit < 1:
@@ -184,15 +189,23 @@ def cmd_compare(a) -> int:
                 {"argv": sys.argv[1:], "configs": [v.name for v in variants], "runtime": asdict(runtime),
                  "models": pair.identity}, indent=1))
         compare.run_compare(prompts, pair, variants, out, shard, dec.max_new_tokens, progress=not a.quiet)
-        rows = [r for f in sorted(out.glob("shard-*.jsonl")) for r in compare.read_rows(f)]
+        return _print_comparison(compare, out, Path(a.out) if a.out else None,
+                                 f"{a.task}, {dec.max_new_tokens} new tokens at most, verifier {runtime.dtype}, "
+                                 f"drafter {runtime.drafter_dtype}")
+
+
+def _print_comparison(compare, rows_dir, out, what: str | None = None) -> int:
+    rows = [r for f in sorted(rows_dir.glob("shard-*.jsonl")) for r in compare.read_rows(f)]
     s = compare.summarize(rows)
     text = compare.format_summary(s)
     print(text)
-    print(f"{s['n_prompts']} prompts of {a.task}, {dec.max_new_tokens} new tokens at most, verifier {runtime.dtype}, "
-          f"drafter {runtime.drafter_dtype}; ar is the verifier alone, = ar counts outputs identical to it")
-    if a.out:
-        (Path(a.out) / "summary.json").write_text(json.dumps(s, indent=1))
-        (Path(a.out) / "summary.md").write_text(text + "\n")
+    print(f"{s['n_prompts']} prompts{' of ' + what if what else ''}; ar is the verifier alone, paired per prompt; "
+          f"= ar counts outputs identical to it")
+    if out is None and what is None:
+        out = rows_dir
+    if out is not None:
+        (out / "summary.json").write_text(json.dumps(s, indent=1))
+        (out / "summary.md").write_text(text + "\n")
     return 0
 
 
@@ -232,10 +245,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--task", default="humaneval", help="humaneval, mbpp, mbpp_plus, math500 or gsm8k (default: humaneval)")
     c.add_argument("--limit", type=int, help="first N prompts")
     c.add_argument("--ids", help="comma-separated task ids")
-    c.add_argument("--configs", default="ar,strict",
+    c.add_argument("--configs", default="ar,strict,fast",
                    help="comma-separated: ar, a policy name with this command's settings, POLICY+key=value+... "
-                        "(keys: gamma, gamma_max, min_match, trim, steps), hf, lookupN (default: ar,strict)")
+                        "(keys: gamma, gamma_max, min_match, trim, steps), fast (Strict SDD with "
+                        "--gamma 4 --gamma-max 16 --min-match 6 --trim 0.5), hf, lookupN (default: ar,strict,fast)")
     c.add_argument("--out", help="keep the rows here (resumable; shards of several processes add up)")
+    c.add_argument("--summary", action="store_true", help="only summarise the rows already in --out (no model)")
     c.add_argument("--shard", default="1/1", help="I/N: this process takes prompts I, I+N, ... (default: 1/1)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_policy_flags(c, policy=False)

@@ -13,6 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .defaults import GAMMA
 from .features import assemble_features
 from .models.protocols import Drafter, Predictor, Verifier
 from .policy import (BlockLength, GuardContext, PolicyConfig, accept, block_length, committed_tokens, decide,
@@ -31,7 +32,7 @@ class DecodeConfig:
     verify only the confident drafted prefix (:mod:`vskip.policy.blocks`; None: the paper's
     fixed blocks)."""
 
-    gamma: int = 16
+    gamma: int = GAMMA
     max_new_tokens: int = 512
     shadow: bool = True
     trace: bool = False

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .decode import DecodeConfig, decode, warmup
+from .defaults import STEPS
 from .metrics import summarize
 from .policy import PolicyConfig
 
@@ -28,7 +29,7 @@ CONFIG = "config.json"
 class ModelConfig:
     drafter: str | None = None
     verifier: str | None = None
-    steps: int = 2
+    steps: int = STEPS
     reveal: str | None = None
     verifier_cache: bool = True
     device: str | None = None

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .decode import DecodeConfig
+from .defaults import GAMMA, K_MIN, S_MAX, STEPS
 from .metrics import summarize
 from .policy import PolicyConfig
 from .runner import CONFIG, SAMPLES, SUMMARY, ROUNDS, ModelConfig, RunConfig, _read_jsonl, _write_jsonl
@@ -681,13 +682,13 @@ def _add_flags(s) -> None:
     w.add_argument("--score", action=argparse.BooleanOptionalAction, default=True, help="score by execution")
     w.add_argument("--quiet", action="store_true", help="no progress bar")
     g = s.add_argument_group("decoding (shared by every configuration)")
-    g.add_argument("--gamma", type=int, default=16, help="draft block length (default: 16)")
-    g.add_argument("--steps", type=int, default=2, help="diffusion steps per block (default: 2)")
+    g.add_argument("--gamma", type=int, default=GAMMA, help=f"draft block length (default: {GAMMA}; the paper: 32)")
+    g.add_argument("--steps", type=int, default=STEPS, help=f"diffusion steps per block (default: {STEPS}; the paper: 2)")
     from .cli import add_block_flags
 
     add_block_flags(g)
-    g.add_argument("--k-min", type=int, default=6, help="k_min where the grid does not set it (default: 6)")
-    g.add_argument("--s-max", type=int, default=64, help="s_max where the grid does not set it (default: 64)")
+    g.add_argument("--k-min", type=int, default=K_MIN, help=f"k_min where the grid does not set it (default: {K_MIN})")
+    g.add_argument("--s-max", type=int, default=S_MAX, help=f"s_max where the grid does not set it (default: {S_MAX})")
     g.add_argument("--max-new-tokens", type=int, default=512, help="output budget (default: 512)")
     g.add_argument("--shadow", action=argparse.BooleanOptionalAction, default=True, help="shadow-verify skipped rounds")
     g.add_argument("--predictor", help="trained survival predictors; without it marginal/conditional are skipped")

@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import torch
 
+from ..policy.acceptance import MAX_TOP_K
+
 #: bfloat16 unit roundoff
 U_BF16 = 2.0**-8
 #: widens the bound beyond the analysis (the norms are computed in float32, too)
 SLACK = 1.25
 #: ranks of drafted tokens are exact below this; at or above it they are a lower bound
-RANK_EXACT = 64
+RANK_EXACT = MAX_TOP_K
 
 #: model types whose logits are exactly ``lm_head(final hidden state)`` (no bias, scaling or
 #: soft-capping), so the head may be computed outside the model

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from ..defaults import STEPS
 from ..runtime import Runtime
 from .copy import COPY_FILE, CopyPrior
 from .drafter import DiffusionDrafter, is_dream_checkpoint, load_drafter_model
@@ -123,7 +124,7 @@ def load_pair(
     runtime: Runtime,
     drafter: str | None = None,
     verifier: str | None = None,
-    steps: int = 2,
+    steps: int = STEPS,
     use_cache: bool = True,
     need_drafter: bool = True,
     reveal: str | None = None,

@@ -19,6 +19,10 @@ from typing import Callable, Union
 import numpy as np
 
 
+#: the largest k of top-k acceptance; draft ranks are exact below it
+MAX_TOP_K = 64
+
+
 @dataclass(frozen=True)
 class Verdict:
     """The verifier's view of one block of ``gamma`` draft tokens.
@@ -28,7 +32,8 @@ class Verdict:
     draft_rank: int   [gamma]      number of tokens whose logit is strictly above the draft's
 
     ``draft_rank`` may be given as a function that computes it: only top-k acceptance reads it,
-    so a verifier can leave the work to the first read.
+    so a verifier can leave the work to the first read. It must be exact below :data:`MAX_TOP_K`
+    and may be a lower bound at or above it (top-k acceptance only asks whether it is below k).
     """
 
     argmax: np.ndarray

@@ -31,7 +31,7 @@ class BlockLength:
     """``gamma``: the base block length; ``gamma_max``: the long block (None: every block has
     ``gamma`` tokens, as in the paper); ``min_match``: copy-hint match length that earns it."""
 
-    gamma: int = 16
+    gamma: int = 8
     gamma_max: int | None = None
     min_match: int = 8
     trim: float | None = None

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .acceptance import MAX_TOP_K
 from .guards import GuardConfig, GuardContext, check_guards, invalid_scores
 from .signals import SIGNALS, feasible_prefix
 
@@ -55,8 +56,8 @@ class PolicyConfig:
                 raise ValueError(f"{key} must lie in [0, 1], got {v}")
         if not 0.0 < self.lenience <= 1.0:
             raise ValueError(f"lenience must lie in (0, 1], got {self.lenience}")
-        if self.top_k < 1:
-            raise ValueError(f"top-k must be >= 1, got {self.top_k}")
+        if not 1 <= self.top_k <= MAX_TOP_K:
+            raise ValueError(f"top-k must lie in 1..{MAX_TOP_K}, got {self.top_k}")
         if self.k_min < 0:
             raise ValueError(f"k_min must be >= 0, got {self.k_min}")
         if self.s_max < 1:

@@ -1,0 +1,15 @@
+"""Defaults every command shares, defined once.
+
+``GAMMA`` and ``STEPS`` are the fastest lossless Strict SDD configuration of the embedded pair on
+a CPU (docs/results/speed.md); the drafter runs in bfloat16 where the device has it natively
+(:func:`vskip.runtime.resolve_runtime`). The paper's main setting is gamma 32 with two reveal
+steps (§5.1): pass ``--gamma 32 --steps 2`` for it.
+"""
+
+#: draft block length
+GAMMA = 8
+#: reveal (denoising) steps per draft block
+STEPS = 1
+#: the paper's minimum skip length and staleness threshold (§5.1)
+K_MIN = 6
+S_MAX = 64

@@ -49,6 +49,11 @@ def test_rows_pair_every_prompt_and_resume(tmp_path):
     rows = compare.read_rows(path)
     assert len({(r["task_id"], r["config"]) for r in rows}) == len(rows) == 15
     s = compare.summarize(rows)
+    import gzip
+
+    (tmp_path / "archived").mkdir()
+    (tmp_path / "archived" / (path.name + ".gz")).write_bytes(gzip.compress(path.read_bytes()))
+    assert compare.summarize(compare.rows_of(tmp_path / "archived")) == s
     assert s["n_prompts"] == 5
     # Strict SDD is lossless with either block length rule
     assert s["configs"]["strict"]["same_as_ar"] == s["configs"]["strict+gamma=4+gamma_max=12+min_match=3+trim=0.6"]["same_as_ar"] == 5
@@ -64,6 +69,8 @@ def test_summary_reports_where_outputs_diverge():
         {"task_id": "a", "config": "x", "tokens": 4, "seconds": 0.5, "output": [1, 2, 9, 4]},
         {"task_id": "b", "config": "x", "tokens": 3, "seconds": 0.5, "output": [5, 6, 7]},
     ]
+    for r in rows:
+        r["digest"] = compare._digest(r["output"])
     s = compare.summarize(rows)["configs"]["x"]
     assert s["same_as_ar"] == 1 and s["first_divergence"] == {"n": 1, "median": 2.0, "min": 2}
     assert s["ratio_vs_ar"] == pytest.approx(2.0)

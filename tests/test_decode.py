@@ -216,6 +216,9 @@ def test_block_length_follows_the_match_and_the_last_block():
     assert {4, 12} <= set(d.gammas)
 
 
-def test_trim_refuses_traces():
+def test_trim_refuses_traces_and_relaxed_acceptance():
     with pytest.raises(ValueError, match="trim"):
         DecodeConfig(trim=0.5, trace=True)
+    for name in ("lenience", "topk"):
+        with pytest.raises(ValueError, match="trim"):
+            decode(PROMPT, FakeDrafter(), FakeVerifier(), PolicyConfig(name=name), DecodeConfig(trim=0.5))

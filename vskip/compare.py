@@ -162,9 +162,16 @@ def run_compare(prompts, pair, variants, out: Path, shard: tuple[int, int] = (1,
 
 
 def read_rows(path: Path) -> list[dict]:
+    """The whole rows of a shard file (``.jsonl``, or ``.jsonl.gz`` as archived)."""
     rows = []
     if path.exists():
-        for line in path.read_text().splitlines():
+        if path.suffix == ".gz":
+            import gzip
+
+            text = gzip.decompress(path.read_bytes()).decode()
+        else:
+            text = path.read_text()
+        for line in text.splitlines():
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError:
@@ -187,6 +194,12 @@ def _first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def rows_of(directory: Path) -> list[dict]:
+    """Every row of a comparison directory's shard files."""
+    files = sorted(directory.glob("shard-*.jsonl")) + sorted(directory.glob("shard-*.jsonl.gz"))
+    return [r for f in files for r in read_rows(f)]
+
+
 def summarize(rows: list[dict]) -> dict:
     """Per configuration, over the prompts every configuration finished."""
     by: dict[str, dict[str, dict]] = {}
@@ -203,11 +216,12 @@ def summarize(rows: list[dict]) -> dict:
         rs = [res[t] for t in common]
         N = np.array([r["tokens"] for r in rs], float)
         T = np.array([r["seconds"] for r in rs], float)
-        div = [_first_divergence(r["output"], ar[t]["output"]) for r, t in zip(rs, common)]
-        div = [d for d in div if d is not None]
+        same = sum(r["digest"] == ar[t]["digest"] for r, t in zip(rs, common))
+        div = [_first_divergence(r["output"], ar[t]["output"]) for r, t in zip(rs, common)
+               if r["digest"] != ar[t]["digest"] and "output" in r and "output" in ar[t]]
         d = {"tokens": int(N.sum()), "seconds": float(T.sum()), "tokens_per_s": float(N.sum() / T.sum()),
              "ratio_vs_ar": float((N.sum() / T.sum()) / (N0.sum() / T0.sum())),
-             "ratio_ci95": _ratio_interval(N, T, N0, T0), "same_as_ar": len(common) - len(div),
+             "ratio_ci95": _ratio_interval(N, T, N0, T0), "same_as_ar": same,
              "first_divergence": {"n": len(div), "median": float(np.median(div)) if div else None,
                                   "min": int(min(div)) if div else None}}
         if rs and "calls" in rs[0]:

@@ -137,6 +137,8 @@ def decode(
     check_prompt(prompt, verifier, cfg)
     if policy.uses_drafter and drafter is None:
         raise ValueError(f"policy {policy.name!r} needs a drafter")
+    if cfg.trim is not None and policy.name in ("lenience", "topk"):
+        raise ValueError(f"--trim would change what {policy.name} accepts; use it with strict or a skip policy")
     learned = policy.signal in ("marginal", "conditional")
     if learned and predictor is None:
         raise ValueError(f"policy {policy.name!r} needs a trained predictor")

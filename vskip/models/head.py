@@ -2,8 +2,8 @@
 many positions a call scores.
 
 On a CPU the float32 head (``[T, d] @ [d, V]``) is the costliest product of a small verifier,
-and its kernel changes with ``T``: measured on the embedded pair, 7.5 ms for a greedy step and
-14 ms for a 9-position verification, out of 42 and 70 ms. :class:`ExactHead` splits it in two:
+and its kernel, cost and rounding change with ``T`` (the positions a call scores).
+:class:`ExactHead` splits it in two:
 
 1. a screening product in bfloat16 (half the bytes; native matrix units where the CPU has them)
    with a rigorous bound on its error per logit keeps every token that could be the argmax;

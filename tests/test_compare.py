@@ -1,5 +1,6 @@
 """`vskip compare`: configuration specs, paired rows with resume, and the summary against ar."""
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -76,3 +77,30 @@ def test_summary_reports_where_outputs_diverge():
     assert s["ratio_vs_ar"] == pytest.approx(2.0)
     with pytest.raises(ValueError):
         compare.summarize([r for r in rows if r["config"] == "x"])
+
+
+def test_an_out_directory_refuses_rows_made_otherwise(tmp_path):
+    from vskip.runner import ModelConfig
+    from vskip.runtime import Runtime
+
+    def record(max_new=40, gamma=8, configs=("ar", "strict")):
+        dec = DecodeConfig(gamma=gamma, max_new_tokens=max_new)
+        vs = [compare.parse_variant(s, dec, 1) for s in configs]
+        return compare.settings_record("humaneval", max_new, Runtime(), ModelConfig(), vs)
+
+    out = tmp_path / "cmp"
+    compare.claim(out, record())
+    compare.claim(out, record())  # the same settings: resume
+    compare.claim(out, record(configs=("ar", "fast")))  # a configuration added
+    saved = json.loads((out / "settings.json").read_text())
+    assert set(saved["configs"]) == {"ar", "strict", "fast"}
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        compare.claim(out, record(max_new=64))
+    with pytest.raises(ValueError, match="strict"):
+        compare.claim(out, record(gamma=16))  # strict now means another block length
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="is a file"):
+        compare.claim(tmp_path / "file", record())
+    (out / "settings.json").write_text("{broken")
+    with pytest.raises(ValueError, match="settings file"):
+        compare.claim(out, record())

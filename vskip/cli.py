@@ -148,7 +148,6 @@ def cmd_generate(a) -> int:
 
 def cmd_compare(a) -> int:
     import tempfile
-    from dataclasses import asdict
 
     from . import compare, tasks
     from .models.load import load_pair
@@ -177,17 +176,14 @@ def cmd_compare(a) -> int:
     if not problems:
         raise ValueError(f"no prompts selected from {a.task}")
     runtime = resolve_runtime(models.device, models.dtype, models.threads, models.drafter_dtype)
+    if a.out:  # before any model loads: refuse an --out whose rows were made otherwise
+        compare.claim(Path(a.out), compare.settings_record(a.task, dec.max_new_tokens, runtime, models, variants))
     pair = load_pair(runtime, drafter=models.drafter, verifier=models.verifier, steps=models.steps,
-                     use_cache=models.verifier_cache, need_drafter=any(v.policy not in (None, "ar") for v in variants), reveal=models.reveal,
-                     copy_prior=models.copy_prior)
+                     use_cache=models.verifier_cache, reveal=models.reveal, copy_prior=models.copy_prior,
+                     need_drafter=any(v.policy not in (None, "ar") for v in variants))
     prompts = [(p.task_id, encode_chat(pair.tokenizer, tasks.user_prompt(p))) for p in problems]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(a.out) if a.out else Path(tmp)
-        if a.out:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / f"settings-{shard[0]}-of-{shard[1]}.json").write_text(json.dumps(
-                {"argv": sys.argv[1:], "configs": [v.name for v in variants], "runtime": asdict(runtime),
-                 "models": pair.identity}, indent=1))
         compare.run_compare(prompts, pair, variants, out, shard, dec.max_new_tokens, progress=not a.quiet)
         return _print_comparison(compare, out, Path(a.out) if a.out else None,
                                  f"{a.task}, {dec.max_new_tokens} new tokens at most, verifier {runtime.dtype}, "
@@ -203,8 +199,8 @@ def _print_comparison(compare, rows_dir, out, what: str | None = None) -> int:
     if out is None and what is None:
         out = rows_dir
     if out is not None:
-        (out / "summary.json").write_text(json.dumps(s, indent=1))
-        (out / "summary.md").write_text(text + "\n")
+        compare.write_atomic(out / "summary.json", json.dumps(s, indent=1))
+        compare.write_atomic(out / "summary.md", text + "\n")
     return 0
 
 

@@ -106,7 +106,50 @@ def _hf_generate(pair, ids, max_new: int, lookup: int | None):
     return out[0, len(ids):].tolist(), now() - t
 
 
-def _decode_row(pair, v: Variant, ids, tid, predictor=None) -> tuple[dict, list[int]]:
+def write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def settings_record(task: str, max_new: int, runtime, models, variants) -> dict:
+    """What rows of a comparison directory depend on: the settings every configuration shares
+    (``fixed``) and each configuration's own."""
+    from dataclasses import asdict
+
+    configs = {v.name: {"policy": v.policy, "lookup": v.lookup, "steps": v.steps,
+                        "decode": asdict(v.decode) if v.decode is not None else None} for v in variants}
+    return {"fixed": {"task": task, "max_new_tokens": max_new, "runtime": asdict(runtime), "models": asdict(models)},
+            "configs": configs}
+
+
+def claim(out: Path, record: dict) -> None:
+    """Record ``record`` in ``out/settings.json``, refusing when rows already there were made with
+    other settings (a configuration of the same name, or anything they share, differs): a rerun
+    resumes or adds configurations, never mixes."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a directory")
+    path = out / "settings.json"
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+            old_fixed, old_configs = old["fixed"], old["configs"]
+        except (ValueError, KeyError, TypeError):
+            raise ValueError(f"{path} is not a comparison's settings file; choose another --out") from None
+        new = json.loads(json.dumps(record))  # tuples become lists, as when read back
+        if old_fixed != new["fixed"]:
+            keys = sorted(k for k in new["fixed"] if old_fixed.get(k) != new["fixed"][k])
+            raise ValueError(f"{out} holds a comparison with other settings ({', '.join(keys)}); choose another --out")
+        clash = sorted(k for k, v in new["configs"].items() if k in old_configs and old_configs[k] != v)
+        if clash:
+            raise ValueError(f"{out} holds configurations of the same name with other settings: {', '.join(clash)}")
+        record = {"fixed": new["fixed"], "configs": old_configs | new["configs"]}
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(record, indent=1))
+
+
+def _decode_row(pair, v: Variant, ids, tid) -> tuple[dict, list[int]]:
     from .decode import decode
     from .policy import PolicyConfig
 
@@ -115,7 +158,7 @@ def _decode_row(pair, v: Variant, ids, tid, predictor=None) -> tuple[dict, list[
         drafter = copy.copy(drafter)  # same model and prior, another number of reveal steps
         drafter.steps = v.steps
     policy = PolicyConfig.make(v.policy)
-    r = decode(ids, drafter if policy.uses_drafter else None, pair.verifier, policy, v.decode, predictor, task_id=tid)
+    r = decode(ids, drafter if policy.uses_drafter else None, pair.verifier, policy, v.decode, task_id=tid)
     row = {"seconds": r.decode_seconds, "calls": r.verifier_calls, "blocks": r.draft_blocks,
            "draft_seconds": r.draft_seconds, "verify_seconds": r.verify_seconds,
            "skipped": r.skipped_rounds, "accepted": [x.accepted for x in r.rounds if x.verified and x.gamma]}
@@ -136,9 +179,7 @@ def run_compare(prompts, pair, variants, out: Path, shard: tuple[int, int] = (1,
     kept = read_rows(path)
     done = {(r["task_id"], r["config"]) for r in kept}
     # keep only whole rows, so that a line cut by a kill cannot swallow the next one
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-    tmp.replace(path)
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
     mine = prompts[i - 1 :: n]
     if mine:
         longest = max(v.decode.blocks.longest for v in variants if not v.hf) if any(not v.hf for v in variants) else 1

@@ -154,6 +154,7 @@ def decode(
     calls = blocks = 0
     D = 0  # unverified tokens committed since the last verifier call
     last_full = False  # the previous verified block was accepted whole
+    blocks_rule = cfg.blocks
     stop = "length"
 
     if drafter is not None:
@@ -175,8 +176,8 @@ def decode(
             rec = RoundRecord(r, True, 0, 0, None, 0, 1, False, "verify", 0)
         else:
             gamma = cfg.gamma
-            if cfg.blocks.adaptive:
-                gamma = block_length(cfg.blocks, drafter.match_length(seq), last_full)
+            if blocks_rule.adaptive:
+                gamma = block_length(blocks_rule, drafter.match_length(seq), last_full)
             g = min(gamma, remaining)
             # 1. draft
             t = now()

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..defaults import GAMMA
 from .acceptance import leading_run
 
 
@@ -31,7 +32,7 @@ class BlockLength:
     """``gamma``: the base block length; ``gamma_max``: the long block (None: every block has
     ``gamma`` tokens, as in the paper); ``min_match``: copy-hint match length that earns it."""
 
-    gamma: int = 8
+    gamma: int = GAMMA
     gamma_max: int | None = None
     min_match: int = 8
     trim: float | None = None

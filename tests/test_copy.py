@@ -166,10 +166,10 @@ def test_fit_on_copying_answers_learns_to_copy(tmp_path):
     from vskip.distill.copyfit import fit_copy_prior, write_copy_prior
     from vskip.models.load import resolve_copy_prior
 
-    write_copy_data(tmp_path / "shard_00000.safetensors", 8, 0)
-    write_copy_data(tmp_path / "shard_00001.safetensors", 4, 1)
+    write_copy_data(tmp_path / "shard_00000.npz", 8, 0)
+    write_copy_data(tmp_path / "shard_00001.npz", 4, 1)
     d = tiny_drafter()
-    prior = fit_copy_prior(d, tmp_path, ["shard_00000.safetensors"], ["shard_00001.safetensors"], gamma=8,
+    prior = fit_copy_prior(d, tmp_path, ["shard_00000.npz"], ["shard_00001.npz"], gamma=8,
                            per_row=4, min_count=5, progress=False, strict_gammas=(4,),
                            replay_answers=3, replay_tokens=16)
     assert d.copy is None  # the drafter is handed back as it came

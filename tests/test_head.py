@@ -14,8 +14,9 @@ def _exact_logits(h, W):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.integers(0, 10**6), st.integers(1, 9), st.sampled_from([50, 600, 3000]), st.floats(0.1, 30.0))
-def test_argmax_gap_and_rank_are_exact(seed, T, V, scale):
+@given(st.integers(0, 10**6), st.integers(1, 9), st.sampled_from([50, 600, 3000]), st.floats(0.1, 30.0),
+       st.sampled_from([torch.bfloat16, torch.float32]))
+def test_argmax_gap_and_rank_are_exact(seed, T, V, scale, screen):
     g = torch.Generator().manual_seed(seed)
     d = 48
     W = torch.randn(V, d, generator=g)
@@ -23,7 +24,7 @@ def test_argmax_gap_and_rank_are_exact(seed, T, V, scale):
     # near-ties the screen cannot tell apart: duplicate a row and nudge it in the last float32 bits
     W[1] = W[0] * (1 + 2.0**-22)
     h[0] = W[0] * 3
-    head = ExactHead(W)
+    head = ExactHead(W, screen=screen)
     draft = torch.randint(0, V, (T - 1,), generator=g)
     argmax, gap, rank_fn = head(h, draft if T > 1 else None)
     z = _exact_logits(h, W)
@@ -38,11 +39,22 @@ def test_argmax_gap_and_rank_are_exact(seed, T, V, scale):
         assert bool((rank[~exact] >= RANK_EXACT).all()) and bool((rank <= want).all())
 
 
-def test_ties_go_to_the_lowest_id():
+@pytest.mark.parametrize("screen", [torch.bfloat16, torch.float32])
+def test_ties_go_to_the_lowest_id(screen):
     W = torch.zeros(10, 4)
     W[3] = W[7] = torch.tensor([1.0, 0, 0, 0])
-    argmax, _, _ = ExactHead(W)(torch.tensor([[2.0, 0, 0, 0]]))
+    argmax, _, _ = ExactHead(W, screen=screen)(torch.tensor([[2.0, 0, 0, 0]]))
     assert int(argmax[0]) == 3
+
+
+def test_a_float32_screen_rescores_far_fewer_tokens():
+    g = torch.Generator().manual_seed(0)
+    W, h = torch.randn(3000, 48, generator=g), torch.randn(4, 48, generator=g) * 5
+    wide = ExactHead(W)
+    tight = ExactHead(W, screen=torch.float32)
+    assert tight.c < wide.c / 100
+    with pytest.raises(ValueError, match="screen"):
+        ExactHead(W, screen=torch.float16)
 
 
 def test_plain_head_only_for_plain_float32_heads():

@@ -23,22 +23,29 @@ def _data(n=6, seed=0):
     return Data(rows, [10] * n, [f"p{i}" for i in range(n)])
 
 
-def test_packed_blocks_match_inference(verifier_dir):
+@pytest.mark.parametrize("copy_input", [False, True])
+def test_packed_blocks_match_inference(verifier_dir, copy_input):
     """Each packed query block sees exactly what the drafter sees at inference: the causally
-    cached context and [x_{b-1}, masks] at positions b-1 .. b-1+gamma."""
+    cached context and [x_{b-1}, masks] at positions b-1 .. b-1+gamma, and the same copy hints."""
     torch.manual_seed(0)
-    model = drafter_from_verifier(verifier_dir, num_layers=2).eval()
+    model = drafter_from_verifier(verifier_dir, num_layers=2, copy_input=copy_input).eval()
     with torch.no_grad():
         model.mask_embedding.normal_()
+        if copy_input:
+            model.hint_proj.weight.normal_()
+            model.hint_length.normal_()
     g, nb = 6, 3
-    data = _data(2)
-    cfg = TrainConfig(gamma=g, blocks_per_seq=nb, batch_seqs=1, full_mask_share=1.0)
+    # a small alphabet: suffixes recur, so most blocks carry a hint
+    data = _data(2) if not copy_input else Data([r % 7 + 3 for r in _data(2).rows], [10, 10], ["p0", "p1"])
+    cfg = TrainConfig(gamma=g, blocks_per_seq=nb, batch_seqs=1, full_mask_share=1.0, copy_input=copy_input)
     drafter = DiffusionDrafter(model, steps=1)
-    checked = 0
+    checked = hinted = 0
     for seed in (3, 4):  # one sequence per batch: no padding, so the query blocks are the last rows
-        ids, pos, mask, tp, tt, _ = make_batch(data, np.random.default_rng(seed), cfg, model.mask_id, torch.arange(96))
+        ids, pos, mask, tp, tt, _, hint = make_batch(data, np.random.default_rng(seed), cfg, model.mask_id,
+                                                     torch.arange(96))
+        assert (hint is not None) == copy_input
         with torch.no_grad():
-            h, _ = model(ids, pos, None, mask)
+            h, _ = model(ids, pos, None, mask, hint)
         b = 0
         C = ids.shape[1] - nb * (g + 1)
         for k in range(nb):
@@ -49,12 +56,17 @@ def test_packed_blocks_match_inference(verifier_dir):
             drafter.reset()
             x, P, q0, missing = drafter._block_input(row[:start].tolist(), g)
             assert (P, q0, len(missing)) == (1, start - 1, start - 1)
+            _, code = drafter._hint_input(row[:start].tolist(), x, P, g)
+            if copy_input:
+                assert torch.equal(code[0], hint[b, r0 : r0 + g + 1])
+                hinted += int((code >= 0).any())
             with torch.no_grad():
-                want = drafter._first_hidden(x, q0, missing)
+                want = drafter._first_hidden(x, q0, missing, code)
             got = h[b, r0 : r0 + g + 1]
             assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
             checked += 1
     assert checked == 2 * nb
+    assert hinted >= nb or not copy_input
     # targets: hidden at query index j predicts the token at start + j
     assert tt.shape[0] == tp.shape[0] > 0
 
@@ -64,7 +76,7 @@ def test_training_lowers_loss_and_resumes(verifier_dir, tmp_path):
     cfg = TrainConfig(num_layers=1, gamma=4, blocks_per_seq=4, batch_seqs=2, steps=4, lr=3e-3, warmup=1,
                       holdout=0, dtype="float32", checkpoint_every=2, eval_every=1000)
     torch.manual_seed(0)
-    model = drafter_from_verifier(verifier_dir, num_layers=1)
+    model = drafter_from_verifier(verifier_dir, num_layers=1, copy_input=True)
     opt = torch.optim.AdamW(trainable(model).values(), lr=cfg.lr)
     data = _data(4)
     V = model.spec.backbone.vocab_size
@@ -73,8 +85,8 @@ def test_training_lowers_loss_and_resumes(verifier_dir, tmp_path):
     batch = make_batch(data, rng, cfg, model.mask_id, head_index)
 
     def loss_of(m):
-        ids, pos, mask, tp, tt, _ = batch
-        h, _ = m(ids, pos, None, mask)
+        ids, pos, mask, tp, tt, _, hint = batch
+        h, _ = m(ids, pos, None, mask, hint)
         return torch.nn.functional.cross_entropy(h[tp[:, 0], tp[:, 1]] @ m.head_weight().T, tt)
 
     first = float(loss_of(model))
@@ -84,7 +96,7 @@ def test_training_lowers_loss_and_resumes(verifier_dir, tmp_path):
         opt.step()
     assert float(loss_of(model)) < first - 0.5
     save_state(tmp_path, model, opt, 15, cfg, [])
-    fresh = drafter_from_verifier(verifier_dir, num_layers=1)
+    fresh = drafter_from_verifier(verifier_dir, num_layers=1, copy_input=True)
     opt2 = torch.optim.AdamW(trainable(fresh).values(), lr=cfg.lr)
     step, _ = load_state(tmp_path, fresh, opt2)
     assert step == 15
@@ -166,3 +178,48 @@ def test_a_manifest_naming_another_verifier_warns(tmp_path, capsys):
         (tmp_path / "d" / "manifest.json").write_text(json.dumps({"verifier": {"verifier_source_sha256": want}}))
         _check_manifest(tmp_path / "d", tmp_path / "v")
         assert ("distilled from verifier bbbbbbbbbbbb" in capsys.readouterr().err) == warns
+
+
+def test_block_hint_follows_the_inference_rule():
+    from vskip.distill.train import _block_hint
+    from vskip.models.copy import copy_hint
+    from vskip.models.drafter import hint_code
+
+    V = 96
+    ctx = np.array([5, 6, 7, 8, 5, 6], dtype=np.int64)  # suffix [5, 6] recurs: hint 7, 8, 5, 6 ...
+    tokens, length = copy_hint(ctx, 4)
+    assert tokens.tolist() == [7, 8, 5, 6] and length == 2
+    code = hint_code(tokens, length, V)
+    target = np.array([7, 9, 5, 6])
+    none = np.zeros(4, dtype=bool)
+    assert _block_hint(ctx, target, none, 4, True, V).tolist() == [-1] + code.tolist()
+    # a revealed token that breaks the hint (position 1) drops the hints after it, not before
+    reveal = np.array([False, True, False, False])
+    assert _block_hint(ctx, target, reveal, 4, True, V).tolist() == [-1, code[0], code[1], -1, -1]
+    # a revealed token that agrees keeps them
+    reveal = np.array([True, False, False, False])
+    assert _block_hint(ctx, target, reveal, 4, True, V).tolist() == [-1] + code.tolist()
+    assert _block_hint(ctx, target, none, 4, False, V).tolist() == [-1] * 5
+    assert _block_hint(np.array([1, 2, 3]), target, none, 4, True, V).tolist() == [-1] * 5  # no match
+
+
+def test_a_copy_input_drafter_round_trips_and_reads_its_hints(verifier_dir, tmp_path):
+    from vskip.models.drafter import load_drafter_model, save_drafter
+
+    torch.manual_seed(0)
+    model = drafter_from_verifier(verifier_dir, num_layers=1, copy_input=True).eval()
+    seq = [5, 6, 7, 8, 9, 5, 6]  # the hint continues 7, 8, 9 ...
+    plain = DiffusionDrafter(model, steps=1).first_step(seq, 4)
+    with torch.no_grad():  # an untrained hint input changes nothing; a trained one does
+        assert torch.equal(plain, DiffusionDrafter(model, steps=1).first_step(seq, 4))
+        model.hint_proj.weight.normal_()
+        model.hint_length.normal_()
+    hinted = DiffusionDrafter(model, steps=1).first_step(seq, 4)
+    assert not torch.allclose(plain, hinted)
+    assert DiffusionDrafter(model, steps=1).match_length(seq) == 2
+    d = save_drafter(model, tmp_path / "d", base_dir=verifier_dir, dtype=torch.float32)
+    back = load_drafter_model(d, base_dir=verifier_dir)
+    assert back.spec.copy_input
+    assert torch.allclose(DiffusionDrafter(back, steps=1).first_step(seq, 4), hinted, atol=1e-5)
+    block = DiffusionDrafter(back, steps=2).propose(seq, 4)
+    assert len(block.tokens) == 4

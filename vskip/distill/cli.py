@@ -21,6 +21,7 @@ def register(subparsers) -> None:
     p.add_argument("--generate", action="store_true", help="first generate (or finish generating) the data")
     p.add_argument("--limit", type=int, help="with --generate: only the first N prompts")
     p.add_argument("--max-new-tokens", type=int, default=384, help="with --generate: answer budget")
+    p.add_argument("--slots", type=int, default=64, help="with --generate: answers decoded at once (default: 64)")
     from .config import TrainConfig
 
     d = TrainConfig()
@@ -33,6 +34,11 @@ def register(subparsers) -> None:
     p.add_argument("--position-decay", type=float, default=d.position_decay,
                    help="loss weight j**-decay for block position j")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default=d.dtype)
+    p.add_argument("--copy-input", action=argparse.BooleanOptionalAction, default=d.copy_input,
+                   help="the network reads the copy hint (the hinted token and the match length) at "
+                   "every masked position (default: on)")
+    p.add_argument("--full-mask-share", type=float, default=d.full_mask_share,
+                   help="share of training blocks that are fully masked, as at the first reveal step")
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--export", action="store_true",
                    help="only write OUT/drafter from the latest checkpoint (the run may still be going)")
@@ -109,14 +115,15 @@ def _cmd_train(a) -> int:
         from .prompts import build_prompts
 
         generate_distillation(Path(a.data), build_prompts(), vdir, max_new_tokens=a.max_new_tokens,
-                              threads=a.threads or 1, limit=a.limit)
+                              slots=a.slots, threads=a.threads or 2, limit=a.limit)
     if not Path(a.data).exists():
         raise FileNotFoundError(f"data directory {a.data} does not exist (use --generate)")
     if a.layers:
         a.num_layers = len(a.layers)
     cfg = TrainConfig(**{k: getattr(a, k) for k in ("num_layers", "gamma", "blocks_per_seq", "batch_seqs", "steps",
                                                    "warmup", "max_context", "holdout", "seed", "checkpoint_every",
-                                                   "eval_every", "lr", "dtype", "threads", "position_decay", "layers")})
+                                                   "eval_every", "lr", "dtype", "threads", "position_decay", "layers",
+                                                   "copy_input", "full_mask_share")})
     path = train(Path(a.data), Path(a.out), vdir, cfg)
     print(json.dumps({"drafter": str(path), **json.loads((path / "drafter.json").read_text())["meta"]["holdout"]}))
     return 0

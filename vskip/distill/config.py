@@ -27,4 +27,8 @@ class TrainConfig:
     dtype: str = "bfloat16"
     checkpoint_every: int = 50
     eval_every: int = 250
+    #: held-out blocks per evaluation (at the decoding defaults' gamma and reveal steps)
+    eval_blocks: int = 100
     threads: int | None = None
+    #: the network reads the copy hint (DrafterSpec.copy_input)
+    copy_input: bool = True

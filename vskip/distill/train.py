@@ -28,7 +28,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..models.drafter import DiffusionDrafter, DiffusionLM, drafter_from_verifier, save_drafter
+from ..defaults import GAMMA, STEPS
+from ..models.copy import copy_hint
+from ..models.drafter import HINT_MAX_LEN, DiffusionDrafter, DiffusionLM, drafter_from_verifier, hint_code, save_drafter
 from .config import TrainConfig
 from .generate import iter_distillation
 
@@ -77,9 +79,11 @@ def head_vocabulary(data: Data, eos_id: int) -> torch.Tensor:
 
 
 def make_batch(data: Data, rng: np.random.Generator, cfg: TrainConfig, mask_id: int, head_index: torch.Tensor):
-    """Packed sequences, per-sample positions and masks, and (row, column) targets."""
+    """Packed sequences, per-sample positions and masks, (row, column) targets, their loss
+    weights, and the hint input (None unless ``cfg.copy_input``)."""
     g = cfg.gamma
-    seqs, poss, masks, tgt_pos, tgt_ids, tgt_j = [], [], [], [], [], []
+    vocab_size = len(head_index)  # head_index maps every vocabulary id to its head column
+    seqs, poss, masks, hints, tgt_pos, tgt_ids, tgt_j = [], [], [], [], [], [], []
     picks = rng.integers(0, len(data), cfg.batch_seqs)
     for bi, i in enumerate(picks):
         row, P = data.rows[i], data.prompt_lens[i]
@@ -91,6 +95,7 @@ def make_batch(data: Data, rng: np.random.Generator, cfg: TrainConfig, mask_id: 
         C = int(starts.max()) - 1 - lo  # causal part: x_lo .. x_{max b - 2}
         toks = [row[lo : lo + C]]
         pos = [np.arange(lo, lo + C)]
+        hint = [np.full(C, -1, dtype=np.int64)]
         S = C + len(starts) * (g + 1)
         m = np.zeros((S, S), dtype=bool)
         m[:C, :C] = np.tril(np.ones((C, C), dtype=bool))
@@ -108,6 +113,7 @@ def make_batch(data: Data, rng: np.random.Generator, cfg: TrainConfig, mask_id: 
             reveal = ~masked[: len(target)]
             q[1 : 1 + len(target)][reveal] = target[reveal]
             toks.append(q)
+            hint.append(_block_hint(row[:b], target, reveal, g, cfg.copy_input, vocab_size))
             pos.append(np.arange(b - 1, b + g))
             m[r0 : r0 + g + 1, : b - 1 - lo] = True
             m[r0 : r0 + g + 1, r0 : r0 + g + 1] = True
@@ -118,15 +124,18 @@ def make_batch(data: Data, rng: np.random.Generator, cfg: TrainConfig, mask_id: 
                     tgt_j.append(j + 1)
         seqs.append(np.concatenate(toks))
         poss.append(np.concatenate(pos))
+        hints.append(np.concatenate(hint))
         masks.append(m)
     S = max(len(s) for s in seqs)
     B = len(seqs)
     ids = torch.full((B, S), 0, dtype=torch.long)
     positions = torch.zeros((B, S), dtype=torch.long)
+    hint_in = torch.full((B, S), -1, dtype=torch.long)
     mask = torch.zeros((B, 1, S, S), dtype=torch.bool)
     for b in range(B):
         L = len(seqs[b])
         ids[b, :L] = torch.from_numpy(seqs[b])
+        hint_in[b, :L] = torch.from_numpy(hints[b])
         positions[b, :L] = torch.from_numpy(poss[b])
         mask[b, 0, :L, :L] = torch.from_numpy(masks[b])
         mask[b, 0, L:, :] = False
@@ -134,7 +143,26 @@ def make_batch(data: Data, rng: np.random.Generator, cfg: TrainConfig, mask_id: 
     tp = torch.tensor(tgt_pos, dtype=torch.long).reshape(-1, 2)
     tt = head_index[torch.tensor(tgt_ids, dtype=torch.long)]
     w = torch.tensor(tgt_j, dtype=torch.float32) ** -cfg.position_decay
-    return ids, positions, mask, tp, tt, w
+    return ids, positions, mask, tp, tt, w, (hint_in if cfg.copy_input else None)
+
+
+def _block_hint(context: np.ndarray, target: np.ndarray, reveal: np.ndarray, g: int, on: bool,
+                vocab_size: int) -> np.ndarray:
+    """The hint input of a training block's query ``[last token ; g positions]``: -1 at the last
+    token, the copy hint's code at masked positions, dropped (-1) after the first revealed token
+    that breaks it, exactly as the drafter does at inference."""
+    out = np.full(g + 1, -1, dtype=np.int64)
+    if not on:
+        return out
+    tokens, length = copy_hint(context, g, HINT_MAX_LEN)
+    if length == 0:
+        return out
+    n = len(target)
+    wrong = np.zeros(g, dtype=bool)
+    wrong[:n] = reveal & (target != tokens[:n])
+    keep = np.cumsum(wrong) - wrong == 0
+    out[1:] = np.where(keep, hint_code(tokens, length, vocab_size), -1)
+    return out
 
 
 def trainable(model: DiffusionLM) -> dict[str, torch.nn.Parameter]:
@@ -191,7 +219,8 @@ def load_state(out: Path, model, opt) -> tuple[int, list]:
 
 
 @torch.no_grad()
-def acceptance(model: DiffusionLM, data: Data, gamma: int, steps: int = 2, n_blocks: int = 200, seed: int = 1) -> dict:
+def acceptance(model: DiffusionLM, data: Data, gamma: int = GAMMA, steps: int = STEPS, n_blocks: int = 200,
+               seed: int = 1) -> dict:
     """Offline Strict SDD acceptance on held-out answers: the stored answers are the verifier's own
     greedy output, so the accepted length at a block start b is the longest prefix of the draft
     that equals ``row[b:b+gamma]``. Returns mean L, P(L >= j) and tokens per verifier call."""
@@ -209,14 +238,33 @@ def acceptance(model: DiffusionLM, data: Data, gamma: int, steps: int = 2, n_blo
         if len(row) - P >= 2:
             starts.append((i, int(rng.integers(P, len(row) - 1))))
     Ls = strict_lengths(drafter, rows, starts, gamma, progress=False)
+    agree = first_step_agreement(drafter, rows, starts, gamma)
     model.train(was_training)
     L = np.asarray(Ls)
     return {
         "mean_L": float(L.mean()),
         "tokens_per_call": float(L.mean() + 1),
         "p_L_ge": [float((L >= j).mean()) for j in range(1, gamma + 1)],
+        "first_step_top1": float(agree.mean()),
+        "first_step_top1_by_position": [float(x) for x in agree.mean(0)],
         "n": int(L.size),
     }
+
+
+def first_step_agreement(drafter: DiffusionDrafter, rows, starts, gamma: int) -> np.ndarray:
+    """[blocks, gamma] bool: at the first reveal step of a fully masked block, whether the
+    drafter's top token (network and hint input; no copy prior) is the verifier's token. Blocks
+    that run past the answer's end are left out."""
+    out = []
+    for i, b in starts:
+        row = rows[i][0]
+        if b + gamma > len(row):
+            continue
+        drafter.reset()
+        probs = drafter.first_step(row[:b].tolist(), gamma)
+        col = drafter.head_column(torch.as_tensor(row[b : b + gamma]))
+        out.append(((col >= 0) & (probs.argmax(-1) == col)).cpu().numpy())
+    return np.asarray(out, dtype=bool).reshape(-1, gamma)
 
 
 def train(data_dir: Path, out: Path, verifier_dir: Path, cfg: TrainConfig, progress: bool = True) -> Path:
@@ -242,7 +290,8 @@ def train(data_dir: Path, out: Path, verifier_dir: Path, cfg: TrainConfig, progr
         head = load_file(str(out / STATE_FILE))["head_ids"]
     else:
         head = head_vocabulary(data, eos)
-    model = drafter_from_verifier(verifier_dir, num_layers=cfg.num_layers, head_ids=head, layers=cfg.layers)
+    model = drafter_from_verifier(verifier_dir, num_layers=cfg.num_layers, head_ids=head, layers=cfg.layers,
+                                  copy_input=cfg.copy_input)
     V = model.spec.backbone.vocab_size
     head_index = torch.full((V,), -100, dtype=torch.long)
     head_index[head] = torch.arange(len(head))
@@ -257,12 +306,14 @@ def train(data_dir: Path, out: Path, verifier_dir: Path, cfg: TrainConfig, progr
     model.train()
     bar = tqdm(total=cfg.steps, initial=step, desc="train drafter", unit="step", disable=not progress)
     t0, tokens_seen = time.time(), 0
+    # answer tokens trained on so far (masked targets), carried over from the log on resume
+    targets_seen = int(log[-1].get("targets", 0)) if log else 0
     while step < cfg.steps:
-        ids, pos, mask, tp, tt, w = make_batch(tr, rng, cfg, model.mask_id, head_index)
+        ids, pos, mask, tp, tt, w, hint = make_batch(tr, rng, cfg, model.mask_id, head_index)
         for grp in opt.param_groups:
             grp["lr"] = _lr(step, cfg)
         with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
-            h, _ = model(ids, pos, None, mask)
+            h, _ = model(ids, pos, None, mask, hint)
             hs = h[tp[:, 0], tp[:, 1]]
             logits = hs @ model.head_weight().T
         keep = tt >= 0
@@ -274,20 +325,24 @@ def train(data_dir: Path, out: Path, verifier_dir: Path, cfg: TrainConfig, progr
         opt.step()
         step += 1
         tokens_seen += int(ids.numel())
-        entry = {"step": step, "loss": float(loss), "tok_s": tokens_seen / (time.time() - t0)}
+        targets_seen += int(keep.sum())
+        entry = {"step": step, "loss": float(loss), "tok_s": tokens_seen / (time.time() - t0),
+                 "targets": targets_seen}
         bar.update(1)
         bar.set_postfix(loss=f"{entry['loss']:.3f}", tok_s=f"{entry['tok_s']:.0f}")
         if step % cfg.eval_every == 0 or step == cfg.steps:
-            entry["holdout"] = acceptance(model, ho, cfg.gamma, n_blocks=100)
-            bar.write(f"step {step}: loss {entry['loss']:.3f} holdout mean L {entry['holdout']['mean_L']:.2f}")
+            entry["holdout"] = acceptance(model, ho, n_blocks=cfg.eval_blocks)
+            bar.write(f"step {step}: loss {entry['loss']:.3f} holdout mean L {entry['holdout']['mean_L']:.2f}, "
+                      f"first-step top-1 {entry['holdout']['first_step_top1']:.3f}")
         log.append(entry)
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
             save_state(out, model, opt, step, cfg, log)
     bar.close()
-    final = acceptance(model, ho, cfg.gamma, n_blocks=300)
+    final = acceptance(model, ho, n_blocks=3 * cfg.eval_blocks)
     meta = {"train": asdict(cfg), "steps": step, "holdout": final, "head_size": int(len(head)), "rows": len(tr)}
     save_drafter(model.eval(), out / "drafter", base_dir=verifier_dir, meta=meta)
     write_manifest(out / "drafter", out, data_dir, verifier_dir)
+    write_curve(log, out)
     return out / "drafter"
 
 
@@ -296,7 +351,9 @@ def data_fingerprint(data_dir: Path, shards: list[str] | None = None) -> list[di
     """Name, size and sha256 of each distillation shard (all of ``data_dir``'s, or ``shards``)."""
     from ..models.embedded import file_sha256
 
-    files = [Path(data_dir) / f for f in shards] if shards else sorted(Path(data_dir).glob("shard_*.safetensors"))
+    from .generate import shard_files
+
+    files = [Path(data_dir) / f for f in shards] if shards else shard_files(data_dir)
     return [{"file": f.name, "bytes": f.stat().st_size, "sha256": file_sha256(f)} for f in files]
 
 
@@ -343,18 +400,49 @@ def export(out: Path, verifier_dir: Path, evaluate_on: Path | None = None) -> Pa
 
     out = Path(out)
     meta = json.loads((out / META_FILE).read_text())
-    cfg = TrainConfig(**meta["config"])
+    cfg = TrainConfig(**{"copy_input": False, **meta["config"]})  # runs before the hint input had none
     head = load_file(str(out / STATE_FILE))["head_ids"]
-    model = drafter_from_verifier(verifier_dir, num_layers=cfg.num_layers, head_ids=head, layers=cfg.layers)
+    model = drafter_from_verifier(verifier_dir, num_layers=cfg.num_layers, head_ids=head, layers=cfg.layers,
+                                  copy_input=cfg.copy_input)
     opt = torch.optim.AdamW(trainable(model).values())
     step, _ = load_state(out, model, opt)
     info = {"train": asdict(cfg), "steps": step, "head_size": int(len(head))}
     if evaluate_on is not None:
         _, ho = split(load_rows(evaluate_on), cfg.holdout, cfg.seed)
-        info["holdout"] = acceptance(model, ho, cfg.gamma, n_blocks=300)
+        info["holdout"] = acceptance(model, ho, n_blocks=3 * cfg.eval_blocks)
     save_drafter(model.eval(), out / "drafter", base_dir=verifier_dir, meta=info)
     run = json.loads((out / "config.json").read_text()) if (out / "config.json").exists() else {}
     data_dir = evaluate_on or run.get("data")
     if data_dir and Path(data_dir).exists():
         write_manifest(out / "drafter", out, Path(data_dir), verifier_dir)
     return out / "drafter"
+
+
+def write_curve(log: list[dict], out: Path) -> Path | None:
+    """``curve.csv`` and ``curve.png`` in ``out``: held-out first-step top-1 agreement and tokens
+    per verifier call (offline Strict SDD) against the answer tokens trained on, so one sees
+    whether more data would still help. None when the log holds no evaluation."""
+    rows = [(e.get("targets", 0), e["step"], e["holdout"]["first_step_top1"], e["holdout"]["tokens_per_call"])
+            for e in log if "holdout" in e and "first_step_top1" in e["holdout"]]
+    if not rows:
+        return None
+    out = Path(out)
+    lines = ["targets,step,first_step_top1,tokens_per_call"] + [f"{t},{s},{a:.4f},{c:.4f}" for t, s, a, c in rows]
+    (out / "curve.csv").write_text("\n".join(lines) + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 2, figsize=(9, 3.4))
+    x = [r[0] / 1e6 for r in rows]
+    ax[0].plot(x, [r[2] for r in rows], marker="o")
+    ax[0].set(xlabel="answer tokens trained on (millions)", ylabel="held-out first-step top-1")
+    ax[1].plot(x, [r[3] for r in rows], marker="o", color="C1")
+    ax[1].set(xlabel="answer tokens trained on (millions)", ylabel="held-out tokens per verifier call")
+    for a in ax:
+        a.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "curve.png", dpi=120)
+    plt.close(fig)
+    return out / "curve.png"

@@ -27,7 +27,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .copy import CopyPrior, suffix_match
+from .copy import LENGTH_EDGES, CopyPrior, _bucket, copy_hint, suffix_match
 from .backbone import Backbone, BackboneConfig, read_hf_config, read_safetensors_dir
 from .protocols import DRAFT_FEATURES, DraftBlock, common_prefix
 
@@ -37,6 +37,8 @@ SPEC_FILE = "drafter.json"
 WEIGHTS_FILE = "drafter.safetensors"
 #: Input id standing for the learned mask embedding when the vocabulary has no mask token.
 LEARNED_MASK = -1
+#: longest suffix match the hint input looks for
+HINT_MAX_LEN = 32
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,10 @@ class DrafterSpec:
     base: str | None = None
     meta: dict = field(default_factory=dict)
     base_layers: tuple[int, ...] | None = None
+    #: the copy hint (:func:`~vskip.models.copy.copy_hint`) enters the network: every masked
+    #: position with a hint adds a learned projection of the hinted token's embedding and a
+    #: learned vector for the match length's bucket to its input
+    copy_input: bool = False
 
     def __post_init__(self):
         if self.base_layers is not None:
@@ -81,6 +87,7 @@ class DrafterSpec:
             "reveal": self.reveal,
             "base": self.base,
             "base_layers": list(self.base_layers) if self.base_layers is not None else None,
+            "copy_input": self.copy_input,
             "meta": self.meta,
         }
 
@@ -97,6 +104,7 @@ class DrafterSpec:
             base=d.get("base"),
             meta=d.get("meta", {}),
             base_layers=d.get("base_layers"),
+            copy_input=bool(d.get("copy_input", False)),
         )
 
 
@@ -113,15 +121,31 @@ class DiffusionLM(nn.Module):
         if head_ids is not None:
             head_ids = head_ids.long()
         self.register_buffer("head_ids", head_ids, persistent=True)
+        self.hint_proj = self.hint_length = None
+        if spec.copy_input:  # zero at the start: an untrained hint input changes nothing
+            self.hint_proj = nn.Linear(c.hidden_size, c.hidden_size, bias=False)
+            nn.init.zeros_(self.hint_proj.weight)
+            self.hint_length = nn.Parameter(torch.zeros(len(LENGTH_EDGES), c.hidden_size))
 
     @property
     def mask_id(self) -> int:
         return LEARNED_MASK if self.spec.mask_token_id is None else int(self.spec.mask_token_id)
 
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+    def embed(self, ids: torch.Tensor, hint: torch.Tensor | None = None) -> torch.Tensor:
+        """Input embeddings of ``ids``; ``hint`` (same shape, or None) holds per position the
+        hinted token id and its match-length bucket as ``bucket * vocab + id``, or -1 for none
+        (see :func:`hint_code`); only masked positions read it."""
         e = self.backbone.embed_tokens(ids.clamp(min=0))
+        masked = ids == self.mask_id
         if self.mask_embedding is not None:
-            e = torch.where((ids == LEARNED_MASK)[..., None], self.mask_embedding.to(e.dtype), e)
+            e = torch.where(masked[..., None], self.mask_embedding.to(e.dtype), e)
+        if hint is not None and self.hint_proj is not None:
+            V = self.spec.backbone.vocab_size
+            on = masked & (hint >= 0)
+            tok, bucket = hint.clamp(min=0) % V, hint.clamp(min=0) // V
+            add = self.hint_proj(self.backbone.embed_tokens(tok).to(self.hint_proj.weight.dtype))
+            add = add + self.hint_length[bucket]
+            e = e + torch.where(on[..., None], add.to(e.dtype), torch.zeros((), dtype=e.dtype, device=e.device))
         return e
 
     def head_weight(self) -> torch.Tensor:
@@ -134,9 +158,18 @@ class DiffusionLM(nn.Module):
             return self.head_ids
         return torch.arange(self.head_weight().shape[0], device=self.backbone.norm.weight.device)
 
-    def forward(self, ids, positions, past=None, mask=None):
+    def forward(self, ids, positions, past=None, mask=None, hint=None):
         """Hidden states (LM-head input) [B, T, d] and per-layer keys/values."""
-        return self.backbone(self.embed(ids), positions, past, mask)
+        return self.backbone(self.embed(ids, hint), positions, past, mask)
+
+
+def hint_code(hint, length: int, vocab_size: int):
+    """The per-position hint input of :meth:`DiffusionLM.embed` for hint tokens ``hint`` (numpy
+    or torch, -1 for none) behind a match of ``length`` (0: no hint anywhere)."""
+    if length <= 0:
+        return hint * 0 - 1
+    bucket = int(_bucket(length, LENGTH_EDGES))
+    return (hint >= 0) * (hint + bucket * vocab_size + 1) - 1
 
 
 def reveal_counts(gamma: int, steps: int, eps: float = 1e-3) -> list[int]:
@@ -201,21 +234,35 @@ class DiffusionDrafter:
         self._cached_ids: list[int] = []
 
     def match_length(self, seq: Sequence[int]) -> int:
-        """The copy hint's match length after ``seq`` (0 without a copy prior)."""
-        if self.copy is None:
-            return 0
-        return suffix_match(seq, self.copy.max_len)[0]
+        """The copy hint's match length after ``seq`` (0 when neither a copy prior nor the
+        network reads hints)."""
+        if self.copy is not None:
+            return suffix_match(seq, self.copy.max_len)[0]
+        if self.model.hint_proj is not None:
+            return suffix_match(seq, HINT_MAX_LEN)[0]
+        return 0
 
     def warmup(self, seq, gamma) -> None:
         self.propose(seq, gamma, features=True)
         self.reset()
 
     # -- context ---------------------------------------------------------------------------
-    def _hidden(self, x: torch.Tensor, start: int) -> torch.Tensor:
+    def _hidden(self, x: torch.Tensor, start: int, hint: torch.Tensor | None = None) -> torch.Tensor:
         """Final hidden states of query ``x`` [1, T] placed at positions start..start+T-1."""
         pos = torch.arange(start, start + x.shape[1], device=self.device)
-        h, _ = self.model(x, pos, self._cache, None)
+        h, _ = self.model(x, pos, self._cache, None, hint)
         return h[0]
+
+    def _hint_input(self, seq: Sequence[int], x: torch.Tensor, P: int, gamma: int):
+        """(hint tokens [gamma], hint input [1, P + gamma]) for a network that reads hints, else
+        (None, None)."""
+        if self.model.hint_proj is None:
+            return None, None
+        h, length = copy_hint(seq, gamma, HINT_MAX_LEN)
+        tokens = torch.from_numpy(h).to(self.device)
+        code = torch.full_like(x, -1)
+        code[0, P:] = hint_code(tokens, length, self.spec.backbone.vocab_size)
+        return tokens, code
 
     def _block_input(self, seq: Sequence[int], gamma: int) -> tuple[torch.Tensor, int, int, list[int]]:
         """The block query ``[prefix ; gamma masks]`` [1, P + gamma], P, its first position, and
@@ -238,19 +285,21 @@ class DiffusionDrafter:
         x[0, :P] = torch.tensor(prefix, device=self.device)
         return x, P, start, missing
 
-    def _first_hidden(self, x: torch.Tensor, start: int, missing: list[int]) -> torch.Tensor:
+    def _first_hidden(self, x: torch.Tensor, start: int, missing: list[int], hint: torch.Tensor | None = None) -> torch.Tensor:
         """Hidden states of the block query ``x`` [1, T] at the first reveal step. The context
         tokens ``missing`` (positions start - len(missing) .. start - 1) ride in the same forward,
         attending causally, and their keys/values join the cache."""
         if not missing:
-            return self._hidden(x, start)
+            return self._hidden(x, start, hint)
         C, T = len(missing), x.shape[1]
         n = start - C
         q = torch.cat([torch.tensor([missing], device=self.device), x], dim=1)
         mask = torch.ones(C + T, n + C + T, dtype=torch.bool, device=self.device)
         mask[:C, n:] = torch.ones(C, C + T, dtype=torch.bool, device=self.device).tril()
         pos = torch.arange(n, start + T, device=self.device)
-        h, present = self.model(q, pos, self._cache, mask)
+        if hint is not None:
+            hint = torch.cat([torch.full((1, C), -1, dtype=hint.dtype, device=self.device), hint], dim=1)
+        h, present = self.model(q, pos, self._cache, mask, hint)
         self._cache = [(k[:, :, :start], v[:, :, :start]) for k, v in present]
         self._cached_ids = self._cached_ids + list(missing)
         return h[0, C:]
@@ -282,7 +331,8 @@ class DiffusionDrafter:
         """The network's distribution over its head [gamma, head size] for a fully masked block
         after ``seq`` (the first reveal step, no copy prior): what the copy prior is fitted on."""
         x, P, start, missing = self._block_input(seq, gamma)
-        logits = (self._first_hidden(x, start, missing)[P - 1 : P - 1 + gamma] @ self._W.T).float()
+        _, code = self._hint_input(seq, x, P, gamma)
+        logits = (self._first_hidden(x, start, missing, code)[P - 1 : P - 1 + gamma] @ self._W.T).float()
         if self._neg is not None:
             logits = logits + self._neg
         return torch.softmax(logits, dim=-1)
@@ -312,8 +362,14 @@ class DiffusionDrafter:
             if w.any():
                 hint = torch.from_numpy(h).to(self.device)
                 lam = torch.from_numpy(w).to(device=self.device, dtype=torch.float32)
+        hint_in, code = self._hint_input(seq, x, P, gamma)
+        full_code = None if code is None else code.clone()
         for s, n in enumerate(reveal_counts(gamma, self.steps)):
-            h = self._first_hidden(x, start, missing) if s == 0 else self._hidden(x, start)
+            if s > 0 and code is not None:  # hints hold up to the first revealed token that breaks them
+                wrong = (~masked) & (tokens != hint_in)
+                keep = torch.cumsum(wrong.long(), 0) - wrong.long() == 0
+                code[0, P:] = torch.where(keep, full_code[0, P:], -1)
+            h = self._first_hidden(x, start, missing, code) if s == 0 else self._hidden(x, start, code)
             h = h[P - 1 : P - 1 + gamma]  # shifted: hidden j-1 predicts j
             logits = (h @ self._W.T).float()
             if self._neg is not None:
@@ -403,7 +459,7 @@ def backbone_state_from_hf(path: Path, num_layers: int, layers: Sequence[int] | 
 
 
 def drafter_from_verifier(verifier_dir: Path, num_layers: int = 6, head_ids: torch.Tensor | None = None,
-                          layers: Sequence[int] | None = None) -> DiffusionLM:
+                          layers: Sequence[int] | None = None, copy_input: bool = False) -> DiffusionLM:
     """A drafter on the verifier's own layout: its embedding, first ``num_layers`` layers (or the
     verifier layers ``layers``, in order), final norm and tied head, a learned mask embedding
     (initialised to the mean token embedding), block attention. Untrained: the starting point of
@@ -419,7 +475,7 @@ def drafter_from_verifier(verifier_dir: Path, num_layers: int = 6, head_ids: tor
             layers = None
     bb = BackboneConfig.from_hf(cfg, num_layers=num_layers)
     spec = DrafterSpec(backbone=bb, mask_token_id=None, head="tied", attention="block", base="embedded-verifier",
-                       base_layers=layers)
+                       base_layers=layers, copy_input=copy_input)
     model = DiffusionLM(spec, head_ids)
     sd = backbone_state_from_hf(verifier_dir, num_layers, layers)
     sd.pop("lm_head.weight", None)

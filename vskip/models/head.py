@@ -61,13 +61,20 @@ def plain_head(model) -> torch.nn.Linear | None:
 class ExactHead:
     """Argmax, drafted-token gap and rank of ``h @ W.T`` for float32 ``h`` [T, d] and ``W`` [V, d]."""
 
-    def __init__(self, weight: torch.Tensor):
+    def __init__(self, weight: torch.Tensor, screen: torch.dtype = torch.bfloat16):
+        """``screen``: the dtype of the screening product, bfloat16 (cheap where a call scores few
+        positions) or float32 (the same bytes as the head itself, but a bound so tight that
+        hardly any token needs rescoring: the better choice when many positions are scored)."""
         assert weight.ndim == 2 and weight.dtype == torch.float32, (weight.shape, weight.dtype)
+        if screen not in (torch.bfloat16, torch.float32):
+            raise ValueError(f"screen dtype must be bfloat16 or float32, not {screen}")
         self.weight = weight.detach()  # [V, d], the model's own tensor
-        self.screen = self.weight.to(torch.bfloat16)  # [V, d]
+        self.screen = self.weight if screen == torch.float32 else self.weight.to(screen)  # [V, d]
         self.row_norm = self.weight.norm(dim=1)  # [V]
         self.max_norm = float(self.row_norm.max())
-        u, g = U_BF16, self.weight.shape[1] * 2.0**-24
+        # rounding of the factors and of the result: none when the screen is float32 itself
+        u = U_BF16 if screen == torch.bfloat16 else 0.0
+        g = self.weight.shape[1] * 2.0**-24
         self.c = SLACK * (2 * u + u**2 + 2 * g + 2 * u * (1 + 3 * u))
 
     def _exact(self, h: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -89,7 +96,7 @@ class ExactHead:
         [T - 1] int64 when called (only top-k acceptance reads them)."""
         h = h.float()
         T = h.shape[0]
-        z = torch.nn.functional.linear(h.to(torch.bfloat16), self.screen).float()  # [T, V] screened logits
+        z = torch.nn.functional.linear(h.to(self.screen.dtype), self.screen).float()  # [T, V] screened logits
         rad = self.c * h.norm(dim=1)  # [T]: the bound of token v is rad * ||w_v||
         top, arg = z.max(dim=1)
         lower = top - rad * self.row_norm[arg]  # the argmax's exact logit is at least this

@@ -223,3 +223,11 @@ def test_a_copy_input_drafter_round_trips_and_reads_its_hints(verifier_dir, tmp_
     assert torch.allclose(DiffusionDrafter(back, steps=1).first_step(seq, 4), hinted, atol=1e-5)
     block = DiffusionDrafter(back, steps=2).propose(seq, 4)
     assert len(block.tokens) == 4
+
+
+def test_outside_head_counts_answer_tokens_only():
+    from vskip.distill.train import outside_head
+
+    d = Data([np.array([1, 2, 3, 4, 5]), np.array([7, 9])], [2, 1], ["a", "b"])
+    assert outside_head(d, torch.tensor([1, 2, 3, 4])) == 0.5  # answers 3 4 5 | 9: 5 and 9 are outside
+    assert outside_head(d, torch.tensor([3, 4, 5, 9])) == 0.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -93,6 +94,16 @@ def _configs(a, policy_name: str | None = None):
     return policy, dec, model_config(a)
 
 
+def _ids(text: str | None) -> tuple[str, ...] | None:
+    """Task ids of ``--ids`` (None when not given); given but naming none is an error."""
+    if text is None:
+        return None
+    ids = tuple(i.strip() for i in text.split(",") if i.strip())
+    if not ids:
+        raise ValueError(f"--ids names no task id: {text!r}")
+    return ids
+
+
 def cmd_run(a) -> int:
     from . import tasks
     from .runner import RunConfig, run
@@ -102,7 +113,7 @@ def cmd_run(a) -> int:
     if a.limit is not None and a.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {a.limit}")
     policy, dec, models = _configs(a)
-    ids = tuple(i.strip() for i in a.ids.split(",") if i.strip()) if a.ids else None
+    ids = _ids(a.ids)
     cfg = RunConfig(task=a.task, policy=policy, decode=dec, models=models, limit=a.limit, ids=ids,
                     score=a.score, predictor=a.predictor)
     summary = run(cfg, a.out, progress=not a.quiet)
@@ -171,7 +182,7 @@ def cmd_compare(a) -> int:
     variants = [compare.parse_variant(s, dec, models.steps) for s in a.configs.split(",") if s.strip()]
     if not any(v.name == "ar" for v in variants):
         raise ValueError("--configs must include ar, the reference every configuration is measured against")
-    ids = tuple(i.strip() for i in a.ids.split(",") if i.strip()) if a.ids else None
+    ids = _ids(a.ids)
     problems = tasks.load_task(a.task, limit=a.limit, ids=list(ids) if ids else None)
     if not problems:
         raise ValueError(f"no prompts selected from {a.task}")
@@ -216,7 +227,8 @@ def cmd_score(a) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="vskip", description="Speculative diffusion decoding with verifier skipping.")
+    p = _Parser(prog="vskip", description="Speculative diffusion decoding with verifier skipping.",
+                epilog="Errors print one line; --debug (anywhere) or VSKIP_DEBUG=1 prints the traceback.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     r = sub.add_parser("run", help="decode a task's prompts with one configuration and score them")
@@ -268,17 +280,44 @@ def build_parser() -> argparse.ArgumentParser:
 _EXTENSIONS = (".sweep", ".report", ".distill.cli", ".predictor", ".diagnose")
 
 
+#: failures caused by what the user gave (exit 2); anything else is a failure at run time (exit 1)
+BAD_INPUT = (ValueError, LookupError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
+             PermissionError, UnicodeError)
+
+
+def describe(e: BaseException) -> str:
+    """One line saying what failed, naming the file when an OS error carries one."""
+    if isinstance(e, OSError) and e.filename is not None:
+        what = e.strerror or type(e).__name__
+        return f"{what}: {e.filename}"
+    if isinstance(e, MemoryError):
+        return "out of memory"
+    if isinstance(e, KeyError) and e.args:
+        return f"missing key {e.args[0]!r}"
+    text = str(e).strip() or type(e).__name__
+    first = text.splitlines()[0]
+    return first if isinstance(e, BAD_INPUT) or isinstance(e, OSError) else f"{type(e).__name__}: {first}"
+
+
 def main(argv=None) -> int:
+    """Every failure becomes one line on stderr: exit 2 for bad input, 1 for a failure at run
+    time, 130 when interrupted. ``--debug`` (anywhere) or ``VSKIP_DEBUG=1`` shows the traceback."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("VSKIP_DEBUG", "") not in ("", "0")
+    argv = [a for a in argv if a != "--debug"]
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ValueError, FileNotFoundError, KeyError) as e:
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-        print(f"vskip: error: {msg}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("vskip: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # noqa: BLE001 - the one error boundary of the command line
+        if debug:
+            raise
+        print(f"vskip: error: {describe(e)}", file=sys.stderr)
+        if not isinstance(e, BAD_INPUT):
+            print("vskip: (run again with --debug for the traceback)", file=sys.stderr)
+        return 2 if isinstance(e, BAD_INPUT) else 1
 
 
 if __name__ == "__main__":

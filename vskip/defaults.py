@@ -13,3 +13,5 @@ STEPS = 1
 #: the paper's minimum skip length and staleness threshold (§5.1)
 K_MIN = 6
 S_MAX = 64
+#: the longest draft block accepted (the paper uses 32); longer blocks only cost memory and time
+MAX_GAMMA = 512

@@ -421,6 +421,9 @@ def cmd_train_predictor(a) -> int:
                       device=resolve_runtime(a.device, None, a.threads).device)
     if a.threads:
         torch.set_num_threads(a.threads)
+    from .files import check_writable_dir
+
+    check_writable_dir(a.out, "predictor directory")
     for run in a.traces:
         pol = run_policy(run)
         if pol is not None and pol != "strict":

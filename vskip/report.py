@@ -826,6 +826,10 @@ def build_report(paths: Sequence[Path], out: Path, k_min: int = 6, n_boot: int =
     for r in runs:
         notes += [f"{r.label}: {n}" for n in r.notes]
     usable = [r for r in runs if r.task and r.method and (r.samples or r.summary)]
+    if not usable:
+        for n in notes:
+            warn(n)
+        raise ValueError("no usable run in " + ", ".join(map(str, paths)) + (f" ({notes[0]})" if notes else ""))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     files: list[str] = []

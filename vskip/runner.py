@@ -9,6 +9,7 @@ its sample, as soon as it finishes; a rerun of the same command skips prompts al
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 from dataclasses import asdict, dataclass, field
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from .decode import DecodeConfig, decode, warmup
 from .defaults import STEPS
+from .files import DirLock, FileError, check_writable_dir, read_json, read_jsonl, write_json, write_jsonl
 from .metrics import summarize
 from .policy import PolicyConfig
 
@@ -72,41 +74,63 @@ def package_versions() -> dict:
     return out
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # a line cut by a kill: everything from here is redone
+def _read_rows(path: Path) -> list[dict]:
+    """A run file's rows; each must name its prompt (``task_id``)."""
+    rows = read_jsonl(path, on_cut=lambda msg: print(f"[vskip] {msg}; it is redone", file=sys.stderr))
+    for i, r in enumerate(rows):
+        if not isinstance(r.get("task_id"), str):
+            raise FileError(f"{path}: row {i + 1} has no task_id; the run directory is damaged")
     return rows
 
 
-def _write_jsonl(path: Path, rows) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-    tmp.replace(path)
+def resume_state(out: Path) -> tuple[dict[str, dict], list[dict]]:
+    """The finished prompts of a run directory (task id -> sample) and their rounds, made
+    consistent: a prompt counts as finished only when its sample line is whole and its rounds add
+    up (a sample records how many rounds it wrote); anything else is dropped and redone. Both
+    files are rewritten to what is kept."""
+    samples = _read_rows(out / SAMPLES)
+    rounds = _read_rows(out / ROUNDS)
+    count: dict[str, int] = {}
+    for r in rounds:
+        count[r["task_id"]] = count.get(r["task_id"], 0) + 1
+    done = {}
+    for s in samples:
+        want = s.get("rounds")
+        if want is None or count.get(s["task_id"], 0) == want:
+            done[s["task_id"]] = s
+        else:
+            print(f"[vskip] {out}: {s['task_id']} has {count.get(s['task_id'], 0)} of its {want} rounds; "
+                  "it is redone", file=sys.stderr)
+    kept = [r for r in rounds if r["task_id"] in done]
+    write_jsonl(out / ROUNDS, kept)
+    write_jsonl(out / SAMPLES, done.values())
+    return done, kept
 
 
 def _check_resume(out: Path, cfg_json: dict) -> None:
     p = out / CONFIG
     if not p.exists():
         return
-    old = json.loads(p.read_text())
-    if old.get("run") != cfg_json:
+    old = read_json(p, "run configuration")
+    if not isinstance(old, dict) or old.get("run") != cfg_json:
         raise ValueError(f"{out} holds a run with another configuration; choose another --out or remove it")
 
 
 def run(cfg: RunConfig, out: Path, progress: bool = True, pair=None) -> dict:
     """Decode, score and summarise; returns the summary. ``pair``: an already loaded
-    :class:`vskip.models.load.ModelPair` matching ``cfg.models`` (sweeps reuse one per process)."""
+    :class:`vskip.models.load.ModelPair` matching ``cfg.models`` (sweeps reuse one per process).
+    The run directory is locked while it runs: a second writer refuses."""
+    from . import tasks
+
+    problems = tasks.load_task(cfg.task, limit=cfg.limit, ids=list(cfg.ids) if cfg.ids else None)
+    if not problems:
+        raise ValueError(f"no prompts selected from {cfg.task}")
+    out = check_writable_dir(out, "run directory")
+    with DirLock(out, "run directory"):
+        return _run_locked(cfg, out, problems, progress, pair)
+
+
+def _run_locked(cfg: RunConfig, out: Path, problems, progress: bool, pair) -> dict:
     from tqdm import tqdm
 
     from . import tasks
@@ -114,19 +138,9 @@ def run(cfg: RunConfig, out: Path, progress: bool = True, pair=None) -> dict:
     from .prompting import encode_chat
     from .runtime import resolve_runtime
 
-    problems = tasks.load_task(cfg.task, limit=cfg.limit, ids=list(cfg.ids) if cfg.ids else None)
-    if not problems:
-        raise ValueError(f"no prompts selected from {cfg.task}")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     cfg_json = json.loads(json.dumps(cfg.to_json()))  # tuples become lists, as when read back
     _check_resume(out, cfg_json)
-
-    # Resume: keep finished prompts, drop rounds of any prompt cut short.
-    done = {s["task_id"]: s for s in _read_jsonl(out / SAMPLES)}
-    kept = [r for r in _read_jsonl(out / ROUNDS) if r["task_id"] in done]
-    _write_jsonl(out / ROUNDS, kept)
-    _write_jsonl(out / SAMPLES, done.values())
+    done, _ = resume_state(out)
 
     m = cfg.models
     runtime = resolve_runtime(m.device, m.dtype, m.threads, m.drafter_dtype)
@@ -141,9 +155,8 @@ def run(cfg: RunConfig, out: Path, progress: bool = True, pair=None) -> dict:
         from .predictor import load_fold_predictor  # noqa: PLC0415 - optional component
 
         predictor = load_fold_predictor(cfg.predictor, kind=cfg.policy.signal, runtime=runtime)
-    (out / CONFIG).write_text(
-        json.dumps({"run": cfg_json, "models": pair.identity, "runtime": asdict(runtime), "versions": package_versions()}, indent=1)
-    )
+    write_json(out / CONFIG,
+               {"run": cfg_json, "models": pair.identity, "runtime": asdict(runtime), "versions": package_versions()})
 
     prompts = {p.task_id: encode_chat(pair.tokenizer, tasks.user_prompt(p)) for p in problems}
     todo = [p for p in problems if p.task_id not in done]
@@ -172,16 +185,16 @@ def run(cfg: RunConfig, out: Path, progress: bool = True, pair=None) -> dict:
             "stop": res.stop,
             "prompt_tokens": len(prompts[p.task_id]),
             "tokens": res.tokens,
+            "rounds": len(rounds),
         }
         if res.traces:
             from .traces import append_traces  # noqa: PLC0415 - only for --trace runs
 
             append_traces(out, p.task_id, res.traces)
-        with open(out / ROUNDS, "a") as f:
-            for r in rounds:
-                f.write(json.dumps(r) + "\n")
-        with open(out / SAMPLES, "a") as f:
-            f.write(json.dumps(sample) + "\n")
+        # rounds first, then the sample that vouches for them: a kill in between leaves rounds
+        # without a sample, which the resume drops
+        _append(out / ROUNDS, "".join(json.dumps(r) + "\n" for r in rounds))
+        _append(out / SAMPLES, json.dumps(sample) + "\n")
         done[p.task_id] = sample
         tok_total += res.generated_tokens
         sec_total += res.decode_seconds
@@ -191,14 +204,25 @@ def run(cfg: RunConfig, out: Path, progress: bool = True, pair=None) -> dict:
     scoring_note = None
     if cfg.score:
         scoring_note = score_samples(cfg.task, problems, samples, progress)
-        _write_jsonl(out / SAMPLES, samples)
-    rounds = _read_jsonl(out / ROUNDS)
+    # both files in prompt order, whatever order a resume finished them in
+    order = {p.task_id: i for i, p in enumerate(problems)}
+    rounds = sorted(_read_rows(out / ROUNDS), key=lambda r: order[r["task_id"]])
+    write_jsonl(out / ROUNDS, rounds)
+    write_jsonl(out / SAMPLES, samples)
     summary = {"task": cfg.task, "policy": cfg.policy.name, **cfg.policy.summary(),
                "gamma": dcfg.gamma, "gamma_max": dcfg.gamma_max, "steps": m.steps, "verifier_cache": m.verifier_cache,
                "verifier_dtype": runtime.dtype, "drafter_dtype": runtime.drafter_dtype,
                "sandbox": scoring_note, **summarize(samples, rounds)}
-    (out / SUMMARY).write_text(json.dumps(summary, indent=1))
+    write_json(out / SUMMARY, summary)
     return summary
+
+
+def _append(path: Path, text: str) -> None:
+    """Append whole lines and flush them to disk before the next write depends on them."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def score_samples(task: str, problems, samples: list[dict], progress: bool = True) -> str | None:

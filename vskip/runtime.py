@@ -80,8 +80,16 @@ def resolve_runtime(device: str | None = None, dtype: str | None = None, threads
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"unknown device {device!r}; expected cpu, cuda or cuda:N") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"unsupported device {device!r}; expected cpu, cuda or cuda:N")
+    if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was asked for but no CUDA device is available")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) here")
     if dtype is None:
         dtype = "bfloat16" if device.startswith("cuda") else "float32"
     if dtype not in DTYPES:

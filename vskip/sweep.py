@@ -35,7 +35,8 @@ from .decode import DecodeConfig
 from .defaults import GAMMA, K_MIN, S_MAX, STEPS
 from .metrics import summarize
 from .policy import PolicyConfig
-from .runner import CONFIG, SAMPLES, SUMMARY, ROUNDS, ModelConfig, RunConfig, _read_jsonl, _write_jsonl
+from .files import read_jsonl as _read_jsonl, write_jsonl as _write_jsonl
+from .runner import CONFIG, SAMPLES, SUMMARY, ROUNDS, ModelConfig, RunConfig
 
 SWEEP = "sweep.json"
 SHARDS = "_shards"
@@ -708,12 +709,22 @@ def cmd_sweep(a) -> int:
         raise ValueError("--task and --out are required")
     if a.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {a.workers}")
+    if a.shards is not None and a.shards < 1:
+        raise ValueError(f"--shards must be >= 1, got {a.shards}")
+    if a.limit is not None and a.limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {a.limit}")
     decode = DecodeConfig(gamma=a.gamma, max_new_tokens=a.max_new_tokens, shadow=a.shadow, task=a.task,
                           gamma_max=a.gamma_max, min_match=a.min_match, trim=a.trim)
     from .cli import model_config
 
+    from .cli import _ids
+    from .files import check_writable_dir
+    from .runtime import resolve_runtime
+
     models = model_config(a)
-    ids = tuple(i.strip() for i in a.ids.split(",") if i.strip()) if a.ids else None
+    resolve_runtime(models.device, models.dtype, models.threads, models.drafter_dtype)  # checks them
+    ids = _ids(a.ids)
+    check_writable_dir(a.out, "sweep directory")
     n_configs = len(grid(a.grid, k_min=a.k_min, s_max=a.s_max))
     shards = a.shards or (1 if a.workers == 1 else max(1, math.ceil(a.workers / n_configs)))
     p = plan(a.task, a.grid, decode, models, limit=a.limit, ids=ids, predictor=a.predictor, score=a.score,

@@ -76,8 +76,21 @@ def _cmd_fit_copy(a) -> int:
     from ..runtime import resolve_runtime
     from .copyfit import fit_copy_prior, write_copy_prior
 
-    if not Path(a.data).exists():
+    from ..files import check_writable_dir
+
+    if not Path(a.data).is_dir():
         raise FileNotFoundError(f"data directory {a.data} does not exist")
+    if a.gamma < 1 or a.per_row < 1:
+        raise ValueError(f"--gamma and --per-row must be >= 1, got {a.gamma} and {a.per_row}")
+    if not a.fit_shards:
+        raise ValueError("--fit-shards names no shard")
+    if a.drafter and not Path(a.drafter).is_dir():
+        raise FileNotFoundError(f"drafter directory {a.drafter} does not exist")
+    for name in (*a.fit_shards, *a.eval_shards):
+        if not (Path(a.data) / name).is_file():
+            raise FileNotFoundError(f"shard {Path(a.data) / name} does not exist")
+    if a.out and not a.out.endswith(".json"):
+        check_writable_dir(a.out)
     pair = load_pair(resolve_runtime("cpu", "float32", a.threads), drafter=a.drafter, verifier=a.verifier, copy_prior="off")
     prior = fit_copy_prior(pair.drafter, Path(a.data), a.fit_shards, a.eval_shards, gamma=a.gamma, per_row=a.per_row,
                            seed=a.seed)
@@ -97,13 +110,24 @@ def _layer_list(text: str) -> tuple[int, ...]:
 
 
 def _cmd_train(a) -> int:
+    from ..files import check_writable_dir
     from ..models.embedded import embedded_verifier_dir
     from .config import TrainConfig
     from .train import train
 
+    if a.layers:
+        a.num_layers = len(a.layers)
+    # every setting is checked before anything is generated, loaded or trained
+    cfg = TrainConfig(**{k: getattr(a, k) for k in ("num_layers", "gamma", "blocks_per_seq", "batch_seqs", "steps",
+                                                   "warmup", "max_context", "holdout", "seed", "checkpoint_every",
+                                                   "eval_every", "lr", "dtype", "threads", "position_decay", "layers",
+                                                   "copy_input", "full_mask_share")})
+    if a.verifier and not Path(a.verifier).is_dir():
+        raise FileNotFoundError(f"verifier directory {a.verifier} does not exist")
+    if not a.generate and not Path(a.data).is_dir():
+        raise FileNotFoundError(f"data directory {a.data} does not exist (use --generate)")
+    check_writable_dir(a.out, "training directory")
     vdir = Path(a.verifier) if a.verifier else embedded_verifier_dir()
-    if not vdir.exists():
-        raise FileNotFoundError(f"verifier path {vdir} does not exist")
     if a.export:
         from .train import export
 
@@ -116,14 +140,6 @@ def _cmd_train(a) -> int:
 
         generate_distillation(Path(a.data), build_prompts(), vdir, max_new_tokens=a.max_new_tokens,
                               slots=a.slots, threads=a.threads or 2, limit=a.limit)
-    if not Path(a.data).exists():
-        raise FileNotFoundError(f"data directory {a.data} does not exist (use --generate)")
-    if a.layers:
-        a.num_layers = len(a.layers)
-    cfg = TrainConfig(**{k: getattr(a, k) for k in ("num_layers", "gamma", "blocks_per_seq", "batch_seqs", "steps",
-                                                   "warmup", "max_context", "holdout", "seed", "checkpoint_every",
-                                                   "eval_every", "lr", "dtype", "threads", "position_decay", "layers",
-                                                   "copy_input", "full_mask_share")})
     path = train(Path(a.data), Path(a.out), vdir, cfg)
     print(json.dumps({"drafter": str(path), **json.loads((path / "drafter.json").read_text())["meta"]["holdout"]}))
     return 0

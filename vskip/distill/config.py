@@ -32,3 +32,23 @@ class TrainConfig:
     threads: int | None = None
     #: the network reads the copy hint (DrafterSpec.copy_input)
     copy_input: bool = True
+
+    def __post_init__(self):
+        positive = ("num_layers", "gamma", "blocks_per_seq", "batch_seqs", "steps", "max_context", "checkpoint_every",
+                    "eval_every", "eval_blocks")
+        for key in positive:
+            if getattr(self, key) < 1:
+                raise ValueError(f"--{key.replace('_', '-')} must be >= 1, got {getattr(self, key)}")
+        if not self.lr > 0:
+            raise ValueError(f"--lr must be > 0, got {self.lr}")
+        if self.warmup < 0 or self.holdout < 0 or self.weight_decay < 0:
+            raise ValueError("--warmup, --holdout and the weight decay must be >= 0")
+        if not 0.0 <= self.full_mask_share <= 1.0:
+            raise ValueError(f"--full-mask-share must lie in [0, 1], got {self.full_mask_share}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {self.threads}")
+        if self.layers is not None and (not self.layers or len(set(self.layers)) != len(self.layers)
+                                        or min(self.layers) < 0):
+            raise ValueError(f"--layers must name distinct layer indices >= 0, got {list(self.layers)}")
+        if self.dtype not in ("bfloat16", "float32"):
+            raise ValueError(f"dtype must be bfloat16 or float32, got {self.dtype!r}")

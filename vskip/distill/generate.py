@@ -435,7 +435,7 @@ def _stream(engine, tokenizer, prompts, todo, out_dir, settings, shards, runs, s
             stats["prompt_tokens"] += len(ans.prompt)
             stats["prompts"] += 1
             elapsed = time.time() - t0
-            bar.set_postfix(tok_s=f"{stats['answer_tokens'] / max(elapsed, 1e-9):.0f}", shard=s)
+            bar.set_postfix(tok_s=f"{stats['answer_tokens'] / max(elapsed, 1e-9):.0f}", shard=s, refresh=False)
             bar.update(1)
             if len(pending[s]) < needed:
                 continue
@@ -504,6 +504,39 @@ def check_agreement(verifier_dir: Path, prompts: Sequence[TrainPrompt], max_new_
 
 
 # --------------------------------------------------------------------------------------------
+# Summary
+
+
+def summarize(out_dir: Path) -> dict:
+    """Totals of a data directory's manifest (``index.json``): shards, rows, answer and prompt
+    tokens, answers ended by eos, bytes on disk, per-run generation throughput; the shards'
+    hashes are checked against the files."""
+    out_dir = Path(out_dir)
+    index = read_index(out_dir)
+    if index is None:
+        raise FileNotFoundError(f"{out_dir} holds no {INDEX_FILE}")
+    shards = index.get("shards", {})
+    bad = [e["file"] for e in shards.values()
+           if not (out_dir / e["file"]).exists() or file_sha256(out_dir / e["file"]) != e.get("sha256")]
+    if bad:
+        raise ValueError(f"{out_dir}: shards missing or not matching their hash: {', '.join(bad)}")
+    total = lambda key: int(sum(e.get(key, 0) for e in shards.values()))
+    rows = total("rows")
+    runs = [{"command": r.get("command"), "slots": r.get("slots"), "threads": r.get("threads"),
+             "answer_tok_s": round(r["answer_tokens"] / r["seconds"], 1)}
+            for r in index.get("runs", []) if r.get("seconds")]
+    return {
+        "prompts_in_list": index["num_prompts"], "shards": len(shards), "rows": rows,
+        "answer_tokens": total("answer_tokens"), "prompt_tokens": total("prompt_tokens"),
+        "finished_share": total("finished") / rows if rows else None,
+        "mean_answer_tokens": total("answer_tokens") / rows if rows else None,
+        "bytes": total("bytes"), "max_new_tokens": index["max_new_tokens"],
+        "prompts_sha256": index["prompts_sha256"], "verifier_sha256": index["verifier_sha256"],
+        "runs": runs,
+    }
+
+
+# --------------------------------------------------------------------------------------------
 # Command line
 
 
@@ -534,8 +567,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--shard-size", type=int, default=256)
     ap.add_argument("--check", type=int, default=0, metavar="N",
                     help="only compare the engine with transformers' greedy generate on N prompts")
+    ap.add_argument("--summary", metavar="FILE",
+                    help="only check OUT's shards against their hashes and write its totals (JSON) to FILE")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
+    if args.summary:
+        summary = summarize(Path(args.out))
+        Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.summary).write_text(json.dumps(summary, indent=1) + "\n")
+        print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=1))
+        return 0
 
     if args.verifier:
         verifier_dir = Path(args.verifier)

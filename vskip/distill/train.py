@@ -78,6 +78,15 @@ def head_vocabulary(data: Data, eos_id: int) -> torch.Tensor:
     return torch.tensor(sorted(ids), dtype=torch.long)
 
 
+def outside_head(data: Data, head: torch.Tensor) -> float | None:
+    """Share of the answer tokens of ``data`` that the head cannot emit (None without answers)."""
+    inside = np.zeros(int(max(int(head.max()), max((int(r.max()) for r in data.rows), default=0))) + 1, dtype=bool)
+    inside[head.numpy()] = True
+    answers = [r[p:] for r, p in zip(data.rows, data.prompt_lens)]
+    n = sum(len(a) for a in answers)
+    return float(sum(int((~inside[a]).sum()) for a in answers) / n) if n else None
+
+
 def make_batch(data: Data, rng: np.random.Generator, cfg: TrainConfig, mask_id: int, head_index: torch.Tensor):
     """Packed sequences, per-sample positions and masks, (row, column) targets, their loss
     weights, and the hint input (None unless ``cfg.copy_input``)."""
@@ -279,6 +288,9 @@ def train(data_dir: Path, out: Path, verifier_dir: Path, cfg: TrainConfig, progr
     torch.manual_seed(cfg.seed)
     data = load_rows(data_dir)
     tr, ho = split(data, cfg.holdout, cfg.seed)
+    if not len(tr) or (cfg.holdout and not len(ho)):
+        raise ValueError(f"{data_dir} holds {len(data)} usable rows: too few to train on and hold "
+                         f"{cfg.holdout} out (a fifth of the rows at most is held out)")
     eos = 2
     index_path = Path(data_dir) / "index.json"
     if index_path.exists():
@@ -289,7 +301,7 @@ def train(data_dir: Path, out: Path, verifier_dir: Path, cfg: TrainConfig, progr
 
         head = load_file(str(out / STATE_FILE))["head_ids"]
     else:
-        head = head_vocabulary(data, eos)
+        head = head_vocabulary(tr, eos)  # from the training rows only: the held-out share outside it is honest
     model = drafter_from_verifier(verifier_dir, num_layers=cfg.num_layers, head_ids=head, layers=cfg.layers,
                                   copy_input=cfg.copy_input)
     V = model.spec.backbone.vocab_size
@@ -300,7 +312,8 @@ def train(data_dir: Path, out: Path, verifier_dir: Path, cfg: TrainConfig, progr
     step, log = (load_state(out, model, opt) if resume else (0, []))
     (out / "config.json").write_text(json.dumps({"train": asdict(cfg), "data": str(data_dir),
                                                  "data_files": data_fingerprint(data_dir), "rows": len(tr),
-                                                 "holdout_rows": len(ho), "head_size": len(head)}, indent=1))
+                                                 "holdout_rows": len(ho), "head_size": len(head),
+                                                 "holdout_outside_head": outside_head(ho, head)}, indent=1))
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[cfg.dtype]
     rng = np.random.default_rng(cfg.seed + step)
     model.train()

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..defaults import GAMMA
+from ..defaults import GAMMA, MAX_GAMMA
 from .acceptance import leading_run
 
 
@@ -38,8 +38,10 @@ class BlockLength:
     trim: float | None = None
 
     def __post_init__(self):
-        if self.gamma < 1:
-            raise ValueError(f"gamma must be >= 1, got {self.gamma}")
+        if not 1 <= self.gamma <= MAX_GAMMA:
+            raise ValueError(f"gamma must lie in 1..{MAX_GAMMA}, got {self.gamma}")
+        if self.gamma_max is not None and self.gamma_max > MAX_GAMMA:
+            raise ValueError(f"gamma-max must be at most {MAX_GAMMA}, got {self.gamma_max}")
         if self.gamma_max is not None and self.gamma_max < self.gamma:
             raise ValueError(f"gamma-max must be >= gamma ({self.gamma}), got {self.gamma_max}")
         if self.min_match < 1:

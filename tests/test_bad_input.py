@@ -1,0 +1,192 @@
+"""A corpus of bad inputs across every command: each ends in one line on stderr that names the
+problem (exit 2 for bad input), never a traceback, and none of them loads a model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vskip import cli
+
+OUT = "{tmp}/out"
+
+
+def _files(tmp):
+    """Damaged and misplaced files the cases point at."""
+    (tmp / "afile").write_text("not a directory")
+    (tmp / "empty").mkdir()
+    (tmp / "bad.json").write_text("{\n")
+    (tmp / "list.jsonl").write_text("[1, 2]\n")
+    (tmp / "no_id.jsonl").write_text(json.dumps({"completion": "x"}) + "\n")
+    (tmp / "not_utf8.jsonl").write_bytes(b"\xff\xfe\xfa\n")
+    (tmp / "prior.json").write_text('{"lam": [[2.0]]}')
+    (tmp / "run").mkdir()
+    (tmp / "run" / "config.json").write_text("{")
+    (tmp / "run" / "samples.jsonl").write_text("")
+
+
+# (argv, fragment the one error line must contain)
+CASES = [
+    # run: flags
+    ("run --task nope --out {tmp}/o", "unknown task 'nope'"),
+    ("run --task humaneval --out {tmp}/o --limit 0", "--limit must be >= 1"),
+    ("run --task humaneval --out {tmp}/o --limit -3", "--limit must be >= 1"),
+    ("run --task humaneval --out {tmp}/o --ids ,", "--ids names no task id"),
+    ("run --task humaneval --out {tmp}/o --ids ' , '", "--ids names no task id"),
+    ("run --task humaneval --out {tmp}/o --gamma 0", "gamma must lie in 1..512"),
+    ("run --task humaneval --out {tmp}/o --gamma -5", "gamma must lie in 1..512"),
+    ("run --task humaneval --out {tmp}/o --gamma 100000", "gamma must lie in 1..512"),
+    ("run --task humaneval --out {tmp}/o --gamma 8 --gamma-max 4", "gamma-max must be >= gamma"),
+    ("run --task humaneval --out {tmp}/o --gamma-max 9999", "gamma-max must be at most 512"),
+    ("run --task humaneval --out {tmp}/o --min-match 0 --gamma-max 16", "min-match must be >= 1"),
+    ("run --task humaneval --out {tmp}/o --trim 1.5", "trim must lie in [0, 1]"),
+    ("run --task humaneval --out {tmp}/o --trim -0.1", "trim must lie in [0, 1]"),
+    ("run --task humaneval --out {tmp}/o --trim 0.5 --trace --policy strict", "traces need"),
+    ("run --task humaneval --out {tmp}/o --max-new-tokens 0", "max-new-tokens must be >= 1"),
+    ("run --task humaneval --out {tmp}/o --threads 0", "--threads must be >= 1"),
+    ("run --task humaneval --out {tmp}/o --threads -4", "--threads must be >= 1"),
+    ("run --task humaneval --out {tmp}/o --device tpu9", "unknown device 'tpu9'"),
+    ("run --task humaneval --out {tmp}/o --device cuda", "no CUDA device"),
+    ("run --task humaneval --out {tmp}/o --device cuda:3", "no CUDA device"),
+    ("run --task humaneval --out {tmp}/o --device meta", "unsupported device 'meta'"),
+    ("run --task humaneval --out {tmp}/afile", "is a file, not a directory"),
+    ("run --task humaneval --out {tmp}/afile/sub", "cannot write in run directory"),
+    ("run --task humaneval --out {tmp}/run --limit 1", "config.json is not valid JSON"),
+    ("run --task humaneval --out {tmp}/o --ids HumanEval/99999", "HumanEval/99999"),
+    ("run --task humaneval --out {tmp}/o --policy nope", "invalid choice: 'nope'"),
+    ("run --task humaneval --out {tmp}/o --gamma x", "invalid int value: 'x'"),
+    ("run --task humaneval --out {tmp}/o --lenience 0", "lenience"),
+    ("run --task humaneval --out {tmp}/o --policy topk --top-k 0", "top-k must lie in 1..64"),
+    ("run --task humaneval --out {tmp}/o --policy topk --top-k 65", "top-k must lie in 1..64"),
+    ("run --task humaneval --out {tmp}/o --k-min -1", "k_min must be >= 0"),
+    ("run --task humaneval --out {tmp}/o --s-max 0", "s_max"),
+    ("run --task humaneval --out {tmp}/o --policy periodic --period 0", "period"),
+    ("run --task humaneval --out {tmp}/o --policy raw --eta-b 1.5", "eta"),
+    ("run --task humaneval --out {tmp}/o --policy raw --eta-c -0.5", "eta"),
+    ("run --task humaneval --out {tmp}/o --policy marginal --eta-m 2", "eta"),
+    ("run --task humaneval --out {tmp}/o --policy conditional --epsilon 2", "epsilon"),
+    ("run --task humaneval --out {tmp}/o --dtype float64", "invalid choice: 'float64'"),
+    ("run --task humaneval --out {tmp}/o --drafter-dtype int8", "invalid choice: 'int8'"),
+    ("run --task humaneval --out {tmp}/o --reveal random", "invalid choice: 'random'"),
+    ("run --task humaneval", "the following arguments are required: --out"),
+    ("run --out {tmp}/o", "the following arguments are required: --task"),
+    ("run --task humaneval --out {tmp}/o --bogus", "unrecognized arguments: --bogus"),
+    # generate
+    ("generate ''", "the prompt is empty"),
+    ("generate '   '", "the prompt is empty"),
+    ("generate hi --gamma 0", "gamma must lie in 1..512"),
+    ("generate hi --threads 0", "--threads must be >= 1"),
+    ("generate hi --device tpu9", "unknown device"),
+    ("generate hi --max-new-tokens -1", "max-new-tokens must be >= 1"),
+    ("generate hi --trim 2", "trim must lie in [0, 1]"),
+    ("generate hi --gamma 64 --gamma-max 32", "gamma-max must be >= gamma"),
+    ("generate", "the following arguments are required: prompt"),
+    # compare
+    ("compare --configs strict", "--configs must include ar"),
+    ("compare --configs ar,nope", "nope"),
+    ("compare --configs ar,strict+gamma=0", "gamma"),
+    ("compare --configs ar,strict+speed=3", "speed"),
+    ("compare --configs ar,strict+gamma", "gamma"),
+    ("compare --shard 3/2", "--shard must be I/N"),
+    ("compare --shard 0/2", "--shard must be I/N"),
+    ("compare --shard x", "--shard must be I/N"),
+    ("compare --shard 1/2/3", "--shard must be I/N"),
+    ("compare --task nope", "unknown task 'nope'"),
+    ("compare --limit 0", "--limit must be >= 1"),
+    ("compare --ids ,", "--ids names no task id"),
+    ("compare --summary", "--summary needs --out DIR"),
+    ("compare --summary --out {tmp}/missing", "--summary needs --out DIR"),
+    ("compare --threads 0", "--threads must be >= 1"),
+    ("compare --device tpu9", "unknown device"),
+    ("compare --gamma 0", "gamma must lie in 1..512"),
+    # score
+    ("score --task humaneval --samples {tmp}/missing.jsonl", "missing.jsonl"),
+    ("score --task humaneval --samples {tmp}/list.jsonl", "list.jsonl:1"),
+    ("score --task humaneval --samples {tmp}/no_id.jsonl", "task_id"),
+    ("score --task humaneval --samples {tmp}/not_utf8.jsonl", "not_utf8.jsonl"),
+    ("score --task humaneval --samples {tmp}/empty", "empty"),
+    ("score --task nope --samples {tmp}/no_id.jsonl", "nope"),
+    ("score --task humaneval", "the following arguments are required: --samples"),
+    # sweep
+    ("sweep --task humaneval --grid nope --out {tmp}/s", "nope"),
+    ("sweep --task nope --grid cpu-small --out {tmp}/s", "nope"),
+    ("sweep --task humaneval --grid cpu-small --out {tmp}/s --workers 0", "workers"),
+    ("sweep --task humaneval --grid cpu-small --out {tmp}/s --shards 0", "shards"),
+    ("sweep --task humaneval --grid cpu-small --out {tmp}/s --limit 0", "limit"),
+    ("sweep --task humaneval --grid cpu-small --out {tmp}/s --gamma 0", "gamma"),
+    ("sweep --task humaneval --grid cpu-small --out {tmp}/afile", "afile"),
+    ("sweep --task humaneval --grid cpu-small --out {tmp}/s --executor nope", "invalid choice: 'nope'"),
+    ("sweep --task humaneval --grid cpu-small --out {tmp}/s --threads 0", "threads"),
+    ("sweep --task humaneval --grid cpu-small --out {tmp}/s --ids ,", "--ids names no task id"),
+    # report
+    ("report {tmp}/missing --out {tmp}/r", "missing"),
+    ("report {tmp}/empty --out {tmp}/r", "empty"),
+    ("report {tmp}/run --out {tmp}/r", "config.json"),
+    ("report {tmp}/empty --out {tmp}/r --bootstrap 0", "bootstrap"),
+    # train-drafter
+    ("train-drafter --data {tmp}/missing --out {tmp}/t", "missing"),
+    ("train-drafter --data {tmp}/empty --out {tmp}/t", "empty"),
+    ("train-drafter --data {tmp}/empty --out {tmp}/t --gamma 0", "gamma"),
+    ("train-drafter --data {tmp}/empty --out {tmp}/t --num-layers 0", "num-layers"),
+    ("train-drafter --data {tmp}/empty --out {tmp}/t --steps 0", "steps"),
+    ("train-drafter --data {tmp}/empty --out {tmp}/t --lr -1", "lr"),
+    ("train-drafter --data {tmp}/empty --out {tmp}/t --full-mask-share 2", "full-mask-share"),
+    ("train-drafter --data {tmp}/empty --out {tmp}/t --layers 0,0", "layers"),
+    ("train-drafter --data {tmp}/empty --out {tmp}/t --layers a,b", "layers"),
+    ("train-drafter --data {tmp}/empty --out {tmp}/t --threads 0", "threads"),
+    ("train-drafter --data {tmp}/empty --out {tmp}/afile", "afile"),
+    ("train-drafter --data {tmp}/empty --out {tmp}/t --verifier {tmp}/missing", "missing"),
+    ("train-drafter --out {tmp}/t", "the following arguments are required: --data"),
+    # fit-copy-prior
+    ("fit-copy-prior --data {tmp}/missing --fit-shards a.npz", "missing"),
+    ("fit-copy-prior --data {tmp}/empty --fit-shards a.npz", "a.npz"),
+    ("fit-copy-prior --data {tmp}/empty --fit-shards a.npz --gamma 0", "gamma"),
+    ("fit-copy-prior --data {tmp}/empty --fit-shards a.npz --per-row 0", "per-row"),
+    ("fit-copy-prior --data {tmp}/empty --fit-shards ,", "fit-shards"),
+    ("fit-copy-prior --data {tmp}/empty --fit-shards a.npz --drafter {tmp}/missing", "missing"),
+    # train-predictor
+    ("train-predictor --kind marginal --traces {tmp}/missing --out {tmp}/p", "missing"),
+    ("train-predictor --kind marginal --traces {tmp}/empty --out {tmp}/p", "empty"),
+    ("train-predictor --kind nope --traces {tmp}/empty --out {tmp}/p", "invalid choice: 'nope'"),
+    ("train-predictor --kind marginal --traces {tmp}/empty --out {tmp}/p --epochs 0", "epochs"),
+    ("train-predictor --kind marginal --traces {tmp}/empty --out {tmp}/p --batch-size 0", "batch"),
+    ("train-predictor --kind marginal --traces {tmp}/empty --out {tmp}/p --lr 0", "lr"),
+    ("train-predictor --kind marginal --traces {tmp}/empty --out {tmp}/afile", "afile"),
+    # diagnose
+    ("diagnose {tmp}/missing --out {tmp}/d", "missing"),
+    ("diagnose {tmp}/empty --out {tmp}/d", "empty"),
+    ("diagnose {tmp}/empty --out {tmp}/d --repetitions 0", "repetitions"),
+    ("diagnose {tmp}/empty --out {tmp}/d --predictors {tmp}/missing", "missing"),
+    # the command itself
+    ("", "the following arguments are required: command"),
+    ("nope", "invalid choice: 'nope'"),
+]
+
+
+def test_the_corpus_is_large():
+    assert len(CASES) >= 100
+
+
+@pytest.mark.parametrize("argv,fragment", CASES, ids=[c[0][:60] for c in CASES])
+def test_bad_input_is_one_line_naming_the_problem(argv, fragment, tmp_path, capsys, monkeypatch):
+    import shlex
+
+    import vskip.models.load as load
+
+    def no_models(*a, **k):  # every case must fail before a model loads
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(load, "load_pair", no_models)
+    _files(tmp_path)
+    args = shlex.split(argv.format(tmp=tmp_path))
+    try:
+        rc = cli.main(args)
+    except SystemExit as e:  # argparse
+        rc = e.code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [l for l in err.splitlines() if l.startswith("vskip:")]
+    assert lines and lines[0].startswith("vskip: error: "), err
+    assert rc == 2, (rc, err)
+    assert fragment.lower() in lines[0].lower(), (fragment, lines[0])

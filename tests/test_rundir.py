@@ -1,0 +1,147 @@
+"""A run directory that cannot be corrupted: one writer at a time, a resume that neither loses a
+prompt nor counts one twice, whatever line a kill cut, and errors that name the damaged file. All
+on the fake pair (no model, no scoring)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from test_sweep import IDS, fake_pair, read_dir
+from vskip import runner
+from vskip.decode import DecodeConfig
+from vskip.files import DirLock, FileError, read_json, read_jsonl, write_atomic
+from vskip.policy import PolicyConfig
+from vskip.runner import ModelConfig, RunConfig
+
+
+def _cfg(policy="strict"):
+    return RunConfig(task="humaneval", policy=PolicyConfig(name=policy),
+                     decode=DecodeConfig(gamma=8, max_new_tokens=24, task="humaneval"),
+                     models=ModelConfig(), ids=IDS, score=False)
+
+
+def _run(out: Path, policy="strict"):
+    return runner.run(_cfg(policy), out, progress=False, pair=fake_pair(None, True))
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    out = tmp_path_factory.mktemp("clean")
+    _run(out)
+    return read_dir(out)
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines(keepends=True)
+
+
+def test_a_second_writer_on_one_run_directory_refuses(tmp_path, clean):
+    with DirLock(tmp_path, "run directory"):
+        with pytest.raises(FileError, match="another process is writing run directory"):
+            _run(tmp_path)
+    assert not (tmp_path / "samples.jsonl").exists()  # the refused run wrote nothing
+    _run(tmp_path)  # the lock went with its holder
+    assert read_dir(tmp_path) == clean
+
+
+def test_a_cut_last_line_of_rounds_redoes_that_prompt_only(tmp_path, clean):
+    _run(tmp_path)
+    rounds = tmp_path / "rounds.jsonl"
+    lines = _lines(rounds)
+    rounds.write_text("".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])  # kill mid-line
+    _run(tmp_path)
+    got = read_dir(tmp_path)
+    assert got == clean
+    # every prompt's rounds add up to what its sample recorded, none counted twice
+    for s in got["samples"]:
+        assert sum(r["task_id"] == s["task_id"] for r in got["rounds"]) == s["rounds"]
+
+
+def test_a_cut_last_line_of_samples_redoes_that_prompt(tmp_path, clean):
+    _run(tmp_path)
+    samples = tmp_path / "samples.jsonl"
+    lines = _lines(samples)
+    samples.write_text("".join(lines[:-1]) + lines[-1][:10])
+    _run(tmp_path)
+    assert read_dir(tmp_path) == clean
+
+
+def test_rounds_without_their_sample_are_dropped(tmp_path, clean):
+    _run(tmp_path)
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text("".join(_lines(samples)[:-1]))  # killed between rounds and sample
+    _run(tmp_path)
+    assert read_dir(tmp_path) == clean
+
+
+def test_a_sample_missing_some_of_its_rounds_is_redone(tmp_path, clean):
+    _run(tmp_path)
+    rounds = tmp_path / "rounds.jsonl"
+    lines = _lines(rounds)
+    rounds.write_text("".join(lines[1:]))  # the first prompt lost a round
+    _run(tmp_path)
+    assert read_dir(tmp_path) == clean
+
+
+def test_a_foreign_line_in_samples_names_the_file_and_line(tmp_path):
+    _run(tmp_path)
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text("[1, 2]\n" + samples.read_text())
+    with pytest.raises(FileError, match=r"samples.jsonl line 1 is not a JSON object"):
+        _run(tmp_path)
+
+
+def test_a_sample_without_task_id_names_the_file(tmp_path):
+    _run(tmp_path)
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text(json.dumps({"completion": "x"}) + "\n" + samples.read_text())
+    with pytest.raises(FileError, match=r"samples.jsonl: row 1 has no task_id"):
+        _run(tmp_path)
+
+
+def test_a_damaged_run_config_names_the_file(tmp_path):
+    _run(tmp_path)
+    (tmp_path / "config.json").write_text("{\n")
+    with pytest.raises(FileError, match=r"run configuration .*config.json is not valid JSON"):
+        _run(tmp_path)
+
+
+def test_out_naming_a_file_refuses_before_any_work(tmp_path):
+    f = tmp_path / "f"
+    f.write_text("x")
+    with pytest.raises(FileError, match="is a file, not a directory"):
+        _run(f)
+
+
+def test_write_atomic_leaves_the_old_file_when_the_writer_fails(tmp_path):
+    p = tmp_path / "a.json"
+    write_atomic(p, "old")
+
+    def fails(tmp):
+        Path(tmp).write_text("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        write_atomic(p, fails)
+    assert p.read_text() == "old" and sorted(x.name for x in tmp_path.iterdir()) == ["a.json"]
+    write_atomic(p, b"new")
+    assert p.read_text() == "new"
+
+
+def test_readers_name_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nothing.json"):
+        read_json(tmp_path / "nothing.json")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"a": 1}\nnot json\n{"b": 2}\n')
+    with pytest.raises(FileError, match="bad.jsonl line 2"):
+        read_jsonl(bad)
+    bad.write_bytes(b"\xff\xfe\n")
+    with pytest.raises(FileError, match="not UTF-8"):
+        read_jsonl(bad)
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text('{"a": 1}\n{"b": ')
+    heard = []
+    assert read_jsonl(cut, on_cut=heard.append) == [{"a": 1}] and heard

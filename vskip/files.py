@@ -1,0 +1,146 @@
+"""Files that must never be left half-written, misread without a name, or written by two processes.
+
+One module for what every result directory needs:
+
+- :func:`write_atomic` (text, bytes, or a callback that writes a temporary path): write a sibling
+  temporary file, flush it to disk, rename it over the target. A reader sees the old file or the
+  new one, never a mix; a kill leaves at most a ``.tmp`` file behind.
+- :func:`read_json` and :func:`read_jsonl`: errors name the file; a JSONL file whose last line was
+  cut by a kill drops that line (it is rewritten on resume) and says so.
+- :class:`DirLock`: an exclusive ``flock`` on a file in a directory, so a second writer refuses at
+  once instead of interleaving its results with the first one's.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Callable, Iterable
+
+LOCK_FILE = ".lock"
+
+
+class FileError(ValueError):
+    """A file that exists but cannot be used: the message names it."""
+
+
+def write_atomic(path: Path | str, data: str | bytes | Callable[[str], None]) -> Path:
+    """Replace ``path`` with ``data`` atomically. ``data`` is text (UTF-8), bytes, or a function
+    that writes a file at the temporary path it is given (for writers that take a path)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        if callable(data):
+            data(str(tmp))
+        else:
+            with open(tmp, "wb") as f:
+                f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json(path: Path | str, obj, indent: int | None = 1) -> Path:
+    return write_atomic(path, json.dumps(obj, indent=indent) + "\n")
+
+
+def write_jsonl(path: Path | str, rows: Iterable[dict]) -> Path:
+    return write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def read_json(path: Path | str, what: str = "JSON file"):
+    """The parsed contents of ``path``; a missing file raises FileNotFoundError and an unreadable
+    one :class:`FileError`, both naming it."""
+    path = Path(path)
+    if not path.is_file():
+        if path.exists():
+            raise FileError(f"{what} {path} is not a file")
+        raise FileNotFoundError(f"{what} {path} does not exist")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise FileError(f"{what} {path} is not valid JSON ({e})") from None
+
+
+def read_jsonl(path: Path | str, on_cut: Callable[[str], None] | None = None) -> list[dict]:
+    """The rows of a JSONL file (none when it does not exist). A last line without its newline
+    that does not parse was cut by a kill: it is dropped (``on_cut`` hears about it). Any other
+    line that is not a JSON object raises :class:`FileError` naming the file and line."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise FileError(f"{path} is not UTF-8 text ({e})") from None
+    lines = text.split("\n")
+    rows = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            if i == len(lines) - 1:  # no newline after it: the write was cut
+                if on_cut:
+                    on_cut(f"{path}: dropped a cut last line")
+                continue
+            raise FileError(f"{path} line {i + 1} is not valid JSON") from None
+        if not isinstance(row, dict):
+            raise FileError(f"{path} line {i + 1} is not a JSON object")
+        rows.append(row)
+    return rows
+
+
+def check_writable_dir(path: Path | str, what: str = "output directory") -> Path:
+    """Create ``path`` if needed and make sure files can be written in it (before any work)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise FileError(f"{what} {path} is a file, not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise FileError(f"cannot write in {what} {path}: {e.strerror or e}") from None
+    return path
+
+
+class DirLock:
+    """An exclusive lock on a directory for as long as the ``with`` block runs; a second holder
+    gets :class:`FileError` at once. The lock dies with its process, so a kill never leaves a
+    stale lock behind."""
+
+    def __init__(self, directory: Path | str, what: str = "directory"):
+        self.dir, self.what = Path(directory), what
+        self._f = None
+
+    def __enter__(self) -> "DirLock":
+        import fcntl
+
+        self.dir.mkdir(parents=True, exist_ok=True)
+        f = open(self.dir / LOCK_FILE, "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            raise FileError(f"another process is writing {self.what} {self.dir}; wait for it or use another") from None
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        self._f = f
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None

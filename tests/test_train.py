@@ -169,14 +169,14 @@ def test_a_drafter_from_chosen_verifier_layers_round_trips(verifier_dir, tmp_pat
 def test_a_manifest_naming_another_verifier_warns(tmp_path, capsys):
     import json
 
-    from vskip.models.load import _check_manifest
+    from vskip.models.load import verify_drafter
 
     (tmp_path / "v").mkdir()
     (tmp_path / "d").mkdir()
     (tmp_path / "v" / "vskip.json").write_text(json.dumps({"sha256": "a" * 64}))
     for want, warns in (("a" * 64, False), ("b" * 64, True)):
         (tmp_path / "d" / "manifest.json").write_text(json.dumps({"verifier": {"verifier_source_sha256": want}}))
-        _check_manifest(tmp_path / "d", tmp_path / "v")
+        verify_drafter(tmp_path / "d", tmp_path / "v")
         assert ("distilled from verifier bbbbbbbbbbbb" in capsys.readouterr().err) == warns
 
 
@@ -231,3 +231,74 @@ def test_outside_head_counts_answer_tokens_only():
     d = Data([np.array([1, 2, 3, 4, 5]), np.array([7, 9])], [2, 1], ["a", "b"])
     assert outside_head(d, torch.tensor([1, 2, 3, 4])) == 0.5  # answers 3 4 5 | 9: 5 and 9 are outside
     assert outside_head(d, torch.tensor([3, 4, 5, 9])) == 0.0
+
+
+@pytest.fixture()
+def shipped(verifier_dir, tmp_path):
+    """A drafter directory with weights, a copy prior and a manifest pinning both."""
+    from vskip.distill.copyfit import write_copy_prior
+    from vskip.distill.train import write_manifest
+    from vskip.models.copy import CopyPrior
+    from vskip.models.drafter import save_drafter
+
+    model = drafter_from_verifier(verifier_dir, num_layers=1)
+    with torch.no_grad():
+        model.backbone.layers[0].mlp.down_proj.weight.add_(1.0)
+    ddir = save_drafter(model, tmp_path / "d", base_dir=verifier_dir, meta={"steps": 1})
+    (tmp_path / "data").mkdir()
+    write_manifest(ddir, tmp_path, tmp_path / "data", verifier_dir)
+    lam = [[0.5] * 10 for _ in range(7)]
+    write_copy_prior(CopyPrior(lam=lam), ddir)
+    return ddir
+
+
+def test_a_drafter_matching_its_manifest_loads(shipped, verifier_dir):
+    from vskip.models.load import verify_drafter
+
+    verify_drafter(shipped, verifier_dir, required=True)
+
+
+@pytest.mark.parametrize("name", ["drafter.safetensors", "copy_prior.json"])
+def test_a_damaged_drafter_file_refuses_naming_it(shipped, verifier_dir, name):
+    from vskip.files import FileError
+    from vskip.models.load import verify_drafter
+
+    f = shipped / name
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    f.write_bytes(bytes(data))
+    with pytest.raises(FileError, match=f"{name} does not match the sha256"):
+        verify_drafter(shipped, verifier_dir)
+
+
+def test_a_missing_or_damaged_manifest_refuses_where_one_is_required(shipped, verifier_dir):
+    from vskip.files import FileError
+    from vskip.models.load import verify_drafter
+
+    m = shipped / "manifest.json"
+    m.write_text("{")
+    with pytest.raises(FileError, match="damaged; reinstall"):
+        verify_drafter(shipped, verifier_dir, required=True)
+    m.unlink()
+    with pytest.raises(FileError, match="missing"):
+        verify_drafter(shipped, verifier_dir, required=True)
+    verify_drafter(shipped, verifier_dir)  # a user's drafter without a manifest is not checked
+
+
+def test_the_cached_verifier_is_sound_only_when_its_weights_match_their_hash(tmp_path):
+    import json
+
+    from vskip.models.embedded import _cache_is_sound, file_sha256
+
+    w = tmp_path / "model.safetensors"
+    w.write_bytes(b"weights")
+    assert not _cache_is_sound(tmp_path)  # no marker
+    marker = tmp_path / "vskip.json"
+    marker.write_text(json.dumps({"sha256": "s"}))
+    assert not _cache_is_sound(tmp_path)  # a cache from before the weights were hashed: rebuilt
+    marker.write_text(json.dumps({"sha256": "s", "model_sha256": file_sha256(w)}))
+    assert _cache_is_sound(tmp_path)
+    w.write_bytes(b"weightz")  # damaged (size equal, content not)
+    assert not _cache_is_sound(tmp_path)
+    marker.write_text("{")
+    assert not _cache_is_sound(tmp_path)

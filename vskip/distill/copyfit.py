@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from ..files import read_json, write_json
 from ..models.copy import COPY_FILE, LENGTH_EDGES, OFFSET_EDGES, CopyPrior, _bucket, copy_hint, fit_lambda, mixture_nll
 from ..models.drafter import DiffusionDrafter
 from ..policy.acceptance import leading_run
@@ -216,11 +217,11 @@ def write_copy_prior(prior: CopyPrior, path: Path) -> Path:
     path = Path(path)
     if path.is_dir():
         path = path / COPY_FILE
-    path.write_text(json.dumps(prior.to_json(), indent=1))
+    write_json(path, prior.to_json())
     manifest = path.parent / "manifest.json"
     if path.name == COPY_FILE and manifest.exists():
-        m = json.loads(manifest.read_text())
+        m = read_json(manifest, "drafter manifest")
         m["copy_prior"] = {"file": path.name, "sha256": file_sha256(path),
                            "fit_shards": prior.meta.get("fit_shards"), "heldout": prior.meta.get("heldout")}
-        manifest.write_text(json.dumps(m, indent=1))
+        write_json(manifest, m)
     return path

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import sys
 import os
 from pathlib import Path
 
@@ -53,8 +54,10 @@ def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
 def embedded_verifier_dir() -> Path:
     """Directory of the dequantized verifier (config, tokenizer, safetensors); built on first use."""
     out = cache_dir() / EMBEDDED_VERIFIER
-    if (out / "model.safetensors").exists() and (out / "vskip.json").exists():
+    if _cache_is_sound(out):
         return out
+    if out.exists():
+        print(f"vskip: the cached verifier in {out} is incomplete or damaged; rebuilding it", file=sys.stderr)
     src = gguf_path()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
@@ -71,15 +74,39 @@ def embedded_verifier_dir() -> Path:
     tmp.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
-    (tmp / "vskip.json").write_text(
-        json.dumps({"source": f"{GGUF_PACKAGE}/{GGUF_FILE}", "sha256": file_sha256(src)}, indent=1)
-    )
+    (tmp / "vskip.json").write_text(json.dumps({
+        "source": f"{GGUF_PACKAGE}/{GGUF_FILE}", "sha256": file_sha256(src),
+        "model_sha256": file_sha256(tmp / "model.safetensors"),
+    }, indent=1))
     if out.exists():
         import shutil
 
         shutil.rmtree(out)
     tmp.rename(out)
     return out
+
+
+_SOUND: set[tuple] = set()
+
+
+def _cache_is_sound(out: Path) -> bool:
+    """Whether the cached verifier is whole: its marker parses and names the sha256 of the
+    weights it holds (checked once per process and file state)."""
+    weights, marker = out / "model.safetensors", out / "vskip.json"
+    if not (weights.is_file() and marker.is_file()):
+        return False
+    st = weights.stat()
+    key = (str(weights), st.st_size, st.st_mtime_ns)
+    if key in _SOUND:
+        return True
+    try:
+        want = json.loads(marker.read_text()).get("model_sha256")
+    except (ValueError, OSError, AttributeError):
+        return False
+    if not want or file_sha256(weights) != want:
+        return False
+    _SOUND.add(key)
+    return True
 
 
 def embedded_drafter_dir() -> Path:

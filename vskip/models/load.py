@@ -86,15 +86,46 @@ def vocabulary_fit(drafter_tok, verifier_tok, head_ids: torch.Tensor, verifier_l
     return torch.tensor([i in same for i in ids])
 
 
-def _check_manifest(ddir: Path, vdir: Path) -> None:
-    """Warn when the shipped drafter was distilled from another verifier file than the one loaded."""
+def verify_drafter(ddir: Path, vdir: Path, required: bool = False) -> None:
+    """Check a drafter directory's files against its ``manifest.json`` before loading them: the
+    weights' and the copy prior's sha256 must match (a damaged file refuses with one line saying
+    how to rebuild it). ``required``: the manifest itself must be there and whole (the embedded
+    drafter ships one). Warns when the drafter was distilled from another verifier file."""
+    from ..files import FileError, read_json
+    from .embedded import file_sha256
+
+    path = Path(ddir) / "manifest.json"
+    if not path.exists():
+        if required:
+            raise FileError(f"{path} is missing: the drafter cannot be checked; reinstall vskip")
+        return
     try:
-        want = json.loads((ddir / "manifest.json").read_text())["verifier"]["verifier_source_sha256"]
-        have = json.loads((vdir / "vskip.json").read_text())["sha256"]
+        m = read_json(path, "drafter manifest")
+    except FileError:
+        if required:
+            raise FileError(f"drafter manifest {path} is damaged; reinstall vskip") from None
+        raise
+    for key, rebuild in (("weights", "reinstall vskip or re-export it (vskip train-drafter --export)"),
+                         ("copy_prior", "refit it (vskip fit-copy-prior) or reinstall vskip")):
+        entry = m.get(key) if isinstance(m, dict) else None
+        if not isinstance(entry, dict) or "file" not in entry or "sha256" not in entry:
+            if required and key == "weights":
+                raise FileError(f"drafter manifest {path} records no weights hash; reinstall vskip")
+            continue
+        f = Path(ddir) / entry["file"]
+        if not f.exists():
+            if key == "weights":
+                raise FileNotFoundError(f"drafter weights {f} are missing; {rebuild}")
+            continue
+        if file_sha256(f) != entry["sha256"]:
+            raise FileError(f"{f} does not match the sha256 in {path}: the file is damaged; {rebuild}")
+    try:
+        want = m["verifier"]["verifier_source_sha256"]
+        have = json.loads((Path(vdir) / "vskip.json").read_text())["sha256"]
     except (OSError, ValueError, KeyError, TypeError):
         return
     if want != have:
-        print(f"vskip: warning: the embedded drafter was distilled from verifier {want[:12]}, "
+        print(f"vskip: warning: the drafter was distilled from verifier {want[:12]}, "
               f"but {vdir} holds {have[:12]}", file=sys.stderr)
 
 
@@ -149,7 +180,7 @@ def load_pair(
         if drafter in (None, "", "default", EMBEDDED_DRAFTER):
             ddir = embedded_drafter_dir()
             if (ddir / "drafter.json").exists():
-                _check_manifest(ddir, vdir)
+                verify_drafter(ddir, vdir, required=True)
                 model = load_drafter_model(ddir, base_dir=vdir, dtype=runtime.torch_dtype("drafter"), device=runtime.device)
                 identity["drafter"] = EMBEDDED_DRAFTER
             else:
@@ -161,6 +192,7 @@ def load_pair(
             dtok = None
         else:
             ddir = Path(drafter)
+            verify_drafter(ddir, vdir)
             model = load_drafter_model(ddir, base_dir=vdir, dtype=runtime.torch_dtype("drafter"), device=runtime.device)
             identity["drafter"] = str(drafter)
             dtok = None

@@ -82,6 +82,7 @@ CASES = [
     ("generate hi --trim 2", "trim must lie in [0, 1]"),
     ("generate hi --gamma 64 --gamma-max 32", "gamma-max must be >= gamma"),
     ("generate", "the following arguments are required: prompt"),
+    ("generate '" + "word " * 9000 + "'", "exceeds the verifier's context"),
     # compare
     ("compare --configs strict", "--configs must include ar"),
     ("compare --configs ar,nope", "nope"),
@@ -108,6 +109,8 @@ CASES = [
     ("score --task humaneval --samples {tmp}/empty", "empty"),
     ("score --task nope --samples {tmp}/no_id.jsonl", "nope"),
     ("score --task humaneval", "the following arguments are required: --samples"),
+    ("score --task humaneval --samples {tmp}/no_id.jsonl --out {tmp}/empty", "is a directory"),
+    ("score --task humaneval --samples {tmp}/no_id.jsonl --out {tmp}/afile/x.json", "is a file, not a directory"),
     # sweep
     ("sweep --task humaneval --grid nope --out {tmp}/s", "nope"),
     ("sweep --task nope --grid cpu-small --out {tmp}/s", "nope"),
@@ -169,6 +172,7 @@ def test_the_corpus_is_large():
 
 
 @pytest.mark.parametrize("argv,fragment", CASES, ids=[c[0][:60] for c in CASES])
+@pytest.mark.filterwarnings("ignore")
 def test_bad_input_is_one_line_naming_the_problem(argv, fragment, tmp_path, capsys, monkeypatch):
     import shlex
 

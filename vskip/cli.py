@@ -133,6 +133,9 @@ def cmd_generate(a) -> int:
         raise ValueError("the prompt is empty")
     policy, dec, models = _configs(a)
     runtime = resolve_runtime(models.device, models.dtype, models.threads, models.drafter_dtype)
+    from .models.load import check_prompt_fits
+
+    check_prompt_fits(models.verifier, a.prompt, dec.max_new_tokens)  # tokenizer only: before any model loads
     pair = load_pair(runtime, drafter=models.drafter, verifier=models.verifier, steps=models.steps,
                      use_cache=models.verifier_cache, need_drafter=policy.uses_drafter, reveal=models.reveal,
                      copy_prior=models.copy_prior)
@@ -218,10 +221,15 @@ def _print_comparison(compare, rows_dir, out, what: str | None = None) -> int:
 def cmd_score(a) -> int:
     from .scoring import score_samples_file
 
+    from .files import FileError, check_writable_dir, write_json
+
+    if a.out:  # before scoring: results must not be lost to an unwritable --out
+        if Path(a.out).is_dir():
+            raise FileError(f"--out {a.out} is a directory; name a file")
+        check_writable_dir(Path(a.out).parent or Path("."), "directory of --out")
     res = score_samples_file(a.task, a.samples)
     if a.out:
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=1)
+        write_json(a.out, res)
     print(f"{res['task']}: pass@1 = {res['pass_at_1']:.4f} ({sum(r['passed'] for r in res['results'])}/{res['n']}) sandbox={res['sandbox']}")
     return 0
 

@@ -302,3 +302,63 @@ def test_the_cached_verifier_is_sound_only_when_its_weights_match_their_hash(tmp
     assert not _cache_is_sound(tmp_path)
     marker.write_text("{")
     assert not _cache_is_sound(tmp_path)
+
+
+def _tiny_data(path, n=10, seed=0):
+    from vskip.distill.generate import write_shard
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(n):
+        prompt = rng.integers(3, 90, 8)
+        answer = np.concatenate([rng.integers(3, 90, 20), prompt[:4], rng.integers(3, 90, 6), [2]])
+        rows.append({"prompt": prompt, "completion": answer, "finished": True})
+    path.mkdir(parents=True, exist_ok=True)
+    write_shard(path / "shard_00000.npz", rows, {"prompt_ids": [f"p{i}" for i in range(n)], "sources": ["t"] * n})
+    return path
+
+
+def _final_weights(out):
+    from safetensors.torch import load_file
+
+    return load_file(str(out / "drafter" / "drafter.safetensors"))
+
+
+def test_a_training_run_killed_anywhere_resumes_to_the_same_drafter(verifier_dir, tmp_path, monkeypatch):
+    import vskip.distill.train as tr
+
+    data = _tiny_data(tmp_path / "data")
+    cfg = TrainConfig(num_layers=1, gamma=4, blocks_per_seq=2, batch_seqs=2, steps=6, warmup=1, lr=3e-3,
+                      max_context=64, holdout=2, eval_every=1000, eval_blocks=4, checkpoint_every=2,
+                      dtype="float32", threads=1)
+    tr.train(data, tmp_path / "whole", verifier_dir, cfg, progress=False)
+    want = _final_weights(tmp_path / "whole")
+    real = tr.make_batch
+    for kill_at in (1, 2, 3, 5, 6):
+        calls = [0]
+
+        def dies(*a, **k):
+            calls[0] += 1
+            if calls[0] == kill_at:
+                raise KeyboardInterrupt
+            return real(*a, **k)
+
+        out = tmp_path / f"killed{kill_at}"
+        monkeypatch.setattr(tr, "make_batch", dies)
+        with pytest.raises(KeyboardInterrupt):
+            tr.train(data, out, verifier_dir, cfg, progress=False)
+        monkeypatch.setattr(tr, "make_batch", real)
+        tr.train(data, out, verifier_dir, cfg, progress=False)
+        got = _final_weights(out)
+        assert got.keys() == want.keys()
+        for k in want:
+            assert torch.equal(got[k], want[k]), (kill_at, k)
+
+
+def test_too_few_rows_refuse_before_training(verifier_dir, tmp_path):
+    import vskip.distill.train as tr
+
+    data = _tiny_data(tmp_path / "data", n=1)
+    with pytest.raises(ValueError, match="too few"):
+        tr.train(data, tmp_path / "t", verifier_dir, TrainConfig(num_layers=1, holdout=4, threads=1), progress=False)
+    assert not (tmp_path / "t" / "train_state.safetensors").exists()

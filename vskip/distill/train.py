@@ -315,13 +315,14 @@ def train(data_dir: Path, out: Path, verifier_dir: Path, cfg: TrainConfig, progr
                                                  "holdout_rows": len(ho), "head_size": len(head),
                                                  "holdout_outside_head": outside_head(ho, head)}, indent=1))
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[cfg.dtype]
-    rng = np.random.default_rng(cfg.seed + step)
     model.train()
     bar = tqdm(total=cfg.steps, initial=step, desc="train drafter", unit="step", disable=not progress)
     t0, tokens_seen = time.time(), 0
     # answer tokens trained on so far (masked targets), carried over from the log on resume
     targets_seen = int(log[-1].get("targets", 0)) if log else 0
     while step < cfg.steps:
+        # each step's batch depends on (seed, step) alone: a resumed run repeats the same steps
+        rng = np.random.default_rng([cfg.seed, step])
         ids, pos, mask, tp, tt, w, hint = make_batch(tr, rng, cfg, model.mask_id, head_index)
         for grp in opt.param_groups:
             grp["lr"] = _lr(step, cfg)

@@ -145,3 +145,29 @@ def test_readers_name_the_file(tmp_path):
     cut.write_text('{"a": 1}\n{"b": ')
     heard = []
     assert read_jsonl(cut, on_cut=heard.append) == [{"a": 1}] and heard
+
+
+class _Killed(BaseException):
+    """Stands in for SIGKILL: nothing after it runs, not even cleanup written as except Exception."""
+
+
+@pytest.mark.parametrize("kill_at", [1, 2, 4, 6, 8, 10, 12, 15, 18, 21, 24])
+def test_a_run_killed_at_any_point_resumes_to_the_same_files(tmp_path, clean, kill_at):
+    from fakes import FakeDrafter
+
+    class Dies(FakeDrafter):
+        calls = 0
+
+        def propose(self, seq, gamma, features=False):
+            Dies.calls += 1
+            if Dies.calls == kill_at:
+                raise _Killed
+            return super().propose(seq, gamma, features)
+
+    pair = fake_pair(None, True)
+    pair.drafter = Dies(error=0.15)
+    with pytest.raises(_Killed):
+        runner.run(_cfg(), tmp_path, progress=False, pair=pair)
+    assert not (tmp_path / "summary.json").exists()
+    _run(tmp_path)
+    assert read_dir(tmp_path) == clean

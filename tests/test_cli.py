@@ -26,7 +26,7 @@ def assert_one_line_error(res, needle):
         (["run", "--task", "humaneval", "--policy", "nope", "--out", "x"], "invalid choice"),
         (["run", "--task", "humaneval", "--eta-b", "1.5", "--out", "x"], "eta_b must lie in [0, 1]"),
         (["run", "--task", "humaneval", "--eta-c", "-0.1", "--out", "x"], "eta_c must lie in [0, 1]"),
-        (["run", "--task", "humaneval", "--gamma", "0", "--out", "x"], "gamma must be >= 1"),
+        (["run", "--task", "humaneval", "--gamma", "0", "--out", "x"], "gamma must lie in 1..512"),
         (["run", "--task", "humaneval", "--limit", "0", "--out", "x"], "--limit"),
         (["run", "--task", "humaneval", "--ids", "HumanEval/9999", "--out", "x"], "9999"),
         (["generate", ""], "empty"),

@@ -106,11 +106,7 @@ def _hf_generate(pair, ids, max_new: int, lookup: int | None):
     return out[0, len(ids):].tolist(), now() - t
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` atomically."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+from .files import write_atomic  # noqa: E402 - re-exported for the command line
 
 
 def settings_record(task: str, max_new: int, runtime, models, variants) -> dict:

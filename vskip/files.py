@@ -30,8 +30,12 @@ class FileError(ValueError):
 def write_atomic(path: Path | str, data: str | bytes | Callable[[str], None]) -> Path:
     """Replace ``path`` with ``data`` atomically. ``data`` is text (UTF-8), bytes, or a function
     that writes a file at the temporary path it is given (for writers that take a path)."""
+    import tempfile
+
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # unique per writer
+    os.close(fd)
+    tmp = Path(name)
     try:
         if callable(data):
             data(str(tmp))
@@ -40,6 +44,7 @@ def write_atomic(path: Path | str, data: str | bytes | Callable[[str], None]) ->
                 f.write(data.encode("utf-8") if isinstance(data, str) else data)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

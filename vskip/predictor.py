@@ -21,9 +21,7 @@ Layout of ``vskip train-predictor --kind KIND --out DIR``::
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -56,15 +54,10 @@ def rotation_file(r: int) -> str:
 
 
 def _atomic_write(path: Path, write) -> None:
+    from .files import write_atomic
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, write)
 
 
 # ----------------------------------------------------------------------------- inputs

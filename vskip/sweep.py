@@ -35,7 +35,7 @@ from .decode import DecodeConfig
 from .defaults import GAMMA, K_MIN, S_MAX, STEPS
 from .metrics import summarize
 from .policy import PolicyConfig
-from .files import read_jsonl as _read_jsonl, write_jsonl as _write_jsonl
+from .files import read_jsonl as _read_jsonl, write_json, write_jsonl as _write_jsonl
 from .runner import CONFIG, SAMPLES, SUMMARY, ROUNDS, ModelConfig, RunConfig
 
 SWEEP = "sweep.json"
@@ -459,12 +459,10 @@ def merge_shards(run_dir: Path, cfg: RunConfig, shard_dirs: Sequence[Path], sele
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / SUMMARY).unlink(missing_ok=True)
-    (run_dir / CONFIG).write_text(json.dumps(head, indent=1))
+    write_json(run_dir / CONFIG, head)
     _write_jsonl(run_dir / ROUNDS, all_rounds)
     _write_jsonl(run_dir / SAMPLES, ordered)
-    tmp = run_dir / (SUMMARY + ".tmp")
-    tmp.write_text(json.dumps(summary, indent=1))
-    tmp.replace(run_dir / SUMMARY)
+    write_json(run_dir / SUMMARY, summary)
     return summary
 
 
@@ -515,9 +513,7 @@ def _check_and_record(p: SweepPlan, out: Path, command: str | None) -> SweepPlan
             if command is None:
                 rec["command"] = old.get("command")
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / (SWEEP + ".tmp")
-    tmp.write_text(json.dumps(rec, indent=1))
-    tmp.replace(path)
+    write_json(path, rec)
     return p
 
 

@@ -19,9 +19,7 @@ import gzip
 import hashlib
 import importlib.util
 import json
-import os
 import re
-import tempfile
 import threading
 import warnings
 from dataclasses import asdict, dataclass
@@ -191,13 +189,10 @@ def _load_all(base: str) -> tuple[Problem, ...]:
 
 def _write_cache(path: Path, problems) -> None:
     try:
+        from .files import write_atomic
+
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for p in problems:
-                f.write(json.dumps(asdict(p), ensure_ascii=False) + "\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        write_atomic(path, "".join(json.dumps(asdict(p), ensure_ascii=False) + "\n" for p in problems))
     except OSError:
         pass  # a read-only cache only costs the extraction next time
 

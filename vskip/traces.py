@@ -28,9 +28,7 @@ Nothing here imports torch.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +36,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from .files import write_atomic
 from .features import FEATURE_NAMES
 
 TRACE_DIR = "traces"
@@ -140,14 +139,7 @@ def append_traces(run_dir: str | Path, task_id: str, traces: Sequence, gamma: in
     }
     path = trace_path(run_dir, task_id)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".safetensors")
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=meta)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
     return path
 
 

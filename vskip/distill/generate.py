@@ -41,17 +41,17 @@ import hashlib
 import io
 import json
 import math
-import os
 import shlex
 import sys
 import time
 import zipfile
 import zlib
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
+
+from vskip.files import DirLock, write_atomic
 
 from vskip.distill.prompts import (
     SOURCES,
@@ -160,17 +160,6 @@ def read_index(out_dir: Path) -> dict | None:
 # Writing
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    _atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def write_shard(path: Path, rows: Sequence[dict], meta: dict) -> None:
@@ -192,25 +181,7 @@ def write_shard(path: Path, rows: Sequence[dict], meta: dict) -> None:
         finished=np.asarray([bool(r["finished"]) for r in rows], dtype=np.uint8),
         meta=np.asarray(json.dumps({**meta, "rows": len(rows)})),
     )
-    _atomic_write_bytes(Path(path), buf.getvalue())
-
-
-@contextmanager
-def _lock(out_dir: Path):
-    """An exclusive lock on the output directory, so two runs never write the same shards."""
-    import fcntl
-
-    f = open(out_dir / ".lock", "w")
-    try:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RuntimeError(f"another run is writing {out_dir}") from None
-        f.write(str(os.getpid()))
-        f.flush()
-        yield
-    finally:
-        f.close()
+    write_atomic(Path(path), buf.getvalue())
 
 
 # --------------------------------------------------------------------------------------------
@@ -358,7 +329,7 @@ def generate_distillation(
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(threads)
 
-    with _lock(out_dir):
+    with DirLock(out_dir, "data directory"):
         settings = {
             "format": FORMAT_VERSION,
             "prompts_sha256": prompts_hash(prompts),
@@ -389,7 +360,7 @@ def generate_distillation(
         def save_index() -> dict:
             data = {**settings, "eos_id": eos_id, "pad_id": pad_id, "runs": runs,
                     "shards": {str(k): shards[k] for k in sorted(shards)}}
-            _atomic_write_text(out_dir / INDEX_FILE, json.dumps(data, indent=1))
+            write_atomic(out_dir / INDEX_FILE, json.dumps(data, indent=1))
             return data
 
         total = len(prompts) if limit is None else max(0, min(limit, len(prompts)))

@@ -32,7 +32,6 @@ import importlib.util
 import inspect
 import io
 import json
-import os
 import random
 import sys
 import warnings
@@ -505,17 +504,11 @@ def write_prompts(prompts: Iterable[TrainPrompt], path: Path, meta: dict | None 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     prompts = list(prompts)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for p in prompts:
-            f.write(json.dumps(asdict(p), ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    from ..files import write_atomic, write_json
+
+    write_atomic(path, "".join(json.dumps(asdict(p), ensure_ascii=False) + "\n" for p in prompts))
     if meta is not None:
-        meta = {**meta, "count": len(prompts), "prompts_sha256": prompts_hash(prompts)}
-        side = _meta_path(path)
-        tmp = side.with_name(side.name + f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(meta, indent=1))
-        os.replace(tmp, side)
+        write_json(_meta_path(path), {**meta, "count": len(prompts), "prompts_sha256": prompts_hash(prompts)})
 
 
 def read_prompts(path: Path) -> list[TrainPrompt]:

@@ -200,12 +200,10 @@ def save_state(out: Path, model, opt, step: int, cfg: TrainConfig, log: list) ->
                     tensors[f"adam.{k}.{names[id(p)]}"] = st[k].contiguous()
     if model.head_ids is not None:
         tensors["head_ids"] = model.head_ids.contiguous()
-    tmp = out / (STATE_FILE + ".tmp")
-    save_file(tensors, str(tmp))
-    tmp.replace(out / STATE_FILE)
-    meta = {"step": step, "config": asdict(cfg), "log": log}
-    (out / (META_FILE + ".tmp")).write_text(json.dumps(meta))
-    (out / (META_FILE + ".tmp")).replace(out / META_FILE)
+    from ..files import write_atomic, write_json
+
+    write_atomic(out / STATE_FILE, lambda tmp: save_file(tensors, tmp))
+    write_json(out / META_FILE, {"step": step, "config": asdict(cfg), "log": log}, indent=None)
 
 
 def load_state(out: Path, model, opt) -> tuple[int, list]:

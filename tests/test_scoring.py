@@ -139,6 +139,23 @@ HOSTILE = {
     "close_stdout": WRONG0 + "\nimport os, sys\nos.close(1)\nsys.exit(0)\n",
     "infinite_loop_at_import": GOOD0 + "\nwhile True:\n    pass\n",
     "redefine_check_noop": WRONG0 + "\ndef check(candidate):\n    pass\n",
+    # forging the completion marker: it is in neither the file, nor the environment, nor a
+    # stdin the completion could still read
+    "print_marker_from_own_file": WRONG0 + (
+        "\nimport os, re, sys\n"
+        "_src = open(__file__).read()\n"
+        "_m = re.findall(r'VSKIP-DONE-[0-9a-f]+', _src)\n"
+        "print('\\n' + (_m[-1] if _m else 'none'), flush=True)\n"
+        "os._exit(0)\n"),
+    "print_marker_from_environment": WRONG0 + (
+        "\nimport os\n"
+        "print('\\n' + ' '.join(v for v in os.environ.values() if 'VSKIP' in v), flush=True)\n"
+        "os._exit(0)\n"),
+    "print_marker_from_stdin": WRONG0 + (
+        "\nimport os, sys\n"
+        "try:\n    _line = open(0).read()\nexcept Exception:\n    _line = ''\n"
+        "print('\\n' + _line.strip(), flush=True)\n"
+        "os._exit(0)\n"),
 }
 
 
@@ -151,6 +168,14 @@ def test_hostile_completion_does_not_pass(name):
         assert res.detail == "the program exited before the tests finished"
     if name == "infinite_loop_at_import":
         assert res.status == "timeout"
+
+
+def test_the_program_file_holds_no_marker():
+    problem = T.load_task("humaneval", ids=[HE0])[0]
+    program = SC.build_program(problem, f"```python\nfrom __future__ import annotations\n{GOOD0}```")
+    assert "VSKIP-DONE" not in program
+    assert program.startswith("from __future__ import annotations\nimport sys as _vskip_sys\n")
+    compile(program, "p", "exec")  # the prologue goes after __future__ imports
 
 
 def test_good_completion_passes_and_wrong_fails():

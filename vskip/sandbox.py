@@ -547,8 +547,10 @@ def run_program(
     tail_bytes: int = 16 << 10,
     disk_mb: int = 64,
     isolation: str | None = None,
+    stdin: bytes | None = None,
 ) -> SandboxResult:
-    """Run ``code`` as a Python program in the sandbox and return how it ended.
+    """Run ``code`` as a Python program in the sandbox and return how it ended. ``stdin``: bytes
+    the program reads on its standard input (at most a pipe's buffer, 64 KiB), else none.
 
     Limits: ``timeout`` seconds of wall clock (and about as much CPU time), ``memory_mb`` of
     address space per process, ``file_mb`` per written file, ``nofile`` open files, ``nproc``
@@ -558,13 +560,15 @@ def run_program(
     """
     if timeout <= 0:
         raise ValueError("timeout must be positive")
+    if stdin is not None and len(stdin) > 1 << 16:
+        raise ValueError("stdin is limited to 64 KiB")
     setup = _get_setup(isolation)
     return _run(code, setup, timeout, memory_mb, file_mb, nofile, nproc, max_output_bytes,
-                tail_bytes, disk_mb)
+                tail_bytes, disk_mb, stdin)
 
 
 def _run(code, setup: _Setup, timeout, memory_mb, file_mb, nofile, nproc, max_output_bytes,
-         tail_bytes, disk_mb) -> SandboxResult:
+         tail_bytes, disk_mb, stdin=None) -> SandboxResult:
     start = time.monotonic()
     root = _is_root()
     uid = _fresh_uid() if setup.drop_uid else None
@@ -643,7 +647,7 @@ def _run(code, setup: _Setup, timeout, memory_mb, file_mb, nofile, nproc, max_ou
         }
         argv = prefix + [sys.executable, "-I", "-S", "-c", _RUNNER, json.dumps(cfg)]
         return _supervise(argv, cwd, _minimal_env(workdir), setup, uid, timeout, nproc_limit,
-                          watch_nproc, max_output_bytes, tail_bytes, start)
+                          watch_nproc, max_output_bytes, tail_bytes, start, stdin)
     finally:
         if cgroup is not None:
             _remove_cgroup(cgroup)
@@ -651,15 +655,25 @@ def _run(code, setup: _Setup, timeout, memory_mb, file_mb, nofile, nproc, max_ou
 
 
 def _supervise(argv, cwd, env, setup, uid, timeout, nproc_limit, watch_nproc,
-               max_output_bytes, tail_bytes, start) -> SandboxResult:
+               max_output_bytes, tail_bytes, start, stdin=None) -> SandboxResult:
     try:
         proc = subprocess.Popen(
-            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
+            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
         )
     except OSError as exc:
         return SandboxResult("error", None, "", f"could not start the sandbox: {exc}",
                              time.monotonic() - start, setup.kind, "spawn failed")
+    if stdin is not None:  # fits the pipe's buffer: never blocks, whatever the program does
+        try:
+            proc.stdin.write(stdin)
+        except OSError:
+            pass
+        finally:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
     out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
     bufs = {out_fd: bytearray(), err_fd: bytearray()}
     total = 0

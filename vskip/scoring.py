@@ -110,8 +110,19 @@ def _prompt_imports(prompt: str) -> str:
     return "\n".join(lines) + "\n\n" if lines else ""
 
 
-def build_program(problem: Problem, completion: str, nonce: str) -> str:
-    """The program that checks ``completion``: solution, tests, then the nonce line."""
+#: read first, before any code of the completion runs: the completion marker comes on stdin, so
+#: it is in neither the program's file nor its environment, and stdin is closed after it
+_PROLOGUE = (
+    "import sys as _vskip_sys\n"
+    "_vskip_done = _vskip_sys.stdin.readline().strip()\n"
+    "_vskip_sys.stdin.close()\n"
+)
+_FUTURE = re.compile(r"^from[ \t]+__future__[ \t]+import[^\n]*\n?", re.M)
+
+
+def build_program(problem: Problem, completion: str) -> str:
+    """The program that checks ``completion``: a prologue that takes the completion marker from
+    stdin, the solution, the tests, then a line that prints the marker."""
     if problem.task not in CODE_TASKS:
         raise ValueError(f"{problem.task} is not a code task")
     if problem.test is None:
@@ -130,11 +141,12 @@ def build_program(problem: Problem, completion: str, nonce: str) -> str:
         solution = code
         tests = problem.test
     tail = (
-        "\n\nimport sys as _vskip_sys\n"
-        f"_vskip_sys.stdout.write('\\n{nonce}\\n')\n"
+        "\n\n_vskip_sys.stdout.write('\\n' + _vskip_done + '\\n')\n"
         "_vskip_sys.stdout.flush()\n"
     )
-    return f"{solution}\n\n{tests}{tail}"
+    # __future__ imports must come first in a module: hoist them above the prologue
+    future = "".join(m.group(0).rstrip("\n") + "\n" for m in _FUTURE.finditer(solution))
+    return f"{future}{_PROLOGUE}{_FUTURE.sub('', solution)}\n\n{tests}{tail}"
 
 
 def _last_line(text: str, limit: int = 300) -> str:
@@ -144,7 +156,7 @@ def _last_line(text: str, limit: int = 300) -> str:
 
 def _score_code(problem: Problem, completion: str, timeout: float) -> ScoreResult:
     nonce = f"VSKIP-DONE-{secrets.token_hex(16)}"
-    res = run_program(build_program(problem, completion, nonce), timeout=timeout)
+    res = run_program(build_program(problem, completion), timeout=timeout, stdin=(nonce + "\n").encode())
     nonce_seen = nonce in res.stdout_tail.splitlines()
     passed = res.status == "passed" and nonce_seen
     if passed:

@@ -340,3 +340,20 @@ def test_sigterm_ignoring_program_still_times_out(kind):
     """, kind, timeout=1.0)
     assert r.status == "timeout" and r.seconds < 4
     assert_no_leftovers()
+
+
+def test_without_bubblewrap_untrusted_code_runs_only_when_rlimits_is_asked_for_by_name(monkeypatch, capsys):
+    """auto falls back to rlimits only with consent: the refusal comes before any program runs,
+    and as one line from the command line."""
+    from vskip import cli, sandbox
+
+    monkeypatch.delenv("VSKIP_SANDBOX", raising=False)
+    monkeypatch.setitem(sandbox._SETUPS, "auto", sandbox._Setup("rlimits", False))
+    with pytest.raises(sandbox.SandboxUnavailable, match="VSKIP_SANDBOX=rlimits"):
+        sandbox.run_program("print(1)")
+    assert sandbox.run_program("print(1)", isolation="rlimits").stdout_tail.strip() == "1"
+    rc = cli.main(["score", "--task", "humaneval", "--samples", __file__])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.startswith("vskip: error: no working bubblewrap here") and "Traceback" not in err
+    monkeypatch.setenv("VSKIP_SANDBOX", "rlimits")
+    assert sandbox.check_isolation() == "rlimits"

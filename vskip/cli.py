@@ -227,6 +227,9 @@ def cmd_score(a) -> int:
         if Path(a.out).is_dir():
             raise FileError(f"--out {a.out} is a directory; name a file")
         check_writable_dir(Path(a.out).parent or Path("."), "directory of --out")
+    from .runner import _check_sandbox
+
+    _check_sandbox(a.task)
     res = score_samples_file(a.task, a.samples)
     if a.out:
         write_json(a.out, res)
@@ -304,7 +307,8 @@ def describe(e: BaseException) -> str:
         return f"missing key {e.args[0]!r}"
     text = str(e).strip() or type(e).__name__
     first = text.splitlines()[0]
-    return first if isinstance(e, BAD_INPUT) or isinstance(e, OSError) else f"{type(e).__name__}: {first}"
+    ours = type(e).__module__.startswith("vskip")  # vskip's own errors say what failed already
+    return first if ours or isinstance(e, (*BAD_INPUT, OSError)) else f"{type(e).__name__}: {first}"
 
 
 def main(argv=None) -> int:

@@ -125,6 +125,8 @@ def run(cfg: RunConfig, out: Path, progress: bool = True, pair=None) -> dict:
     problems = tasks.load_task(cfg.task, limit=cfg.limit, ids=list(cfg.ids) if cfg.ids else None)
     if not problems:
         raise ValueError(f"no prompts selected from {cfg.task}")
+    if cfg.score:
+        _check_sandbox(cfg.task)
     out = check_writable_dir(out, "run directory")
     with DirLock(out, "run directory"):
         return _run_locked(cfg, out, problems, progress, pair)
@@ -223,6 +225,17 @@ def _append(path: Path, text: str) -> None:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
+
+
+def _check_sandbox(task: str) -> None:
+    """Before any decoding: scoring a code task needs a sandbox that isolates (or an explicit
+    VSKIP_SANDBOX=rlimits)."""
+    from .scoring import CODE_TASKS
+
+    if task in CODE_TASKS:
+        from .sandbox import check_isolation
+
+        check_isolation()
 
 
 def score_samples(task: str, problems, samples: list[dict], progress: bool = True) -> str | None:

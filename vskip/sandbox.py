@@ -311,6 +311,26 @@ def _get_setup(isolation: str | None = None) -> _Setup:
         return _SETUPS[prefer]
 
 
+class SandboxUnavailable(RuntimeError):
+    """No isolating sandbox works here and nobody accepted running without one."""
+
+
+def check_isolation(isolation: str | None = None) -> str:
+    """The sandbox kind that will run generated code; refuses (:class:`SandboxUnavailable`) when
+    only rlimits would, unless rlimits was asked for by name (``isolation`` or
+    ``$VSKIP_SANDBOX=rlimits``): then the program would have the network, could write outside
+    its directory and see other processes, so running it must be a decision, not a fallback."""
+    prefer = isolation or os.environ.get("VSKIP_SANDBOX", "auto") or "auto"
+    setup = _get_setup(prefer)
+    if setup.kind == "rlimits" and prefer == "auto":
+        as_root = " and as root" if _is_root() and not setup.drop_uid else ""
+        raise SandboxUnavailable(
+            "no working bubblewrap here, so generated code would run with the network, a writable "
+            f"filesystem and a view of other processes{as_root}; install bubblewrap (Debian/Ubuntu: "
+            "apt-get install bubblewrap) or set VSKIP_SANDBOX=rlimits to accept that")
+    return setup.kind
+
+
 def sandbox_kind(isolation: str | None = None) -> str:
     """``"bubblewrap"`` when bwrap is present and works here, else ``"rlimits"`` (probed once).
 
@@ -562,6 +582,7 @@ def run_program(
         raise ValueError("timeout must be positive")
     if stdin is not None and len(stdin) > 1 << 16:
         raise ValueError("stdin is limited to 64 KiB")
+    check_isolation(isolation)
     setup = _get_setup(isolation)
     return _run(code, setup, timeout, memory_mb, file_mb, nofile, nproc, max_output_bytes,
                 tail_bytes, disk_mb, stdin)

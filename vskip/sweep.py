@@ -721,6 +721,10 @@ def cmd_sweep(a) -> int:
     resolve_runtime(models.device, models.dtype, models.threads, models.drafter_dtype)  # checks them
     ids = _ids(a.ids)
     check_writable_dir(a.out, "sweep directory")
+    if a.score:
+        from .runner import _check_sandbox
+
+        _check_sandbox(a.task)
     n_configs = len(grid(a.grid, k_min=a.k_min, s_max=a.s_max))
     shards = a.shards or (1 if a.workers == 1 else max(1, math.ceil(a.workers / n_configs)))
     p = plan(a.task, a.grid, decode, models, limit=a.limit, ids=ids, predictor=a.predictor, score=a.score,

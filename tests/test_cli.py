@@ -60,3 +60,20 @@ def test_score_command(tmp_path):
     res = vskip("score", "--task", "humaneval", "--samples", str(samples))
     assert res.returncode == 0, res.stderr
     assert "pass@1 = 0.5000 (1/2)" in res.stdout
+
+
+def test_the_parser_imports_neither_torch_nor_numpy():
+    import subprocess
+    import sys
+
+    code = ("import sys, vskip.cli; vskip.cli.build_parser(); "
+            "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_light_registrations_name_what_the_modules_hold():
+    from vskip import commands, sweep, traces
+
+    assert commands.GRID_NAMES == tuple(sweep.GRIDS)
+    assert commands.PREDICTOR_KINDS == traces.KINDS

@@ -8,8 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from .defaults import GAMMA, K_MIN, S_MAX, STEPS
-from .policy import POLICIES
+from .defaults import GAMMA, K_MIN, POLICIES, S_MAX, STEPS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -280,15 +279,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", help="write per-sample results as JSON here")
     s.set_defaults(fn=cmd_score)
 
-    for module in _EXTENSIONS:
-        import importlib
+    from . import commands
+    from .distill import cli as distill_cli
 
-        importlib.import_module(module, __package__).register(sub)
+    commands.register(sub)
+    distill_cli.register(sub)
     return p
-
-
-#: Modules that add their own subcommands through ``register(subparsers)``.
-_EXTENSIONS = (".sweep", ".report", ".distill.cli", ".predictor", ".diagnose")
 
 
 #: failures caused by what the user gave (exit 2); anything else is a failure at run time (exit 1)

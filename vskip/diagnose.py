@@ -508,19 +508,3 @@ def cmd_diagnose(a) -> int:
                       "permutation": {p["signal"]: [round(p["original"], 3), round(p["permuted_mean"], 3)]
                                       for p in s["permutation"]}}))
     return 0
-
-
-def register(subparsers) -> None:
-    """Add ``diagnose`` to the vskip command line."""
-    p = subparsers.add_parser(
-        "diagnose", help="offline BCE, AUROC, permutation and Proposition 1 diagnostics from traces",
-        description="Per-position BCE (Figure 3) and AUROC (Figure 6) on held-out folds, the permutation "
-                    "diagnostic (Table 1) and a simulation of Proposition 1, from `--trace` runs.")
-    p.add_argument("traces", nargs="+", metavar="TRACE_RUN_DIR", help="trace run directories")
-    p.add_argument("--predictors", help="directory from `vskip train-predictor` (default: raw confidence only)")
-    p.add_argument("--out", required=True, help="output directory for figures, tables and diagnose.md")
-    p.add_argument("--repetitions", type=int, default=100, help="permutations (default: 100)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the permutations and simulation (default: 0)")
-    p.add_argument("--device", help="device for scoring with the predictors (default: cuda when available)")
-    p.add_argument("--threads", type=int, help="torch CPU threads")
-    p.set_defaults(fn=cmd_diagnose)

@@ -426,22 +426,3 @@ def cmd_train_predictor(a) -> int:
     print(json.dumps({"kind": man["kind"], "out": str(Path(a.out) / a.kind), "prompts": man["n_prompts"],
                       "blocks": man["n_blocks"], "val_bce": [round(e["val_bce"], 4) for e in man["rotations"]]}))
     return 0
-
-
-def register(subparsers) -> None:
-    """Add ``train-predictor`` to the vskip command line."""
-    p = subparsers.add_parser(
-        "train-predictor", help="train a survival predictor (5 rotations) on Strict SDD traces",
-        description="Train the marginal or conditional survival MLP of A.7 on the block traces of "
-                    "`vskip run --policy strict --trace` runs, one checkpoint per fold rotation.")
-    p.add_argument("--kind", required=True, choices=KINDS, help="marginal (1{L>=j}) or conditional (at-risk set)")
-    p.add_argument("--traces", required=True, nargs="+", metavar="RUN_DIR", help="trace run directories")
-    p.add_argument("--out", required=True, help="predictor directory (checkpoints go to OUT/KIND/)")
-    p.add_argument("--epochs", type=int, default=15, help="training epochs (default: 15)")
-    p.add_argument("--seed", type=int, default=0, help="training seed (default: 0)")
-    p.add_argument("--batch-size", type=int, default=4096, help="positions per batch (default: 4096)")
-    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default: 1e-3)")
-    p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
-    p.add_argument("--threads", type=int, help="torch CPU threads")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(fn=cmd_train_predictor)

@@ -973,19 +973,3 @@ def cmd_report(a) -> int:
     rep = build_report([Path(p) for p in a.dirs], Path(a.out), k_min=a.k_min, n_boot=a.bootstrap, seed=a.seed)
     print(json.dumps({"report": str(rep.path), "files": len(rep.files), "notes": len(rep.notes)}))
     return 0
-
-
-def register(subparsers) -> None:
-    """Add ``vskip report`` to the CLI's subparsers."""
-    r = subparsers.add_parser(
-        "report", help="frontiers, tables and figures from finished runs (no model needed)",
-        description="Read run directories (or sweep directories holding them) and write the paper's frontiers "
-                    "(Figures 1, 4, 5), tables (2, 3, 4), the matched-quality comparison, bootstrap intervals and "
-                    "the Eq. 8 break-even analysis as PNG, Markdown and CSV, laid out in report.md.",
-    )
-    r.add_argument("dirs", nargs="+", help="run directories or directories holding them")
-    r.add_argument("--out", required=True, help="output directory")
-    r.add_argument("--k-min", type=int, default=6, help="k_min of the signal runs drawn as frontiers (default: 6)")
-    r.add_argument("--bootstrap", type=int, default=10_000, help="paired bootstrap resamples (default: 10000)")
-    r.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
-    r.set_defaults(fn=cmd_report)

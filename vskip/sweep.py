@@ -659,40 +659,6 @@ def _run_ray(units, workers, address, factory, models, need_drafter, gpus, bar) 
 # --------------------------------------------------------------------------- command line
 
 
-def _add_flags(s) -> None:
-    import argparse
-
-    s.add_argument("--task", help="humaneval, mbpp, mbpp_plus, math500 or gsm8k")
-    s.add_argument("--grid", help=f"named grid: {', '.join(GRIDS)}")
-    s.add_argument("--out", help="sweep directory: one run directory per configuration, and sweep.json")
-    s.add_argument("--list", action="store_true", help="print the grid's configurations and exit")
-    s.add_argument("--limit", type=int, help="first N prompts")
-    s.add_argument("--ids", help="comma-separated task ids")
-    w = s.add_argument_group("execution")
-    w.add_argument("--workers", type=int, default=1, help="worker processes, each loading the models once (default: 1)")
-    w.add_argument("--shards", type=int,
-                   help="shards of the prompts per configuration (default: 1 with one worker, else enough to keep "
-                        "all workers busy); a resumed sweep keeps the recorded value")
-    w.add_argument("--executor", choices=("local", "ray"), default="local", help="local processes or Ray tasks")
-    w.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
-    w.add_argument("--gpus-per-worker", type=float, default=0.0, help="Ray: GPUs reserved per worker (default: 0)")
-    w.add_argument("--score", action=argparse.BooleanOptionalAction, default=True, help="score by execution")
-    w.add_argument("--quiet", action="store_true", help="no progress bar")
-    g = s.add_argument_group("decoding (shared by every configuration)")
-    g.add_argument("--gamma", type=int, default=GAMMA, help=f"draft block length (default: {GAMMA}; the paper: 32)")
-    g.add_argument("--steps", type=int, default=STEPS, help=f"diffusion steps per block (default: {STEPS}; the paper: 2)")
-    from .cli import add_block_flags
-
-    add_block_flags(g)
-    g.add_argument("--k-min", type=int, default=K_MIN, help=f"k_min where the grid does not set it (default: {K_MIN})")
-    g.add_argument("--s-max", type=int, default=S_MAX, help=f"s_max where the grid does not set it (default: {S_MAX})")
-    g.add_argument("--max-new-tokens", type=int, default=512, help="output budget (default: 512)")
-    g.add_argument("--shadow", action=argparse.BooleanOptionalAction, default=True, help="shadow-verify skipped rounds")
-    g.add_argument("--predictor", help="trained survival predictors; without it marginal/conditional are skipped")
-    from .cli import add_model_flags
-
-    add_model_flags(s, threads_help="torch CPU threads per worker (default: cores / workers)")
-
 def cmd_sweep(a) -> int:
     if not a.grid:
         raise ValueError(f"--grid is required; expected one of {', '.join(GRIDS)}")
@@ -736,14 +702,3 @@ def cmd_sweep(a) -> int:
     print(json.dumps({"out": str(a.out), "configs": len(summaries), "skipped": [n for n, _ in p.skipped],
                       "seconds": round(time.time() - t0, 1)}))
     return 0
-
-
-def register(subparsers) -> None:
-    """Add ``vskip sweep`` to the CLI's subparsers."""
-    s = subparsers.add_parser(
-        "sweep", help="run every configuration of a named grid (resumable)",
-        description="Run every configuration of a named grid as resumable units (configuration x shard of "
-                    "prompts) on local worker processes or Ray; one run directory per configuration under --out.",
-    )
-    _add_flags(s)
-    s.set_defaults(fn=cmd_sweep)

@@ -26,7 +26,7 @@ from .acceptance import MAX_TOP_K
 from .guards import GuardConfig, GuardContext, check_guards, invalid_scores
 from .signals import SIGNALS, feasible_prefix
 
-POLICIES = ("ar", "strict", "lenience", "topk", "periodic", "raw", "marginal", "conditional")
+from ..defaults import POLICIES  # noqa: E402 - the one list, importable without numpy
 
 #: Paper defaults (§5.1, A.3, A.6): thresholds per signal when none are given.
 DEFAULT_GATES = {"raw": (0.90, 0.93), "marginal": (0.90, 0.90), "conditional": (0.90, 0.90)}

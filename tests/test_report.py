@@ -274,11 +274,7 @@ def test_shard_directories_are_not_runs(sweep_dir, tmp_path):
 
 def test_cli(sweep_dir, tmp_path):
     (sweep_dir / "raw_a" / "summary.json").unlink()
-    code = ("import argparse, sys; from vskip import report\n"
-            "p = argparse.ArgumentParser(prog='vskip'); s = p.add_subparsers(dest='c'); report.register(s)\n"
-            "a = p.parse_args(sys.argv[1:])\n"
-            "try:\n    sys.exit(a.fn(a))\n"
-            "except ValueError as e:\n    print('vskip: error:', e, file=sys.stderr); sys.exit(2)\n")
+    code = "import sys; from vskip.cli import main; sys.exit(main(sys.argv[1:]))\n"
     res = subprocess.run([sys.executable, "-c", code, "report", str(sweep_dir), "--out", str(tmp_path / "o"),
                           "--bootstrap", "200"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr

@@ -1,7 +1,6 @@
 """Sweeps: grids, run directory names, sharding and merging, resume after a kill, worker
 processes and Ray, all on the fake drafter/verifier pair (no model, no scoring)."""
 
-import argparse
 import hashlib
 import json
 import os
@@ -281,10 +280,9 @@ def test_ray_executor(unbroken, tmp_path):
 
 
 def parser():
-    p = argparse.ArgumentParser()
-    sub = p.add_subparsers(dest="command", required=True)
-    sweep.register(sub)
-    return p
+    from vskip.cli import build_parser
+
+    return build_parser()
 
 
 def test_cli_lists_a_grid(capsys):

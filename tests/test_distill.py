@@ -400,3 +400,17 @@ def test_limit_then_extend_and_settings_clash(tiny_verifier, tmp_path):
         gen.generate_distillation(tmp_path, prompts, tiny_verifier, **{**RUN, "max_new_tokens": 7})
     with pytest.raises(ValueError, match="prompts_sha256"):
         gen.generate_distillation(tmp_path, prompts[:-1], tiny_verifier, **RUN)
+
+
+def test_a_prompt_too_long_for_the_shared_cache_is_answered_alone_and_the_same(tiny_verifier):
+    from vskip.distill.engine import SlotEngine, load_causal_lm
+
+    model, head = load_causal_lm(tiny_verifier)
+    rng = np.random.default_rng(0)
+    prompts = [(i, rng.integers(3, 40, int(n)).tolist()) for i, n in enumerate([5, 30, 8, 45, 12])]
+    roomy = SlotEngine(model, head, slots=2, max_new_tokens=10, eos_id=2, max_len=128)
+    tight = SlotEngine(model, head, slots=2, max_new_tokens=10, eos_id=2, max_len=32)
+    want = {a.key: a.completion for a in roomy.run(prompts)}
+    got = {a.key: a.completion for a in tight.run(prompts)}
+    assert got == want
+    assert tight.T <= 32  # the long prompts never grew the shared cache

@@ -65,7 +65,7 @@ class SlotEngine:
     """Continuous-batching greedy decoding of many prompts with one model."""
 
     def __init__(self, model: Backbone, head: torch.Tensor, slots: int, max_new_tokens: int, eos_id: int,
-                 group: int = 8):
+                 group: int = 8, max_len: int = 1280):
         if slots < 1 or max_new_tokens < 1:
             raise ValueError("slots and max_new_tokens must be positive")
         self.model, self.c = model, model.config
@@ -73,6 +73,9 @@ class SlotEngine:
         self.slots, self.max_new, self.eos = slots, max_new_tokens, eos_id
         #: slots per attention group: a group attends over its own longest cache, not the batch's
         self.group = max(1, group)
+        #: the cache holds this many positions per slot at most (memory: slots x max_len x 46 kB
+        #: for the embedded verifier); a longer prompt is answered alone, in a cache of its own
+        self.max_len = max(max_len, max_new_tokens + 1)
         self.T = 0
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
@@ -80,18 +83,31 @@ class SlotEngine:
         self.busy_steps = 0  # slot-steps that produced a kept token
 
     def _ensure(self, length: int) -> None:
-        """Grow every slot's cache to hold ``length`` positions (copying what it holds)."""
+        """Grow every slot's cache to hold ``length`` positions (copying what it holds, one layer
+        at a time, so that the old and the new cache never coexist whole)."""
         if length <= self.T:
             return
-        T = -(-length // GROW) * GROW
+        T = max(length, min(-(-length // GROW) * GROW, self.max_len))
         c = self.c
         shape = (self.slots, c.num_kv_heads, T, c.head_dim)
-        k = [torch.zeros(shape) for _ in range(c.num_layers)]
-        v = [torch.zeros(shape) for _ in range(c.num_layers)]
-        for i in range(len(self.k)):
-            k[i][:, :, : self.T] = self.k[i]
-            v[i][:, :, : self.T] = self.v[i]
-        self.k, self.v, self.T = k, v, T
+        for store in (self.k, self.v):
+            if not store:
+                store.extend(torch.zeros(shape) for _ in range(c.num_layers))
+                continue
+            for i in range(c.num_layers):
+                grown = torch.zeros(shape)
+                grown[:, :, : self.T] = store[i]
+                store[i] = grown
+        self.T = T
+
+    def _alone(self, key, ids: list[int]) -> "Answer":
+        """The answer to a prompt too long for the shared cache, from a one-slot engine."""
+        solo = SlotEngine(self.model, self.head.weight, 1, self.max_new, self.eos, max_len=len(ids) + self.max_new)
+        solo.head = self.head
+        (answer,) = list(solo.run([(key, ids)]))
+        self.steps += solo.steps
+        self.busy_steps += solo.busy_steps
+        return answer
 
     def _prefill(self, slot: int, ids: Sequence[int]) -> int:
         """Encode a prompt into ``slot``; returns its first greedy token."""
@@ -162,6 +178,9 @@ class SlotEngine:
                 ids = [int(t) for t in ids]
                 if not ids:
                     raise ValueError(f"empty prompt {kk!r}")
+                if len(ids) + self.max_new > self.max_len:
+                    yield self._alone(kk, ids)
+                    continue
                 self._ensure(len(ids) + self.max_new)
                 first = self._prefill(s, ids)
                 if on_token:

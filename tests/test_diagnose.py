@@ -1,6 +1,5 @@
 """Offline diagnostics: AUROC, position baselines, the permutation diagnostic and Proposition 1."""
 
-import argparse
 import json
 
 import numpy as np
@@ -12,7 +11,7 @@ from fakes import FakeDrafter, FakeVerifier
 from vskip.decode import DecodeConfig, decode
 from vskip.diagnose import (
     auroc, feasible_prefix_rows, permutation_diagnostic, permutation_pool, permute_pairs, position_rates,
-    positionwise_auroc, positionwise_bce, proposition1, register,
+    positionwise_auroc, positionwise_bce, proposition1,
 )
 from vskip.policy import PolicyConfig, feasible_prefix
 from vskip.predictor import TrainConfig, train_predictor
@@ -162,9 +161,9 @@ def _fake_trace_run(path, n=10, gamma=8):
 
 
 def _parser():
-    p = argparse.ArgumentParser()
-    register(p.add_subparsers(dest="command"))
-    return p
+    from vskip.cli import build_parser
+
+    return build_parser()
 
 
 def test_diagnose_raw_only(tmp_path):

@@ -1,6 +1,5 @@
 """Survival predictor training (A.7), checkpoints, and online use by fold."""
 
-import argparse
 import json
 
 import numpy as np
@@ -14,7 +13,7 @@ from vskip.diagnose import positionwise_bce
 from vskip.models.protocols import DraftBlock
 from vskip.policy import PolicyConfig
 from vskip.predictor import (
-    TrainConfig, examples, input_rows, load_fold_predictor, make_mlp, normalisation, register, train_predictor,
+    TrainConfig, examples, input_rows, load_fold_predictor, make_mlp, normalisation, train_predictor,
 )
 from vskip.traces import TraceSet, append_traces, folds, load_traces, rotations
 
@@ -155,8 +154,9 @@ def test_end_to_end_on_the_fake_pair(tmp_path):
                      task_id=tid)
         append_traces(runs, tid, res.traces)
 
-    parser = argparse.ArgumentParser()
-    register(parser.add_subparsers(dest="command"))
+    from vskip.cli import build_parser
+
+    parser = build_parser()
     a = parser.parse_args(["train-predictor", "--kind", "marginal", "--traces", str(runs), "--out", str(tmp_path / "pred"),
                            "--epochs", "2", "--batch-size", "128", "--device", "cpu", "--quiet"])
     assert a.fn(a) == 0
@@ -193,8 +193,9 @@ def test_train_refuses_non_strict_traces(tmp_path):
     for i in range(5):
         res = decode([5 + i, 3, 9, 4], FakeDrafter(0.2, i), FakeVerifier(), PolicyConfig(name="strict"), cfg)
         append_traces(run, f"HumanEval/{i}", res.traces)
-    parser = argparse.ArgumentParser()
-    register(parser.add_subparsers(dest="command"))
+    from vskip.cli import build_parser
+
+    parser = build_parser()
     a = parser.parse_args(["train-predictor", "--kind", "conditional", "--traces", str(run), "--out", str(tmp_path / "p"),
                            "--device", "cpu", "--quiet"])
     with pytest.raises(ValueError, match="Strict SDD traces only"):

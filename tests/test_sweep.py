@@ -200,15 +200,15 @@ def test_rerun_of_a_finished_sweep_does_nothing(unbroken):
     assert sweep.run_sweep(p, out, pair_factory=no_models, progress=False) == summaries
 
 
-@pytest.mark.parametrize("shards", [1, 2])
-def test_resume_after_a_crash_equals_an_unbroken_sweep(unbroken, tmp_path, shards):
+@pytest.mark.parametrize("shards,kill_at", [(1, 13)] + [(2, k) for k in (0, 1, 4, 9, 13, 18, 24, 31, 38, 45, 49)])
+def test_resume_after_a_crash_equals_an_unbroken_sweep(unbroken, tmp_path, shards, kill_at):
     out, p, _ = unbroken
     q = make_plan(shards=shards)
-    CrashingTokenizer.budget[0] = 13  # dies while finishing the 14th prompt of 50
+    CrashingTokenizer.budget[0] = kill_at  # dies while finishing prompt kill_at + 1 of 50
     with pytest.raises(ValueError, match="units failed"):
         sweep.run_sweep(q, tmp_path, pair_factory=crashing_pair, progress=False)
     done = sum(len(read_samples) for read_samples in _samples_written(tmp_path))
-    assert done == 13  # nothing after the crash was lost except the prompt in flight
+    assert done == kill_at  # nothing after the crash was lost except the prompt in flight
     sweep.run_sweep(q, tmp_path, pair_factory=fake_pair, progress=False)
     assert_same_sweep(out, tmp_path, p.configs)
 

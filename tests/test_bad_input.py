@@ -69,6 +69,8 @@ CASES = [
     ("run --task humaneval --out {tmp}/o --dtype float64", "invalid choice: 'float64'"),
     ("run --task humaneval --out {tmp}/o --drafter-dtype int8", "invalid choice: 'int8'"),
     ("run --task humaneval --out {tmp}/o --reveal random", "invalid choice: 'random'"),
+    ("run --task humaneval --out {tmp}/o --limit 1 --max-new-tokens 8190 --no-score", "exceeds the verifier's context"),
+    ("compare --limit 1 --max-new-tokens 9000", "exceeds the verifier's context"),
     ("run --task humaneval", "the following arguments are required: --out"),
     ("run --out {tmp}/o", "the following arguments are required: --task"),
     ("run --task humaneval --out {tmp}/o --bogus", "unrecognized arguments: --bogus"),

@@ -189,6 +189,9 @@ def cmd_compare(a) -> int:
     if not problems:
         raise ValueError(f"no prompts selected from {a.task}")
     runtime = resolve_runtime(models.device, models.dtype, models.threads, models.drafter_dtype)
+    from .models.load import check_prompt_fits
+
+    check_prompt_fits(models.verifier, [(p.task_id, tasks.user_prompt(p)) for p in problems], dec.max_new_tokens)
     if a.out:  # before any model loads: refuse an --out whose rows were made otherwise
         compare.claim(Path(a.out), compare.settings_record(a.task, dec.max_new_tokens, runtime, models, variants))
     pair = load_pair(runtime, drafter=models.drafter, verifier=models.verifier, steps=models.steps,

@@ -146,6 +146,10 @@ def _run_locked(cfg: RunConfig, out: Path, problems, progress: bool, pair) -> di
 
     m = cfg.models
     runtime = resolve_runtime(m.device, m.dtype, m.threads, m.drafter_dtype)
+    if pair is None:  # the tokenizer alone first: a prompt that cannot fit refuses before the models load
+        from .models.load import check_prompt_fits
+
+        check_prompt_fits(m.verifier, [(p.task_id, tasks.user_prompt(p)) for p in problems], cfg.decode.max_new_tokens)
     pair = pair or load_pair(
         runtime, drafter=m.drafter, verifier=m.verifier, steps=m.steps, use_cache=m.verifier_cache,
         need_drafter=cfg.policy.uses_drafter, reveal=m.reveal, copy_prior=m.copy_prior,

@@ -68,22 +68,28 @@ def load_verifier(path: Path, runtime: Runtime, use_cache: bool = True):
     return HFVerifier(model, sorted(eos), sorted(special), use_cache=use_cache), tok
 
 
-def check_prompt_fits(verifier: str | None, prompt: str, max_new_tokens: int) -> int:
-    """Tokenize ``prompt`` with the verifier's tokenizer alone and refuse, before any model loads,
-    when it and ``max_new_tokens`` exceed the verifier's context. Returns the prompt's length."""
+def check_prompt_fits(verifier: str | None, prompt: str | list[tuple[str, str]], max_new_tokens: int) -> int:
+    """Tokenize the prompt (or the ``(name, prompt)`` pairs of a task) with the verifier's
+    tokenizer alone and refuse, before any model loads, when one of them and ``max_new_tokens``
+    exceed the verifier's context. Returns the longest prompt's length."""
     from transformers import AutoTokenizer
 
     from ..prompting import encode_chat
 
     _offline()
     vdir = resolve_verifier_dir(verifier)
-    n = len(encode_chat(AutoTokenizer.from_pretrained(vdir), prompt))
-    cfg = json.loads((Path(vdir) / "config.json").read_text())
-    limit = cfg.get("max_position_embeddings")
-    if limit and n + max_new_tokens > int(limit):
-        raise ValueError(f"the prompt is {n} tokens; with --max-new-tokens {max_new_tokens} it exceeds the verifier's "
-                         f"context of {limit} tokens")
-    return n
+    tok = AutoTokenizer.from_pretrained(vdir)
+    items = [(None, prompt)] if isinstance(prompt, str) else list(prompt)
+    limit = json.loads((Path(vdir) / "config.json").read_text()).get("max_position_embeddings")
+    longest = 0
+    for name, text in items:
+        n = len(encode_chat(tok, text))
+        longest = max(longest, n)
+        if limit and n + max_new_tokens > int(limit):
+            which = "the prompt" if name is None else f"prompt {name}"
+            raise ValueError(f"{which} is {n} tokens; with --max-new-tokens {max_new_tokens} it exceeds the "
+                             f"verifier's context of {limit} tokens")
+    return longest
 
 
 def vocabulary_fit(drafter_tok, verifier_tok, head_ids: torch.Tensor, verifier_len: int) -> torch.Tensor:

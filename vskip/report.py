@@ -32,7 +32,7 @@ from typing import Callable, Sequence
 from .metrics import agreement_from_rounds
 from .policy import DEFAULT_GATES, SIGNALS, break_even_length
 
-SAMPLES, ROUNDS, SUMMARY, CONFIG, SWEEP = "samples.jsonl", "rounds.jsonl", "summary.json", "config.json", "sweep.json"
+from .rundir import CONFIG, ROUNDS, SAMPLES, SUMMARY, SWEEP  # noqa: E402
 RUN_FILES = (SAMPLES, SUMMARY, CONFIG)
 LABELS = {
     "ar": "AR (verifier alone)", "strict": "Strict SDD", "lenience": "Lenience", "topk": "Top-k",
@@ -317,7 +317,7 @@ def compute_metrics(run: Run, ids: set[str] | None = None) -> Metrics:
         return Metrics(s.get("n_prompts") or 0, s.get("generated_tokens"), s.get("decode_seconds"),
                        s.get("tokens_per_s"), s.get("calls_per_token"), s.get("blocks_per_token"),
                        s.get("pass_at_1"), {}, s.get("strict_token"), s.get("full_prefix"),
-                       s.get("skipped_rounds"), s.get("c_D"), s.get("c_V"), s.get("A"), ["samples.jsonl"])
+                       s.get("skipped_rounds"), s.get("c_D"), s.get("c_V"), s.get("A"), [SAMPLES])
     samples = [s for s in run.samples if ids is None or s.get("task_id") in ids]
     keep = {s.get("task_id") for s in samples}
     rounds = [r for r in run.rounds if r.get("task_id") in keep]
@@ -855,7 +855,7 @@ def build_report(paths: Sequence[Path], out: Path, k_min: int = 6, n_boot: int =
             notes.append(f"{r.label}: compared with {ref.label} on the {row.common} prompts both ran")
         if ref is not None and ref.gamma != r.gamma:
             notes.append(f"{r.label}: its reference {ref.label} used gamma {ref.gamma}, not {r.gamma}")
-        lost = [k for k in row.m.missing if k not in ("samples.jsonl",)]
+        lost = [k for k in row.m.missing if k not in (SAMPLES,)]
         if lost:
             notes.append(f"{r.label}: missing " + ", ".join(sorted(set(lost))) + " (written by another version?)")
         groups.setdefault((r.task, r.gamma), []).append(row)

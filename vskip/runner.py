@@ -9,7 +9,6 @@ its sample, as soon as it finishes; a rerun of the same command skips prompts al
 from __future__ import annotations
 
 import json
-import os
 import platform
 import sys
 from dataclasses import asdict, dataclass, field
@@ -17,14 +16,11 @@ from pathlib import Path
 
 from .decode import DecodeConfig, decode, warmup
 from .defaults import STEPS
-from .files import DirLock, FileError, check_writable_dir, read_json, read_jsonl, write_json, write_jsonl
+from .files import DirLock, check_writable_dir, read_json, write_json, write_jsonl
 from .metrics import summarize
 from .policy import PolicyConfig
 
-SAMPLES = "samples.jsonl"
-ROUNDS = "rounds.jsonl"
-SUMMARY = "summary.json"
-CONFIG = "config.json"
+from .rundir import CONFIG, ROUNDS, SAMPLES, SUMMARY, append_lines, read_rows, resume_state  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -72,39 +68,6 @@ def package_versions() -> dict:
         except PackageNotFoundError:
             out[name] = None
     return out
-
-
-def _read_rows(path: Path) -> list[dict]:
-    """A run file's rows; each must name its prompt (``task_id``)."""
-    rows = read_jsonl(path, on_cut=lambda msg: print(f"[vskip] {msg}; it is redone", file=sys.stderr))
-    for i, r in enumerate(rows):
-        if not isinstance(r.get("task_id"), str):
-            raise FileError(f"{path}: row {i + 1} has no task_id; the run directory is damaged")
-    return rows
-
-
-def resume_state(out: Path) -> tuple[dict[str, dict], list[dict]]:
-    """The finished prompts of a run directory (task id -> sample) and their rounds, made
-    consistent: a prompt counts as finished only when its sample line is whole and its rounds add
-    up (a sample records how many rounds it wrote); anything else is dropped and redone. Both
-    files are rewritten to what is kept."""
-    samples = _read_rows(out / SAMPLES)
-    rounds = _read_rows(out / ROUNDS)
-    count: dict[str, int] = {}
-    for r in rounds:
-        count[r["task_id"]] = count.get(r["task_id"], 0) + 1
-    done = {}
-    for s in samples:
-        want = s.get("rounds")
-        if want is None or count.get(s["task_id"], 0) == want:
-            done[s["task_id"]] = s
-        else:
-            print(f"[vskip] {out}: {s['task_id']} has {count.get(s['task_id'], 0)} of its {want} rounds; "
-                  "it is redone", file=sys.stderr)
-    kept = [r for r in rounds if r["task_id"] in done]
-    write_jsonl(out / ROUNDS, kept)
-    write_jsonl(out / SAMPLES, done.values())
-    return done, kept
 
 
 def _check_resume(out: Path, cfg_json: dict) -> None:
@@ -199,8 +162,8 @@ def _run_locked(cfg: RunConfig, out: Path, problems, progress: bool, pair) -> di
             append_traces(out, p.task_id, res.traces)
         # rounds first, then the sample that vouches for them: a kill in between leaves rounds
         # without a sample, which the resume drops
-        _append(out / ROUNDS, "".join(json.dumps(r) + "\n" for r in rounds))
-        _append(out / SAMPLES, json.dumps(sample) + "\n")
+        append_lines(out / ROUNDS, "".join(json.dumps(r) + "\n" for r in rounds))
+        append_lines(out / SAMPLES, json.dumps(sample) + "\n")
         done[p.task_id] = sample
         tok_total += res.generated_tokens
         sec_total += res.decode_seconds
@@ -212,7 +175,7 @@ def _run_locked(cfg: RunConfig, out: Path, problems, progress: bool, pair) -> di
         scoring_note = score_samples(cfg.task, problems, samples, progress)
     # both files in prompt order, whatever order a resume finished them in
     order = {p.task_id: i for i, p in enumerate(problems)}
-    rounds = sorted(_read_rows(out / ROUNDS), key=lambda r: order[r["task_id"]])
+    rounds = sorted(read_rows(out / ROUNDS), key=lambda r: order[r["task_id"]])
     write_jsonl(out / ROUNDS, rounds)
     write_jsonl(out / SAMPLES, samples)
     summary = {"task": cfg.task, "policy": cfg.policy.name, **cfg.policy.summary(),
@@ -221,14 +184,6 @@ def _run_locked(cfg: RunConfig, out: Path, problems, progress: bool, pair) -> di
                "sandbox": scoring_note, **summarize(samples, rounds)}
     write_json(out / SUMMARY, summary)
     return summary
-
-
-def _append(path: Path, text: str) -> None:
-    """Append whole lines and flush them to disk before the next write depends on them."""
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _check_sandbox(task: str) -> None:

@@ -36,9 +36,10 @@ from .defaults import GAMMA, K_MIN, S_MAX, STEPS
 from .metrics import summarize
 from .policy import PolicyConfig
 from .files import read_jsonl as _read_jsonl, write_json, write_jsonl as _write_jsonl
-from .runner import CONFIG, SAMPLES, SUMMARY, ROUNDS, ModelConfig, RunConfig
+from .rundir import CONFIG, ROUNDS, SAMPLES, SUMMARY
+from .runner import ModelConfig, RunConfig
 
-SWEEP = "sweep.json"
+from .rundir import SWEEP  # noqa: E402
 SHARDS = "_shards"
 
 #: Methods that need a trained survival predictor (``--predictor``).

@@ -39,7 +39,7 @@ import numpy as np
 from .files import write_atomic
 from .features import FEATURE_NAMES
 
-TRACE_DIR = "traces"
+from .rundir import CONFIG, SAMPLES, TRACE_DIR  # noqa: E402
 FORMAT = "vskip-traces/1"
 #: The fold protocol of A.7.
 FOLD_SEED = 12345
@@ -59,7 +59,7 @@ def trace_path(run_dir: str | Path, task_id: str) -> Path:
 
 def _run_config(run_dir: Path) -> dict | None:
     """The resolved run configuration of ``config.json`` when it names a policy and a gamma."""
-    p = run_dir / "config.json"
+    p = run_dir / CONFIG
     if not p.exists():
         return None
     try:
@@ -219,7 +219,7 @@ def trace_files(run_dir: str | Path) -> list[Path]:
 
 def _finished(run_dir: Path) -> set[str] | None:
     """Prompt ids recorded in ``samples.jsonl`` (None without one)."""
-    p = run_dir / "samples.jsonl"
+    p = run_dir / SAMPLES
     if not p.exists():
         return None
     ids = set()

@@ -414,3 +414,9 @@ def test_a_prompt_too_long_for_the_shared_cache_is_answered_alone_and_the_same(t
     got = {a.key: a.completion for a in tight.run(prompts)}
     assert got == want
     assert tight.T <= 32  # the long prompts never grew the shared cache
+
+
+def test_ends_in_a_loop():
+    assert gen.ends_in_a_loop(list(range(40)) + list(range(20)) * 2)
+    assert not gen.ends_in_a_loop(list(range(200)))
+    assert not gen.ends_in_a_loop([1, 2, 3])

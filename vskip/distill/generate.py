@@ -478,6 +478,13 @@ def check_agreement(verifier_dir: Path, prompts: Sequence[TrainPrompt], max_new_
 # Summary
 
 
+def ends_in_a_loop(answer, tail: int = 128, n: int = 16) -> bool:
+    """Whether some run of ``n`` tokens occurs twice within the last ``tail`` tokens of ``answer``."""
+    t = [int(x) for x in answer[-tail:]]
+    grams = [tuple(t[i : i + n]) for i in range(len(t) - n + 1)]
+    return len(grams) != len(set(grams))
+
+
 def summarize(out_dir: Path) -> dict:
     """Totals of a data directory's manifest (``index.json``): shards, rows, answer and prompt
     tokens, answers ended by eos, bytes on disk, per-run generation throughput; the shards'
@@ -493,6 +500,11 @@ def summarize(out_dir: Path) -> dict:
         raise ValueError(f"{out_dir}: shards missing or not matching their hash: {', '.join(bad)}")
     total = lambda key: int(sum(e.get(key, 0) for e in shards.values()))
     rows = total("rows")
+    loops = {True: [0, 0], False: [0, 0]}  # finished -> [answers, answers ending in a loop]
+    for path in shard_files(out_dir):
+        for r in shard_rows(read_shard(path)):
+            loops[r["finished"]][0] += 1
+            loops[r["finished"]][1] += ends_in_a_loop(r["completion"])
     runs = [{"command": r.get("command"), "slots": r.get("slots"), "threads": r.get("threads"),
              "answer_tok_s": round(r["answer_tokens"] / r["seconds"], 1)}
             for r in index.get("runs", []) if r.get("seconds")]
@@ -502,6 +514,9 @@ def summarize(out_dir: Path) -> dict:
         "finished_share": total("finished") / rows if rows else None,
         "mean_answer_tokens": total("answer_tokens") / rows if rows else None,
         "bytes": total("bytes"), "max_new_tokens": index["max_new_tokens"],
+        # answers whose last 128 tokens repeat a 16-token run: a verifier caught in a loop
+        "looping_share_cut": loops[False][1] / loops[False][0] if loops[False][0] else None,
+        "looping_share_finished": loops[True][1] / loops[True][0] if loops[True][0] else None,
         "prompts_sha256": index["prompts_sha256"], "verifier_sha256": index["verifier_sha256"],
         "runs": runs,
     }

@@ -215,8 +215,10 @@ def _print_comparison(compare, rows_dir, out, what: str | None = None) -> int:
     if out is None and what is None:
         out = rows_dir
     if out is not None:
-        compare.write_atomic(out / "summary.json", json.dumps(s, indent=1))
-        compare.write_atomic(out / "summary.md", text + "\n")
+        from .files import write_atomic, write_json
+
+        write_json(out / "summary.json", s)
+        write_atomic(out / "summary.md", text + "\n")
     return 0
 
 

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .files import write_atomic
+
 #: the ``fast`` configuration (chosen on 11 HumanEval prompts; docs/results/speed.md)
 FAST = "strict+gamma=4+gamma_max=16+min_match=6+trim=0.5"
 
@@ -106,7 +108,6 @@ def _hf_generate(pair, ids, max_new: int, lookup: int | None):
     return out[0, len(ids):].tolist(), now() - t
 
 
-from .files import write_atomic  # noqa: E402 - re-exported for the command line
 
 
 def settings_record(task: str, max_new: int, runtime, models, variants) -> dict:

@@ -64,12 +64,12 @@ def load_causal_lm(path: Path | str) -> tuple[Backbone, torch.Tensor]:
 class SlotEngine:
     """Continuous-batching greedy decoding of many prompts with one model."""
 
-    def __init__(self, model: Backbone, head: torch.Tensor, slots: int, max_new_tokens: int, eos_id: int,
-                 group: int = 8, max_len: int = 1280):
+    def __init__(self, model: Backbone, head: torch.Tensor | ExactHead, slots: int, max_new_tokens: int,
+                 eos_id: int, group: int = 8, max_len: int = 1280):
         if slots < 1 or max_new_tokens < 1:
             raise ValueError("slots and max_new_tokens must be positive")
         self.model, self.c = model, model.config
-        self.head = ExactHead(head, screen=torch.float32)
+        self.head = head if isinstance(head, ExactHead) else ExactHead(head, screen=torch.float32)
         self.slots, self.max_new, self.eos = slots, max_new_tokens, eos_id
         #: slots per attention group: a group attends over its own longest cache, not the batch's
         self.group = max(1, group)
@@ -102,8 +102,7 @@ class SlotEngine:
 
     def _alone(self, key, ids: list[int]) -> "Answer":
         """The answer to a prompt too long for the shared cache, from a one-slot engine."""
-        solo = SlotEngine(self.model, self.head.weight, 1, self.max_new, self.eos, max_len=len(ids) + self.max_new)
-        solo.head = self.head
+        solo = SlotEngine(self.model, self.head, 1, self.max_new, self.eos, max_len=len(ids) + self.max_new)
         (answer,) = list(solo.run([(key, ids)]))
         self.steps += solo.steps
         self.busy_steps += solo.busy_steps

@@ -61,7 +61,14 @@ def add_model_flags(p: argparse.ArgumentParser, threads_help: str = "torch CPU t
     m.add_argument("--reveal", choices=("maskgit_plus", "topk_margin", "entropy"), help="reveal order (default: the drafter's)")
     m.add_argument("--verifier-cache", action=argparse.BooleanOptionalAction, default=True,
                    help="keep the verifier's KV cache (--no-verifier-cache recomputes every call, as the paper measured)")
-    m.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
+    m.add_argument("--device", help="cpu, cuda or cuda:N: both models, unless placed apart (default: cuda when available)")
+    m.add_argument("--drafter-device", metavar="DEVICE", help="the drafter's own device (default: --device)")
+    m.add_argument("--verifier-device", metavar="DEVICE|STRATEGY",
+                   help="the verifier's own device, or auto, balanced, balanced_low_0 or sequential to spread it over "
+                        "several (accelerate's device_map; default: --device)")
+    m.add_argument("--max-memory", metavar="DEV=SIZE,...",
+                   help="what each device may hold, e.g. 0=40GiB,1=40GiB; a spread verifier uses these devices "
+                        "(default: every visible GPU, all it has free)")
     m.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                    help="the verifier's dtype (default: float32 on CPU, bfloat16 on CUDA); only float32 is lossless on CPU")
     m.add_argument("--drafter-dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
@@ -71,12 +78,13 @@ def add_model_flags(p: argparse.ArgumentParser, threads_help: str = "torch CPU t
 
 
 def model_config(a):
-    """The :class:`vskip.runner.ModelConfig` of parsed model flags (``--steps`` included)."""
-    from .runner import ModelConfig
+    """The :class:`vskip.models.config.ModelConfig` of parsed model flags (``--steps`` included)."""
+    from .models.config import ModelConfig
 
     return ModelConfig(drafter=a.drafter, verifier=a.verifier, steps=a.steps, reveal=a.reveal,
                        verifier_cache=a.verifier_cache, device=a.device, dtype=a.dtype, threads=a.threads,
-                       copy_prior=a.copy_prior, drafter_dtype=a.drafter_dtype)
+                       copy_prior=a.copy_prior, drafter_dtype=a.drafter_dtype, drafter_device=a.drafter_device,
+                       verifier_device=a.verifier_device, max_memory=a.max_memory)
 
 
 def _configs(a, policy_name: str | None = None):
@@ -124,20 +132,19 @@ def cmd_run(a) -> int:
 
 def cmd_generate(a) -> int:
     from .decode import decode, warmup
-    from .models.load import load_pair
+    from .models.load import open_pair
     from .prompting import encode_chat
     from .runtime import resolve_runtime
 
     if not a.prompt.strip():
         raise ValueError("the prompt is empty")
     policy, dec, models = _configs(a)
-    runtime = resolve_runtime(models.device, models.dtype, models.threads, models.drafter_dtype)
+    runtime = resolve_runtime(models.device, models.dtype, models.threads, models.drafter_dtype,
+                              models.drafter_device, models.verifier_device, models.max_memory)
     from .models.load import check_prompt_fits
 
-    check_prompt_fits(models.verifier, a.prompt, dec.max_new_tokens)  # tokenizer only: before any model loads
-    pair = load_pair(runtime, drafter=models.drafter, verifier=models.verifier, steps=models.steps,
-                     use_cache=models.verifier_cache, need_drafter=policy.uses_drafter, reveal=models.reveal,
-                     copy_prior=models.copy_prior)
+    n = check_prompt_fits(models.verifier, a.prompt, dec.max_new_tokens)  # tokenizer only: before any model loads
+    pair = open_pair(models, need_drafter=policy.uses_drafter, budget=(n, dec.max_new_tokens, dec.gamma))
     predictor = None
     if policy.signal in ("marginal", "conditional"):
         if not a.predictor:
@@ -163,7 +170,7 @@ def cmd_compare(a) -> int:
     import tempfile
 
     from . import compare, tasks
-    from .models.load import load_pair
+    from .models.load import open_pair
     from .prompting import encode_chat
     from .runtime import resolve_runtime
 
@@ -188,15 +195,16 @@ def cmd_compare(a) -> int:
     problems = tasks.load_task(a.task, limit=a.limit, ids=list(ids) if ids else None)
     if not problems:
         raise ValueError(f"no prompts selected from {a.task}")
-    runtime = resolve_runtime(models.device, models.dtype, models.threads, models.drafter_dtype)
+    runtime = resolve_runtime(models.device, models.dtype, models.threads, models.drafter_dtype,
+                              models.drafter_device, models.verifier_device, models.max_memory)
     from .models.load import check_prompt_fits
 
-    check_prompt_fits(models.verifier, [(p.task_id, tasks.user_prompt(p)) for p in problems], dec.max_new_tokens)
+    n = check_prompt_fits(models.verifier, [(p.task_id, tasks.user_prompt(p)) for p in problems], dec.max_new_tokens)
     if a.out:  # before any model loads: refuse an --out whose rows were made otherwise
         compare.claim(Path(a.out), compare.settings_record(a.task, dec.max_new_tokens, runtime, models, variants))
-    pair = load_pair(runtime, drafter=models.drafter, verifier=models.verifier, steps=models.steps,
-                     use_cache=models.verifier_cache, reveal=models.reveal, copy_prior=models.copy_prior,
-                     need_drafter=any(v.policy not in (None, "ar") for v in variants))
+    gamma = max([dec.gamma] + [v.decode.gamma_max or v.decode.gamma for v in variants if v.decode is not None])
+    pair = open_pair(models, need_drafter=any(v.policy not in (None, "ar") for v in variants),
+                     budget=(n, dec.max_new_tokens, gamma))
     prompts = [(p.task_id, encode_chat(pair.tokenizer, tasks.user_prompt(p))) for p in problems]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(a.out) if a.out else Path(tmp)
@@ -239,6 +247,38 @@ def cmd_score(a) -> int:
         write_json(a.out, res)
     print(f"{res['task']}: pass@1 = {res['pass_at_1']:.4f} ({sum(r['passed'] for r in res['results'])}/{res['n']}) sandbox={res['sandbox']}")
     return 0
+
+
+def cmd_plan(a) -> int:
+    from .files import write_atomic, write_json
+    from .models.load import _drafter_dir, resolve_verifier_dir
+    from .models.placement import STRATEGIES, normalize_device, parse_max_memory, plan_memory
+
+    vdir = resolve_verifier_dir(a.verifier)
+    ddir = None if a.no_drafter else _drafter_dir(a.drafter)
+    if ddir is not None and not ddir.exists():
+        raise FileNotFoundError(f"drafter path {ddir} does not exist")
+    for v, flag in ((a.prompt_tokens, "--prompt-tokens"), (a.max_new_tokens, "--max-new-tokens"), (a.gamma, "--gamma")):
+        if v < 1:
+            raise ValueError(f"{flag} must be >= 1, got {v}")
+    device = a.device or "cuda:0"
+    verifier_on = a.verifier_device or device
+    if verifier_on not in STRATEGIES:
+        verifier_on = normalize_device(verifier_on)
+    drafter_on = normalize_device(a.drafter_device or device)
+    gpu = verifier_on in STRATEGIES or verifier_on.startswith("cuda")
+    dtype = a.dtype or ("bfloat16" if gpu else "float32")
+    plan = plan_memory(vdir, ddir, verifier_device=verifier_on, drafter_device=drafter_on, dtype=dtype,
+                       drafter_dtype=a.drafter_dtype or dtype, prompt_tokens=a.prompt_tokens,
+                       max_new_tokens=a.max_new_tokens, gamma=a.gamma, verifier_cache=a.verifier_cache,
+                       capacity=parse_max_memory(a.max_memory))
+    text = plan.describe()
+    print(text)
+    if a.out:
+        command = "vskip plan " + " ".join(sys.argv[2:] if a.argv is None else a.argv)
+        write_json(Path(a.out), {"command": command} | plan.to_json())
+        write_atomic(Path(a.out).with_suffix(".md"), f"```\n{command}\n```\n\n{text}\n")
+    return 0 if plan.fits else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -284,6 +324,30 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", help="write per-sample results as JSON here")
     s.set_defaults(fn=cmd_score)
 
+    pl = sub.add_parser("plan", help="the memory each device needs for a pair and placement, from the configs alone",
+                        description="Estimate, per device, the weights, key/value cache, activations and a CUDA reserve "
+                                    "of a drafter/verifier pair placed as the flags say, without loading any weight, "
+                                    "and say whether it fits. Plans for other machines with --max-memory. "
+                                    "Exit status 0 when it fits, 1 when it does not.")
+    pl.add_argument("--drafter", help="drafter directory (vskip drafter or Dream checkpoint; default: the embedded drafter)")
+    pl.add_argument("--no-drafter", action="store_true", help="plan the verifier alone (ar)")
+    pl.add_argument("--verifier", help="verifier checkpoint directory (config.json is enough)")
+    pl.add_argument("--device", help="both models, unless placed apart (default: cuda:0)")
+    pl.add_argument("--drafter-device", metavar="DEVICE")
+    pl.add_argument("--verifier-device", metavar="DEVICE|STRATEGY",
+                    help="a device, or auto, balanced, balanced_low_0 or sequential over the --max-memory devices")
+    pl.add_argument("--max-memory", metavar="DEV=SIZE,...",
+                    help="capacity of each device, e.g. 0=80GiB or 0=40GiB,1=40GiB (default: what is free here)")
+    pl.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="the verifier's (default: bfloat16 on GPUs)")
+    pl.add_argument("--drafter-dtype", choices=("float32", "bfloat16", "float16"), help="default: --dtype")
+    pl.add_argument("--prompt-tokens", type=int, default=1024, help="longest prompt (default: 1024)")
+    pl.add_argument("--max-new-tokens", type=int, default=512, help="output budget (default: 512)")
+    pl.add_argument("--gamma", type=int, default=GAMMA, help=f"block length (default: {GAMMA}; the paper: 32)")
+    pl.add_argument("--verifier-cache", action=argparse.BooleanOptionalAction, default=True,
+                    help="--no-verifier-cache: the verifier recomputes the whole sequence every call (the paper)")
+    pl.add_argument("--out", help="write the plan as JSON here (and the table beside it as .md)")
+    pl.set_defaults(fn=cmd_plan, argv=None)
+
     from . import commands
     from .distill import cli as distill_cli
 
@@ -319,6 +383,8 @@ def main(argv=None) -> int:
     debug = "--debug" in argv or os.environ.get("VSKIP_DEBUG", "") not in ("", "0")
     argv = [a for a in argv if a != "--debug"]
     args = build_parser().parse_args(argv)
+    if getattr(args, "command", None) == "plan":
+        args.argv = argv[1:]
     try:
         return args.fn(args)
     except KeyboardInterrupt:

@@ -121,6 +121,20 @@ def settings_record(task: str, max_new: int, runtime, models, variants) -> dict:
             "configs": configs}
 
 
+def _fill_placement(fixed: dict) -> dict:
+    """Settings written before the placement fields existed, with their defaults filled in."""
+    from .models.config import PLACEMENT_FIELDS, model_defaults, with_defaults
+
+    if not isinstance(fixed, dict):
+        return fixed
+    fixed = dict(fixed)
+    if isinstance(fixed.get("models"), dict):
+        fixed["models"] = with_defaults(fixed["models"], model_defaults())
+    if isinstance(fixed.get("runtime"), dict):
+        fixed["runtime"] = with_defaults(fixed["runtime"], {k: None for k in PLACEMENT_FIELDS})
+    return fixed
+
+
 def claim(out: Path, record: dict) -> None:
     """Record ``record`` in ``out/settings.json``, refusing when rows already there were made with
     other settings (a configuration of the same name, or anything they share, differs): a rerun
@@ -135,6 +149,7 @@ def claim(out: Path, record: dict) -> None:
         except (ValueError, KeyError, TypeError):
             raise ValueError(f"{path} is not a comparison's settings file; choose another --out") from None
         new = json.loads(json.dumps(record))  # tuples become lists, as when read back
+        old_fixed = _fill_placement(old_fixed)
         if old_fixed != new["fixed"]:
             keys = sorted(k for k in new["fixed"] if old_fixed.get(k) != new["fixed"][k])
             raise ValueError(f"{out} holds a comparison with other settings ({', '.join(keys)}); choose another --out")

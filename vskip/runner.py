@@ -15,30 +15,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .decode import DecodeConfig, decode, warmup
-from .defaults import STEPS
 from .files import DirLock, check_writable_dir, read_json, write_json, write_jsonl
 from .metrics import summarize
+from .models.config import ModelConfig, model_defaults, with_defaults  # noqa: F401 - ModelConfig: re-exported
 from .policy import PolicyConfig
 
 from .rundir import CONFIG, ROUNDS, SAMPLES, SUMMARY, append_lines, read_rows, resume_state  # noqa: F401
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    drafter: str | None = None
-    verifier: str | None = None
-    steps: int = STEPS
-    reveal: str | None = None
-    verifier_cache: bool = True
-    device: str | None = None
-    dtype: str | None = None
-    threads: int | None = None
-    copy_prior: str | None = "auto"
-    drafter_dtype: str | None = "auto"
-
-    def __post_init__(self):
-        if self.steps < 1:
-            raise ValueError(f"steps must be >= 1, got {self.steps}")
 
 
 @dataclass(frozen=True)
@@ -75,7 +57,10 @@ def _check_resume(out: Path, cfg_json: dict) -> None:
     if not p.exists():
         return
     old = read_json(p, "run configuration")
-    if not isinstance(old, dict) or old.get("run") != cfg_json:
+    run = old.get("run") if isinstance(old, dict) else None
+    if isinstance(run, dict) and isinstance(run.get("models"), dict):  # written before a model field existed
+        run = {**run, "models": with_defaults(run["models"], model_defaults())}
+    if run != cfg_json:
         raise ValueError(f"{out} holds a run with another configuration; choose another --out or remove it")
 
 
@@ -99,7 +84,6 @@ def _run_locked(cfg: RunConfig, out: Path, problems, progress: bool, pair) -> di
     from tqdm import tqdm
 
     from . import tasks
-    from .models.load import load_pair
     from .prompting import encode_chat
     from .runtime import resolve_runtime
 
@@ -108,15 +92,14 @@ def _run_locked(cfg: RunConfig, out: Path, problems, progress: bool, pair) -> di
     done, _ = resume_state(out)
 
     m = cfg.models
-    runtime = resolve_runtime(m.device, m.dtype, m.threads, m.drafter_dtype)
     if pair is None:  # the tokenizer alone first: a prompt that cannot fit refuses before the models load
-        from .models.load import check_prompt_fits
+        from .models.load import check_prompt_fits, open_pair
 
-        check_prompt_fits(m.verifier, [(p.task_id, tasks.user_prompt(p)) for p in problems], cfg.decode.max_new_tokens)
-    pair = pair or load_pair(
-        runtime, drafter=m.drafter, verifier=m.verifier, steps=m.steps, use_cache=m.verifier_cache,
-        need_drafter=cfg.policy.uses_drafter, reveal=m.reveal, copy_prior=m.copy_prior,
-    )
+        n = check_prompt_fits(m.verifier, [(p.task_id, tasks.user_prompt(p)) for p in problems], cfg.decode.max_new_tokens)
+        pair = open_pair(m, need_drafter=cfg.policy.uses_drafter,
+                         budget=(n, cfg.decode.max_new_tokens, cfg.decode.gamma_max or cfg.decode.gamma))
+    runtime = getattr(pair, "runtime", None) or resolve_runtime(
+        m.device, m.dtype, m.threads, m.drafter_dtype, m.drafter_device, m.verifier_device, m.max_memory)
     predictor = None
     if cfg.policy.signal in ("marginal", "conditional"):
         if not cfg.predictor:

@@ -31,16 +31,54 @@ def now() -> float:
 DTYPES = ("float32", "bfloat16", "float16")
 
 
+#: verifier placements that spread it over several devices (accelerate's device-map strategies)
+STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
 @dataclass(frozen=True)
 class Runtime:
     """``dtype``: the verifier's (and the predictor's); ``drafter_dtype``: the drafter's. Only the
     verifier's argmax decides what Strict SDD commits, so the drafter may run in a cheaper dtype
-    without changing any output."""
+    without changing any output.
+
+    ``device`` is where both models run unless ``drafter_device`` or ``verifier_device`` say
+    otherwise; ``verifier_device`` may be one of :data:`STRATEGIES`, spreading the verifier over
+    the devices of ``max_memory`` (``0=40GiB,1=40GiB``; every visible GPU when not given)."""
 
     device: str = "cpu"
     dtype: str = "float32"
     threads: int | None = None
     drafter_dtype: str | None = None
+    drafter_device: str | None = None
+    verifier_device: str | None = None
+    max_memory: str | None = None
+
+    @property
+    def drafter_on(self) -> str:
+        return self.drafter_device or self.device
+
+    @property
+    def verifier_on(self) -> str:
+        """One device, or a strategy of :data:`STRATEGIES`."""
+        return self.verifier_device or self.device
+
+    @property
+    def verifier_split(self) -> bool:
+        return self.verifier_on in STRATEGIES
+
+    def cuda_indices(self) -> list[int]:
+        """Every CUDA device a round may use: a timed round synchronises them all (A.8)."""
+        import torch
+
+        used = {self.drafter_on}
+        if self.verifier_split:
+            from .models.placement import parse_max_memory
+
+            named = parse_max_memory(self.max_memory) if self.max_memory else None
+            used |= set(named) if named else {f"cuda:{i}" for i in range(torch.cuda.device_count())}
+        else:
+            used.add(self.verifier_on)
+        return sorted({0 if d == "cuda" else int(d[5:]) for d in used if d.startswith("cuda")})
 
     def torch_dtype(self, which: str = "verifier"):
         import torch
@@ -53,8 +91,9 @@ class Runtime:
 
         if self.threads:
             torch.set_num_threads(self.threads)
-        if self.device.startswith("cuda"):
-            set_sync(torch.cuda.synchronize)
+        idx = self.cuda_indices()
+        if idx:
+            set_sync(lambda: [torch.cuda.synchronize(i) for i in idx])
         else:
             set_sync(None)
 
@@ -71,33 +110,61 @@ def native_bf16(device: str) -> bool:
         return False
 
 
+def _check_device(device: str, flag: str) -> str:
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"{flag}: unknown device {device!r}; expected cpu, cuda or cuda:N") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"{flag}: unsupported device {device!r}; expected cpu, cuda or cuda:N")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{flag} {device} was asked for but no CUDA device is available")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"{flag} {device}: only {torch.cuda.device_count()} CUDA device(s) here")
+    return device
+
+
 def resolve_runtime(device: str | None = None, dtype: str | None = None, threads: int | None = None,
-                    drafter_dtype: str | None = None) -> Runtime:
-    """``device``: cpu, cuda, cuda:N or None (cuda when available); ``dtype``: float32, bfloat16,
-    float16 or None (bfloat16 on CUDA, float32 on CPU); ``drafter_dtype``: as ``dtype``, ``auto``
-    or None (bfloat16 where it runs natively, else the verifier's dtype)."""
+                    drafter_dtype: str | None = None, drafter_device: str | None = None,
+                    verifier_device: str | None = None, max_memory: str | None = None) -> Runtime:
+    """``device``: cpu, cuda, cuda:N or None (cuda when available); ``drafter_device``: the
+    drafter's own device; ``verifier_device``: the verifier's own device, or a strategy of
+    :data:`STRATEGIES` over the devices of ``max_memory``; ``dtype``: float32, bfloat16, float16
+    or None (bfloat16 where the verifier runs on CUDA, float32 on CPU); ``drafter_dtype``: as
+    ``dtype``, ``auto`` or None (bfloat16 where it runs natively, else the verifier's dtype)."""
     import torch
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError):
-        raise ValueError(f"unknown device {device!r}; expected cpu, cuda or cuda:N") from None
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"unsupported device {device!r}; expected cpu, cuda or cuda:N")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for but no CUDA device is available")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ValueError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) here")
+    _check_device(device, "--device")
+    if drafter_device is not None:
+        _check_device(drafter_device, "--drafter-device")
+    named = None
+    if max_memory is not None:
+        from .models.placement import parse_max_memory
+
+        named = parse_max_memory(max_memory)
+        for d in named:
+            if d != "cpu":
+                _check_device(d, "--max-memory")
+    if verifier_device is not None and verifier_device not in STRATEGIES:
+        _check_device(verifier_device, "--verifier-device")
+    elif verifier_device in STRATEGIES and not named and not torch.cuda.is_available():
+        raise ValueError(f"--verifier-device {verifier_device} spreads the verifier over GPUs, but none is "
+                         f"available; name the devices with --max-memory (cpu=SIZE on a machine without GPUs)")
+    v_on = verifier_device or device
+    v_cuda = v_on.startswith("cuda") or (v_on in STRATEGIES and any(d.startswith("cuda") for d in (named or ["cuda"])))
     if dtype is None:
-        dtype = "bfloat16" if device.startswith("cuda") else "float32"
+        dtype = "bfloat16" if v_cuda else "float32"
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; expected float32, bfloat16 or float16")
     if drafter_dtype in (None, "auto"):
-        drafter_dtype = "bfloat16" if native_bf16(device) else dtype
+        drafter_dtype = "bfloat16" if native_bf16(drafter_device or device) else dtype
     if drafter_dtype not in DTYPES:
         raise ValueError(f"unknown drafter dtype {drafter_dtype!r}; expected auto, float32, bfloat16 or float16")
     if threads is not None and threads < 1:
         raise ValueError(f"--threads must be >= 1, got {threads}")
-    return Runtime(device=device, dtype=dtype, threads=threads, drafter_dtype=drafter_dtype)
+    return Runtime(device=device, dtype=dtype, threads=threads, drafter_dtype=drafter_dtype,
+                   drafter_device=drafter_device, verifier_device=verifier_device, max_memory=max_memory)

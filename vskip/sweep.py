@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .decode import DecodeConfig
-from .defaults import GAMMA, K_MIN, S_MAX, STEPS
 from .metrics import summarize
 from .policy import PolicyConfig
 from .files import read_jsonl as _read_jsonl, write_json, write_jsonl as _write_jsonl
@@ -293,13 +292,9 @@ def plan(
 
 def load_models(models: ModelConfig, need_drafter: bool):
     """The default pair factory: the model pair of ``models``, loaded once per worker."""
-    from .models.load import load_pair
-    from .runtime import resolve_runtime
+    from .models.load import open_pair
 
-    runtime = resolve_runtime(models.device, models.dtype, models.threads, models.drafter_dtype)
-    return load_pair(runtime, drafter=models.drafter, verifier=models.verifier, steps=models.steps,
-                     use_cache=models.verifier_cache, need_drafter=need_drafter, reveal=models.reveal,
-                     copy_prior=models.copy_prior)
+    return open_pair(models, need_drafter=need_drafter)
 
 
 class _PairCache:
@@ -685,7 +680,8 @@ def cmd_sweep(a) -> int:
     from .runtime import resolve_runtime
 
     models = model_config(a)
-    resolve_runtime(models.device, models.dtype, models.threads, models.drafter_dtype)  # checks them
+    resolve_runtime(models.device, models.dtype, models.threads, models.drafter_dtype, models.drafter_device,
+                    models.verifier_device, models.max_memory)  # checks them
     ids = _ids(a.ids)
     check_writable_dir(a.out, "sweep directory")
     if a.score:

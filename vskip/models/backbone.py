@@ -184,9 +184,9 @@ def read_hf_config(path: Path) -> dict:
     return json.loads(p.read_text())
 
 
-def read_safetensors_dir(path: Path, keep=None) -> dict[str, torch.Tensor]:
+def read_safetensors_dir(path: Path, keep=None, device: str = "cpu") -> dict[str, torch.Tensor]:
     """The tensors of a checkpoint directory's safetensors files (sharded or not) whose names pass
-    ``keep``; only those are read from disk. Never unpickles anything."""
+    ``keep``, read onto ``device``; only those are read from disk. Never unpickles anything."""
     from safetensors import safe_open
 
     files = sorted(Path(path).glob("*.safetensors"))
@@ -194,7 +194,7 @@ def read_safetensors_dir(path: Path, keep=None) -> dict[str, torch.Tensor]:
         raise FileNotFoundError(f"no .safetensors files in {path}")
     out: dict[str, torch.Tensor] = {}
     for f in files:
-        with safe_open(str(f), framework="pt") as st:
+        with safe_open(str(f), framework="pt", device=device) as st:
             for k in st.keys():
                 if keep is None or keep(k):
                     out[k] = st.get_tensor(k)

@@ -434,7 +434,8 @@ def _strip(prefix: str, sd: dict) -> dict:
     return {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
 
 
-def backbone_state_from_hf(path: Path, num_layers: int, layers: Sequence[int] | None = None) -> dict[str, torch.Tensor]:
+def backbone_state_from_hf(path: Path, num_layers: int, layers: Sequence[int] | None = None,
+                           device: str = "cpu") -> dict[str, torch.Tensor]:
     """Embedding, decoder layers and the final norm of a Llama/Qwen2/Dream checkpoint directory,
     renamed to :class:`Backbone` names. The layers are the first ``num_layers``, or ``layers`` (the
     checkpoint's layer ``layers[i]`` becomes layer ``i``)."""
@@ -446,7 +447,7 @@ def backbone_state_from_hf(path: Path, num_layers: int, layers: Sequence[int] | 
         parts = k.split(".")
         return parts[1] != "layers" or int(parts[2]) in src
 
-    sd = read_safetensors_dir(path, keep)
+    sd = read_safetensors_dir(path, keep, device=device)
     out = {}
     for k, v in _strip("model.", sd).items():
         parts = k.split(".")
@@ -555,12 +556,15 @@ def load_drafter_model(path: Path, base_dir: Path | None = None, dtype=torch.flo
             backbone=bb, mask_token_id=int(mask_id), head="tied" if tied else "lm_head", attention="full",
             reveal="entropy", meta={"source": "dream"},
         )
-        model = DiffusionLM(spec)
-        sd = backbone_state_from_hf(path, bb.num_layers)
-        state = {("lm_head.weight" if k == "lm_head.weight" else "backbone." + k): v for k, v in sd.items()}
+        # built on the meta device and filled from safetensors in the dtype and on the device it
+        # runs in: a 7B drafter never exists in float32, nor twice in memory
+        with torch.device("meta"):
+            model = DiffusionLM(spec)
+        sd = backbone_state_from_hf(path, bb.num_layers, device=str(device))
+        state = {("lm_head.weight" if k == "lm_head.weight" else "backbone." + k): v.to(dtype) for k, v in sd.items()}
         if tied:
             state.pop("lm_head.weight", None)
-        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
         missing = [m for m in missing if m != "head_ids"]
         if missing or unexpected:
             raise ValueError(f"{path}: missing tensors {missing[:5]}, unexpected {unexpected[:5]}")

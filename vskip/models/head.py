@@ -69,6 +69,7 @@ class ExactHead:
         if screen not in (torch.bfloat16, torch.float32):
             raise ValueError(f"screen dtype must be bfloat16 or float32, not {screen}")
         self.weight = weight.detach()  # [V, d], the model's own tensor
+        self.device = self.weight.device
         self.screen = self.weight if screen == torch.float32 else self.weight.to(screen)  # [V, d]
         self.row_norm = self.weight.norm(dim=1)  # [V]
         self.max_norm = float(self.row_norm.max())

@@ -14,12 +14,13 @@ from pathlib import Path
 
 import torch
 
-from ..defaults import STEPS
-from ..runtime import Runtime
+from ..defaults import GAMMA, STEPS
+from ..runtime import Runtime, resolve_runtime
 from .copy import COPY_FILE, CopyPrior
 from .drafter import DiffusionDrafter, is_dream_checkpoint, load_drafter_model
 from .embedded import EMBEDDED_DRAFTER, EMBEDDED_VERIFIER, embedded_drafter_dir, embedded_verifier_dir, file_sha256
 from .attention import use_gqa_attention
+from .placement import MemoryPlan, MemoryPlanError, parse_max_memory, plan_memory
 from .verifier import HFVerifier
 
 #: Above this share of shared ids that decode differently, a drafter's vocabulary does not fit.
@@ -32,6 +33,8 @@ class ModelPair:
     verifier: HFVerifier
     tokenizer: object
     identity: dict
+    runtime: Runtime | None = None
+    plan: MemoryPlan | None = None
 
 
 def _offline():
@@ -50,14 +53,21 @@ def resolve_verifier_dir(verifier: str | None) -> Path:
     return p
 
 
-def load_verifier(path: Path, runtime: Runtime, use_cache: bool = True):
+def load_verifier(path: Path, runtime: Runtime, use_cache: bool = True, device_map: dict | None = None):
+    """The verifier, read from safetensors straight into its dtype and onto its device (CUDA), or
+    spread over several with ``device_map`` (module -> device, as :func:`plan_pair` computes it)."""
     _offline()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=runtime.torch_dtype(), trust_remote_code=False)
-    model.to(runtime.device)
-    if runtime.device == "cpu":
+    where = runtime.verifier_on
+    if device_map is None and where.startswith("cuda"):
+        device_map = {"": where}  # straight onto the GPU: no copy of the whole model in host memory
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=runtime.torch_dtype(), trust_remote_code=False,
+                                                 device_map=device_map)
+    if device_map is None:
+        model.to(where)
+    if all(p.device.type == "cpu" for p in model.parameters()):
         use_gqa_attention(model)
     eos = set()
     for src in (tok.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
@@ -108,6 +118,50 @@ def vocabulary_fit(drafter_tok, verifier_tok, head_ids: torch.Tensor, verifier_l
             f"the drafter's vocabulary does not fit the verifier: {mismatch:.1%} of shared token ids decode differently"
         )
     return torch.tensor([i in same for i in ids])
+
+
+class TokenTable:
+    """Token id -> token string of a tokenizer directory, read from its data files alone
+    (``tokenizer.json``, or ``vocab.json`` with ``tokenizer_config.json``'s and
+    ``added_tokens.json``'s added tokens): DiffuCoder ships a slow tokenizer whose class is remote
+    code, and :func:`vocabulary_fit` needs only this table."""
+
+    def __init__(self, table: dict[int, str]):
+        self.table = table
+        self.size = max(table) + 1 if table else 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def convert_ids_to_tokens(self, ids):
+        return [self.table.get(int(i)) for i in ids]
+
+
+def read_token_table(d: Path) -> TokenTable | None:
+    """The :class:`TokenTable` of tokenizer files in ``d``, or None when it holds none."""
+    d = Path(d)
+    table: dict[int, str] = {}
+    try:
+        if (d / "tokenizer.json").exists():
+            t = json.loads((d / "tokenizer.json").read_text())
+            vocab = t["model"]["vocab"]
+            if isinstance(vocab, dict):
+                table = {int(i): s for s, i in vocab.items()}
+            else:  # unigram: [piece, score] in id order
+                table = {i: piece[0] for i, piece in enumerate(vocab)}
+            table |= {int(a["id"]): a["content"] for a in t.get("added_tokens", [])}
+        elif (d / "vocab.json").exists():
+            table = {int(i): s for s, i in json.loads((d / "vocab.json").read_text()).items()}
+        else:
+            return None
+        if (d / "tokenizer_config.json").exists():
+            cfg = json.loads((d / "tokenizer_config.json").read_text())
+            table |= {int(i): a["content"] for i, a in (cfg.get("added_tokens_decoder") or {}).items()}
+        if (d / "added_tokens.json").exists():
+            table |= {int(i): s for s, i in json.loads((d / "added_tokens.json").read_text()).items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"the tokenizer files in {d} cannot be read: {e}") from None
+    return TokenTable(table)
 
 
 def verify_drafter(ddir: Path, vdir: Path, required: bool = False) -> None:
@@ -175,6 +229,46 @@ def resolve_copy_prior(choice: str | None, drafter_dir: Path | None) -> CopyPrio
     return replace(prior, meta=prior.meta | {"sha256": file_sha256(path)})
 
 
+#: the sequence a memory plan assumes when the caller knows no prompt: prompt, new tokens, block
+DEFAULT_BUDGET = (1024, 512, GAMMA)
+
+
+def _drafter_dir(drafter: str | None) -> Path:
+    return embedded_drafter_dir() if drafter in (None, "", "default", EMBEDDED_DRAFTER) else Path(drafter)
+
+
+def plan_pair(runtime: Runtime, vdir: Path, ddir: Path | None, use_cache: bool,
+              budget: tuple[int, int, int] | None = None, show: bool | None = None) -> MemoryPlan:
+    """The memory plan of this pair and placement (:mod:`vskip.models.placement`), printed to
+    stderr when a GPU or a spread verifier is involved (or ``show``); refuses with one line
+    (:class:`MemoryPlanError`) when it cannot fit."""
+    if ddir is not None and not ((Path(ddir) / "drafter.json").exists() or is_dream_checkpoint(ddir)):
+        ddir = None  # an untrained drafter built from the verifier: a few layers of it
+    prompt, new, gamma = budget or DEFAULT_BUDGET
+    plan = plan_memory(
+        vdir, ddir, verifier_device=runtime.verifier_on, drafter_device=runtime.drafter_on, dtype=runtime.dtype,
+        drafter_dtype=runtime.drafter_dtype or runtime.dtype, prompt_tokens=prompt, max_new_tokens=new,
+        gamma=gamma, verifier_cache=use_cache, capacity=parse_max_memory(runtime.max_memory),
+    )
+    if show is None:
+        show = runtime.verifier_split or bool(runtime.cuda_indices())
+    if show:
+        print(plan.describe(), file=sys.stderr)
+    if not plan.fits:
+        raise MemoryPlanError(plan.refusal())
+    return plan
+
+
+def open_pair(models, need_drafter: bool = True, budget: tuple[int, int, int] | None = None) -> ModelPair:
+    """The one door to the models: resolve the runtime of a :class:`~vskip.models.config.ModelConfig`
+    (devices, dtypes, threads), plan the memory, and load the pair."""
+    runtime = resolve_runtime(models.device, models.dtype, models.threads, models.drafter_dtype,
+                              models.drafter_device, models.verifier_device, models.max_memory)
+    return load_pair(runtime, drafter=models.drafter, verifier=models.verifier, steps=models.steps,
+                     use_cache=models.verifier_cache, need_drafter=need_drafter, reveal=models.reveal,
+                     copy_prior=models.copy_prior, budget=budget)
+
+
 def load_pair(
     runtime: Runtime,
     drafter: str | None = None,
@@ -184,8 +278,10 @@ def load_pair(
     need_drafter: bool = True,
     reveal: str | None = None,
     copy_prior: str | None = "auto",
+    budget: tuple[int, int, int] | None = None,
 ) -> ModelPair:
-    """The verifier (embedded default or a directory) and, when asked, the drafter.
+    """The verifier (embedded default or a directory) and, when asked, the drafter, after a
+    memory plan for ``budget`` (longest prompt, new tokens, block length) says they fit.
 
     ``copy_prior``: ``auto`` uses the drafter directory's ``copy_prior.json`` when it has one,
     ``off`` (or None) none, anything else is the path of a copy-prior file."""
@@ -197,7 +293,8 @@ def load_pair(
     if need_drafter and drafter not in (None, "", "default", EMBEDDED_DRAFTER) and not Path(drafter).exists():
         raise FileNotFoundError(f"drafter path {drafter} does not exist")
     vdir = resolve_verifier_dir(verifier)
-    ver, tok = load_verifier(vdir, runtime, use_cache)
+    plan = plan_pair(runtime, vdir, _drafter_dir(drafter) if need_drafter else None, use_cache, budget)
+    ver, tok = load_verifier(vdir, runtime, use_cache, device_map=plan.verifier_map)
     identity = {"verifier": EMBEDDED_VERIFIER if verifier in (None, "", "default") else str(verifier)}
     d_adapter = None
     if need_drafter:
@@ -205,26 +302,22 @@ def load_pair(
             ddir = embedded_drafter_dir()
             if (ddir / "drafter.json").exists():
                 verify_drafter(ddir, vdir, required=True)
-                model = load_drafter_model(ddir, base_dir=vdir, dtype=runtime.torch_dtype("drafter"), device=runtime.device)
+                model = load_drafter_model(ddir, base_dir=vdir, dtype=runtime.torch_dtype("drafter"), device=runtime.drafter_on)
                 identity["drafter"] = EMBEDDED_DRAFTER
             else:
                 from .drafter import drafter_from_verifier
 
                 print("vskip: no trained embedded drafter found; using an untrained one built from the verifier", file=sys.stderr)
-                model = drafter_from_verifier(vdir).to(device=runtime.device, dtype=runtime.torch_dtype("drafter"))
+                model = drafter_from_verifier(vdir).to(device=runtime.drafter_on, dtype=runtime.torch_dtype("drafter"))
                 identity["drafter"] = EMBEDDED_DRAFTER + "-untrained"
             dtok = None
         else:
             ddir = Path(drafter)
             verify_drafter(ddir, vdir)
-            model = load_drafter_model(ddir, base_dir=vdir, dtype=runtime.torch_dtype("drafter"), device=runtime.device)
+            model = load_drafter_model(ddir, base_dir=vdir, dtype=runtime.torch_dtype("drafter"), device=runtime.drafter_on)
             identity["drafter"] = str(drafter)
-            dtok = None
-            if is_dream_checkpoint(ddir) and (ddir / "tokenizer_config.json").exists():
-                from transformers import AutoTokenizer
-
-                dtok = AutoTokenizer.from_pretrained(ddir)
-            elif model.spec.backbone.vocab_size != ver.vocab_size:
+            dtok = read_token_table(ddir) if is_dream_checkpoint(ddir) else None
+            if dtok is None and model.spec.backbone.vocab_size != ver.vocab_size:
                 raise ValueError(
                     f"the drafter's vocabulary ({model.spec.backbone.vocab_size}) does not fit the verifier's ({ver.vocab_size})"
                 )
@@ -236,6 +329,6 @@ def load_pair(
         prior = resolve_copy_prior(copy_prior, ddir)
         if prior is not None:
             identity["copy_prior"] = prior.meta.get("sha256", "custom")
-        d_adapter = DiffusionDrafter(model, steps=steps, allowed=allowed.to(runtime.device), reveal=reveal,
+        d_adapter = DiffusionDrafter(model, steps=steps, allowed=allowed.to(runtime.drafter_on), reveal=reveal,
                                      copy=prior, banned=sorted(ver.special_ids))
-    return ModelPair(d_adapter, ver, tok, identity)
+    return ModelPair(d_adapter, ver, tok, identity, runtime, plan)

@@ -56,7 +56,9 @@ class HFVerifier:
         cfg = model.config
         self.vocab_size = int(cfg.vocab_size)
         self.max_length = int(max_length or getattr(cfg, "max_position_embeddings", 1 << 30))
-        self.device = next(model.parameters()).device
+        # inputs go where the embedding is; a model spread over devices (accelerate's device_map)
+        # moves activations between them itself, and its outputs come back once per call
+        self.device = model.get_input_embeddings().weight.device
         self._cache_arg = _cache_kwarg(model)
         head = plain_head(model) if exact_head else None
         self.head = ExactHead(head.weight) if head is not None else None
@@ -109,6 +111,8 @@ class HFVerifier:
             keep = reusable
             _crop(self._cache, keep)
             self._cached_ids = self._cached_ids[:keep]
+        if self.head is not None:
+            out = out.to(self.head.device)
         b = torch.tensor(block, dtype=torch.long, device=out.device)
         if self.head is not None:
             argmax, gap, rank_fn = self.head(out, b if g else None)

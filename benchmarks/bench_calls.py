@@ -82,9 +82,9 @@ def main(argv=None) -> int:
     from vskip import tasks
     from vskip.models.backbone import read_hf_config
     from vskip.models.embedded import embedded_verifier_dir
-    from vskip.models.load import load_pair
+    from vskip.models.config import ModelConfig
+    from vskip.models.load import open_pair
     from vskip.prompting import encode_chat
-    from vskip.runtime import resolve_runtime
 
     cfg = read_hf_config(embedded_verifier_dir())
     rows, machines = [], {}
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
                 return 1000 * max(nbytes / bw, flops / peak)
 
             for steps in (1, 2):
-                pair = load_pair(resolve_runtime("cpu", dtype, threads, dtype), steps=steps)
+                pair = open_pair(ModelConfig(device="cpu", dtype=dtype, threads=threads, drafter_dtype=dtype, steps=steps))
                 torch.set_num_threads(threads)
                 ver, dr = pair.verifier, pair.drafter
                 prompt = encode_chat(pair.tokenizer, tasks.user_prompt(tasks.load_task("humaneval", limit=1)[0]))

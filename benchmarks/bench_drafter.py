@@ -19,10 +19,10 @@ from tqdm import tqdm
 from vskip import tasks
 from vskip.decode import DecodeConfig, decode, warmup
 from vskip.metrics import acceptance_histogram, survival_curve
-from vskip.models.load import load_pair
+from vskip.models.config import ModelConfig
+from vskip.models.load import open_pair
 from vskip.policy import PolicyConfig
 from vskip.prompting import encode_chat
-from vskip.runtime import resolve_runtime
 
 
 def measure(totals: dict, rounds: list[dict], gamma: int | None) -> dict:
@@ -63,7 +63,7 @@ def from_runs(dirs: list[str]) -> tuple[dict, str]:
 
 
 def live(a, gammas) -> tuple[dict, str]:
-    pair = load_pair(resolve_runtime("cpu", a.dtype, a.threads), drafter=a.drafter)
+    pair = open_pair(ModelConfig(drafter=a.drafter, device="cpu", dtype=a.dtype, threads=a.threads))
     problems = tasks.load_task("humaneval", limit=a.limit)
     prompts = [encode_chat(pair.tokenizer, tasks.user_prompt(p)) for p in problems]
     warmup(pair.drafter, pair.verifier, prompts[0], max(gammas))

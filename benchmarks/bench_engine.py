@@ -19,10 +19,10 @@ from tabulate import tabulate
 
 from vskip import tasks
 from vskip.decode import DecodeConfig, decode, warmup
-from vskip.models.load import load_pair
+from vskip.models.config import ModelConfig
+from vskip.models.load import open_pair
 from vskip.policy import PolicyConfig
 from vskip.prompting import encode_chat
-from vskip.runtime import resolve_runtime
 
 CONFIGS = [
     ("ar", True, {}),
@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="also write the rows here")
     a = ap.parse_args(argv)
 
-    pair = load_pair(resolve_runtime("cpu", a.dtype, a.threads), drafter=a.drafter)
+    pair = open_pair(ModelConfig(drafter=a.drafter, device="cpu", dtype=a.dtype, threads=a.threads))
     prompts = [encode_chat(pair.tokenizer, tasks.user_prompt(p)) for p in tasks.load_task("humaneval", limit=a.limit)]
     warmup(pair.drafter, pair.verifier, prompts[0], a.gamma)
     cfg = DecodeConfig(gamma=a.gamma, max_new_tokens=a.max_new_tokens)

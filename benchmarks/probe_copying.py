@@ -25,9 +25,9 @@ import numpy as np
 from tqdm import tqdm
 
 from vskip import tasks
-from vskip.models.load import load_pair
+from vskip.models.config import ModelConfig
+from vskip.models.load import open_pair
 from vskip.prompting import encode_chat
-from vskip.runtime import resolve_runtime
 
 
 def accepted(draft, ref, g: int) -> int:
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     run = Path(a.run)
     task = json.loads((run / "config.json").read_text())["run"]["task"]
     samples = {s["task_id"]: s["tokens"] for s in map(json.loads, (run / "samples.jsonl").read_text().splitlines())}
-    pair = load_pair(resolve_runtime("cpu", "float32", a.threads), drafter=a.drafter)
+    pair = open_pair(ModelConfig(drafter=a.drafter, device="cpu", dtype="float32", threads=a.threads))
     problems = [p for p in tasks.load_task(task) if p.task_id in samples]
     rng = np.random.default_rng(a.seed)
     lookup, split = [], {True: [], False: []}

@@ -24,9 +24,9 @@ from tqdm import tqdm
 
 from vskip.distill.copyfit import load_answers, simulate_strict
 from vskip.models.copy import copy_hint
-from vskip.models.load import load_pair
+from vskip.models.config import ModelConfig
+from vskip.models.load import open_pair
 from vskip.policy.acceptance import leading_run
-from vskip.runtime import resolve_runtime
 
 
 def accepted(draft, ref) -> int:
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--out", help="write results.json here")
     a = ap.parse_args(argv)
-    pair = load_pair(resolve_runtime("cpu", "float32", a.threads), drafter=a.drafter, copy_prior=a.copy_prior)
+    pair = open_pair(ModelConfig(drafter=a.drafter, device="cpu", dtype="float32", threads=a.threads, copy_prior=a.copy_prior))
     d, prior = pair.drafter, pair.drafter.copy
     if prior is None:
         raise SystemExit("no copy prior: the drafter has no copy_prior.json and none was given")

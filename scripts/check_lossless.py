@@ -14,10 +14,10 @@ from tqdm import tqdm
 
 from vskip import tasks
 from vskip.decode import DecodeConfig, decode
-from vskip.models.load import load_pair
+from vskip.models.config import ModelConfig
+from vskip.models.load import open_pair
 from vskip.policy import PolicyConfig
 from vskip.prompting import encode_chat
-from vskip.runtime import resolve_runtime
 
 
 def main(argv=None) -> int:
@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     ap.add_argument("--drafter")
     a = ap.parse_args(argv)
 
-    pair = load_pair(resolve_runtime("cpu", a.dtype, a.threads), drafter=a.drafter)
+    pair = open_pair(ModelConfig(drafter=a.drafter, device="cpu", dtype=a.dtype, threads=a.threads))
     cfg = DecodeConfig(gamma=a.gamma, max_new_tokens=a.max_new_tokens, shadow=False)
     bad = checked = tokens = accepted = rounds = 0
     for p in tqdm(tasks.load_task("humaneval", limit=a.limit), unit="prompt"):

@@ -223,3 +223,19 @@ def test_verifier_through_a_device_map(pair_dirs, monkeypatch):
     for ver in (pair.verifier, mapped):
         a, b = ver.score(seq, block), plain.score(seq, block)
         assert np.array_equal(a.argmax, b.argmax) and np.allclose(a.draft_gap, b.draft_gap, atol=1e-5)
+
+
+def test_gpu_check_script_passes_here(capsys, tmp_path):
+    import importlib.util
+
+    path = Path(__file__).parents[1] / "scripts" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_check", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "check.json"
+    assert mod.main(["--limit", "1", "--max-new-tokens", "12", "--out", str(out)]) == 0
+    assert "PASS" in capsys.readouterr().out
+    rows = json.loads(out.read_text())["results"]
+    assert {(r["policy"], r["verifier_cache"]) for r in rows} == {("ar", True), ("strict", True), ("raw", True),
+                                                                 ("ar", False), ("strict", False)}
+    assert all(r["equals_ar"] for r in rows if r["policy"] == "strict")

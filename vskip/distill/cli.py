@@ -72,8 +72,8 @@ def _names(text: str) -> tuple[str, ...]:
 
 def _cmd_fit_copy(a) -> int:
     from ..models.embedded import embedded_drafter_dir, file_sha256
-    from ..models.load import load_pair
-    from ..runtime import resolve_runtime
+    from ..models.config import ModelConfig
+    from ..models.load import open_pair
     from .copyfit import fit_copy_prior, write_copy_prior
 
     from ..files import check_writable_dir
@@ -91,7 +91,8 @@ def _cmd_fit_copy(a) -> int:
             raise FileNotFoundError(f"shard {Path(a.data) / name} does not exist")
     if a.out and not a.out.endswith(".json"):
         check_writable_dir(a.out)
-    pair = load_pair(resolve_runtime("cpu", "float32", a.threads), drafter=a.drafter, verifier=a.verifier, copy_prior="off")
+    pair = open_pair(ModelConfig(drafter=a.drafter, verifier=a.verifier, device="cpu", dtype="float32", threads=a.threads,
+                                 copy_prior="off"))
     prior = fit_copy_prior(pair.drafter, Path(a.data), a.fit_shards, a.eval_shards, gamma=a.gamma, per_row=a.per_row,
                            seed=a.seed)
     ddir = Path(a.drafter) if a.drafter else embedded_drafter_dir()

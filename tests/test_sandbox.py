@@ -1,13 +1,15 @@
 """The sandbox: ordinary programs, and a corpus of hostile ones that must be contained.
 
 Every hostile program runs under each sandbox kind this machine offers (bubblewrap when ``bwrap``
-works, and always the rlimits fallback), within small limits, and must come back as a failure or
-timeout within its limit, leaving no process behind.
+works, namespaces when util-linux ``unshare`` may create them, and always the rlimits fallback),
+within small limits, and must come back as a failure or timeout within its limit, leaving no
+process behind.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import socket
 import tempfile
@@ -18,7 +20,14 @@ import pytest
 
 from vskip import sandbox as S
 
-KINDS = ["rlimits"] + (["bubblewrap"] if S.sandbox_kind() == "bubblewrap" else [])
+def _works(kind: str) -> bool:
+    try:
+        return S.sandbox_kind(kind) == kind
+    except RuntimeError:
+        return False
+
+
+KINDS = ["rlimits"] + [k for k in ("bubblewrap", "namespaces") if _works(k)]
 
 
 @pytest.fixture(params=KINDS)
@@ -223,8 +232,13 @@ def test_kill_parent(kind):
         time.sleep(0.5)
         print("still here")
     """, kind)
-    # The parent it sees is the disposable runner; we are alive and report a failure.
-    assert r.status == "failed"
+    # The parent it sees is the disposable runner; we are alive and report a failure. Under
+    # namespaces the runner is the init of the program's pid namespace, which the kernel shields
+    # from a SIGKILL sent from inside: the kill has no effect and the program goes on.
+    if kind == "namespaces":
+        assert r.status == "passed" and "still here" in r.stdout_tail
+    else:
+        assert r.status == "failed"
     assert r.seconds < 5
     os.kill(os.getpid(), 0)
     assert_no_leftovers()
@@ -281,6 +295,38 @@ def test_network_socket(kind):
     if not S.sandbox_info(kind)["network_isolated"]:
         pytest.skip("no network isolation is possible without bubblewrap (rlimits only)")
     assert "CONNECTED" not in r.stdout_tail and "refused" in r.stdout_tail
+
+
+def test_reading_host_secrets(kind, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("vskip-host-secret")
+    secret.chmod(0o644)
+    r = run(f"""
+        for path in ["/etc/shadow", {str(secret)!r}, "/proc/1/environ"]:
+            try:
+                print("READ", path, open(path).read()[:40])
+            except OSError as e:
+                print("refused", path, type(e).__name__)
+    """, kind)
+    assert r.status == "passed", r.stderr_tail
+    if not S.sandbox_info(kind)["filesystem_read_only"]:
+        pytest.skip("rlimits cannot hide readable files of the host (use bubblewrap or namespaces)")
+    assert "READ" not in r.stdout_tail and "vskip-host-secret" not in r.stdout_tail
+
+
+def test_namespaces_stand_in_when_bubblewrap_is_missing(monkeypatch):
+    if "namespaces" not in KINDS:
+        pytest.skip("util-linux unshare may not create namespaces here")
+    import shutil
+
+    which = shutil.which
+    monkeypatch.setattr(S.shutil, "which", lambda name: None if name == "bwrap" else which(name))
+    monkeypatch.delitem(S._SETUPS, "auto", raising=False)
+    try:
+        assert S.check_isolation("auto") == "namespaces"
+        assert S.run_program("print(6 * 7)").stdout_tail.strip() == "42"
+    finally:
+        S._SETUPS.pop("auto", None)
 
 
 def test_environment_secrets(kind, monkeypatch):
@@ -354,6 +400,51 @@ def test_without_bubblewrap_untrusted_code_runs_only_when_rlimits_is_asked_for_b
     assert sandbox.run_program("print(1)", isolation="rlimits").stdout_tail.strip() == "1"
     rc = cli.main(["score", "--task", "humaneval", "--samples", __file__])
     err = capsys.readouterr().err
-    assert rc == 1 and err.startswith("vskip: error: no working bubblewrap here") and "Traceback" not in err
+    assert rc == 1 and err.startswith("vskip: error: neither bubblewrap nor namespaces") and "Traceback" not in err
     monkeypatch.setenv("VSKIP_SANDBOX", "rlimits")
     assert sandbox.check_isolation() == "rlimits"
+
+
+def test_namespaces_hold_for_a_user_without_root():
+    """Not root: the jail runs in a user namespace and drops to a uid of a nested one. Run the
+    sandbox module (stdlib only) as nobody with the system Python to check it."""
+    import shutil
+    import subprocess
+
+    py, setpriv = "/usr/bin/python3", shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None or not os.path.exists(py) or "namespaces" not in KINDS:
+        pytest.skip("needs root (to become nobody), setpriv, /usr/bin/python3 and namespaces")
+    d = tempfile.mkdtemp(prefix="vskip-userns-", dir="/tmp")
+    try:
+        os.chmod(d, 0o755)
+        shutil.copy(S.__file__, os.path.join(d, "vskip_sandbox.py"))
+        probe = textwrap.dedent("""
+            import json, sys
+            sys.path.insert(0, sys.argv[1])
+            import vskip_sandbox as S
+            code = '''
+            import os, socket
+            print("uid", os.getuid())
+            try:
+                socket.create_connection(("127.0.0.1", 22), timeout=1); print("NET")
+            except OSError: print("no network")
+            try:
+                open("/usr/vskip-escape", "w"); print("WROTE")
+            except OSError: print("read-only")
+            print("root holds", sorted(os.listdir("/")))
+            '''
+            r = S.run_program(code.replace("\\n            ", "\\n").strip(), isolation="namespaces")
+            print(json.dumps({"status": r.status, "out": r.stdout_tail, "err": r.stderr_tail,
+                              "info": S.sandbox_info("namespaces")}))
+        """)
+        out = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", py, "-I", "-c", probe, d],
+                             capture_output=True, text=True, timeout=60)
+        if "may not create namespaces" in out.stderr:
+            pytest.skip("unprivileged user namespaces are disabled here")
+        res = json.loads(out.stdout.strip().splitlines()[-1])
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    assert res["status"] == "passed", res["err"]
+    assert res["info"]["running_as_root"] is False and res["info"]["kind"] == "namespaces"
+    assert "uid 65534" in res["out"] and "no network" in res["out"] and "read-only" in res["out"]
+    assert "NET" not in res["out"] and "WROTE" not in res["out"] and "'root'" not in res["out"]

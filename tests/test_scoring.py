@@ -159,13 +159,28 @@ HOSTILE = {
 }
 
 
-@pytest.mark.parametrize("mode", ["auto", "rlimits"])
+def _namespaces_work() -> bool:
+    from vskip import sandbox
+
+    try:
+        return sandbox.sandbox_kind("namespaces") == "namespaces"
+    except RuntimeError:
+        return False
+
+
+@pytest.mark.parametrize("mode", ["auto", "rlimits"] + (["namespaces"] if _namespaces_work() else []))
 @pytest.mark.parametrize("name", list(HOSTILE), ids=list(HOSTILE))
 def test_hostile_completion_does_not_pass(name, mode, monkeypatch):
-    """In the sandbox auto picks here (bubblewrap where it works) and in plain rlimits."""
+    """In the sandbox auto picks here (bubblewrap where it works), in the namespaces that stand
+    in without bubblewrap, and in plain rlimits."""
     monkeypatch.setenv("VSKIP_SANDBOX", mode)
     problem = T.load_task("humaneval", ids=[HE0])[0]
     res = SC.score(problem, f"```python\n{HOSTILE[name]}```", timeout=2.0)
+    if name == "kill_parent_then_pass" and mode == "namespaces":
+        # the runner is the init of the program's pid namespace, which ignores a SIGKILL from
+        # inside: the kill does nothing, and the (correct) solution is scored as it stands
+        assert res.passed, res
+        return
     assert not res.passed, res
     if name.endswith("before_tests"):
         assert res.detail == "the program exited before the tests finished"

@@ -111,6 +111,88 @@ if os.WIFSIGNALED(status):
 os._exit(os.WEXITSTATUS(status))
 """
 
+# The jail of the "namespaces" kind: runs as root of fresh mount/net/pid/ipc/uts namespaces (made
+# by util-linux `unshare`; inside a user namespace when we are not root), builds a new root on a
+# tmpfs holding only read-only binds of the system and Python directories, a size-limited /tmp and
+# working directory, a fresh /proc and a few device nodes, pivots into it and detaches the old
+# root. Then it gives up root: to a fresh uid (when the host is root; the runner switches), or to
+# an unprivileged uid of a nested user namespace (when not root), and execs the runner.
+_JAIL = r"""
+import ctypes, json, os, sys
+cfg = json.loads(sys.argv[1])
+libc = ctypes.CDLL(None, use_errno=True)
+RDONLY, NOSUID, NODEV, NOEXEC, REMOUNT, BIND, REC, PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
+
+def mount(src, dst, fs, flags, data=None):
+    enc = lambda x: None if x is None else x.encode()
+    if libc.mount(enc(src), enc(dst), enc(fs), ctypes.c_ulong(flags), enc(data)) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, "mount %s on %s: %s" % (src, dst, os.strerror(e)))
+
+def write(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+
+try:
+    os.umask(0o022)
+    mount(None, "/", None, REC | PRIVATE)
+    root = cfg["root"]
+    mount("tmpfs", root, "tmpfs", NOSUID | NODEV, "size=4m,mode=0755")
+    size = "size=%d" % cfg["disk_bytes"]
+    for d, mode in (("/tmp", "1777"), (cfg["workdir"], "0777")):
+        os.makedirs(root + d, exist_ok=True)
+        mount("tmpfs", root + d, "tmpfs", NOSUID | NODEV, size + ",mode=" + mode)
+    with open(cfg["program_host"], "rb") as src, open(root + cfg["program"], "wb") as dst:
+        dst.write(src.read())
+    os.chmod(root + cfg["program"], 0o644)
+    for src in cfg["ro"]:
+        dst = root + src
+        if os.path.islink(src):
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            os.symlink(os.readlink(src), dst)
+            continue
+        if os.path.isdir(src):
+            os.makedirs(dst, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            write(dst, "")
+        mount(src, dst, None, BIND | REC)
+        mount(None, dst, None, REMOUNT | BIND | RDONLY | NOSUID | NODEV)
+    os.makedirs(root + "/dev", exist_ok=True)
+    for name in ("null", "zero", "full", "random", "urandom"):
+        write(root + "/dev/" + name, "")
+        mount("/dev/" + name, root + "/dev/" + name, None, BIND)
+    os.makedirs(root + "/proc", exist_ok=True)
+    mount("proc", root + "/proc", "proc", NOSUID | NODEV | NOEXEC)
+    os.mkdir(root + "/.old")
+    os.chdir(root)
+    if libc.syscall(cfg["pivot_root"], b".", b".old") != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, "pivot_root: " + os.strerror(e))
+    os.chdir("/")
+    if libc.umount2(b"/.old", 2) != 0:  # MNT_DETACH: the old root is gone from this namespace
+        raise OSError(ctypes.get_errno(), "umount of the old root")
+    os.rmdir("/.old")
+    mount(None, "/", None, REMOUNT | RDONLY | NOSUID | NODEV)
+    if cfg["nest_user"]:  # root of a user namespace: become an unprivileged uid of a nested one
+        if libc.unshare(0x10000000) != 0:
+            raise OSError(ctypes.get_errno(), "nested user namespace")
+        write("/proc/self/setgroups", "deny")
+        write("/proc/self/uid_map", "65534 0 1")
+        write("/proc/self/gid_map", "65534 0 1")
+        os.setgid(65534)
+        os.setuid(65534)
+    os.chdir(cfg["workdir"])
+    os.execv(cfg["python"], [cfg["python"], "-I", "-S", "-c", cfg["runner"], cfg["runner_cfg"]])
+except BaseException as exc:
+    sys.stderr.write("%s jail: %r\n" % (cfg["mark"], exc))
+    sys.stderr.flush()
+    os._exit(cfg["error_code"])
+"""
+
+#: the pivot_root system call's number per machine (glibc has no wrapper for it)
+_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
+
 
 @dataclass(frozen=True)
 class SandboxResult:
@@ -133,10 +215,12 @@ class SandboxResult:
 
 @dataclass(frozen=True)
 class _Setup:
-    kind: str  # "bubblewrap" | "rlimits"
+    kind: str  # "bubblewrap" | "namespaces" | "rlimits"
     drop_uid: bool  # run as a fresh unprivileged uid (only possible as root)
     bwrap_argv: tuple[str, ...] = ()  # the bwrap prefix, without the work dir parts
     tmpfs_workdir: bool = False  # bwrap supports --size/--perms: the work dir is a tmpfs
+    unshare_argv: tuple[str, ...] = ()  # the `unshare` prefix of the namespaces kind
+    nest_user: bool = False  # namespaces kind, not root: drop to a uid of a nested user namespace
 
 
 _SETUP_LOCK = threading.Lock()
@@ -239,6 +323,16 @@ def _bwrap_base(privileged: bool, with_perms: bool) -> list[str] | None:
     return argv
 
 
+def _jail_binds() -> list[str]:
+    """What the namespaces jail binds read-only: the system directories (or their symlinks), the
+    loader's files, and the Python installation."""
+    out = [d for d in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+           if os.path.islink(d) or os.path.isdir(d)]
+    out += [f for f in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/localtime") if os.path.exists(f)]
+    out += [d for d in ("/etc/ld.so.conf.d", "/etc/alternatives") if os.path.isdir(d)]
+    return out + _python_dirs()
+
+
 def _site_dirs() -> list[str]:
     """The site-packages directories `python -I` would put on sys.path."""
     import site
@@ -294,6 +388,15 @@ def _determine_setup(prefer: str) -> _Setup:
                 "bubblewrap was requested but `bwrap` is missing or does not work here "
                 "(install the Debian package bubblewrap)"
             )
+    if prefer in ("auto", "namespaces"):
+        setup = _namespaces_setup(root)
+        if setup is not None and _probe(setup):
+            return setup
+        if prefer == "namespaces":
+            raise RuntimeError(
+                "namespaces were requested but util-linux `unshare` is missing or may not create "
+                "namespaces here (unprivileged user namespaces may be disabled)"
+            )
     if root:
         setup = _Setup("rlimits", True)
         if _probe(setup):
@@ -301,10 +404,24 @@ def _determine_setup(prefer: str) -> _Setup:
     return _Setup("rlimits", False)
 
 
+def _namespaces_setup(root: bool) -> _Setup | None:
+    exe = shutil.which("unshare")
+    if exe is None or os.uname().machine not in _PIVOT_ROOT:
+        return None
+    argv = [exe, "--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child"]
+    if not root:
+        argv += ["--user", "--map-root-user"]
+    return _Setup("namespaces", root, unshare_argv=tuple(argv), nest_user=not root)
+
+
+#: the isolation kinds a user may name (``$VSKIP_SANDBOX`` or ``isolation=``)
+KINDS = ("auto", "bubblewrap", "namespaces", "rlimits")
+
+
 def _get_setup(isolation: str | None = None) -> _Setup:
     prefer = isolation or os.environ.get("VSKIP_SANDBOX", "auto") or "auto"
-    if prefer not in ("auto", "bubblewrap", "rlimits"):
-        raise ValueError(f"unknown sandbox isolation {prefer!r}; use auto, bubblewrap or rlimits")
+    if prefer not in KINDS:
+        raise ValueError(f"unknown sandbox isolation {prefer!r}; use {', '.join(KINDS)}")
     with _SETUP_LOCK:
         if prefer not in _SETUPS:
             _SETUPS[prefer] = _determine_setup(prefer)
@@ -325,9 +442,9 @@ def check_isolation(isolation: str | None = None) -> str:
     if setup.kind == "rlimits" and prefer == "auto":
         as_root = " and as root" if _is_root() and not setup.drop_uid else ""
         raise SandboxUnavailable(
-            "no working bubblewrap here, so generated code would run with the network, a writable "
-            f"filesystem and a view of other processes{as_root}; install bubblewrap (Debian/Ubuntu: "
-            "apt-get install bubblewrap) or set VSKIP_SANDBOX=rlimits to accept that")
+            "neither bubblewrap nor namespaces (util-linux unshare) work here, so generated code would "
+            f"run with the network, a writable filesystem and a view of other processes{as_root}; install "
+            "bubblewrap (Debian/Ubuntu: apt-get install bubblewrap) or set VSKIP_SANDBOX=rlimits to accept that")
     return setup.kind
 
 
@@ -343,12 +460,13 @@ def sandbox_info(isolation: str | None = None) -> dict:
     """What the sandbox enforces on this machine (for reports and for tests)."""
     s = _get_setup(isolation)
     root = _is_root()
+    isolated = s.kind in ("bubblewrap", "namespaces")
     return {
         "kind": s.kind,
-        "network_isolated": s.kind == "bubblewrap",
-        "filesystem_read_only": s.kind == "bubblewrap",
-        "pid_namespace": s.kind == "bubblewrap",
-        "separate_uid": s.drop_uid,
+        "network_isolated": isolated,
+        "filesystem_read_only": isolated,
+        "pid_namespace": isolated,
+        "separate_uid": s.drop_uid or s.nest_user,
         "nproc_enforced": (not root) or s.drop_uid
         or (s.kind == "rlimits" and _pids_cgroup_parent() is not None),
         "running_as_root": root,
@@ -643,6 +761,12 @@ def _run(code, setup: _Setup, timeout, memory_mb, file_mb, nofile, nproc, max_ou
             wd_args += ["--remount-ro", "/", "--chdir", workdir]
             prefix = list(setup.bwrap_argv) + wd_args
             cwd = "/"
+        elif setup.kind == "namespaces":
+            workdir = SANDBOX_DIR
+            os.mkdir(os.path.join(host_dir, "root"))
+            os.chmod(host_dir, 0o755)
+            prefix = list(setup.unshare_argv)
+            cwd = "/"
         else:
             workdir = host_dir
             if uid is not None:
@@ -667,6 +791,15 @@ def _run(code, setup: _Setup, timeout, memory_mb, file_mb, nofile, nproc, max_ou
             "error_code": RUNNER_ERROR_CODE,
         }
         argv = prefix + [sys.executable, "-I", "-S", "-c", _RUNNER, json.dumps(cfg)]
+        if setup.kind == "namespaces":
+            jail = {
+                "root": os.path.join(host_dir, "root"), "workdir": workdir, "disk_bytes": disk_mb << 20,
+                "program_host": prog_host, "program": f"{workdir}/{PROGRAM_NAME}", "ro": _jail_binds(),
+                "pivot_root": _PIVOT_ROOT[os.uname().machine], "nest_user": setup.nest_user,
+                "python": sys.executable, "runner": _RUNNER, "runner_cfg": json.dumps(cfg),
+                "mark": RUNNER_ERROR_MARK, "error_code": RUNNER_ERROR_CODE,
+            }
+            argv = prefix + [sys.executable, "-I", "-S", "-c", _JAIL, json.dumps(jail)]
         return _supervise(argv, cwd, _minimal_env(workdir), setup, uid, timeout, nproc_limit,
                           watch_nproc, max_output_bytes, tail_bytes, start, stdin)
     finally:

@@ -5,7 +5,9 @@ Each call of :func:`run_program` writes the program into a fresh temporary direc
 process, with a minimal environment, resource limits, a bounded capture of stdout/stderr, a
 wall-clock timeout that kills the whole process group, and removal of the directory afterwards.
 
-Two kinds of sandbox exist; :func:`sandbox_kind` says which one this machine gets:
+Three kinds of sandbox exist; :func:`sandbox_kind` says which one this machine gets (``auto``
+takes the first that works of bubblewrap and namespaces, and refuses rather than fall back to
+rlimits, which must be asked for by name):
 
 ``"bubblewrap"``
     ``bwrap`` (Debian package ``bubblewrap``) is installed and works. The program gets fresh
@@ -13,6 +15,12 @@ Two kinds of sandbox exist; :func:`sandbox_kind` says which one this machine get
     read-only view of the system and of the Python installation only, a size-limited tmpfs as
     its working directory and ``/tmp``, and dies with its parent. When we run as root the runner
     also drops to a fresh unprivileged uid of its own, so the process limit bites.
+``"namespaces"``
+    No bubblewrap, but util-linux ``unshare`` may create namespaces: the same fresh namespaces,
+    entered by ``unshare`` (inside a user namespace when we are not root); a jail script
+    (:data:`_JAIL`) builds a read-only root on a tmpfs from binds of the system and the Python
+    installation, pivots into it, then gives up root (a fresh uid as root; uid 65534 of a
+    nested user namespace otherwise).
 ``"rlimits"``
     Resource limits, the runner and the process-group kill only. There is no network isolation,
     and writing outside the working directory is prevented only by ordinary file permissions (a

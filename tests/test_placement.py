@@ -239,3 +239,15 @@ def test_gpu_check_script_passes_here(capsys, tmp_path):
     assert {(r["policy"], r["verifier_cache"]) for r in rows} == {("ar", True), ("strict", True), ("raw", True),
                                                                  ("ar", False), ("strict", False)}
     assert all(r["equals_ar"] for r in rows if r["policy"] == "strict")
+
+
+def test_a_qwen3_style_template_gets_thinking_off(pair_dirs):
+    from transformers import AutoTokenizer
+
+    v, _ = pair_dirs
+    tok = AutoTokenizer.from_pretrained(v)
+    assert "enable_thinking" in tok.chat_template
+    text = tok.decode(encode_chat(tok, "hi"))
+    assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    plain = tiny._verifier_tokenizer(tiny.QWEN_ADDED + tiny.QWEN3_EXTRA)  # no switch: nothing added
+    assert plain.decode(encode_chat(plain, "hi")).endswith("<|im_start|>assistant\n")

@@ -40,30 +40,14 @@ _EPS = 1e-7
 # ----------------------------------------------------------------------------- metrics
 
 
-def average_ranks(x: np.ndarray) -> np.ndarray:
-    """1-based ranks of ``x``, ties sharing their average rank."""
-    x = np.asarray(x, np.float64)
-    order = np.argsort(x, kind="mergesort")
-    xs = x[order]
-    new = np.concatenate([[True], xs[1:] != xs[:-1]]) if xs.size else np.zeros(0, bool)
-    starts = np.flatnonzero(new)
-    ends = np.append(starts[1:], xs.size)
-    avg = (starts + ends + 1) / 2.0  # mean of the 1-based ranks starts+1 .. ends
-    ranks = np.empty(x.size)
-    ranks[order] = avg[np.cumsum(new) - 1]
-    return ranks
-
-
 def auroc(scores: np.ndarray, labels: np.ndarray) -> float:
-    """AUROC by the rank (Mann–Whitney) formula: ``(R+ - n+(n+ + 1)/2) / (n+ n-)``, ties counting
-    one half; NaN when a class is empty."""
-    s = np.asarray(scores, np.float64)
+    """AUROC (scikit-learn's ``roc_auc_score``; ties count one half); NaN when a class is empty."""
+    from sklearn.metrics import roc_auc_score
+
     y = np.asarray(labels).astype(bool)
-    n_pos, n_neg = int(y.sum()), int((~y).sum())
-    if n_pos == 0 or n_neg == 0:
+    if y.all() or not y.any():
         return float("nan")
-    r = average_ranks(s)
-    return float((r[y].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+    return float(roc_auc_score(y, np.asarray(scores, np.float64)))
 
 
 def bce(p: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -404,7 +388,7 @@ def diagnose(trace_dirs: Sequence[str | Path], out: str | Path, predictors: str 
             Yc, Mc = survival_labels("conditional", ts.L, g)
             aurocs[sig] = positionwise_auroc(S, Yc, Mc, min_class=MIN_CLASS)
         else:
-            aurocs[sig] = positionwise_auroc(S, Ymarg, np.ones_like(Ymarg, bool))
+            aurocs[sig] = positionwise_auroc(S, Ymarg, np.ones_like(Ymarg, bool), min_class=MIN_CLASS)
     # Table 1: the permutation diagnostic at fixed gates.
     perms = [permutation_diagnostic(sig, S, ts.L, *cfg.gates[sig], repetitions=cfg.repetitions, seed=cfg.seed)
              for sig, S in scores.items()]
@@ -469,7 +453,8 @@ def _markdown(s: dict, ts: TraceSet, bces: dict, aurocs: dict, perm_head, perm_r
                   "", "![BCE](bce.png)", "", "Per position: `bce.csv`.", ""]
     parts += ["## Per-position AUROC (Figure 6)", "",
               "Raw confidence and marginal survival against `1{L >= j}` on all blocks; conditional survival on "
-              f"the at-risk set, only at positions with at least {MIN_CLASS} positives and {MIN_CLASS} negatives.", "",
+              f"the at-risk set; for every signal only at positions with at least {MIN_CLASS} positives and "
+              f"{MIN_CLASS} negatives (scikit-learn's roc_auc_score).", "",
               _md_table(["position"] + list(aurocs), [[j + 1] + [float(r.auroc[j]) for r in aurocs.values()] for j in range(g)]),
               "", "![AUROC](auroc.png)", "",
               "## Permutation diagnostic (Table 1)", "",

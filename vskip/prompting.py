@@ -6,7 +6,9 @@ from __future__ import annotations
 def encode_chat(tokenizer, user_text: str, system: str | None = None) -> list[int]:
     """Token ids of a one-turn chat ending in the assistant's generation prompt.
 
-    When ``system`` is None the template's own default applies (SmolLM2 inserts one).
+    When ``system`` is None the template's own default applies (SmolLM2 inserts one). A template
+    with a thinking switch (Qwen3's ``enable_thinking``) gets it off, as the paper runs its
+    verifiers: the answer starts after an empty thinking block.
     """
     if not user_text or not user_text.strip():
         raise ValueError("the prompt is empty")
@@ -14,6 +16,12 @@ def encode_chat(tokenizer, user_text: str, system: str | None = None) -> list[in
     if system is not None:
         messages.insert(0, {"role": "system", "content": system})
     if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        extra = {"enable_thinking": False} if _has_thinking_switch(tokenizer.chat_template) else {}
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
     return list(tokenizer(user_text)["input_ids"])
+
+
+def _has_thinking_switch(template) -> bool:
+    texts = template.values() if isinstance(template, dict) else [template]
+    return any("enable_thinking" in str(t) for t in texts)

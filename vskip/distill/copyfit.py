@@ -28,14 +28,18 @@ from .generate import read_shard, shard_rows
 
 
 def load_answers(data_dir: Path, shards: Sequence[str]) -> list[tuple[np.ndarray, int]]:
-    """(prompt + answer ids, prompt length) of every row with at least two answer tokens."""
+    """(prompt + answer ids, prompt length) of every row with at least two answer tokens, except
+    those of prompts flagged in ``leakage.json`` (:mod:`vskip.distill.leakage`)."""
+    from .leakage import flagged_ids
+
+    leaked = flagged_ids(Path(data_dir))
     rows = []
     for name in shards:
         path = Path(data_dir) / name
         if not path.exists():
             raise FileNotFoundError(f"shard {path} does not exist")
         for r in shard_rows(read_shard(path)):
-            if len(r["completion"]) >= 2:
+            if len(r["completion"]) >= 2 and r["prompt_id"] not in leaked:
                 rows.append((np.concatenate([r["prompt"], r["completion"]]).astype(np.int64), len(r["prompt"])))
     if not rows:
         raise ValueError(f"no answers in {data_dir} shards {list(shards)}")

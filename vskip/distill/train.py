@@ -49,9 +49,14 @@ class Data:
 
 
 def load_rows(data_dir: Path) -> Data:
+    """Every answer of at least two tokens, except those of prompts ``leakage.json`` flags as
+    resembling an evaluation item (:mod:`vskip.distill.leakage`)."""
+    from .leakage import flagged_ids
+
+    leaked = flagged_ids(Path(data_dir))
     rows, plens, pids = [], [], []
     for r in iter_distillation(Path(data_dir)):
-        if len(r["completion"]) < 2:
+        if len(r["completion"]) < 2 or r["prompt_id"] in leaked:
             continue
         rows.append(np.concatenate([r["prompt"], r["completion"]]).astype(np.int64))
         plens.append(len(r["prompt"]))

@@ -44,6 +44,10 @@ DRAFTER_VOCAB = BASE + 64
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+#: ChatML with Qwen3's thinking switch: ``enable_thinking=False`` opens the answer with an empty
+#: thinking block (our own template, written for the tiny tokenizer)
+CHATML_THINKING = CHATML[: -len("{% endif %}")] + (
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}")
 
 
 def tiny_id(real_id: int) -> int:
@@ -68,7 +72,7 @@ def _base_vocab() -> tuple[dict[str, int], list[tuple[str, str]]]:
     raise AssertionError("too few merges for the base vocabulary")
 
 
-def _verifier_tokenizer(added):
+def _verifier_tokenizer(added, template: str = CHATML):
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -79,7 +83,7 @@ def _verifier_tokenizer(added):
     for content, special in added:  # one at a time: ids follow the list's order
         tk.add_tokens([AddedToken(content, special=special, normalized=False)])
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    tok.chat_template = CHATML
+    tok.chat_template = template
     return tok
 
 
@@ -106,7 +110,7 @@ def tiny_qwen3(out: Path, seed: int = 0, layers: int = 4) -> Path:
     model.generation_config = GenerationConfig(eos_token_id=[tiny_id(151645), tiny_id(151643)],
                                                pad_token_id=tiny_id(151643))
     model.save_pretrained(out, safe_serialization=True)
-    _verifier_tokenizer(added).save_pretrained(out)
+    _verifier_tokenizer(added, CHATML_THINKING).save_pretrained(out)
     return out
 
 

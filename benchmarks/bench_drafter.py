@@ -29,7 +29,8 @@ def measure(totals: dict, rounds: list[dict], gamma: int | None) -> dict:
     """The figures of one configuration from its totals (tokens, seconds, calls, blocks, draft and
     verify seconds) and its rounds (``L`` and ``gamma`` of each)."""
     N, T, calls = totals["tokens"], totals["seconds"], totals["calls"]
-    res = {"tokens": int(N), "seconds": T, "tok_s": N / T, "tokens_per_call": N / calls}
+    res = {"tokens": int(N), "seconds": T, "tok_s": N / T, "tokens_per_call": N / calls,
+           "c_V_ms": 1000 * totals["verify"] / calls}
     if gamma is not None:
         hist = acceptance_histogram(rounds, gamma)
         full = [x["L"] for x in rounds if x["gamma"] == gamma]
@@ -38,18 +39,20 @@ def measure(totals: dict, rounds: list[dict], gamma: int | None) -> dict:
             "histogram": hist,
             "p_L_ge": survival_curve(hist),
             "c_D_ms": 1000 * totals["draft"] / totals["blocks"],
-            "c_V_ms": 1000 * totals["verify"] / calls,
             "c_D_over_c_V": (totals["draft"] / totals["blocks"]) / (totals["verify"] / calls),
         }
     return res
 
 
-def from_runs(dirs: list[str]) -> tuple[dict, str]:
+def from_runs(dirs: list[str]) -> tuple[dict, str, dict]:
     """The same figures from run directories written by ``vskip run`` (one per configuration:
-    ``--policy ar`` and ``--policy strict`` at each gamma over the same prompts)."""
-    results, prompts = {}, set()
+    ``--policy ar`` and ``--policy strict`` at each gamma over the same prompts), and the settings
+    each run recorded itself."""
+    results, prompts, settings = {}, set(), {}
     for d in map(Path, dirs):
         cfg = json.loads((d / "config.json").read_text())["run"]
+        settings[str(d)] = {"task": cfg["task"], "limit": cfg.get("limit"), "ids": cfg.get("ids"),
+                            "policy": cfg["policy"]["name"], "decode": cfg["decode"], "models": cfg["models"]}
         s = json.loads((d / "summary.json").read_text())
         pol, g = cfg["policy"]["name"], cfg["decode"]["gamma"]
         rounds = [json.loads(x) for x in (d / "rounds.jsonl").read_text().splitlines() if x.strip()]
@@ -59,7 +62,7 @@ def from_runs(dirs: list[str]) -> tuple[dict, str]:
         prompts.add(s["n_prompts"])
         mnt = cfg["decode"]["max_new_tokens"]
     head = f"prompts={'/'.join(map(str, sorted(prompts)))} max_new_tokens={mnt} from run directories"
-    return results, head
+    return results, head, {"source": "run directories", "runs": settings}
 
 
 def live(a, gammas) -> tuple[dict, str]:
@@ -81,7 +84,9 @@ def live(a, gammas) -> tuple[dict, str]:
         results["ar" if name == "ar" else f"gamma={g}"] = measure(t, rounds, None if name == "ar" else g)
     head = (f"prompts={len(prompts)} max_new_tokens={a.max_new_tokens} dtype={a.dtype} threads={a.threads} "
             f"drafter={pair.identity.get('drafter')}")
-    return results, head
+    settings = {"source": "decoded here", "task": "humaneval", "prompts": len(prompts), "gammas": gammas,
+                "max_new_tokens": a.max_new_tokens, "dtype": a.dtype, "threads": a.threads, "models": pair.identity}
+    return results, head, settings
 
 
 def main(argv=None) -> int:
@@ -97,7 +102,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="directory for results.json and results.md")
     a = ap.parse_args(argv)
     gammas = [int(g) for g in a.gammas.split(",")]
-    results, head = from_runs(a.runs) if a.runs else live(a, gammas)
+    results, head, settings = from_runs(a.runs) if a.runs else live(a, gammas)
     if "ar" not in results:
         raise SystemExit("bench_drafter: an `ar` run is needed for the speed ratio")
     for k, r in results.items():
@@ -116,7 +121,8 @@ def main(argv=None) -> int:
     if a.out:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps({"settings": vars(a), "results": results}, indent=1))
+        (out / "results.json").write_text(json.dumps({"command": "python benchmarks/bench_drafter.py " + " ".join(sys.argv[1:] if argv is None else argv),
+                                                    "settings": settings, "results": results}, indent=1))
         (out / "results.md").write_text("```\n" + "\n".join(lines) + "\n```\n")
         plot(results, out / "acceptance.png")
     return 0

@@ -195,3 +195,14 @@ def test_diagnose_with_predictors(tmp_path):
     assert (tmp_path / "d" / "bce.png").exists()
     with pytest.raises(ValueError, match="no marginal or conditional predictor"):
         diagnose([tmp_path / "run"], tmp_path / "e", predictors=tmp_path / "run")
+
+
+def test_position_rates_smoothed_and_the_papers_empirical_rate():
+    from vskip.diagnose import position_rates
+
+    Y = np.array([[1, 0], [1, 1], [0, 0]], float)
+    M = np.ones_like(Y, bool)
+    assert np.allclose(position_rates(Y, M), [3 / 5, 2 / 5])
+    assert np.allclose(position_rates(Y, M, smoothing=0.0), [2 / 3, 1 / 3])
+    M[:, 1] = False  # no example at a position: the empirical rate is undefined, 0.5 stands in
+    assert np.allclose(position_rates(Y, M, smoothing=0.0), [2 / 3, 0.5])

@@ -83,19 +83,26 @@ def positionwise_auroc(S: np.ndarray, Y: np.ndarray, mask: np.ndarray, min_class
 # ----------------------------------------------------------------------------- BCE (Figure 3)
 
 
-def position_rates(Y: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Add-one smoothed positive rate at each position over the rows in ``mask``: [gamma]."""
-    return ((Y * mask).sum(0) + 1.0) / (mask.sum(0) + 2.0)
+def position_rates(Y: np.ndarray, mask: np.ndarray, smoothing: float = 1.0) -> np.ndarray:
+    """Positive rate at each position over the rows in ``mask``: [gamma]. ``smoothing`` 1 adds
+    one positive and one negative (ours: an outcome unseen in training costs a finite loss);
+    0 is the empirical rate, as the paper's baseline (its BCE then relies on the clipping of
+    :func:`bce`)."""
+    n = mask.sum(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n + 2 * smoothing > 0, ((Y * mask).sum(0) + smoothing) / (n + 2.0 * smoothing), 0.5)
 
 
 @dataclass(frozen=True)
 class BCEResult:
     kind: str
     model: np.ndarray  # [gamma] mean held-out BCE of the predictor
-    baseline: np.ndarray  # [gamma] mean held-out BCE of the position-only baseline
+    baseline: np.ndarray  # [gamma] mean held-out BCE of the position-only baseline (add-one smoothed)
     n: np.ndarray  # [gamma] held-out examples
     model_mean: float  # pooled over every held-out example
     baseline_mean: float
+    empirical: np.ndarray | None = None  # [gamma] the same with the empirical rate (the paper's)
+    empirical_mean: float | None = None
 
 
 def positionwise_bce(ts: TraceSet, kind: str, P: np.ndarray, rotations) -> BCEResult:
@@ -103,6 +110,7 @@ def positionwise_bce(ts: TraceSet, kind: str, P: np.ndarray, rotations) -> BCERe
     rotation, on that rotation's training folds."""
     Y, M = survival_labels(kind, ts.L, ts.gamma)
     base = np.full(P.shape, np.nan)
+    emp = np.full(P.shape, np.nan)
     for rot in rotations:
         test = ts.blocks_of(rot.test)
         train = ts.blocks_of(rot.train)
@@ -111,14 +119,15 @@ def positionwise_bce(ts: TraceSet, kind: str, P: np.ndarray, rotations) -> BCERe
         if not train.any():
             raise ValueError(f"rotation {rot.index}: none of its training prompts is in the traces")
         base[test] = position_rates(Y[train], M[train])[None, :]
+        emp[test] = position_rates(Y[train], M[train], smoothing=0.0)[None, :]
     M = M & ~np.isnan(base)
-    lm, lb = bce(P, Y), bce(np.nan_to_num(base, nan=0.5), Y)
+    losses = [bce(P, Y), bce(np.nan_to_num(base, nan=0.5), Y), bce(np.nan_to_num(emp, nan=0.5), Y)]
     n = M.sum(0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        model = np.where(n > 0, (lm * M).sum(0) / n, np.nan)
-        baseline = np.where(n > 0, (lb * M).sum(0) / n, np.nan)
     tot = max(int(M.sum()), 1)
-    return BCEResult(kind, model, baseline, n, float((lm * M).sum() / tot), float((lb * M).sum() / tot))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per = [np.where(n > 0, (x * M).sum(0) / n, np.nan) for x in losses]
+    pooled = [float((x * M).sum() / tot) for x in losses]
+    return BCEResult(kind, per[0], per[1], n, pooled[0], pooled[1], per[2], pooled[2])
 
 
 # ----------------------------------------------------------------------------- permutation (Table 1)
@@ -396,8 +405,10 @@ def diagnose(trace_dirs: Sequence[str | Path], out: str | Path, predictors: str 
     p1 = proposition1(ts.L, g, cfg.rho, cfg.q_lo, cfg.q_hi, cfg.tau, cfg.prop1_samples, cfg.seed)
 
     # ---- tables
-    _write_csv(out / "bce.csv", ["kind", "position", "n", "bce_model", "bce_position_baseline"],
-               [[k, j + 1, int(r.n[j]), float(r.model[j]), float(r.baseline[j])] for k, r in bces.items() for j in range(g)])
+    _write_csv(out / "bce.csv", ["kind", "position", "n", "bce_model", "bce_position_baseline",
+                                 "bce_position_baseline_empirical"],
+               [[k, j + 1, int(r.n[j]), float(r.model[j]), float(r.baseline[j]), float(r.empirical[j])]
+                for k, r in bces.items() for j in range(g)])
     _write_csv(out / "auroc.csv", ["signal", "position", "positives", "negatives", "auroc"],
                [[s, j + 1, int(r.positives[j]), int(r.negatives[j]), float(r.auroc[j])] for s, r in aurocs.items() for j in range(g)])
     perm_rows = [[p.signal, p.eta_b, p.eta_c, p.n_blocks, p.original, p.permuted_mean, p.permuted_std, p.repetitions]
@@ -417,7 +428,8 @@ def diagnose(trace_dirs: Sequence[str | Path], out: str | Path, predictors: str 
         "policies": list(ts.policies), "gamma": g, "prompts": len(ts.prompt_ids), "blocks": ts.n_blocks,
         "dropped_short_blocks": ts.dropped_short, "dropped_unknown_L_blocks": ts.dropped_unknown_L,
         "mean_L": float(ts.L.mean()),
-        "bce": {k: {"model": r.model_mean, "position_baseline": r.baseline_mean} for k, r in bces.items()},
+        "bce": {k: {"model": r.model_mean, "position_baseline": r.baseline_mean,
+                    "position_baseline_empirical": r.empirical_mean} for k, r in bces.items()},
         "auroc_mean_over_positions": mean_auc,
         "permutation": [asdict(p) for p in perms],
         "proposition1": {"rho": p1.rho, "q_lo": p1.q_lo, "q_hi": p1.q_hi, "tau": p1.tau, "n": p1.n,
@@ -446,10 +458,11 @@ def _markdown(s: dict, ts: TraceSet, bces: dict, aurocs: dict, perm_head, perm_r
     ]
     if bces:
         parts += ["## Per-position BCE (Figure 3)", "",
-                  "Held-out BCE pooled over all labelled positions; the baseline predicts the add-one smoothed "
-                  "positive rate of each position on the rotation's training folds.", "",
-                  _md_table(["kind", "predictor BCE", "position-only BCE"],
-                            [[k, r.model_mean, r.baseline_mean] for k, r in bces.items()]),
+                  "Held-out BCE pooled over all labelled positions. The position-only baselines predict the "
+                  "positive rate of each position on the rotation's training folds: add-one smoothed (ours), "
+                  "and the empirical rate (the paper's; probabilities clipped to [1e-7, 1 - 1e-7]).", "",
+                  _md_table(["kind", "predictor BCE", "position-only BCE (smoothed)", "position-only BCE (empirical)"],
+                            [[k, r.model_mean, r.baseline_mean, r.empirical_mean] for k, r in bces.items()]),
                   "", "![BCE](bce.png)", "", "Per position: `bce.csv`.", ""]
     parts += ["## Per-position AUROC (Figure 6)", "",
               "Raw confidence and marginal survival against `1{L >= j}` on all blocks; conditional survival on "

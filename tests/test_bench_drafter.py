@@ -1,0 +1,40 @@
+"""benchmarks/bench_drafter.py records the settings of the runs it summarises, not its own
+argument defaults."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+
+def _load():
+    path = Path(__file__).parents[1] / "benchmarks" / "bench_drafter.py"
+    spec = importlib.util.spec_from_file_location("bench_drafter", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _run(d: Path, policy: str, gamma: int, L: list[int]):
+    d.mkdir()
+    run = {"task": "humaneval", "limit": 3, "ids": None, "policy": {"name": policy},
+           "decode": {"gamma": gamma, "max_new_tokens": 512}, "models": {"drafter": None, "copy_prior": "auto"}}
+    (d / "config.json").write_text(json.dumps({"run": run}))
+    n = sum(L) + len(L)
+    (d / "summary.json").write_text(json.dumps({
+        "generated_tokens": n, "decode_seconds": 2.0, "verifier_calls": len(L), "draft_blocks": len(L) if policy != "ar" else 0,
+        "draft_seconds": 0.5, "verify_seconds": 1.0, "n_prompts": 3}))
+    (d / "rounds.jsonl").write_text("".join(json.dumps({"L": x, "gamma": gamma}) + "\n" for x in L))
+
+
+def test_settings_come_from_the_runs(tmp_path):
+    mod = _load()
+    _run(tmp_path / "ar", "ar", 1, [0] * 10)
+    _run(tmp_path / "strict", "strict", 8, [1, 2, 3, 0, 8])
+    out = tmp_path / "out"
+    assert mod.main(["--runs", str(tmp_path / "ar"), str(tmp_path / "strict"), "--out", str(out)]) == 0
+    data = json.loads((out / "results.json").read_text())
+    runs = data["settings"]["runs"]
+    assert runs[str(tmp_path / "strict")]["decode"]["max_new_tokens"] == 512  # not the default 256
+    assert runs[str(tmp_path / "ar")]["limit"] == 3 and "limit" not in data["settings"]
+    assert data["results"]["ar"]["c_V_ms"] == 100.0  # 1 s over 10 calls: ar's c_V is recorded too
+    assert data["results"]["gamma=8"]["mean_L"] == 14 / 5

@@ -286,3 +286,22 @@ def test_cli(sweep_dir, tmp_path):
     assert res.stderr.strip().splitlines()[-1].startswith("vskip: error: no run directories")
     res = subprocess.run([sys.executable, "-c", code, "report", "--help"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "--out" in res.stdout
+
+
+def test_a_report_rebuilds_byte_for_byte(sweep_dir, tmp_path, monkeypatch):
+    """The report is a function of its inputs alone: rebuilt by the same command from a copy of
+    the same run directories made elsewhere, every Markdown and CSV file is identical. So a
+    committed report can always be checked by regenerating it with its recorded command."""
+    import shutil
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    monkeypatch.chdir(sweep_dir.parent)
+    build([Path("sweep")], a)
+    other = tmp_path / "elsewhere" / "sweep"
+    shutil.copytree(sweep_dir, other)
+    monkeypatch.chdir(other.parent)
+    build([Path("sweep")], b)
+    files = sorted(p.relative_to(a) for p in a.rglob("*") if p.suffix in (".md", ".csv"))
+    assert files and files == sorted(p.relative_to(b) for p in b.rglob("*") if p.suffix in (".md", ".csv"))
+    for f in files:
+        assert (a / f).read_bytes() == (b / f).read_bytes(), f

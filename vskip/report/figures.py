@@ -1,0 +1,105 @@
+"""The report's figures (1, 4 and 5), drawn with matplotlib."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from .compare import Row
+from .runs import COLORS, FRONTIER_METHODS, LABELS
+from .tables import KminFamily, in_main_grid, pareto_front
+
+# --------------------------------------------------------------------------- figures
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def frontiers(rows: list[Row], x: Callable, y: Callable, x_max: bool, y_max: bool, k_min: int) -> dict:
+    """Per method of :data:`FRONTIER_METHODS`: ``[(row, on_frontier)]`` over its main-grid runs
+    with both coordinates known."""
+    out = {}
+    for m in FRONTIER_METHODS:
+        pts = [r for r in rows if r.method == m and in_main_grid(r, k_min) and x(r) is not None and y(r) is not None]
+        if pts:
+            out[m] = list(zip(pts, pareto_front([x(r) for r in pts], [y(r) for r in pts], x_max, y_max)))
+    return out
+
+
+def _frontier_panel(ax, rows: list[Row], strict: Row | None, x: Callable, y: Callable, x_max: bool, y_max: bool,
+                    xlabel: str, ylabel: str, k_min: int) -> list[str]:
+    """Draw each method's frontier (solid) and its dominated settings (faded) on ``ax``; returns
+    the names of the runs drawn."""
+    drawn = []
+    for m, pts in frontiers(rows, x, y, x_max, y_max, k_min).items():
+        on = sorted((x(r), y(r)) for r, f in pts if f)
+        off = [(x(r), y(r)) for r, f in pts if not f]
+        ax.plot([a for a, _ in on], [b for _, b in on], "-o", color=COLORS[m], label=LABELS[m], ms=5)
+        if off:
+            ax.plot([a for a, _ in off], [b for _, b in off], "o", color=COLORS[m], alpha=0.25, ms=5)
+        drawn += [r.name for r, _ in pts]
+    if strict is not None and x(strict) is not None and y(strict) is not None:
+        ax.plot([x(strict)], [y(strict)], "k*", ms=12, label="Strict SDD")
+        drawn.append(strict.name)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if drawn:
+        ax.legend(fontsize=7)
+    return drawn
+
+
+def figure1(path: Path, title: str, rows: list[Row], strict: Row | None, k_min: int) -> list[str]:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    drawn = _frontier_panel(ax, rows, strict, lambda r: r.m.tokens_per_s, lambda r: r.m.strict_token, True, True,
+                            "tokens/s", "strict token agreement", k_min)
+    ax.set_title(f"Figure 1: {title}", fontsize=9)
+    fig.tight_layout()
+    if drawn:
+        fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return drawn
+
+
+def figure4(path: Path, title: str, rows: list[Row], strict: Row | None, k_min: int) -> list[str]:
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    d1 = _frontier_panel(axes[0], rows, strict, lambda r: r.rel_calls, lambda r: r.pass_common, False, True,
+                         "relative verifier calls", "pass@1", k_min)
+    d2 = _frontier_panel(axes[1], rows, strict, lambda r: r.rel_calls, lambda r: r.m.strict_token, False, True,
+                         "relative verifier calls", "strict token agreement", k_min)
+    fig.suptitle(f"Figure 4: {title}", fontsize=9)
+    fig.tight_layout()
+    drawn = list(dict.fromkeys(d1 + d2))
+    if drawn:
+        fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return drawn
+
+
+def figure5(path: Path, title: str, fam: KminFamily) -> None:
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    ks = [r.p("k_min") for r in fam.rows]
+    for ax, (label, f) in zip(axes, (("relative verifier calls", lambda r: r.rel_calls),
+                                     ("relative draft blocks", lambda r: r.rel_blocks),
+                                     ("tokens/s", lambda r: r.m.tokens_per_s))):
+        pts = [(k, f(r)) for k, r in zip(ks, fam.rows) if f(r) is not None]
+        ax.plot([k for k, _ in pts], [v for _, v in pts], "-o", color=COLORS.get(fam.method, "C0"))
+        if fam.K_star is not None:
+            ax.axvline(fam.K_star, color="k", ls="--", lw=1, label=f"K* = {fam.K_star:.2f} (Eq. 8)")
+            ax.legend(fontsize=7)
+        ax.set_xlabel("k_min")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"Figure 5: {title}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,230 @@
+"""Reading run directories, whatever version of vskip wrote them."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+from ..policy import SIGNALS
+from ..rundir import CONFIG, ROUNDS, SAMPLES, SUMMARY, SWEEP
+
+if TYPE_CHECKING:
+    from .compare import Metrics
+
+RUN_FILES = (SAMPLES, SUMMARY, CONFIG)
+LABELS = {
+    "ar": "AR (verifier alone)", "strict": "Strict SDD", "lenience": "Lenience", "topk": "Top-k",
+    "periodic": "Periodic", "raw": "Raw confidence", "marginal": "Marginal survival",
+    "conditional": "Conditional survival",
+}
+#: Methods drawn as frontiers (Figures 1 and 4), in legend order.
+FRONTIER_METHODS = ("raw", "marginal", "conditional", "lenience", "topk", "periodic")
+COLORS = {"raw": "C0", "marginal": "C1", "conditional": "C2", "lenience": "C3", "topk": "C4", "periodic": "C5"}
+PARAMS = ("eta_b", "eta_c", "k_min", "s_max", "lenience", "top_k", "period", "period_k")
+TIMING_FIELDS = ("decode_seconds", "draft_seconds", "verify_seconds")
+
+
+# --------------------------------------------------------------------------- reading runs
+
+
+@dataclass
+class Run:
+    """One run directory as read, whatever version wrote it."""
+
+    path: Path
+    label: str = ""
+    config: dict | None = None
+    summary: dict | None = None
+    samples: list[dict] = field(default_factory=list)
+    rounds: list[dict] = field(default_factory=list)
+    sweep: dict | None = None
+    notes: list[str] = field(default_factory=list)
+    _metrics: "Metrics | None" = field(default=None, repr=False)
+
+    def metrics(self) -> "Metrics":
+        """Aggregates over all of the run's prompts (computed once)."""
+        if self._metrics is None:
+            from .compare import compute_metrics
+
+            self._metrics = compute_metrics(self)
+        return self._metrics
+
+    @property
+    def run_cfg(self) -> dict:
+        return (self.config or {}).get("run") or {}
+
+    @property
+    def task(self) -> str | None:
+        return (self.summary or {}).get("task") or self.run_cfg.get("task")
+
+    @property
+    def method(self) -> str | None:
+        s = self.summary or {}
+        return s.get("policy") or (self.run_cfg.get("policy") or {}).get("name")
+
+    @property
+    def params(self) -> dict:
+        """The policy parameters that matter for this method (``PolicyConfig.summary()``)."""
+        pol = self.run_cfg.get("policy") or {}
+        s = self.summary or {}
+        m = self.method
+        keys = {"lenience": ("lenience",), "topk": ("top_k",), "periodic": ("period", "period_k", "s_max")}.get(
+            m, ("eta_b", "eta_c", "k_min", "s_max") if m in SIGNALS else ())
+        return {k: pol.get(k, s.get(k)) for k in keys}
+
+    @property
+    def gamma(self) -> int | None:
+        return (self.run_cfg.get("decode") or {}).get("gamma") or (self.summary or {}).get("gamma")
+
+    @property
+    def ids(self) -> list[str]:
+        return [s["task_id"] for s in self.samples if "task_id" in s]
+
+    @property
+    def expected(self) -> int | None:
+        """How many prompts the run was asked for, where that is known."""
+        if self.sweep and self.sweep.get("selection"):
+            return len(self.sweep["selection"])
+        rc = self.run_cfg
+        if rc.get("ids"):
+            n = len(rc["ids"])
+            return min(n, rc["limit"]) if rc.get("limit") else n
+        return None
+
+    def command(self) -> str:
+        """The command that produced the run: recorded if the writer kept one, else rebuilt
+        from ``config.json``."""
+        for key in ("command", "argv"):
+            c = (self.config or {}).get(key)
+            if c:
+                return c if isinstance(c, str) else shlex.join(c)
+        return rebuild_command(self.run_cfg, self.path) if self.run_cfg else "(no config.json)"
+
+
+def rebuild_command(rc: dict, out: Path) -> str:
+    """``vskip run`` flags equivalent to a run configuration as written in ``config.json``."""
+    pol, dec, mod = rc.get("policy") or {}, rc.get("decode") or {}, rc.get("models") or {}
+    name = pol.get("name", "?")
+    a = ["vskip", "run", "--task", str(rc.get("task")), "--policy", name]
+    flags = {"lenience": ("lenience",), "topk": ("top_k",), "periodic": ("period", "period_k", "s_max")}.get(
+        name, ("eta_b", "eta_c", "k_min", "s_max") if name in SIGNALS else ())
+    for k in flags:
+        if pol.get(k) is not None:
+            a += [f"--{k.replace('_', '-')}", f"{pol[k]:g}" if isinstance(pol[k], float) else str(pol[k])]
+    for k in ("gamma", "max_new_tokens"):
+        if dec.get(k) is not None:
+            a += [f"--{k.replace('_', '-')}", str(dec[k])]
+    if dec.get("shadow") is False:
+        a.append("--no-shadow")
+    for k in ("steps", "drafter", "verifier", "reveal", "device", "dtype", "threads"):
+        if mod.get(k) is not None and not (k == "steps" and mod[k] == 2):
+            a += [f"--{k}", str(mod[k])]
+    if mod.get("verifier_cache") is False:
+        a.append("--no-verifier-cache")
+    if rc.get("predictor"):
+        a += ["--predictor", str(rc["predictor"])]
+    if rc.get("limit") is not None:
+        a += ["--limit", str(rc["limit"])]
+    if rc.get("ids"):
+        a += ["--ids", ",".join(rc["ids"])]
+    if rc.get("score") is False:
+        a.append("--no-score")
+    return shlex.join(a + ["--out", str(out)])
+
+
+def _read_json(path: Path, notes: list[str]) -> dict | None:
+    if not path.exists():
+        return None
+    try:
+        d = json.loads(path.read_text())
+    except (json.JSONDecodeError, OSError, UnicodeDecodeError) as e:
+        notes.append(f"{path.name} is unreadable ({type(e).__name__})")
+        return None
+    if not isinstance(d, dict):
+        notes.append(f"{path.name} is not a JSON object")
+        return None
+    return d
+
+
+def _read_jsonl(path: Path, notes: list[str]) -> list[dict]:
+    if not path.exists():
+        return []
+    rows = []
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        notes.append(f"{path.name} is unreadable ({type(e).__name__})")
+        return []
+    for i, line in enumerate(text.splitlines()):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            notes.append(f"{path.name}: line {i + 1} is cut or invalid; read the {len(rows)} lines before it")
+            break
+        if isinstance(r, dict):
+            rows.append(r)
+    return rows
+
+
+def find_run_dirs(paths: Sequence[Path], notes: list[str]) -> list[Path]:
+    """Run directories given directly or found below the given directories (shard directories
+    of an unfinished sweep are left out: their configuration's directory is the run)."""
+    found = []
+    for p in map(Path, paths):
+        if not p.exists():
+            notes.append(f"{p} does not exist")
+            continue
+        if any((p / f).exists() for f in RUN_FILES):
+            found.append(p)
+            continue
+        below = sorted(d for d in p.rglob("*") if d.is_dir() and any((d / f).exists() for f in RUN_FILES)
+                       and "_shards" not in d.relative_to(p).parts)
+        if not below:
+            notes.append(f"{p} holds no run directories")
+        found += below
+    seen, out = set(), []
+    for d in found:
+        if d.resolve() not in seen:
+            seen.add(d.resolve())
+            out.append(d)
+    return out
+
+
+def load_run(path: Path) -> Run:
+    run = Run(Path(path))
+    n = run.notes
+    run.config = _read_json(path / CONFIG, n)
+    run.summary = _read_json(path / SUMMARY, n)
+    run.samples = _read_jsonl(path / SAMPLES, n)
+    run.rounds = _read_jsonl(path / ROUNDS, n)
+    sweep_file = path.parent / SWEEP
+    run.sweep = _read_json(sweep_file, n) if sweep_file.exists() else None
+    if run.config is None:
+        n.append("no config.json: the command is unknown")
+    exp = run.expected
+    done = f"{len(run.samples)} of {exp}" if exp is not None and len(run.samples) < exp else f"{len(run.samples)}"
+    if not run.samples:
+        n.append("no samples.jsonl" + ("; metrics from summary.json only" if run.summary else ""))
+    elif run.summary is None:
+        n.append(f"unfinished: no summary.json; metrics from the {done} prompts done")
+    elif exp is not None and len(run.samples) < exp:
+        n.append(f"unfinished: {done} prompts")
+    if run.samples and not run.rounds:
+        n.append("no rounds.jsonl: agreement and A are unknown")
+    if run.task is None:
+        n.append("the task is unknown (no summary.json or config.json names it)")
+    if run.method is None:
+        n.append("the policy is unknown")
+    return run
+
+
+def _labels(runs: list[Run]) -> None:
+    """Each run's display name: its directory name, or parent/name where names repeat."""
+    names = [r.path.name for r in runs]
+    for r in runs:
+        r.label = r.path.name if names.count(r.path.name) == 1 else f"{r.path.parent.name}/{r.path.name}"

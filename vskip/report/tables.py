@@ -1,0 +1,262 @@
+"""Frontiers and the tables of the report (runs, gates, periodic, matched quality, Eq. 8, k_min, Table 4)."""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from ..policy import DEFAULT_GATES, SIGNALS, break_even_length
+from .compare import Row
+from .runs import FRONTIER_METHODS, LABELS
+
+# --------------------------------------------------------------------------- frontiers
+
+
+def pareto_front(xs: Sequence[float], ys: Sequence[float], x_max: bool = True, y_max: bool = True) -> list[bool]:
+    """Which points no other point dominates (as good in both coordinates, better in one).
+    ``x_max``/``y_max``: whether larger is better on that axis."""
+    sx, sy = (1 if x_max else -1), (1 if y_max else -1)
+    pts = [(sx * x, sy * y) for x, y in zip(xs, ys)]
+    out = []
+    for i, (x, y) in enumerate(pts):
+        dominated = any(a >= x and b >= y and (a > x or b > y) for j, (a, b) in enumerate(pts) if j != i)
+        out.append(not dominated)
+    return out
+
+
+def in_main_grid(row: Row, k_min: int) -> bool:
+    """Frontier members: lenience, top-k, periodic, and signal runs at the main ``k_min`` with
+    both gates on (the ``k_min`` diagnostic and the gate ablation are reported apart)."""
+    m = row.method
+    if m in ("lenience", "topk", "periodic"):
+        return True
+    if m in SIGNALS:
+        eb, ec = row.p("eta_b"), row.p("eta_c")
+        return row.p("k_min") in (k_min, None) and (eb is None or eb > 0) and (ec is None or ec > 0)
+    return False
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "–"
+        return f"{v:.4f}" if abs(v) < 10 else f"{v:.2f}"
+    return str(v)
+
+
+@dataclass
+class Table:
+    name: str
+    columns: list[str]
+    rows: list[list]
+
+    def markdown(self) -> str:
+        head = "| " + " | ".join(self.columns) + " |"
+        sep = "|" + "|".join("---" for _ in self.columns) + "|"
+        body = ["| " + " | ".join(_fmt(v).replace("|", "\\|") for v in r) + " |" for r in self.rows]
+        return "\n".join([head, sep, *body])
+
+    def write(self, out: Path) -> None:
+        (out / f"{self.name}.md").write_text(self.markdown() + "\n")
+        with open(out / f"{self.name}.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(self.columns)
+            for r in self.rows:
+                w.writerow(["" if v is None else v for v in r])
+
+
+def _params_str(row: Row) -> str:
+    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.run.params.items()
+                     if v is not None)
+
+
+def _ci(row: Row):
+    if row.delta is None:
+        return None
+    return f"{row.delta:+.4f} [{row.ci[0]:+.4f}, {row.ci[1]:+.4f}]"
+
+
+def runs_table(name: str, rows: list[Row]) -> Table:
+    cols = ["config", "method", "parameters", "prompts", "pass@1", "Δpass@1 vs strict [95% CI]", "tokens/s",
+            "speedup", "rel. calls", "rel. blocks", "StrictToken", "FullPrefix", "skipped rounds"]
+    return Table(name, cols, [
+        [r.name, LABELS.get(r.method, r.method), _params_str(r), r.m.n, r.m.pass_at_1, _ci(r), r.m.tokens_per_s,
+         r.speedup, r.rel_calls, r.rel_blocks, r.m.strict_token, r.m.full_prefix, r.m.skipped_rounds]
+        for r in rows])
+
+
+def gate_table(name: str, rows: list[Row]) -> Table | None:
+    """Table 2: signal runs with both gates on next to the variants that drop one gate (threshold
+    0), for the paper's fixed settings or wherever both variants were run."""
+    variant = {"raw": "Geometric only", "conditional": "Product only", "marginal": "Prefix only"}
+    out = []
+    for full in rows:
+        if full.method not in SIGNALS or not (full.p("eta_b") and full.p("eta_c")):
+            continue
+        same = [r for r in rows if r.method == full.method and r.p("k_min") == full.p("k_min")
+                and r.p("s_max") == full.p("s_max")]
+        local = [r for r in same if r.p("eta_b") == full.p("eta_b") and r.p("eta_c") == 0]
+        other = [r for r in same if r.p("eta_b") == 0 and r.p("eta_c") == full.p("eta_c")]
+        at_default = (full.p("eta_b"), full.p("eta_c")) == DEFAULT_GATES[full.method]
+        if not (local and other) and not (at_default and (local or other)):
+            continue  # a local-only run is the variant of one full setting, not of every eta_c
+        variants = [("Full", full)] + [("Local only", x) for x in local] + [(variant[full.method], x) for x in other]
+        for label, r in variants:
+            out.append([LABELS[full.method], label, r.name, r.m.pass_at_1, r.m.tokens_per_s, r.rel_calls, r.rel_blocks])
+    if not out:
+        return None
+    return Table(name, ["signal", "policy", "config", "pass@1", "tokens/s", "rel. calls", "rel. blocks"], out)
+
+
+def periodic_table(name: str, rows: list[Row], k_min: int) -> Table | None:
+    """Table 3, with the run of the raw-confidence sweep (if any) that dominates each periodic
+    setting in both pass@1 and relative calls."""
+    per = sorted((r for r in rows if r.method == "periodic"), key=lambda r: r.p("period") or 0)
+    if not per:
+        return None
+    raws = [r for r in rows if r.method == "raw" and in_main_grid(r, k_min) and r.pass_common is not None
+            and r.rel_calls is not None]
+    out = []
+    for r in per:
+        dom = None
+        if r.pass_common is not None and r.rel_calls is not None:
+            cands = [q for q in raws if q.pass_common >= r.pass_common and q.rel_calls <= r.rel_calls
+                     and (q.pass_common > r.pass_common or q.rel_calls < r.rel_calls)]
+            dom = min(cands, key=lambda q: q.rel_calls).name if cands else "no"
+        out.append([r.p("period"), r.name, r.m.pass_at_1, r.m.tokens_per_s, r.rel_calls, r.m.strict_token, dom])
+    return Table(name, ["P", "config", "pass@1", "tokens/s", "rel. calls", "agreement", "dominated by raw"], out)
+
+
+def matched_table(name: str, rows: list[Row], k_min: int) -> Table | None:
+    """§5.2: per method, observed points whose pass@1 equals (or is at least) Strict SDD's on the
+    same prompts: the one with the fewest calls and the fastest one."""
+    out = []
+    for m in FRONTIER_METHODS:
+        pts = [r for r in rows if r.method == m and in_main_grid(r, k_min) and r.pass_common is not None
+               and r.ref_pass_common is not None and r.rel_calls is not None]
+        if not pts:
+            continue
+        for crit, ok in (("=", lambda r: abs(r.pass_common - r.ref_pass_common) < 1e-9),
+                         ("≥", lambda r: r.pass_common >= r.ref_pass_common - 1e-9)):
+            hits = [r for r in pts if ok(r)]
+            if not hits:
+                out.append([LABELS[m], crit, "none observed"] + [None] * 8)
+                continue
+            fewest = min(hits, key=lambda r: (r.rel_calls, -(r.m.tokens_per_s or 0)))
+            fastest = max(hits, key=lambda r: ((r.speedup or 0), -r.rel_calls))
+            for pick, r in (("fewest calls", fewest), ("fastest", fastest)):
+                if pick == "fastest" and r is fewest:
+                    continue
+                out.append([LABELS[m], crit, pick, r.name, r.pass_common, r.rel_calls, 1 - r.rel_calls,
+                            r.tps_common, r.ref_tps_common, r.m.strict_token, r.m.full_prefix])
+    if not out:
+        return None
+    return Table(name, ["method", "pass@1 vs strict", "pick", "config", "pass@1", "rel. calls", "call reduction",
+                        "tokens/s", "strict tokens/s", "StrictToken", "FullPrefix"], out)
+
+
+def eq8_table(name: str, rows: list[Row]) -> Table | None:
+    out = [[r.name, LABELS.get(r.method, r.method), r.p("k_min"), None if r.m.c_D is None else 1e3 * r.m.c_D,
+            None if r.m.c_V is None else 1e3 * r.m.c_V, r.A, r.K_star, r.m.tokens_per_s]
+           for r in rows if r.method not in ("ar",)]
+    if not out:
+        return None
+    return Table(name, ["config", "method", "k_min", "c_D (ms/block)", "c_V (ms/call)", "A (strict)", "K*", "tokens/s"],
+                 out)
+
+
+@dataclass
+class KminFamily:
+    method: str
+    key: tuple  # (eta_b, eta_c, s_max)
+    rows: list[Row]
+    K_star: float | None  # from the Strict SDD run's own c_D, c_V and A
+    predicted: int | None
+    best: int | None
+
+    @property
+    def agrees(self) -> bool | None:
+        """Whether Eq. 8's prediction is the best observed k_min."""
+        return None if self.predicted is None or self.best is None else self.predicted == self.best
+
+    @property
+    def above(self) -> bool | None:
+        """The weaker check: whether the best observed k_min lies above K* (k_min 0 counts as 1)."""
+        return None if self.K_star is None or self.best is None else max(self.best, 1) > self.K_star
+
+
+def kmin_families(rows: list[Row]) -> list[KminFamily]:
+    """Signal runs that differ only in ``k_min`` (Figure 5), with the Eq. 8 prediction: the
+    smallest ``k_min`` of the grid above ``K* = A c_D / (c_D + c_V)``, against the observed best
+    (highest tokens/s). A skip commits at least one token (``K_hat > 0``), so ``k_min`` 0 acts as 1:
+    when ``K* < 1`` every skip pays and the prediction is the grid's smallest ``k_min``."""
+    groups: dict[tuple, list[Row]] = {}
+    for r in rows:
+        if r.method in SIGNALS and r.p("k_min") is not None and (r.p("eta_b") or 0) > 0 and (r.p("eta_c") or 0) > 0:
+            groups.setdefault((r.method, r.p("eta_b"), r.p("eta_c"), r.p("s_max")), []).append(r)
+    fams = []
+    for (m, *key), rs in groups.items():
+        if len({r.p("k_min") for r in rs}) < 2:
+            continue
+        rs = sorted(rs, key=lambda r: r.p("k_min"))
+        ref = next((r.ref for r in rs if r.ref is not None), None)
+        K = None
+        if ref is not None:
+            rm = ref.metrics()
+            if rm.A is not None and rm.c_D is not None and rm.c_V is not None and rm.c_D + rm.c_V > 0:
+                K = break_even_length(rm.A, rm.c_D, rm.c_V)
+        grid = [r.p("k_min") for r in rs]
+        predicted = min((k for k in grid if max(k, 1) > K), default=None) if K is not None else None
+        timed = [r for r in rs if r.m.tokens_per_s is not None]
+        best = max(timed, key=lambda r: r.m.tokens_per_s).p("k_min") if timed else None
+        fams.append(KminFamily(m, tuple(key), rs, K, predicted, best))
+    return fams
+
+
+def kmin_table(name: str, fams: list[KminFamily]) -> Table | None:
+    out = []
+    for f in fams:
+        for r in f.rows:
+            out.append([LABELS[f.method], f"eta_b={f.key[0]:g}, eta_c={f.key[1]:g}, s_max={f.key[2]}", r.p("k_min"),
+                        r.name, r.rel_calls, r.rel_blocks, r.m.tokens_per_s, r.m.pass_at_1, f.K_star, f.predicted,
+                        f.best, f.agrees, f.above])
+    if not out:
+        return None
+    return Table(name, ["signal", "setting", "k_min", "config", "rel. calls", "rel. blocks", "tokens/s", "pass@1",
+                        "K* (strict)", "predicted k_min", "best k_min", "agree", "best above K*"], out)
+
+
+def table4(groups: dict, k_min: int) -> tuple[Table | None, list[str]]:
+    """Table 4 for every task: Strict SDD and each signal at its fixed setting (the paper's
+    thresholds, the main ``k_min``), one row per ``s_max``."""
+    out, notes = [], []
+    for (task, gamma), rows in groups.items():
+        strict = [r for r in rows if r.method == "strict"]
+        if not strict:
+            continue
+        s = strict[0]
+        out.append([task, gamma, "Strict SDD", None, s.m.pass_at_1, s.m.tokens_per_s, 1.0 if s.rel_calls else None,
+                    s.m.strict_token, s.name])
+        for m in SIGNALS:
+            eb, ec = DEFAULT_GATES[m]
+            hits = [r for r in rows if r.method == m and r.p("eta_b") == eb and r.p("eta_c") == ec
+                    and r.p("k_min") == k_min]
+            if not hits and any(r.method == m for r in rows):
+                notes.append(f"Table 4, {task}: no {m} run at the fixed setting eta_b={eb}, eta_c={ec}, k_min={k_min}")
+            for r in sorted(hits, key=lambda r: r.p("s_max") or 0):
+                out.append([task, gamma, LABELS[m], r.p("s_max"), r.m.pass_at_1, r.m.tokens_per_s, r.rel_calls,
+                            r.m.strict_token, r.name])
+    if not out:
+        return None, notes
+    return Table("table4", ["dataset", "gamma", "method", "S_max", "score", "tokens/s", "rel. calls",
+                            "strict agreement", "config"], out), notes

@@ -305,3 +305,36 @@ def test_a_report_rebuilds_byte_for_byte(sweep_dir, tmp_path, monkeypatch):
     assert files and files == sorted(p.relative_to(b) for p in b.rglob("*") if p.suffix in (".md", ".csv"))
     for f in files:
         assert (a / f).read_bytes() == (b / f).read_bytes(), f
+
+
+def test_intervals_and_the_second_quality_axis(sweep_dir, tmp_path):
+    """Paired bootstrap intervals hold their point values; identical pass/fail outcomes give 0
+    discordant prompts and an exact bound on |Δpass@1| (not [0, 0]); `= ar` counts outputs equal
+    to ar's token for token."""
+    import numpy as np
+
+    from vskip.report.compare import clopper_pearson_upper
+
+    ar = write_run(sweep_dir / "ar", "ar", calls=10, blocks=0, seconds=2.0, passed=[True, True, False, True])
+    for d, toks in ((ar, [[1, 2]] * 4), (sweep_dir / "raw_a", [[1, 2], [1, 3], [1, 2], [9]])):
+        lines = [json.loads(x) for x in (d / "samples.jsonl").read_text().splitlines()]
+        for s, t in zip(lines, toks):
+            s["tokens"] = t
+        (d / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in lines))
+    rep, _ = build([sweep_dir], tmp_path / "out")
+    rows = rows_by_name(rep)
+    a = rows["raw_a"]
+    iv = a.intervals
+    assert iv["prompts"] == 4 and iv["discordant"] == 0
+    assert iv["delta_pass_bound"] == pytest.approx(1 - 0.05 ** (1 / 4))  # nothing discordant among 4
+    assert iv["delta_pass_bound"] == pytest.approx(clopper_pearson_upper(0, 4))
+    assert iv["rel_calls"][0] <= a.rel_calls <= iv["rel_calls"][1]
+    assert iv["strict_token"][0] <= a.m.strict_token <= iv["strict_token"][1]
+    assert a.equal_ar == (2, 4)
+    assert rows["strict"].intervals["strict_token"] == (1.0, 1.0)
+    text = (tmp_path / "out" / "intervals_humaneval_g16.md").read_text()
+    assert "raw_a" in text and "2/4" in text
+    b = rows["raw_b"].intervals  # 1 of 4 outcomes differs from Strict SDD
+    assert b["discordant"] == 1 and b["delta_pass_bound"] == pytest.approx(clopper_pearson_upper(1, 4))
+    assert 0.75 < b["delta_pass_bound"] < 0.76  # scipy: beta.ppf(0.95, 2, 3)
+    assert np.isclose(clopper_pearson_upper(4, 4), 1.0)

@@ -5,6 +5,9 @@ Reads run directories (or sweep directories holding them) and writes, under ``--
 - ``runs_<group>.{md,csv}``: every run against the Strict SDD run of the same task and prompts
   (relative verifier calls and draft blocks per generated token, tokens/s, pass@1 with a paired
   bootstrap interval of its difference, StrictToken Eq. 1, FullPrefix Eq. 2, skipped rounds);
+- ``intervals_<group>.{md,csv}``: paired bootstrap intervals over prompts of relative calls,
+  relative blocks, StrictToken and FullPrefix, the prompts whose output equals ``ar``'s (exact),
+  and an exact bound on |Δpass@1| from the discordant prompts;
 - ``fig1_<group>.png`` (strict token agreement vs tokens/s) and ``fig4_<group>.png`` (pass@1 and
   agreement vs relative calls): each method's Pareto frontier over its grid, dominated settings
   faded;

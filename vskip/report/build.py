@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..policy import SIGNALS
-from .compare import Row, choose_reference, compare
+from .compare import Row, choose_reference, compare, equal_outputs
 from .figures import figure1, figure4, figure5
 from .runs import FRONTIER_METHODS, LABELS, PARAMS, SAMPLES, _labels, find_run_dirs, load_run
-from .tables import (Table, _fmt, _params_str, eq8_table, gate_table, in_main_grid, kmin_families, kmin_table,
-                     matched_table, periodic_table, runs_table, table4)
+from .tables import (Table, _fmt, _params_str, eq8_table, gate_table, in_main_grid, intervals_table, kmin_families,
+                     kmin_table, matched_table, periodic_table, runs_table, table4)
 
 
 # --------------------------------------------------------------------------- the report
@@ -80,12 +80,15 @@ def build_report(paths: Sequence[Path], out: Path, k_min: int = 6, n_boot: int =
                                  for s in sweeps.values()] + [""]
 
     strict_runs = [r for r in usable if r.method == "strict"]
+    ar_runs = {r.task: r for r in usable if r.method == "ar" and r.samples}
     groups: dict[tuple, list[Row]] = {}
     for r in usable:
         ref = choose_reference(r, strict_runs)
         row = _guarded(notes, f"{r.label}: metrics", lambda: compare(r, ref, n_boot, seed))
         if row is None:
             continue
+        if r.task in ar_runs and r.samples:
+            row.equal_ar = equal_outputs(r, ar_runs[r.task])
         if ref is None:
             notes.append(f"{r.label}: no Strict SDD run of {r.task}: relative metrics, matched quality and the "
                          "bootstrap are not available")
@@ -122,6 +125,14 @@ def build_report(paths: Sequence[Path], out: Path, k_min: int = 6, n_boot: int =
             "All runs", runs_table(f"runs_{slug}", rows), [r.name for r in rows],
             "Relative columns divide by the Strict SDD run on the prompts both ran; Δpass@1 is a paired "
             f"bootstrap ({n_boot} resamples) over the prompts both scored."))
+        _guarded(notes, f"{title}: intervals", lambda: section(
+            "Intervals", intervals_table(f"intervals_{slug}", rows), [r.name for r in rows],
+            f"Paired percentile bootstrap over prompts ({n_boot} resamples; each replicate resamples the prompts "
+            "both runs hold, the same for both). `= ar`: prompts whose generated tokens equal the `ar` run's, "
+            "exactly. `discordant`: prompts where the run and Strict SDD differ in pass/fail; `|Δpass@1| ≤` is "
+            "the exact (Clopper-Pearson) 95% upper bound on their share, which bounds the pass@1 difference "
+            "also where every outcome coincides and the bootstrap interval collapses to [0, 0]: identical "
+            "outcomes on n prompts are not evidence of a difference smaller than that bound."))
 
         for fig, fn, caption in (
             ("fig1", figure1, "Strict token agreement vs tokens/s (Figure 1)"),

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
 
 from ..metrics import agreement_from_rounds
 from ..policy import break_even_length
@@ -123,6 +126,8 @@ class Row:
     ci: tuple[float, float] | None = None
     A: float | None = None
     K_star: float | None = None
+    intervals: dict | None = None  # paired bootstrap intervals over prompts (see :func:`intervals`)
+    equal_ar: tuple[int, int] | None = None  # (prompts whose output equals ar's, prompts compared)
 
     @property
     def name(self) -> str:
@@ -185,7 +190,110 @@ def compare(run: Run, ref: Run | None, n_boot: int, seed: int) -> Row:
         if len(both) < row.common:  # pass@1 compared on the prompts both scored
             row.pass_common = sum(a.passed[i] for i in both) / len(both)
             row.ref_pass_common = sum(b.passed[i] for i in both) / len(both)
+    if run.samples and ref.samples and n_boot > 0:
+        row.intervals = intervals(run, ref, sorted(set(run.ids) & set(ref.ids)), n_boot, seed)
     row.A = ref.metrics().A
     if row.A is not None and row.m.c_D is not None and row.m.c_V is not None and row.m.c_D + row.m.c_V > 0:
         row.K_star = break_even_length(row.A, row.m.c_D, row.m.c_V)
     return row
+
+
+# --------------------------------------------------------------------------- intervals
+
+
+def per_prompt(run: Run, ids: Sequence[str]) -> dict[str, np.ndarray] | None:
+    """Per-prompt sums behind the run's ratios, in the order of ``ids``: generated tokens, verifier
+    calls, draft blocks, and the numerators and denominators of StrictToken (Eq. 1) and
+    FullPrefix (Eq. 2). None when a sample lacks a count."""
+    by = {s["task_id"]: s for s in run.samples if "task_id" in s}
+    rounds: dict[str, list[dict]] = {}
+    for r in run.rounds:
+        rounds.setdefault(r.get("task_id"), []).append(r)
+    cols = {k: [] for k in ("N", "calls", "blocks", "st_num", "st_den", "fp_num", "fp_den")}
+    for i in ids:
+        s = by[i]
+        if any(s.get(k) is None for k in ("generated_tokens", "verifier_calls", "draft_blocks")):
+            return None
+        cols["N"].append(s["generated_tokens"])
+        cols["calls"].append(s["verifier_calls"])
+        cols["blocks"].append(s["draft_blocks"])
+        num = den = full = n = 0
+        for r in rounds.get(i, ()):
+            if not r.get("relaxed") or r.get("L") is None or "verified" not in r:
+                continue
+            K = r.get("accepted", 0) if r["verified"] else r.get("K", 0)
+            if K and K > 0:
+                num, den, full, n = num + min(K, r["L"]), den + K, full + (K <= r["L"]), n + 1
+        cols["st_num"].append(num)
+        cols["st_den"].append(den)
+        cols["fp_num"].append(full)
+        cols["fp_den"].append(n)
+    return {k: np.asarray(v, np.float64) for k, v in cols.items()}
+
+
+def _percentile(values: np.ndarray, level: float = 0.95) -> tuple[float, float] | None:
+    values = values[np.isfinite(values)]
+    if not values.size:
+        return None
+    a = (1.0 - level) / 2.0
+    lo, hi = np.quantile(values, [a, 1.0 - a])
+    return float(lo), float(hi)
+
+
+def intervals(run: Run, ref: Run, ids: Sequence[str], n_boot: int, seed: int) -> dict | None:
+    """Paired percentile bootstrap over the prompts both runs hold: the same resampled prompts
+    for both runs in each replicate. Intervals of relative calls and relative blocks per
+    generated token (ratios of sums, as the point values), StrictToken and FullPrefix; and for
+    pass@1, the number of discordant prompts with a Clopper-Pearson upper bound on their share,
+    which bounds |Δpass@1| even when every outcome coincides and the bootstrap collapses to 0."""
+    if not ids:
+        return None
+    a, b = per_prompt(run, ids), per_prompt(ref, ids)
+    if a is None or b is None:
+        return None
+    rng = np.random.default_rng(seed)
+    n = len(ids)
+    out: dict = {"prompts": n, "resamples": n_boot}
+    stats = {k: np.empty(n_boot) for k in ("rel_calls", "rel_blocks", "strict_token", "full_prefix")}
+    chunk = max(1, min(n_boot, (1 << 21) // n))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for start in range(0, n_boot, chunk):
+            idx = rng.integers(0, n, size=(min(n_boot, start + chunk) - start, n))
+            sa = {k: v[idx].sum(axis=1) for k, v in a.items()}
+            sb = {k: v[idx].sum(axis=1) for k, v in b.items()}
+            sl = slice(start, start + idx.shape[0])
+            stats["rel_calls"][sl] = (sa["calls"] / sa["N"]) / (sb["calls"] / sb["N"])
+            stats["rel_blocks"][sl] = (sa["blocks"] / sa["N"]) / (sb["blocks"] / sb["N"])
+            stats["strict_token"][sl] = np.where(sa["st_den"] > 0, sa["st_num"] / sa["st_den"], 1.0)
+            stats["full_prefix"][sl] = np.where(sa["fp_den"] > 0, sa["fp_num"] / sa["fp_den"], 1.0)
+    for k, v in stats.items():
+        out[k] = _percentile(v)
+    if run.method in ("strict", "ar") or run is ref:  # exact by construction
+        out["strict_token"] = out["full_prefix"] = (1.0, 1.0)
+    pa = {s["task_id"]: s.get("passed") for s in run.samples if "task_id" in s}
+    pb = {s["task_id"]: s.get("passed") for s in ref.samples if "task_id" in s}
+    scored = [i for i in ids if pa.get(i) is not None and pb.get(i) is not None]
+    if scored:
+        d = sum(bool(pa[i]) != bool(pb[i]) for i in scored)
+        out["pass_scored"] = len(scored)
+        out["discordant"] = d
+        out["delta_pass_bound"] = clopper_pearson_upper(d, len(scored))
+    return out
+
+
+def clopper_pearson_upper(k: int, n: int, level: float = 0.95) -> float:
+    """One-sided upper confidence bound on a binomial share from ``k`` of ``n`` (exact)."""
+    from scipy.stats import beta
+
+    return 1.0 if k >= n else float(beta.ppf(level, k + 1, n - k))
+
+
+def equal_outputs(run: Run, ar: Run) -> tuple[int, int] | None:
+    """(prompts whose generated tokens equal ``ar``'s, prompts both hold with tokens): an exact
+    second quality axis that separates policies where pass@1 cannot."""
+    ta = {s["task_id"]: s.get("tokens") for s in run.samples if "task_id" in s}
+    tb = {s["task_id"]: s.get("tokens") for s in ar.samples if "task_id" in s}
+    both = [i for i in ta if ta[i] is not None and tb.get(i) is not None]
+    if not both:
+        return None
+    return sum(ta[i] == tb[i] for i in both), len(both)

@@ -95,6 +95,31 @@ def runs_table(name: str, rows: list[Row]) -> Table:
         for r in rows])
 
 
+def _interval(point, ci) -> str | None:
+    if point is None or ci is None:
+        return None
+    return f"{point:.4f} [{ci[0]:.4f}, {ci[1]:.4f}]"
+
+
+def intervals_table(name: str, rows: list[Row]) -> Table | None:
+    """Every comparison with its uncertainty: paired bootstrap intervals of the ratios and the
+    agreement, the share of outputs equal to ``ar`` (exact), and a bound on |Δpass@1|."""
+    rs = [r for r in rows if r.intervals]
+    if not rs:
+        return None
+    cols = ["config", "prompts", "rel. calls [95% CI]", "rel. blocks [95% CI]", "StrictToken [95% CI]",
+            "FullPrefix [95% CI]", "= ar", "Δpass@1 [95% CI]", "discordant", "|Δpass@1| ≤ (95%)"]
+    out = []
+    for r in rs:
+        iv = r.intervals
+        eq = f"{r.equal_ar[0]}/{r.equal_ar[1]}" if r.equal_ar else None
+        disc = f"{iv['discordant']}/{iv['pass_scored']}" if "discordant" in iv else None
+        out.append([r.name, iv["prompts"], _interval(r.rel_calls, iv.get("rel_calls")),
+                    _interval(r.rel_blocks, iv.get("rel_blocks")), _interval(r.m.strict_token, iv.get("strict_token")),
+                    _interval(r.m.full_prefix, iv.get("full_prefix")), eq, _ci(r), disc, iv.get("delta_pass_bound")])
+    return Table(name, cols, out)
+
+
 def gate_table(name: str, rows: list[Row]) -> Table | None:
     """Table 2: signal runs with both gates on next to the variants that drop one gate (threshold
     0), for the paper's fixed settings or wherever both variants were run."""

@@ -3,6 +3,7 @@ the loss, and a killed run resumes to the same state."""
 
 import numpy as np
 import pytest
+from pathlib import Path
 import torch
 
 from test_models import tiny_llama
@@ -325,34 +326,50 @@ def _final_weights(out):
 
 
 def test_a_training_run_killed_anywhere_resumes_to_the_same_drafter(verifier_dir, tmp_path, monkeypatch):
+    """Killed before any of its 10 steps, or inside a checkpoint (between writing the weights and
+    the step they belong to), a run resumes to exactly the drafter of an uninterrupted run."""
     import vskip.distill.train as tr
 
     data = _tiny_data(tmp_path / "data")
-    cfg = TrainConfig(num_layers=1, gamma=4, blocks_per_seq=2, batch_seqs=2, steps=6, warmup=1, lr=3e-3,
-                      max_context=64, holdout=2, eval_every=1000, eval_blocks=4, checkpoint_every=2,
+    cfg = TrainConfig(num_layers=1, gamma=4, blocks_per_seq=2, batch_seqs=2, steps=10, warmup=1, lr=3e-3,
+                      max_context=64, holdout=2, eval_every=1000, eval_blocks=4, checkpoint_every=3,
                       dtype="float32", threads=1)
     tr.train(data, tmp_path / "whole", verifier_dir, cfg, progress=False)
     want = _final_weights(tmp_path / "whole")
-    real = tr.make_batch
-    for kill_at in (1, 2, 3, 5, 6):
+    points = [("make_batch", k) for k in range(1, 11)] + [("write_json", k) for k in (1, 2)]
+    for fn, kill_at in points:
+        real = getattr(tr, fn) if fn == "make_batch" else None
         calls = [0]
+        if fn == "make_batch":
+            def dies(*a, **k):
+                calls[0] += 1
+                if calls[0] == kill_at:
+                    raise KeyboardInterrupt
+                return real(*a, **k)
 
-        def dies(*a, **k):
-            calls[0] += 1
-            if calls[0] == kill_at:
-                raise KeyboardInterrupt
-            return real(*a, **k)
+            monkeypatch.setattr(tr, "make_batch", dies)
+        else:  # the checkpoint's second file: the weights are written, the step is not
+            import vskip.files as files
 
-        out = tmp_path / f"killed{kill_at}"
-        monkeypatch.setattr(tr, "make_batch", dies)
+            real = files.write_json
+
+            def dies(path, *a, **k):
+                if Path(path).name == tr.META_FILE:
+                    calls[0] += 1
+                    if calls[0] == kill_at:
+                        raise KeyboardInterrupt
+                return real(path, *a, **k)
+
+            monkeypatch.setattr(files, "write_json", dies)
+        out = tmp_path / f"killed-{fn}-{kill_at}"
         with pytest.raises(KeyboardInterrupt):
             tr.train(data, out, verifier_dir, cfg, progress=False)
-        monkeypatch.setattr(tr, "make_batch", real)
+        monkeypatch.undo()
         tr.train(data, out, verifier_dir, cfg, progress=False)
         got = _final_weights(out)
         assert got.keys() == want.keys()
         for k in want:
-            assert torch.equal(got[k], want[k]), (kill_at, k)
+            assert torch.equal(got[k], want[k]), (fn, kill_at, k)
 
 
 def test_too_few_rows_refuse_before_training(verifier_dir, tmp_path):

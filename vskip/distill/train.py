@@ -207,15 +207,28 @@ def save_state(out: Path, model, opt, step: int, cfg: TrainConfig, log: list) ->
         tensors["head_ids"] = model.head_ids.contiguous()
     from ..files import write_atomic, write_json
 
-    write_atomic(out / STATE_FILE, lambda tmp: save_file(tensors, tmp))
-    write_json(out / META_FILE, {"step": step, "config": asdict(cfg), "log": log}, indent=None)
+    # the step and log ride inside the weights' file, written atomically with them: a run killed
+    # between the two writes resumes from a consistent state (META_FILE is a readable copy)
+    meta = {"step": step, "config": asdict(cfg), "log": log}
+    write_atomic(out / STATE_FILE, lambda tmp: save_file(tensors, tmp, metadata={"state": json.dumps(meta)}))
+    write_json(out / META_FILE, meta, indent=None)
+
+
+def read_state_meta(out: Path) -> dict:
+    """Step, configuration and log of a checkpoint: from inside its weights' file (older
+    checkpoints: from ``train_state.json``)."""
+    from safetensors import safe_open
+
+    with safe_open(str(Path(out) / STATE_FILE), framework="pt") as f:
+        inside = (f.metadata() or {}).get("state")
+    return json.loads(inside) if inside else json.loads((Path(out) / META_FILE).read_text())
 
 
 def load_state(out: Path, model, opt) -> tuple[int, list]:
     from safetensors.torch import load_file
 
     t = load_file(str(out / STATE_FILE))
-    meta = json.loads((out / META_FILE).read_text())
+    meta = read_state_meta(out)
     params = trainable(model)
     with torch.no_grad():
         for n, p in params.items():
@@ -416,7 +429,7 @@ def export(out: Path, verifier_dir: Path, evaluate_on: Path | None = None) -> Pa
     from safetensors.torch import load_file
 
     out = Path(out)
-    meta = json.loads((out / META_FILE).read_text())
+    meta = read_state_meta(out)
     cfg = TrainConfig(**{"copy_input": False, **meta["config"]})  # runs before the hint input had none
     head = load_file(str(out / STATE_FILE))["head_ids"]
     model = drafter_from_verifier(verifier_dir, num_layers=cfg.num_layers, head_ids=head, layers=cfg.layers,

@@ -8,7 +8,7 @@ clock reads, and shadow verification (§3.2) is timed separately and excluded.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
@@ -124,6 +124,30 @@ def check_prompt(prompt: Sequence[int], verifier: Verifier, cfg: DecodeConfig) -
         )
 
 
+class _Clocks:
+    """Seconds spent per part of a round (A.8: every clock read synchronises the device)."""
+
+    def __init__(self):
+        self.seconds = {"draft": 0.0, "verify": 0.0, "predict": 0.0, "shadow": 0.0}
+
+    def time(self, part: str, fn, *args, **kw):
+        t = now()
+        out = fn(*args, **kw)
+        self.seconds[part] += now() - t
+        return out
+
+
+@dataclass
+class _State:
+    """What the loop carries from round to round."""
+
+    seq: list[int]
+    D: int = 0  # unverified tokens committed since the last verifier call
+    last_full: bool = False  # the previous verified block was accepted whole
+    calls: int = 0
+    blocks: int = 0
+
+
 def decode(
     prompt: Sequence[int],
     drafter: Drafter | None,
@@ -134,132 +158,103 @@ def decode(
     task_id: str | None = None,
 ) -> DecodeResult:
     """Decode one prompt (token ids) and return the generated tokens with per-round records."""
-    check_prompt(prompt, verifier, cfg)
-    if policy.uses_drafter and drafter is None:
-        raise ValueError(f"policy {policy.name!r} needs a drafter")
-    if cfg.trim is not None and policy.name in ("lenience", "topk"):
-        raise ValueError(f"--trim would change what {policy.name} accepts; use it with strict or a skip policy")
-    learned = policy.signal in ("marginal", "conditional")
-    if learned and predictor is None:
-        raise ValueError(f"policy {policy.name!r} needs a trained predictor")
-    want_features = cfg.trace or learned
-    eos = verifier.eos_ids
-    forbidden = verifier.special_ids
-
-    seq = list(prompt)
-    n0 = len(seq)
-    rounds: list[RoundRecord] = []
-    traces: list[BlockTrace] = []
-    t_draft = t_verify = t_predict = t_shadow = 0.0
-    calls = blocks = 0
-    D = 0  # unverified tokens committed since the last verifier call
-    last_full = False  # the previous verified block was accepted whole
-    blocks_rule = cfg.blocks
-    stop = "length"
-
+    _check(prompt, drafter, verifier, policy, cfg, predictor)
+    st, clocks = _State(list(prompt)), _Clocks()
+    n0, rounds, traces, stop = len(prompt), [], [], "length"
     if drafter is not None:
         drafter.reset()
     verifier.reset()
     t_start = now()
     for r in range(cfg.max_new_tokens):
-        generated = len(seq) - n0
-        remaining = cfg.max_new_tokens - generated
+        remaining = cfg.max_new_tokens - (len(st.seq) - n0)
         if remaining <= 0:
             break
-        if not policy.uses_drafter:
-            # The verifier alone: one greedy token per call.
-            t = now()
-            verdict = verifier.score(seq, ())
-            t_verify += now() - t
-            calls += 1
-            new = verdict.argmax[:1]
-            rec = RoundRecord(r, True, 0, 0, None, 0, 1, False, "verify", 0)
-        else:
-            gamma = cfg.gamma
-            if blocks_rule.adaptive:
-                gamma = block_length(blocks_rule, drafter.match_length(seq), last_full)
-            g = min(gamma, remaining)
-            # 1. draft
-            t = now()
-            block = drafter.propose(seq, g, features=want_features)
-            t_draft += now() - t
-            blocks += 1
-            # 2. score
-            feats = None
-            if want_features:
-                feats = assemble_features(block.features, generated, D, cfg.task)
-            q = block.confidence
-            if learned:
-                t = now()
-                q = np.asarray(predictor.scores(block, feats, task_id), dtype=np.float64)
-                t_predict += now() - t
-            # 3. decide
-            ctx = GuardContext(np.asarray(seq[-_HISTORY:]), forbidden, eos, shortened=g < gamma)
-            d = decide(policy, D, r, block.tokens, q, ctx)
-            if d.K > 0:
-                # 4a. skip: commit the prefix unverified; the shadow verifier only audits it.
-                new = block.tokens[: d.K]
-                D += d.K
-                L = None
-                if cfg.shadow:
-                    t = now()
-                    L = strict_accept(block.tokens, verifier.score(seq, block.tokens, shadow=True))
-                    t_shadow += now() - t
-                rec = RoundRecord(r, False, d.K, d.K_hat, L, d.K, d.K, True, d.reason, g)
-            else:
-                # 4b. verify: the method's acceptance rule, then the correction or bonus token.
-                checked = block.tokens[: verify_length(block.confidence, cfg.trim)]
-                t = now()
-                verdict = verifier.score(seq, checked)
-                t_verify += now() - t
-                calls += 1
-                L = strict_accept(checked, verdict)
-                acc = accept(policy, checked, verdict)
-                new = committed_tokens(checked, verdict, acc)
-                D = 0
-                last_full = acc == len(checked)
-                relaxed = policy.name in ("lenience", "topk") and acc > 0
-                rec = RoundRecord(r, True, 0, d.K_hat, L, acc, 0, relaxed, d.reason, g)
-            if cfg.trace:
-                hidden = block.hidden
-                if hidden is not None and not isinstance(hidden, np.ndarray):
-                    hidden = hidden.float().cpu().numpy()
-                traces.append(BlockTrace(r, feats, hidden, block.confidence.copy(), rec.L, rec.K))
+        if policy.uses_drafter:
+            new, rec = _sdd_round(r, st, drafter, verifier, policy, cfg, predictor, task_id, clocks, traces, n0)
+        else:  # the verifier alone: one greedy token per call
+            new = clocks.time("verify", verifier.score, st.seq, ()).argmax[:1]
+            st.calls += 1
+            rec = RoundRecord(round=r, verified=True, K=0, K_hat=0, L=None, accepted=0, committed=1, relaxed=False,
+                              reason="verify", gamma=0)
         # 5. commit: never past the budget, and nothing after an end-of-sequence token.
         new = [int(x) for x in new[:remaining]]
-        for i, tok in enumerate(new):
-            if tok in eos:
-                new = new[: i + 1]
-                stop = "eos"
-                break
-        seq.extend(new)
+        cut = next((i + 1 for i, tok in enumerate(new) if tok in verifier.eos_ids), None)
+        if cut is not None:
+            new, stop = new[:cut], "eos"
+        st.seq.extend(new)
         # 6. record
         rounds.append(_with_committed(rec, len(new)))
         if stop == "eos":
             break
-    t_total = now() - t_start
+    total, sec = now() - t_start, clocks.seconds
     return DecodeResult(
-        tokens=seq[n0:],
-        rounds=rounds,
-        decode_seconds=t_total - t_shadow,
-        draft_seconds=t_draft,
-        verify_seconds=t_verify,
-        predict_seconds=t_predict,
-        shadow_seconds=t_shadow,
-        verifier_calls=calls,
-        draft_blocks=blocks,
-        stop=stop,
-        traces=traces,
+        tokens=st.seq[n0:], rounds=rounds, decode_seconds=total - sec["shadow"], draft_seconds=sec["draft"],
+        verify_seconds=sec["verify"], predict_seconds=sec["predict"], shadow_seconds=sec["shadow"],
+        verifier_calls=st.calls, draft_blocks=st.blocks, stop=stop, traces=traces,
     )
+
+
+def _check(prompt, drafter, verifier, policy: PolicyConfig, cfg: DecodeConfig, predictor) -> None:
+    check_prompt(prompt, verifier, cfg)
+    if policy.uses_drafter and drafter is None:
+        raise ValueError(f"policy {policy.name!r} needs a drafter")
+    if cfg.trim is not None and policy.lossy_acceptance:
+        raise ValueError(f"--trim would change what {policy.name} accepts; use it with strict or a skip policy")
+    if policy.learned and predictor is None:
+        raise ValueError(f"policy {policy.name!r} needs a trained predictor")
+
+
+def _sdd_round(r: int, st: _State, drafter: Drafter, verifier: Verifier, policy: PolicyConfig, cfg: DecodeConfig,
+               predictor, task_id, clocks: _Clocks, traces: list, n0: int):
+    """One round of Figure 2 with a drafter: (tokens to commit, the round's record)."""
+    generated = len(st.seq) - n0
+    gamma = cfg.gamma
+    if cfg.blocks.adaptive:
+        gamma = block_length(cfg.blocks, drafter.match_length(st.seq), st.last_full)
+    g = min(gamma, cfg.max_new_tokens - generated)
+    want_features = cfg.trace or policy.learned
+    # 1. draft
+    block = clocks.time("draft", drafter.propose, st.seq, g, features=want_features)
+    st.blocks += 1
+    # 2. score
+    feats = assemble_features(block.features, generated, st.D, cfg.task) if want_features else None
+    q = block.confidence
+    if policy.learned:
+        q = np.asarray(clocks.time("predict", predictor.scores, block, feats, task_id), dtype=np.float64)
+    # 3. decide
+    ctx = GuardContext(np.asarray(st.seq[-_HISTORY:]), verifier.special_ids, verifier.eos_ids, shortened=g < gamma)
+    d = decide(policy, st.D, r, block.tokens, q, ctx)
+    if d.K > 0:
+        # 4a. skip: commit the prefix unverified; the shadow verifier only audits it.
+        new = block.tokens[: d.K]
+        st.D += d.K
+        L = None
+        if cfg.shadow:
+            L = strict_accept(block.tokens, clocks.time("shadow", verifier.score, st.seq, block.tokens, shadow=True))
+        rec = RoundRecord(round=r, verified=False, K=d.K, K_hat=d.K_hat, L=L, accepted=d.K, committed=d.K,
+                          relaxed=True, reason=d.reason, gamma=g)
+    else:
+        # 4b. verify: the method's acceptance rule, then the correction or bonus token.
+        checked = block.tokens[: verify_length(block.confidence, cfg.trim)]
+        verdict = clocks.time("verify", verifier.score, st.seq, checked)
+        st.calls += 1
+        acc = accept(policy, checked, verdict)
+        new = committed_tokens(checked, verdict, acc)
+        st.D, st.last_full = 0, acc == len(checked)
+        rec = RoundRecord(round=r, verified=True, K=0, K_hat=d.K_hat, L=strict_accept(checked, verdict), accepted=acc,
+                          committed=0, relaxed=policy.lossy_acceptance and acc > 0, reason=d.reason, gamma=g)
+    if cfg.trace:
+        hidden = block.hidden
+        if hidden is not None and not isinstance(hidden, np.ndarray):
+            hidden = hidden.float().cpu().numpy()
+        traces.append(BlockTrace(r, feats, hidden, block.confidence.copy(), rec.L, rec.K))
+    return new, rec
 
 
 def _with_committed(rec: RoundRecord, n: int) -> RoundRecord:
     """The record with the number of tokens actually committed (after the budget and EOS cuts);
     ``accepted`` and ``K`` shrink with it when the cut falls inside the draft prefix."""
-    acc = min(rec.accepted, n)
-    return RoundRecord(
-        rec.round, rec.verified, min(rec.K, n), rec.K_hat, rec.L, acc, n, rec.relaxed, rec.reason, rec.gamma
-    )
+    return replace(rec, K=min(rec.K, n), accepted=min(rec.accepted, n), committed=n)
 
 
 def warmup(drafter: Drafter | None, verifier: Verifier, prompt: Sequence[int], gamma: int) -> None:
@@ -271,10 +266,9 @@ def warmup(drafter: Drafter | None, verifier: Verifier, prompt: Sequence[int], g
 
 def agreement(rounds: Sequence[RoundRecord]) -> tuple[float, float]:
     """(StrictToken, FullPrefix) of Eqs. 1–2 over the rounds where a relaxed rule committed a
-    nonempty draft prefix and L is known. Both are 1 when there is no such round."""
-    pairs = [(r.accepted, r.L) for r in rounds if r.relaxed and r.accepted > 0 and r.L is not None]
-    if not pairs:
-        return 1.0, 1.0
-    K = np.array([p[0] for p in pairs], dtype=np.float64)
-    L = np.array([p[1] for p in pairs], dtype=np.float64)
-    return float(np.minimum(K, L).sum() / K.sum()), float(np.mean(K <= L))
+    nonempty draft prefix and L is known (:func:`vskip.metrics.agreement_from_rounds`). Both are
+    1 when there is no such round."""
+    from .metrics import agreement_from_rounds
+
+    st, fp, _ = agreement_from_rounds(asdict(r) for r in rounds)
+    return st, fp

@@ -101,6 +101,16 @@ class PolicyConfig:
     def uses_drafter(self) -> bool:
         return self.name != "ar"
 
+    @property
+    def learned(self) -> bool:
+        """Its skip signal comes from a trained survival predictor."""
+        return self.name in ("marginal", "conditional")
+
+    @property
+    def lossy_acceptance(self) -> bool:
+        """A verified round may accept drafted tokens the verifier would not (lenience, top-k)."""
+        return self.name in ("lenience", "topk")
+
     def summary(self) -> dict:
         """The parameters that matter for this method (for file names and reports)."""
         d: dict = {"policy": self.name}

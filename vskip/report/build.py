@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
 from ..policy import SIGNALS
 from .compare import Row, choose_reference, compare, equal_outputs
 from .figures import figure1, figure4, figure5
-from .runs import FRONTIER_METHODS, LABELS, PARAMS, SAMPLES, _labels, find_run_dirs, load_run
+from .runs import FRONTIER_METHODS, LABELS, PARAMS, SAMPLES, Run, _labels, find_run_dirs, load_run
 from .tables import (Table, _fmt, _params_str, eq8_table, gate_table, in_main_grid, intervals_table, kmin_families,
                      kmin_table, matched_table, periodic_table, runs_table, table4)
 
@@ -56,6 +56,32 @@ def build_report(paths: Sequence[Path], out: Path, k_min: int = 6, n_boot: int =
     """Read the runs under ``paths`` and write tables, figures and ``report.md`` into ``out``."""
     warn = warn or (lambda msg: print(f"vskip report: {msg}", file=sys.stderr))
     notes: list[str] = []
+    runs = _read_runs(paths, notes, warn)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    md = ["# vskip report", "", "Inputs: " + ", ".join(f"`{p}`" for p in paths), ""]
+    sweeps = {json.dumps(r.sweep.get("command")): r.sweep for r in runs if r.sweep and r.sweep.get("command")}
+    if sweeps:
+        md += ["Sweeps:", ""] + [f"- `{s['command']}` (grids: {', '.join(s.get('grids') or [s.get('grid', '?')])})"
+                                 for s in sweeps.values()] + [""]
+    groups = _compare_all(runs, n_boot, seed, notes)
+    doc = _Doc(out, notes)
+    for (task, gamma), rows in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), kv[0][1] or 0)):
+        _group_sections(doc, task, gamma, rows, k_min, n_boot)
+    _table4_section(doc, groups, k_min)
+    doc.body += ["## Runs and commands", ""]
+    for rows in groups.values():
+        for r in rows:
+            doc.body += [f"- `{r.name}` (`{r.run.path}`):", "", "  ```", f"  {r.run.command()}", "  ```", ""]
+    for n in notes:
+        warn(n)
+    md += ["## What is missing", ""] + ([f"- {n}" for n in notes] or ["Nothing: every run was complete."]) + [""]
+    (out / "report.md").write_text("\n".join(md + doc.body) + "\n")
+    return Report(out / "report.md", ["report.md", *doc.files], notes, groups)
+
+
+def _read_runs(paths: Sequence[Path], notes: list[str], warn) -> list[Run]:
+    """The usable runs under ``paths`` (a task, a method, and samples or a summary)."""
     dirs = find_run_dirs(paths, notes)
     if not dirs:
         for n in notes:
@@ -70,15 +96,11 @@ def build_report(paths: Sequence[Path], out: Path, k_min: int = 6, n_boot: int =
         for n in notes:
             warn(n)
         raise ValueError("no usable run in " + ", ".join(map(str, paths)) + (f" ({notes[0]})" if notes else ""))
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    files: list[str] = []
-    md = ["# vskip report", "", "Inputs: " + ", ".join(f"`{p}`" for p in paths), ""]
-    sweeps = {json.dumps(r.sweep.get("command")): r.sweep for r in runs if r.sweep and r.sweep.get("command")}
-    if sweeps:
-        md += ["Sweeps:", ""] + [f"- `{s['command']}` (grids: {', '.join(s.get('grids') or [s.get('grid', '?')])})"
-                                 for s in sweeps.values()] + [""]
+    return usable
 
+
+def _compare_all(usable: list[Run], n_boot: int, seed: int, notes: list[str]) -> dict[tuple, list[Row]]:
+    """Every run compared with its Strict SDD reference, grouped by (task, gamma)."""
     strict_runs = [r for r in usable if r.method == "strict"]
     ar_runs = {r.task: r for r in usable if r.method == "ar" and r.samples}
     groups: dict[tuple, list[Row]] = {}
@@ -102,108 +124,115 @@ def build_report(paths: Sequence[Path], out: Path, k_min: int = 6, n_boot: int =
         if lost:
             notes.append(f"{r.label}: missing " + ", ".join(sorted(set(lost))) + " (written by another version?)")
         groups.setdefault((r.task, r.gamma), []).append(row)
+    return groups
 
-    body: list[str] = []
-    for (task, gamma), rows in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), kv[0][1] or 0)):
-        slug = _slug(task, gamma)
-        title = f"{task}, gamma {gamma}"
-        rows.sort(key=_sort_key)
-        strict = next((r for r in rows if r.method == "strict" and r.ref is r.run), None)
-        body += [f"## {title}", ""]
-        if strict is None:
-            body += ["No Strict SDD run for this task: relative columns are empty.", ""]
 
-        def section(header: str, table: Table | None, names: Sequence[str], text: str = ""):
-            if table is None:
-                return
-            table.write(out)
-            files.extend([f"{table.name}.md", f"{table.name}.csv"])
-            body.extend([f"### {header}", "", *([text, ""] if text else []), table.markdown(), "",
-                         f"Files: `{table.name}.md`, `{table.name}.csv`.", "", _details(rows, names)])
+@dataclass
+class _Doc:
+    """The report's body as it is written: sections, the files behind them, and the notes."""
 
-        _guarded(notes, f"{title}: runs table", lambda: section(
-            "All runs", runs_table(f"runs_{slug}", rows), [r.name for r in rows],
-            "Relative columns divide by the Strict SDD run on the prompts both ran; Δpass@1 is a paired "
-            f"bootstrap ({n_boot} resamples) over the prompts both scored."))
-        _guarded(notes, f"{title}: intervals", lambda: section(
-            "Intervals", intervals_table(f"intervals_{slug}", rows), [r.name for r in rows],
-            f"Paired percentile bootstrap over prompts ({n_boot} resamples; each replicate resamples the prompts "
-            "both runs hold, the same for both). `= ar`: prompts whose generated tokens equal the `ar` run's, "
-            "exactly. `discordant`: prompts where the run and Strict SDD differ in pass/fail; `|Δpass@1| ≤` is "
-            "the exact (Clopper-Pearson) 95% upper bound on their share, which bounds the pass@1 difference "
-            "also where every outcome coincides and the bootstrap interval collapses to [0, 0]: identical "
-            "outcomes on n prompts are not evidence of a difference smaller than that bound."))
+    out: Path
+    notes: list[str]
+    body: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
 
-        for fig, fn, caption in (
-            ("fig1", figure1, "Strict token agreement vs tokens/s (Figure 1)"),
-            ("fig4", figure4, "pass@1 and strict token agreement vs relative verifier calls (Figure 4)"),
-        ):
-            def draw(fig=fig, fn=fn, caption=caption):
-                p = out / f"{fig}_{slug}.png"
-                names = fn(p, title, rows, strict, k_min)
-                if not names:
-                    notes.append(f"{title}: {caption}: nothing to draw")
-                    return
-                files.append(p.name)
-                body.extend([f"### {caption}", "",
-                             f"Each method's Pareto frontier over its grid (signals at k_min={k_min}); faded "
-                             "markers are settings dominated by another setting of the same method.", "",
-                             f"![{caption}]({p.name})", "", _details(rows, names)])
-            _guarded(notes, f"{title}: {fig}", draw)
+    def table(self, header: str, table: Table | None, rows: list[Row], names: Sequence[str], text: str = "") -> None:
+        if table is None:
+            return
+        table.write(self.out)
+        self.files.extend([f"{table.name}.md", f"{table.name}.csv"])
+        self.body.extend([f"### {header}", "", *([text, ""] if text else []), table.markdown(), "",
+                          f"Files: `{table.name}.md`, `{table.name}.csv`.", "", _details(rows, names)])
 
-        _guarded(notes, f"{title}: matched quality", lambda: section(
-            "Matched quality (§5.2)", matched_table(f"matched_{slug}", rows, k_min),
-            [r.name for r in rows if in_main_grid(r, k_min)],
-            "Observed points whose pass@1 equals (=) or is at least (≥) Strict SDD's on the same prompts."))
-        _guarded(notes, f"{title}: table 2", lambda: section(
-            "Gate ablation (Table 2)", gate_table(f"table2_{slug}", rows),
-            [r.name for r in rows if r.method in SIGNALS]))
-        _guarded(notes, f"{title}: table 3", lambda: section(
-            "Periodic skipping (Table 3)", periodic_table(f"table3_{slug}", rows, k_min),
-            [r.name for r in rows if r.method in ("periodic", "raw")]))
+    def guarded(self, what: str, fn: Callable):
+        return _guarded(self.notes, what, fn)
 
-        fams = _guarded(notes, f"{title}: k_min families", lambda: kmin_families(rows)) or []
-        for i, fam in enumerate(fams):
-            def draw5(i=i, fam=fam):
-                p = out / f"fig5_{slug}_{i}.png"
-                ftitle = f"{title}, {fam.method} eta_b={fam.key[0]:g} eta_c={fam.key[1]:g} s_max={fam.key[2]}"
-                figure5(p, ftitle, fam)
-                files.append(p.name)
-                verdict = {True: "agrees", False: "does not agree", None: "cannot be checked"}[fam.agrees]
-                body.extend([f"### k_min diagnostic (Figure 5): {ftitle}", "", f"![Figure 5]({p.name})", "",
-                             f"Eq. 8 with Strict SDD's measured c_D, c_V and A gives K* = {_fmt(fam.K_star)}; the "
-                             f"smallest k_min above it (k_min 0 acting as 1) is {_fmt(fam.predicted)}, the best observed (highest tokens/s) "
-                             f"is {_fmt(fam.best)}: the prediction {verdict}"
-                             + (f"; the best k_min lies {'above' if fam.above else 'at or below'} K*."
-                                if fam.above is not None else "."), "",
-                             _details(rows, [r.name for r in fam.rows])])
-            _guarded(notes, f"{title}: figure 5", draw5)
-        _guarded(notes, f"{title}: k_min table", lambda: section(
-            "k_min diagnostic (table)", kmin_table(f"kmin_{slug}", fams), [r.name for f in fams for r in f.rows]))
-        _guarded(notes, f"{title}: Eq. 8", lambda: section(
-            "Break-even skip length (Eq. 8)", eq8_table(f"eq8_{slug}", rows), [r.name for r in rows],
-            "Per run: measured c_D (draft seconds per block), c_V (verify seconds per call), Strict SDD's mean "
-            "strict commit A, and K* = A c_D / (c_D + c_V)."))
 
-    t4 = _guarded(notes, "table 4", lambda: table4(groups, k_min))
-    if t4:
-        table, t4_notes = t4
-        notes += t4_notes
-        if table is not None:
-            table.write(out)
-            files.extend(["table4.md", "table4.csv"])
-            body += ["## Across tasks (Table 4)", "", table.markdown(), "", "Files: `table4.md`, `table4.csv`.", ""]
+def _group_sections(doc: _Doc, task, gamma, rows: list[Row], k_min: int, n_boot: int) -> None:
+    """The tables and figures of one task at one gamma."""
+    slug, title = _slug(task, gamma), f"{task}, gamma {gamma}"
+    rows.sort(key=_sort_key)
+    strict = next((r for r in rows if r.method == "strict" and r.ref is r.run), None)
+    doc.body += [f"## {title}", ""]
+    if strict is None:
+        doc.body += ["No Strict SDD run for this task: relative columns are empty.", ""]
+    names = [r.name for r in rows]
+    doc.guarded(f"{title}: runs table", lambda: doc.table(
+        "All runs", runs_table(f"runs_{slug}", rows), rows, names,
+        "Relative columns divide by the Strict SDD run on the prompts both ran; Δpass@1 is a paired "
+        f"bootstrap ({n_boot} resamples) over the prompts both scored."))
+    doc.guarded(f"{title}: intervals", lambda: doc.table(
+        "Intervals", intervals_table(f"intervals_{slug}", rows), rows, names,
+        f"Paired percentile bootstrap over prompts ({n_boot} resamples; each replicate resamples the prompts "
+        "both runs hold, the same for both). `= ar`: prompts whose generated tokens equal the `ar` run's, "
+        "exactly. `discordant`: prompts where the run and Strict SDD differ in pass/fail; `|Δpass@1| ≤` is "
+        "the exact (Clopper-Pearson) 95% upper bound on their share, which bounds the pass@1 difference "
+        "also where every outcome coincides and the bootstrap interval collapses to [0, 0]: identical "
+        "outcomes on n prompts are not evidence of a difference smaller than that bound."))
+    for fig, fn, caption in (
+        ("fig1", figure1, "Strict token agreement vs tokens/s (Figure 1)"),
+        ("fig4", figure4, "pass@1 and strict token agreement vs relative verifier calls (Figure 4)"),
+    ):
+        doc.guarded(f"{title}: {fig}", lambda fig=fig, fn=fn, caption=caption: _frontier_figure(
+            doc, fig, fn, caption, slug, title, rows, strict, k_min))
+    doc.guarded(f"{title}: matched quality", lambda: doc.table(
+        "Matched quality (§5.2)", matched_table(f"matched_{slug}", rows, k_min), rows,
+        [r.name for r in rows if in_main_grid(r, k_min)],
+        "Observed points whose pass@1 equals (=) or is at least (≥) Strict SDD's on the same prompts."))
+    doc.guarded(f"{title}: table 2", lambda: doc.table(
+        "Gate ablation (Table 2)", gate_table(f"table2_{slug}", rows), rows, [r.name for r in rows if r.method in SIGNALS]))
+    doc.guarded(f"{title}: table 3", lambda: doc.table(
+        "Periodic skipping (Table 3)", periodic_table(f"table3_{slug}", rows, k_min), rows,
+        [r.name for r in rows if r.method in ("periodic", "raw")]))
+    fams = doc.guarded(f"{title}: k_min families", lambda: kmin_families(rows)) or []
+    for i, fam in enumerate(fams):
+        doc.guarded(f"{title}: figure 5", lambda i=i, fam=fam: _kmin_figure(doc, i, fam, slug, title, rows))
+    doc.guarded(f"{title}: k_min table", lambda: doc.table(
+        "k_min diagnostic (table)", kmin_table(f"kmin_{slug}", fams), rows, [r.name for f in fams for r in f.rows]))
+    doc.guarded(f"{title}: Eq. 8", lambda: doc.table(
+        "Break-even skip length (Eq. 8)", eq8_table(f"eq8_{slug}", rows), rows, names,
+        "Per run: measured c_D (draft seconds per block), c_V (verify seconds per call), Strict SDD's mean "
+        "strict commit A, and K* = A c_D / (c_D + c_V)."))
 
-    body += ["## Runs and commands", ""]
-    for rows in groups.values():
-        for r in rows:
-            body += [f"- `{r.name}` (`{r.run.path}`):", "", "  ```", f"  {r.run.command()}", "  ```", ""]
-    for n in notes:
-        warn(n)
-    md += ["## What is missing", ""] + ([f"- {n}" for n in notes] or ["Nothing: every run was complete."]) + [""]
-    md += body
-    (out / "report.md").write_text("\n".join(md) + "\n")
-    return Report(out / "report.md", ["report.md", *files], notes, groups)
+
+def _frontier_figure(doc: _Doc, fig, fn, caption, slug, title, rows, strict, k_min) -> None:
+    p = doc.out / f"{fig}_{slug}.png"
+    names = fn(p, title, rows, strict, k_min)
+    if not names:
+        doc.notes.append(f"{title}: {caption}: nothing to draw")
+        return
+    doc.files.append(p.name)
+    doc.body.extend([f"### {caption}", "",
+                     f"Each method's Pareto frontier over its grid (signals at k_min={k_min}); faded "
+                     "markers are settings dominated by another setting of the same method.", "",
+                     f"![{caption}]({p.name})", "", _details(rows, names)])
+
+
+def _kmin_figure(doc: _Doc, i: int, fam, slug, title, rows) -> None:
+    p = doc.out / f"fig5_{slug}_{i}.png"
+    ftitle = f"{title}, {fam.method} eta_b={fam.key[0]:g} eta_c={fam.key[1]:g} s_max={fam.key[2]}"
+    figure5(p, ftitle, fam)
+    doc.files.append(p.name)
+    verdict = {True: "agrees", False: "does not agree", None: "cannot be checked"}[fam.agrees]
+    doc.body.extend([f"### k_min diagnostic (Figure 5): {ftitle}", "", f"![Figure 5]({p.name})", "",
+                     f"Eq. 8 with Strict SDD's measured c_D, c_V and A gives K* = {_fmt(fam.K_star)}; the "
+                     f"smallest k_min above it (k_min 0 acting as 1) is {_fmt(fam.predicted)}, the best observed (highest tokens/s) "
+                     f"is {_fmt(fam.best)}: the prediction {verdict}"
+                     + (f"; the best k_min lies {'above' if fam.above else 'at or below'} K*."
+                        if fam.above is not None else "."), "",
+                     _details(rows, [r.name for r in fam.rows])])
+
+
+def _table4_section(doc: _Doc, groups, k_min: int) -> None:
+    t4 = doc.guarded("table 4", lambda: table4(groups, k_min))
+    if not t4:
+        return
+    table, t4_notes = t4
+    doc.notes += t4_notes
+    if table is not None:
+        table.write(doc.out)
+        doc.files.extend(["table4.md", "table4.csv"])
+        doc.body += ["## Across tasks (Table 4)", "", table.markdown(), "", "Files: `table4.md`, `table4.csv`.", ""]
 
 
 def _guarded(notes: list[str], what: str, fn: Callable):

@@ -393,32 +393,8 @@ def plan_memory(
         u.activations = max(u.activations, v_act)
         u.holds.append("verifier")
     else:
-        # weights get what is left after the reserves, the drafter and one forward's activations,
-        # scaled so that each placed layer's share of the cache fits beside it
-        per_layer_cache = vshape.cache_bytes(tokens, vb, layers=1) if verifier_cache else 0
-        scale = vshape.layer_params * vb / (vshape.layer_params * vb + per_layer_cache)
-        budget = {}
-        for d, u in devices.items():
-            if u.capacity is None:
-                raise ValueError(f"the capacity of {d} is unknown; give it with --max-memory")
-            left = u.capacity - u.total - max(v_act - u.activations, 0)
-            budget[d] = int(max(left, 0) * scale)
-        vmap = spread(verifier_dir, vshape, verifier_device, budget, dtype)
-        for d in sorted(set(vmap.values())):
-            if d == "disk" or d not in devices:
-                problems.append(f"the verifier does not fit on {', '.join(names)}: accelerate would offload "
-                                f"{sum(1 for v in vmap.values() if v == d)} module(s) to {d}")
-        layers_on: dict[str, int] = {}
-        for module, d in vmap.items():
-            if d not in devices:
-                continue
-            w, n = _module_bytes(module, vshape, vb)
-            devices[d].weights += w
-            devices[d].cache += vshape.cache_bytes(tokens, vb, layers=n) if verifier_cache else 0
-            layers_on[d] = layers_on.get(d, 0) + n
-        for d, n in layers_on.items():
-            devices[d].activations = max(devices[d].activations, v_act)
-            devices[d].holds.append(f"verifier ({n} of {vshape.layers} layers)")
+        vmap = _spread_verifier(verifier_dir, vshape, verifier_device, devices, names, dtype, tokens,
+                                verifier_cache, v_act, problems)
     settings = {
         "verifier": {"path": str(verifier_dir), "params": vshape.params},
         "drafter": {"path": str(drafter_dir), "params": dshape.params} if dshape else None,
@@ -428,6 +404,39 @@ def plan_memory(
         "cuda_reserve": CUDA_RESERVE,
     }
     return MemoryPlan(list(devices.values()), vmap, settings, problems)
+
+
+def _spread_verifier(verifier_dir: Path, vshape: Shape, strategy: str, devices: dict[str, DeviceUse], names: list[str],
+                     dtype: str, tokens: int, verifier_cache: bool, v_act: int, problems: list[str]) -> dict[str, str]:
+    """accelerate's map of a verifier spread over ``devices``, added to their use. Weights get what
+    is left after the reserves, the drafter and one forward's activations, scaled so that each
+    placed layer's share of the cache fits beside it."""
+    vb = DTYPE_BYTES[dtype]
+    per_layer_cache = vshape.cache_bytes(tokens, vb, layers=1) if verifier_cache else 0
+    scale = vshape.layer_params * vb / (vshape.layer_params * vb + per_layer_cache)
+    budget = {}
+    for d, u in devices.items():
+        if u.capacity is None:
+            raise ValueError(f"the capacity of {d} is unknown; give it with --max-memory")
+        left = u.capacity - u.total - max(v_act - u.activations, 0)
+        budget[d] = int(max(left, 0) * scale)
+    vmap = spread(verifier_dir, vshape, strategy, budget, dtype)
+    for d in sorted(set(vmap.values())):
+        if d == "disk" or d not in devices:
+            problems.append(f"the verifier does not fit on {', '.join(names)}: accelerate would offload "
+                            f"{sum(1 for v in vmap.values() if v == d)} module(s) to {d}")
+    layers_on: dict[str, int] = {}
+    for module, d in vmap.items():
+        if d not in devices:
+            continue
+        w, n = _module_bytes(module, vshape, vb)
+        devices[d].weights += w
+        devices[d].cache += vshape.cache_bytes(tokens, vb, layers=n) if verifier_cache else 0
+        layers_on[d] = layers_on.get(d, 0) + n
+    for d, n in layers_on.items():
+        devices[d].activations = max(devices[d].activations, v_act)
+        devices[d].holds.append(f"verifier ({n} of {vshape.layers} layers)")
+    return vmap
 
 
 def _visible_gpus() -> list[str]:

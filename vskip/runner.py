@@ -81,77 +81,15 @@ def run(cfg: RunConfig, out: Path, progress: bool = True, pair=None) -> dict:
 
 
 def _run_locked(cfg: RunConfig, out: Path, problems, progress: bool, pair) -> dict:
-    from tqdm import tqdm
-
-    from . import tasks
-    from .prompting import encode_chat
-    from .runtime import resolve_runtime
-
     cfg_json = json.loads(json.dumps(cfg.to_json()))  # tuples become lists, as when read back
     _check_resume(out, cfg_json)
     done, _ = resume_state(out)
 
     m = cfg.models
-    if pair is None:  # the tokenizer alone first: a prompt that cannot fit refuses before the models load
-        from .models.load import check_prompt_fits, open_pair
-
-        n = check_prompt_fits(m.verifier, [(p.task_id, tasks.user_prompt(p)) for p in problems], cfg.decode.max_new_tokens)
-        pair = open_pair(m, need_drafter=cfg.policy.uses_drafter,
-                         budget=(n, cfg.decode.max_new_tokens, cfg.decode.gamma_max or cfg.decode.gamma))
-    runtime = getattr(pair, "runtime", None) or resolve_runtime(
-        m.device, m.dtype, m.threads, m.drafter_dtype, m.drafter_device, m.verifier_device, m.max_memory)
-    predictor = None
-    if cfg.policy.signal in ("marginal", "conditional"):
-        if not cfg.predictor:
-            raise ValueError(f"--policy {cfg.policy.name} needs --predictor DIR (see `vskip train-predictor`)")
-        from .predictor import load_fold_predictor  # noqa: PLC0415 - optional component
-
-        predictor = load_fold_predictor(cfg.predictor, kind=cfg.policy.signal, runtime=runtime)
+    pair, runtime, predictor = _models(cfg, problems, pair)
     write_json(out / CONFIG,
                {"run": cfg_json, "models": pair.identity, "runtime": asdict(runtime), "versions": package_versions()})
-
-    prompts = {p.task_id: encode_chat(pair.tokenizer, tasks.user_prompt(p)) for p in problems}
-    todo = [p for p in problems if p.task_id not in done]
-    if todo:
-        warmup(pair.drafter, pair.verifier, prompts[todo[0].task_id], cfg.decode.gamma)
-    dcfg = cfg.decode
-    bar = tqdm(todo, desc=f"{cfg.task} {cfg.policy.name}", unit="prompt", disable=not progress, file=sys.stderr)
-    tok_total = sec_total = 0.0
-    for p in bar:
-        res = decode(prompts[p.task_id], pair.drafter, pair.verifier, cfg.policy, dcfg, predictor, task_id=p.task_id)
-        completion = pair.tokenizer.decode(res.tokens, skip_special_tokens=True)
-        rounds = [{"task_id": p.task_id, **asdict(r)} for r in res.rounds]
-        sample = {
-            "task_id": p.task_id,
-            "completion": completion,
-            "passed": None,
-            "generated_tokens": res.generated_tokens,
-            "decode_seconds": res.decode_seconds,
-            "verifier_calls": res.verifier_calls,
-            "draft_blocks": res.draft_blocks,
-            "skipped_rounds": res.skipped_rounds,
-            "draft_seconds": res.draft_seconds,
-            "verify_seconds": res.verify_seconds,
-            "predict_seconds": res.predict_seconds,
-            "shadow_seconds": res.shadow_seconds,
-            "stop": res.stop,
-            "prompt_tokens": len(prompts[p.task_id]),
-            "tokens": res.tokens,
-            "rounds": len(rounds),
-        }
-        if res.traces:
-            from .traces import append_traces  # noqa: PLC0415 - only for --trace runs
-
-            append_traces(out, p.task_id, res.traces)
-        # rounds first, then the sample that vouches for them: a kill in between leaves rounds
-        # without a sample, which the resume drops
-        append_lines(out / ROUNDS, "".join(json.dumps(r) + "\n" for r in rounds))
-        append_lines(out / SAMPLES, json.dumps(sample) + "\n")
-        done[p.task_id] = sample
-        tok_total += res.generated_tokens
-        sec_total += res.decode_seconds
-        bar.set_postfix(tok_s=f"{tok_total / max(sec_total, 1e-9):.1f}")
-
+    _decode_prompts(cfg, out, problems, pair, predictor, done, progress)
     samples = [done[p.task_id] for p in problems]
     scoring_note = None
     if cfg.score:
@@ -161,12 +99,77 @@ def _run_locked(cfg: RunConfig, out: Path, problems, progress: bool, pair) -> di
     rounds = sorted(read_rows(out / ROUNDS), key=lambda r: order[r["task_id"]])
     write_jsonl(out / ROUNDS, rounds)
     write_jsonl(out / SAMPLES, samples)
+    dcfg = cfg.decode
     summary = {"task": cfg.task, "policy": cfg.policy.name, **cfg.policy.summary(),
                "gamma": dcfg.gamma, "gamma_max": dcfg.gamma_max, "steps": m.steps, "verifier_cache": m.verifier_cache,
                "verifier_dtype": runtime.dtype, "drafter_dtype": runtime.drafter_dtype,
                "sandbox": scoring_note, **summarize(samples, rounds)}
     write_json(out / SUMMARY, summary)
     return summary
+
+
+def _models(cfg: RunConfig, problems, pair):
+    """(pair, runtime, predictor) of a run: the tokenizer alone first, so that a prompt that cannot
+    fit refuses before the models load; a pair already loaded (sweeps) is used as it is."""
+    from . import tasks
+    from .runtime import resolve_runtime
+
+    m = cfg.models
+    if pair is None:
+        from .models.load import check_prompt_fits, open_pair
+
+        n = check_prompt_fits(m.verifier, [(p.task_id, tasks.user_prompt(p)) for p in problems], cfg.decode.max_new_tokens)
+        pair = open_pair(m, need_drafter=cfg.policy.uses_drafter,
+                         budget=(n, cfg.decode.max_new_tokens, cfg.decode.gamma_max or cfg.decode.gamma))
+    runtime = getattr(pair, "runtime", None) or resolve_runtime(
+        m.device, m.dtype, m.threads, m.drafter_dtype, m.drafter_device, m.verifier_device, m.max_memory)
+    predictor = None
+    if cfg.policy.learned:
+        if not cfg.predictor:
+            raise ValueError(f"--policy {cfg.policy.name} needs --predictor DIR (see `vskip train-predictor`)")
+        from .predictor import load_fold_predictor  # noqa: PLC0415 - optional component
+
+        predictor = load_fold_predictor(cfg.predictor, kind=cfg.policy.signal, runtime=runtime)
+    return pair, runtime, predictor
+
+
+def _decode_prompts(cfg: RunConfig, out: Path, problems, pair, predictor, done: dict, progress: bool) -> None:
+    """Decode every prompt not yet ``done``, appending its rounds, then its sample (which vouches
+    for them: a kill in between leaves rounds without a sample, which the resume drops)."""
+    from tqdm import tqdm
+
+    from . import tasks
+    from .prompting import encode_chat
+
+    prompts = {p.task_id: encode_chat(pair.tokenizer, tasks.user_prompt(p)) for p in problems}
+    todo = [p for p in problems if p.task_id not in done]
+    if todo:
+        warmup(pair.drafter, pair.verifier, prompts[todo[0].task_id], cfg.decode.gamma)
+    bar = tqdm(todo, desc=f"{cfg.task} {cfg.policy.name}", unit="prompt", disable=not progress, file=sys.stderr)
+    tok_total = sec_total = 0.0
+    for p in bar:
+        res = decode(prompts[p.task_id], pair.drafter, pair.verifier, cfg.policy, cfg.decode, predictor,
+                     task_id=p.task_id)
+        rounds = [{"task_id": p.task_id, **asdict(r)} for r in res.rounds]
+        sample = {
+            "task_id": p.task_id, "completion": pair.tokenizer.decode(res.tokens, skip_special_tokens=True),
+            "passed": None, "generated_tokens": res.generated_tokens, "decode_seconds": res.decode_seconds,
+            "verifier_calls": res.verifier_calls, "draft_blocks": res.draft_blocks,
+            "skipped_rounds": res.skipped_rounds, "draft_seconds": res.draft_seconds,
+            "verify_seconds": res.verify_seconds, "predict_seconds": res.predict_seconds,
+            "shadow_seconds": res.shadow_seconds, "stop": res.stop, "prompt_tokens": len(prompts[p.task_id]),
+            "tokens": res.tokens, "rounds": len(rounds),
+        }
+        if res.traces:
+            from .traces import append_traces  # noqa: PLC0415 - only for --trace runs
+
+            append_traces(out, p.task_id, res.traces)
+        append_lines(out / ROUNDS, "".join(json.dumps(r) + "\n" for r in rounds))
+        append_lines(out / SAMPLES, json.dumps(sample) + "\n")
+        done[p.task_id] = sample
+        tok_total += res.generated_tokens
+        sec_total += res.decode_seconds
+        bar.set_postfix(tok_s=f"{tok_total / max(sec_total, 1e-9):.1f}")
 
 
 def _check_sandbox(task: str) -> None:

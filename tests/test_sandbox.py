@@ -145,7 +145,9 @@ def test_fork_bomb_watchdog_as_root(monkeypatch):
     # process-count watchdog must kill the group at once.
     if os.geteuid() != 0 or S.sandbox_info("rlimits")["separate_uid"]:
         pytest.skip("only root without a uid of its own relies on the process-count watchdog")
-    monkeypatch.setattr(S, "_make_pids_cgroup", lambda limit: None)
+    import vskip.sandbox.run as sandbox_run
+
+    monkeypatch.setattr(sandbox_run, "_make_pids_cgroup", lambda limit: None)
     r = S.run_program("import os\nwhile True:\n    try:\n        os.fork()\n"
                       "    except OSError:\n        pass\n",
                       timeout=1.5, nproc=8, isolation="rlimits")
@@ -407,7 +409,7 @@ def test_without_bubblewrap_untrusted_code_runs_only_when_rlimits_is_asked_for_b
 
 def test_namespaces_hold_for_a_user_without_root():
     """Not root: the jail runs in a user namespace and drops to a uid of a nested one. Run the
-    sandbox module (stdlib only) as nobody with the system Python to check it."""
+    sandbox package (stdlib only) as nobody with the system Python to check it."""
     import shutil
     import subprocess
 
@@ -417,7 +419,11 @@ def test_namespaces_hold_for_a_user_without_root():
     d = tempfile.mkdtemp(prefix="vskip-userns-", dir="/tmp")
     try:
         os.chmod(d, 0o755)
-        shutil.copy(S.__file__, os.path.join(d, "vskip_sandbox.py"))
+        shutil.copytree(os.path.dirname(S.__file__), os.path.join(d, "vskip_sandbox"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        for root, dirs, files in os.walk(d):
+            for name in dirs + files:
+                os.chmod(os.path.join(root, name), 0o755)
         probe = textwrap.dedent("""
             import json, sys
             sys.path.insert(0, sys.argv[1])

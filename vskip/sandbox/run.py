@@ -1,0 +1,295 @@
+"""Running one program: a fresh directory, the kind's prefix, the runner, and a supervisor that
+enforces time, output and process limits and reports how it ended."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+from .kinds import _fresh_uid, _get_setup, _jail_binds, _python_dirs, _Setup, _site_dirs, check_isolation
+from .procs import (_count_uid_tasks, _is_root, _kill_group, _kill_tree, _kill_uid, _make_pids_cgroup, _remove_cgroup,
+                    _tail, _tree)
+from .scripts import (_JAIL, _PIVOT_ROOT, _RUNNER, PROGRAM_NAME, RUNNER_ERROR_CODE, RUNNER_ERROR_MARK, SANDBOX_DIR,
+                      _minimal_env)
+
+@dataclass(frozen=True)
+class SandboxResult:
+    """How one program ended.
+
+    ``status`` is ``"passed"`` (exit status 0), ``"failed"`` (any other exit, a signal, or a
+    limit other than time), ``"timeout"`` (wall clock or CPU time ran out) or ``"error"`` (the
+    sandbox itself could not run the program). ``returncode`` is the runner's exit status
+    (128 + N when the program died of signal N; negative when the runner itself was killed).
+    """
+
+    status: str
+    returncode: int | None
+    stdout_tail: str
+    stderr_tail: str
+    seconds: float
+    kind: str = "rlimits"
+    note: str = ""
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def run_program(
+    code: str,
+    timeout: float = 10.0,
+    memory_mb: int = 2048,
+    file_mb: int = 16,
+    nofile: int = 256,
+    nproc: int = 64,
+    max_output_bytes: int = 32 << 20,
+    tail_bytes: int = 16 << 10,
+    disk_mb: int = 64,
+    isolation: str | None = None,
+    stdin: bytes | None = None,
+) -> SandboxResult:
+    """Run ``code`` as a Python program in the sandbox and return how it ended. ``stdin``: bytes
+    the program reads on its standard input (at most a pipe's buffer, 64 KiB), else none.
+
+    Limits: ``timeout`` seconds of wall clock (and about as much CPU time), ``memory_mb`` of
+    address space per process, ``file_mb`` per written file, ``nofile`` open files, ``nproc``
+    processes/threads, ``max_output_bytes`` of stdout+stderr (the program is killed beyond it;
+    only the last ``tail_bytes`` of each stream are kept) and, under bubblewrap, ``disk_mb`` of
+    tmpfs for the working directory. ``isolation`` forces ``"bubblewrap"`` or ``"rlimits"``.
+    """
+    if timeout <= 0:
+        raise ValueError("timeout must be positive")
+    if stdin is not None and len(stdin) > 1 << 16:
+        raise ValueError("stdin is limited to 64 KiB")
+    check_isolation(isolation)
+    setup = _get_setup(isolation)
+    return _run(code, setup, timeout, memory_mb, file_mb, nofile, nproc, max_output_bytes,
+                tail_bytes, disk_mb, stdin)
+
+
+def _run(code, setup: _Setup, timeout, memory_mb, file_mb, nofile, nproc, max_output_bytes,
+         tail_bytes, disk_mb, stdin=None) -> SandboxResult:
+    start = time.monotonic()
+    root = _is_root()
+    uid = _fresh_uid() if setup.drop_uid else None
+    if setup.drop_uid and uid is None:
+        return SandboxResult("error", None, "", "no free uid for the sandbox", 0.0, setup.kind,
+                             "no free uid")
+    if not root:
+        # RLIMIT_NPROC counts every task of our uid: allow what already runs plus nproc.
+        nproc_limit = _count_uid_tasks(os.getuid()) + nproc
+    else:
+        nproc_limit = nproc
+    # The kernel exempts root from RLIMIT_NPROC: without our own uid, use a pids cgroup (in the
+    # rlimits kind, where the runner can join it) and watch the process count as well.
+    watch_nproc = root and uid is None
+    cgroup = _make_pids_cgroup(nproc + 2) if (watch_nproc and setup.kind == "rlimits") else None
+    if cgroup is not None:
+        watch_nproc = False
+
+    host_dir = tempfile.mkdtemp(prefix="vskip-sbx-")
+    try:
+        prog_host = os.path.join(host_dir, PROGRAM_NAME)
+        with open(prog_host, "w", encoding="utf-8") as f:
+            f.write(code)
+        os.chmod(prog_host, 0o644)
+        if setup.kind == "bubblewrap":
+            if setup.tmpfs_workdir:
+                os.chmod(host_dir, 0o755)
+                workdir = SANDBOX_DIR
+                wd_args = ["--perms", "1777", "--size", str(disk_mb << 20), "--tmpfs", "/tmp",
+                           "--perms", "0777", "--size", str(disk_mb << 20), "--tmpfs", workdir,
+                           "--ro-bind", prog_host, f"{workdir}/{PROGRAM_NAME}"]
+            else:
+                workdir = SANDBOX_DIR
+                if uid is not None:
+                    os.chown(host_dir, uid, uid)
+                wd_args = ["--tmpfs", "/tmp", "--bind", host_dir, workdir]
+            # The private /tmp hides any part of the Python installation below /tmp (a checkout
+            # or virtual environment there): bind those parts again on top of it.
+            made = {"/tmp"}
+            for d in _python_dirs():
+                if not d.startswith("/tmp/"):
+                    continue
+                chain, parent = [], os.path.dirname(d)
+                while parent not in made:
+                    chain.append(parent)
+                    parent = os.path.dirname(parent)
+                for q in reversed(chain):  # traversable by the sandbox uid
+                    wd_args += (["--perms", "0755"] if setup.tmpfs_workdir else []) + ["--dir", q]
+                    made.add(q)
+                wd_args += ["--ro-bind", d, d]
+            wd_args += ["--remount-ro", "/", "--chdir", workdir]
+            prefix = list(setup.bwrap_argv) + wd_args
+            cwd = "/"
+        elif setup.kind == "namespaces":
+            workdir = SANDBOX_DIR
+            os.mkdir(os.path.join(host_dir, "root"))
+            os.chmod(host_dir, 0o755)
+            prefix = list(setup.unshare_argv)
+            cwd = "/"
+        else:
+            workdir = host_dir
+            if uid is not None:
+                os.chown(host_dir, uid, uid)
+            prefix = []
+            cwd = host_dir
+        cpu = int(math.ceil(timeout)) + 1
+        cfg = {
+            "limits": [
+                ["RLIMIT_CPU", cpu, cpu + 1],
+                ["RLIMIT_AS", memory_mb << 20, memory_mb << 20],
+                ["RLIMIT_FSIZE", file_mb << 20, file_mb << 20],
+                ["RLIMIT_NOFILE", nofile, nofile],
+                ["RLIMIT_CORE", 0, 0],
+                ["RLIMIT_NPROC", nproc_limit, nproc_limit],
+            ],
+            "uid": uid,
+            "cgroup": cgroup,
+            "path": _site_dirs(),
+            "program": f"{workdir}/{PROGRAM_NAME}",
+            "mark": RUNNER_ERROR_MARK,
+            "error_code": RUNNER_ERROR_CODE,
+        }
+        argv = prefix + [sys.executable, "-I", "-S", "-c", _RUNNER, json.dumps(cfg)]
+        if setup.kind == "namespaces":
+            jail = {
+                "root": os.path.join(host_dir, "root"), "workdir": workdir, "disk_bytes": disk_mb << 20,
+                "program_host": prog_host, "program": f"{workdir}/{PROGRAM_NAME}", "ro": _jail_binds(),
+                "pivot_root": _PIVOT_ROOT[os.uname().machine], "nest_user": setup.nest_user,
+                "python": sys.executable, "runner": _RUNNER, "runner_cfg": json.dumps(cfg),
+                "mark": RUNNER_ERROR_MARK, "error_code": RUNNER_ERROR_CODE,
+            }
+            argv = prefix + [sys.executable, "-I", "-S", "-c", _JAIL, json.dumps(jail)]
+        return _supervise(argv, cwd, _minimal_env(workdir), setup, uid, timeout, nproc_limit,
+                          watch_nproc, max_output_bytes, tail_bytes, start, stdin)
+    finally:
+        if cgroup is not None:
+            _remove_cgroup(cgroup)
+        shutil.rmtree(host_dir, ignore_errors=True)
+
+
+def _supervise(argv, cwd, env, setup, uid, timeout, nproc_limit, watch_nproc,
+               max_output_bytes, tail_bytes, start, stdin=None) -> SandboxResult:
+    try:
+        proc = subprocess.Popen(
+            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
+        )
+    except OSError as exc:
+        return SandboxResult("error", None, "", f"could not start the sandbox: {exc}",
+                             time.monotonic() - start, setup.kind, "spawn failed")
+    if stdin is not None:  # fits the pipe's buffer: never blocks, whatever the program does
+        try:
+            proc.stdin.write(stdin)
+        except OSError:
+            pass
+        finally:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
+    bufs = {out_fd: bytearray(), err_fd: bytearray()}
+    total = 0
+    note = ""
+    killed_for = None
+    sel = selectors.DefaultSelector()
+    for f in (proc.stdout, proc.stderr):
+        os.set_blocking(f.fileno(), False)
+        sel.register(f.fileno(), selectors.EVENT_READ)
+    deadline = start + timeout
+    next_watch = time.monotonic()
+    open_fds = set(bufs)
+    exited_at = None
+    try:
+        while open_fds:
+            now = time.monotonic()
+            if killed_for is None and now >= deadline:
+                killed_for = "timeout"
+                _kill_tree(proc.pid)
+            if exited_at is None and proc.poll() is not None:
+                exited_at = now
+                # Whatever the runner left behind (daemons holding our pipes) goes now.
+                _kill_tree(proc.pid)
+            if exited_at is not None and now - exited_at > 1.0:
+                break
+            if watch_nproc and killed_for is None and now >= next_watch:
+                next_watch = now + 0.02
+                if len(_tree(proc.pid)) > nproc_limit + 4:
+                    killed_for = "nproc"
+                    _kill_tree(proc.pid)
+            wait = 0.02 if (watch_nproc or exited_at is not None) else 0.25
+            wait = max(0.0, min(wait, deadline - now)) if killed_for is None else 0.05
+            for key, _ in sel.select(wait):
+                fd = key.fd
+                try:
+                    chunk = os.read(fd, 1 << 16)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    sel.unregister(fd)
+                    open_fds.discard(fd)
+                    continue
+                total += len(chunk)
+                buf = bufs[fd]
+                buf += chunk
+                if len(buf) > tail_bytes:
+                    del buf[: len(buf) - tail_bytes]
+                if total > max_output_bytes and killed_for is None:
+                    killed_for = "output"
+                    _kill_tree(proc.pid)
+        if proc.poll() is None:
+            _kill_tree(proc.pid)
+        try:
+            rc = proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc.pid)
+            rc = proc.wait()
+    finally:
+        sel.close()
+        _kill_tree(proc.pid)
+        if uid is not None and setup.kind == "rlimits":
+            _kill_uid(uid)
+        for f in (proc.stdout, proc.stderr):
+            try:
+                f.close()
+            except OSError:
+                pass
+    seconds = time.monotonic() - start
+    out = _tail(bufs[out_fd])
+    err = _tail(bufs[err_fd])
+    if killed_for == "timeout":
+        status, note = "timeout", f"killed after {timeout:g}s of wall clock"
+    elif killed_for == "output":
+        status, note = "failed", f"killed: output exceeded {max_output_bytes} bytes"
+    elif killed_for == "nproc":
+        status, note = "failed", f"killed: more than {nproc_limit} processes"
+    elif rc == RUNNER_ERROR_CODE and RUNNER_ERROR_MARK in err:
+        status, note = "error", "the sandbox runner failed"
+    elif setup.kind == "bubblewrap" and rc == 1 and err.startswith("bwrap:"):
+        status, note = "error", "bubblewrap could not set up the sandbox"
+    elif rc == 128 + signal.SIGXCPU or rc == -signal.SIGXCPU:
+        status, note = "timeout", "CPU time limit"
+    elif rc == 0:
+        status = "passed"
+    else:
+        status = "failed"
+        if rc is not None and rc > 128:
+            try:
+                note = f"program died of {signal.Signals(rc - 128).name}"
+            except ValueError:
+                pass
+        elif rc is not None and rc < 0:
+            note = "the runner was killed"
+    return SandboxResult(status, rc, out, err, seconds, setup.kind, note)

@@ -101,47 +101,7 @@ def _run(code, setup: _Setup, timeout, memory_mb, file_mb, nofile, nproc, max_ou
         with open(prog_host, "w", encoding="utf-8") as f:
             f.write(code)
         os.chmod(prog_host, 0o644)
-        if setup.kind == "bubblewrap":
-            if setup.tmpfs_workdir:
-                os.chmod(host_dir, 0o755)
-                workdir = SANDBOX_DIR
-                wd_args = ["--perms", "1777", "--size", str(disk_mb << 20), "--tmpfs", "/tmp",
-                           "--perms", "0777", "--size", str(disk_mb << 20), "--tmpfs", workdir,
-                           "--ro-bind", prog_host, f"{workdir}/{PROGRAM_NAME}"]
-            else:
-                workdir = SANDBOX_DIR
-                if uid is not None:
-                    os.chown(host_dir, uid, uid)
-                wd_args = ["--tmpfs", "/tmp", "--bind", host_dir, workdir]
-            # The private /tmp hides any part of the Python installation below /tmp (a checkout
-            # or virtual environment there): bind those parts again on top of it.
-            made = {"/tmp"}
-            for d in _python_dirs():
-                if not d.startswith("/tmp/"):
-                    continue
-                chain, parent = [], os.path.dirname(d)
-                while parent not in made:
-                    chain.append(parent)
-                    parent = os.path.dirname(parent)
-                for q in reversed(chain):  # traversable by the sandbox uid
-                    wd_args += (["--perms", "0755"] if setup.tmpfs_workdir else []) + ["--dir", q]
-                    made.add(q)
-                wd_args += ["--ro-bind", d, d]
-            wd_args += ["--remount-ro", "/", "--chdir", workdir]
-            prefix = list(setup.bwrap_argv) + wd_args
-            cwd = "/"
-        elif setup.kind == "namespaces":
-            workdir = SANDBOX_DIR
-            os.mkdir(os.path.join(host_dir, "root"))
-            os.chmod(host_dir, 0o755)
-            prefix = list(setup.unshare_argv)
-            cwd = "/"
-        else:
-            workdir = host_dir
-            if uid is not None:
-                os.chown(host_dir, uid, uid)
-            prefix = []
-            cwd = host_dir
+        workdir, prefix, cwd = _prefix(setup, host_dir, prog_host, uid, disk_mb)
         cpu = int(math.ceil(timeout)) + 1
         cfg = {
             "limits": [
@@ -177,6 +137,44 @@ def _run(code, setup: _Setup, timeout, memory_mb, file_mb, nofile, nproc, max_ou
         shutil.rmtree(host_dir, ignore_errors=True)
 
 
+def _prefix(setup: _Setup, host_dir: str, prog_host: str, uid: int | None, disk_mb: int):
+    """(the program's working directory, the command prefix of the kind, the cwd to start in)."""
+    if setup.kind == "namespaces":
+        os.mkdir(os.path.join(host_dir, "root"))
+        os.chmod(host_dir, 0o755)
+        return SANDBOX_DIR, list(setup.unshare_argv), "/"
+    if setup.kind != "bubblewrap":
+        if uid is not None:
+            os.chown(host_dir, uid, uid)
+        return host_dir, [], host_dir
+    workdir = SANDBOX_DIR
+    if setup.tmpfs_workdir:
+        os.chmod(host_dir, 0o755)
+        wd_args = ["--perms", "1777", "--size", str(disk_mb << 20), "--tmpfs", "/tmp",
+                   "--perms", "0777", "--size", str(disk_mb << 20), "--tmpfs", workdir,
+                   "--ro-bind", prog_host, f"{workdir}/{PROGRAM_NAME}"]
+    else:
+        if uid is not None:
+            os.chown(host_dir, uid, uid)
+        wd_args = ["--tmpfs", "/tmp", "--bind", host_dir, workdir]
+    # The private /tmp hides any part of the Python installation below /tmp (a checkout or
+    # virtual environment there): bind those parts again on top of it.
+    made = {"/tmp"}
+    for d in _python_dirs():
+        if not d.startswith("/tmp/"):
+            continue
+        chain, parent = [], os.path.dirname(d)
+        while parent not in made:
+            chain.append(parent)
+            parent = os.path.dirname(parent)
+        for q in reversed(chain):  # traversable by the sandbox uid
+            wd_args += (["--perms", "0755"] if setup.tmpfs_workdir else []) + ["--dir", q]
+            made.add(q)
+        wd_args += ["--ro-bind", d, d]
+    wd_args += ["--remount-ro", "/", "--chdir", workdir]
+    return workdir, list(setup.bwrap_argv) + wd_args, "/"
+
+
 def _supervise(argv, cwd, env, setup, uid, timeout, nproc_limit, watch_nproc,
                max_output_bytes, tail_bytes, start, stdin=None) -> SandboxResult:
     try:
@@ -197,58 +195,9 @@ def _supervise(argv, cwd, env, setup, uid, timeout, nproc_limit, watch_nproc,
                 proc.stdin.close()
             except OSError:
                 pass
-    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
-    bufs = {out_fd: bytearray(), err_fd: bytearray()}
-    total = 0
-    note = ""
-    killed_for = None
-    sel = selectors.DefaultSelector()
-    for f in (proc.stdout, proc.stderr):
-        os.set_blocking(f.fileno(), False)
-        sel.register(f.fileno(), selectors.EVENT_READ)
-    deadline = start + timeout
-    next_watch = time.monotonic()
-    open_fds = set(bufs)
-    exited_at = None
     try:
-        while open_fds:
-            now = time.monotonic()
-            if killed_for is None and now >= deadline:
-                killed_for = "timeout"
-                _kill_tree(proc.pid)
-            if exited_at is None and proc.poll() is not None:
-                exited_at = now
-                # Whatever the runner left behind (daemons holding our pipes) goes now.
-                _kill_tree(proc.pid)
-            if exited_at is not None and now - exited_at > 1.0:
-                break
-            if watch_nproc and killed_for is None and now >= next_watch:
-                next_watch = now + 0.02
-                if len(_tree(proc.pid)) > nproc_limit + 4:
-                    killed_for = "nproc"
-                    _kill_tree(proc.pid)
-            wait = 0.02 if (watch_nproc or exited_at is not None) else 0.25
-            wait = max(0.0, min(wait, deadline - now)) if killed_for is None else 0.05
-            for key, _ in sel.select(wait):
-                fd = key.fd
-                try:
-                    chunk = os.read(fd, 1 << 16)
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    chunk = b""
-                if not chunk:
-                    sel.unregister(fd)
-                    open_fds.discard(fd)
-                    continue
-                total += len(chunk)
-                buf = bufs[fd]
-                buf += chunk
-                if len(buf) > tail_bytes:
-                    del buf[: len(buf) - tail_bytes]
-                if total > max_output_bytes and killed_for is None:
-                    killed_for = "output"
-                    _kill_tree(proc.pid)
+        out, err, killed_for = _pump(proc, start + timeout, nproc_limit if watch_nproc else None,
+                                     max_output_bytes, tail_bytes)
         if proc.poll() is None:
             _kill_tree(proc.pid)
         try:
@@ -257,7 +206,6 @@ def _supervise(argv, cwd, env, setup, uid, timeout, nproc_limit, watch_nproc,
             _kill_group(proc.pid)
             rc = proc.wait()
     finally:
-        sel.close()
         _kill_tree(proc.pid)
         if uid is not None and setup.kind == "rlimits":
             _kill_uid(uid)
@@ -266,30 +214,87 @@ def _supervise(argv, cwd, env, setup, uid, timeout, nproc_limit, watch_nproc,
                 f.close()
             except OSError:
                 pass
-    seconds = time.monotonic() - start
-    out = _tail(bufs[out_fd])
-    err = _tail(bufs[err_fd])
+    status, note = _verdict(killed_for, rc, err, setup.kind, timeout, max_output_bytes, nproc_limit)
+    return SandboxResult(status, rc, out, err, time.monotonic() - start, setup.kind, note)
+
+
+def _pump(proc, deadline: float, nproc_watch: int | None, max_output_bytes: int, tail_bytes: int):
+    """Read the program's stdout and stderr until both close (or 1 s after it exits), killing it
+    at the deadline, beyond the output cap, or above ``nproc_watch`` processes (the watchdog of
+    root without a uid of its own). Returns (stdout tail, stderr tail, what it was killed for)."""
+    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
+    bufs = {out_fd: bytearray(), err_fd: bytearray()}
+    total, killed_for, exited_at = 0, None, None
+    next_watch = time.monotonic()
+    open_fds = set(bufs)
+    sel = selectors.DefaultSelector()
+    for fd in open_fds:
+        os.set_blocking(fd, False)
+        sel.register(fd, selectors.EVENT_READ)
+    try:
+        while open_fds:
+            now = time.monotonic()
+            if killed_for is None and now >= deadline:
+                killed_for = "timeout"
+                _kill_tree(proc.pid)
+            if exited_at is None and proc.poll() is not None:
+                exited_at = now
+                _kill_tree(proc.pid)  # whatever the runner left behind (daemons holding our pipes) goes now
+            if exited_at is not None and now - exited_at > 1.0:
+                break
+            if nproc_watch is not None and killed_for is None and now >= next_watch:
+                next_watch = now + 0.02
+                if len(_tree(proc.pid)) > nproc_watch + 4:
+                    killed_for = "nproc"
+                    _kill_tree(proc.pid)
+            wait = 0.02 if (nproc_watch is not None or exited_at is not None) else 0.25
+            wait = max(0.0, min(wait, deadline - now)) if killed_for is None else 0.05
+            for key, _ in sel.select(wait):
+                try:
+                    chunk = os.read(key.fd, 1 << 16)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    sel.unregister(key.fd)
+                    open_fds.discard(key.fd)
+                    continue
+                total += len(chunk)
+                buf = bufs[key.fd]
+                buf += chunk
+                if len(buf) > tail_bytes:
+                    del buf[: len(buf) - tail_bytes]
+                if total > max_output_bytes and killed_for is None:
+                    killed_for = "output"
+                    _kill_tree(proc.pid)
+    finally:
+        sel.close()
+    return _tail(bufs[out_fd]), _tail(bufs[err_fd]), killed_for
+
+
+def _verdict(killed_for, rc, err: str, kind: str, timeout, max_output_bytes, nproc_limit) -> tuple[str, str]:
+    """(status, note) of a finished program."""
     if killed_for == "timeout":
-        status, note = "timeout", f"killed after {timeout:g}s of wall clock"
-    elif killed_for == "output":
-        status, note = "failed", f"killed: output exceeded {max_output_bytes} bytes"
-    elif killed_for == "nproc":
-        status, note = "failed", f"killed: more than {nproc_limit} processes"
-    elif rc == RUNNER_ERROR_CODE and RUNNER_ERROR_MARK in err:
-        status, note = "error", "the sandbox runner failed"
-    elif setup.kind == "bubblewrap" and rc == 1 and err.startswith("bwrap:"):
-        status, note = "error", "bubblewrap could not set up the sandbox"
-    elif rc == 128 + signal.SIGXCPU or rc == -signal.SIGXCPU:
-        status, note = "timeout", "CPU time limit"
-    elif rc == 0:
-        status = "passed"
-    else:
-        status = "failed"
-        if rc is not None and rc > 128:
-            try:
-                note = f"program died of {signal.Signals(rc - 128).name}"
-            except ValueError:
-                pass
-        elif rc is not None and rc < 0:
-            note = "the runner was killed"
-    return SandboxResult(status, rc, out, err, seconds, setup.kind, note)
+        return "timeout", f"killed after {timeout:g}s of wall clock"
+    if killed_for == "output":
+        return "failed", f"killed: output exceeded {max_output_bytes} bytes"
+    if killed_for == "nproc":
+        return "failed", f"killed: more than {nproc_limit} processes"
+    if rc == RUNNER_ERROR_CODE and RUNNER_ERROR_MARK in err:
+        return "error", "the sandbox runner failed"
+    if kind == "bubblewrap" and rc == 1 and err.startswith("bwrap:"):
+        return "error", "bubblewrap could not set up the sandbox"
+    if rc == 128 + signal.SIGXCPU or rc == -signal.SIGXCPU:
+        return "timeout", "CPU time limit"
+    if rc == 0:
+        return "passed", ""
+    note = ""
+    if rc is not None and rc > 128:
+        try:
+            note = f"program died of {signal.Signals(rc - 128).name}"
+        except ValueError:
+            pass
+    elif rc is not None and rc < 0:
+        note = "the runner was killed"
+    return "failed", note

@@ -241,15 +241,32 @@ def load_traces(run_dirs: str | Path | Sequence[str | Path], hidden: bool = True
     unknown (skipped rounds without the shadow verifier) are dropped and counted. ``hidden=False``
     leaves the hidden states on disk (raw-confidence diagnostics need none).
     """
-    from safetensors import safe_open
-
     if isinstance(run_dirs, (str, Path)):
         run_dirs = [run_dirs]
     if not run_dirs:
         raise ValueError("no trace run directories given")
+    per_prompt, policies, gammas = _read_trace_runs(run_dirs, hidden)
+    if gamma is None:
+        if len(gammas) != 1:
+            raise ValueError(f"trace runs disagree on gamma ({sorted(gammas)}); give runs of one block length")
+        gamma = gammas.pop()
+    if not per_prompt:
+        raise ValueError("the trace runs hold no finished prompt")
+    if hidden:
+        with_h = {tid for tid, r in per_prompt.items() if r["has_hidden"]}
+        if with_h and len(with_h) != len(per_prompt):
+            raise ValueError("some trace files have hidden states and others not; load with hidden=False")
+        hidden = bool(with_h)
+    return _assemble(per_prompt, gamma, hidden, tuple(str(r) for r in run_dirs), tuple(policies))
+
+
+def _read_trace_runs(run_dirs, hidden: bool) -> tuple[dict[str, dict], list, set]:
+    """Per prompt, the arrays of its trace file (finished prompts only); the runs' policies and
+    block lengths."""
+    from safetensors import safe_open
+
     per_prompt: dict[str, dict] = {}
-    policies = []
-    gammas = set()
+    policies, gammas = [], set()
     for rd in map(Path, run_dirs):
         if not rd.is_dir():
             raise FileNotFoundError(f"trace run directory {rd} does not exist")
@@ -279,18 +296,11 @@ def load_traces(run_dirs: str | Path | Sequence[str | Path], hidden: bool = True
                 rec["has_hidden"] = "hidden" in names
                 rec["run"] = str(rd)
                 per_prompt[tid] = rec
-    if gamma is None:
-        if len(gammas) != 1:
-            raise ValueError(f"trace runs disagree on gamma ({sorted(gammas)}); give runs of one block length")
-        gamma = gammas.pop()
-    if not per_prompt:
-        raise ValueError("the trace runs hold no finished prompt")
-    if hidden:
-        with_h = {tid for tid, r in per_prompt.items() if r["has_hidden"]}
-        if with_h and len(with_h) != len(per_prompt):
-            raise ValueError("some trace files have hidden states and others not; load with hidden=False")
-        hidden = bool(with_h)
+    return per_prompt, policies, gammas
 
+
+def _assemble(per_prompt: dict[str, dict], gamma: int, hidden: bool, runs: tuple, policies: tuple) -> TraceSet:
+    """The full-length, labelled blocks of every prompt, stacked, with the dropped counts."""
     ids = natural_sorted(per_prompt)
     F, H, C, L, K, P, R = [], [], [], [], [], [], []
     short = unknown = 0
@@ -325,19 +335,11 @@ def load_traces(run_dirs: str | Path | Sequence[str | Path], hidden: bool = True
     nf = len(FEATURE_NAMES)
     cat = lambda xs, shape, dt: np.concatenate(xs) if xs else np.zeros(shape, dt)  # noqa: E731
     return TraceSet(
-        gamma=gamma,
-        prompt_ids=ids,
-        features=cat(F, (0, gamma, nf), np.float32),
+        gamma=gamma, prompt_ids=ids, features=cat(F, (0, gamma, nf), np.float32),
         hidden=cat(H, (0, gamma, d_model or 0), np.float16) if hidden else None,
-        confidence=cat(C, (0, gamma), np.float32),
-        L=cat(L, (0,), np.int64),
-        K=cat(K, (0,), np.int64),
-        prompt=cat(P, (0,), np.int64),
-        round=cat(R, (0,), np.int64),
-        runs=tuple(str(r) for r in run_dirs),
-        policies=tuple(policies),
-        dropped_short=short,
-        dropped_unknown_L=unknown,
+        confidence=cat(C, (0, gamma), np.float32), L=cat(L, (0,), np.int64), K=cat(K, (0,), np.int64),
+        prompt=cat(P, (0,), np.int64), round=cat(R, (0,), np.int64), runs=runs, policies=policies,
+        dropped_short=short, dropped_unknown_L=unknown,
     )
 
 

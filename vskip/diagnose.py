@@ -360,18 +360,7 @@ def diagnose(trace_dirs: Sequence[str | Path], out: str | Path, predictors: str 
     ``out``; returns the summary also written as ``diagnose.json``."""
     from .traces import load_traces
 
-    kinds: dict = {}
-    if predictors is not None:
-        from .predictor import find_predictor_dir, load_fold_predictor
-
-        for kind in KINDS:
-            try:
-                find_predictor_dir(predictors, kind)
-            except ValueError:
-                continue
-            kinds[kind] = load_fold_predictor(predictors, kind, runtime=runtime)
-        if not kinds:
-            raise ValueError(f"no marginal or conditional predictor under {predictors}")
+    kinds = _load_predictors(predictors, runtime)
     need_hidden = any(fp.d_model for fp in kinds.values())
     ts = load_traces(trace_dirs, hidden=need_hidden)
     if ts.n_blocks == 0:
@@ -404,21 +393,7 @@ def diagnose(trace_dirs: Sequence[str | Path], out: str | Path, predictors: str 
     # A.1: Proposition 1's construction with the traces' distribution of L.
     p1 = proposition1(ts.L, g, cfg.rho, cfg.q_lo, cfg.q_hi, cfg.tau, cfg.prop1_samples, cfg.seed)
 
-    # ---- tables
-    _write_csv(out / "bce.csv", ["kind", "position", "n", "bce_model", "bce_position_baseline",
-                                 "bce_position_baseline_empirical"],
-               [[k, j + 1, int(r.n[j]), float(r.model[j]), float(r.baseline[j]), float(r.empirical[j])]
-                for k, r in bces.items() for j in range(g)])
-    _write_csv(out / "auroc.csv", ["signal", "position", "positives", "negatives", "auroc"],
-               [[s, j + 1, int(r.positives[j]), int(r.negatives[j]), float(r.auroc[j])] for s, r in aurocs.items() for j in range(g)])
-    perm_rows = [[p.signal, p.eta_b, p.eta_c, p.n_blocks, p.original, p.permuted_mean, p.permuted_std, p.repetitions]
-                 for p in perms]
-    perm_head = ["signal", "eta_b", "eta_c", "blocks", "original", "permuted_mean", "permuted_std", "repetitions"]
-    _write_csv(out / "permutation.csv", perm_head, perm_rows)
-    p1_head = ["K", "Pr(L>=K)", "shared_closed", "shared_sim", "z_shared", "indep_closed", "indep_sim", "z_indep"]
-    p1_rows = [[int(p1.K[i]), float(p1.p_L[i]), float(p1.shared_closed[i]), float(p1.shared_sim[i]), float(p1.z_shared[i]),
-                float(p1.indep_closed[i]), float(p1.indep_sim[i]), float(p1.z_indep[i])] for i in range(g)]
-    _write_csv(out / "proposition1.csv", p1_head, p1_rows)
+    perm_head, perm_rows = _write_tables(out, g, bces, aurocs, perms, p1)
     figures = _plots(out, g, bces, aurocs, perms, p1)
 
     # ---- summary
@@ -442,6 +417,43 @@ def diagnose(trace_dirs: Sequence[str | Path], out: str | Path, predictors: str 
     (out / "diagnose.json").write_text(json.dumps(summary, indent=1))
     (out / "diagnose.md").write_text(_markdown(summary, ts, bces, aurocs, perm_head, perm_rows, p1, g))
     return summary
+
+
+def _load_predictors(predictors, runtime) -> dict:
+    """The fold predictors (marginal, conditional) found under ``predictors``; none without it."""
+    kinds: dict = {}
+    if predictors is None:
+        return kinds
+    from .predictor import find_predictor_dir, load_fold_predictor
+
+    for kind in KINDS:
+        try:
+            find_predictor_dir(predictors, kind)
+        except ValueError:
+            continue
+        kinds[kind] = load_fold_predictor(predictors, kind, runtime=runtime)
+    if not kinds:
+        raise ValueError(f"no marginal or conditional predictor under {predictors}")
+    return kinds
+
+
+def _write_tables(out: Path, g: int, bces: dict, aurocs: dict, perms, p1) -> tuple[list, list]:
+    """bce.csv, auroc.csv, permutation.csv and proposition1.csv; returns Table 1's header and rows."""
+    _write_csv(out / "bce.csv", ["kind", "position", "n", "bce_model", "bce_position_baseline",
+                                 "bce_position_baseline_empirical"],
+               [[k, j + 1, int(r.n[j]), float(r.model[j]), float(r.baseline[j]), float(r.empirical[j])]
+                for k, r in bces.items() for j in range(g)])
+    _write_csv(out / "auroc.csv", ["signal", "position", "positives", "negatives", "auroc"],
+               [[s, j + 1, int(r.positives[j]), int(r.negatives[j]), float(r.auroc[j])] for s, r in aurocs.items() for j in range(g)])
+    perm_rows = [[p.signal, p.eta_b, p.eta_c, p.n_blocks, p.original, p.permuted_mean, p.permuted_std, p.repetitions]
+                 for p in perms]
+    perm_head = ["signal", "eta_b", "eta_c", "blocks", "original", "permuted_mean", "permuted_std", "repetitions"]
+    _write_csv(out / "permutation.csv", perm_head, perm_rows)
+    p1_head = ["K", "Pr(L>=K)", "shared_closed", "shared_sim", "z_shared", "indep_closed", "indep_sim", "z_indep"]
+    p1_rows = [[int(p1.K[i]), float(p1.p_L[i]), float(p1.shared_closed[i]), float(p1.shared_sim[i]), float(p1.z_shared[i]),
+                float(p1.indep_closed[i]), float(p1.indep_sim[i]), float(p1.z_indep[i])] for i in range(g)]
+    _write_csv(out / "proposition1.csv", p1_head, p1_rows)
+    return perm_head, perm_rows
 
 
 def _markdown(s: dict, ts: TraceSet, bces: dict, aurocs: dict, perm_head, perm_rows, p1: Prop1Result, g: int) -> str:

@@ -295,8 +295,6 @@ def first_step_agreement(drafter: DiffusionDrafter, rows, starts, gamma: int) ->
 def train(data_dir: Path, out: Path, verifier_dir: Path, cfg: TrainConfig, progress: bool = True) -> Path:
     """Train (or resume) a drafter; writes checkpoints and, at the end, the shippable drafter
     directory ``out/drafter`` (only what differs from the verifier, fp16)."""
-    from tqdm import tqdm
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if cfg.threads:
@@ -332,6 +330,36 @@ def train(data_dir: Path, out: Path, verifier_dir: Path, cfg: TrainConfig, progr
                                                  "holdout_outside_head": outside_head(ho, head)}, indent=1))
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[cfg.dtype]
     model.train()
+    step, log = _train_loop(model, opt, params, tr, ho, head_index, cfg, dtype, step, log, out, progress)
+    final = acceptance(model, ho, n_blocks=3 * cfg.eval_blocks)
+    meta = {"train": asdict(cfg), "steps": step, "holdout": final, "head_size": int(len(head)), "rows": len(tr)}
+    save_drafter(model.eval(), out / "drafter", base_dir=verifier_dir, meta=meta)
+    write_manifest(out / "drafter", out, data_dir, verifier_dir)
+    write_curve(log, out)
+    return out / "drafter"
+
+
+def _step(model, opt, params, batch, dtype) -> tuple[torch.Tensor, int]:
+    """One optimiser step on a batch of :func:`make_batch`: (weighted loss, targets trained on)."""
+    ids, pos, mask, tp, tt, w, hint = batch
+    with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+        h, _ = model(ids, pos, None, mask, hint)
+        logits = h[tp[:, 0], tp[:, 1]] @ model.head_weight().T
+    keep = tt >= 0
+    ce = F.cross_entropy(logits.float()[keep], tt[keep], reduction="none")
+    loss = (ce * w[keep]).sum() / w[keep].sum()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params.values(), 1.0)
+    opt.step()
+    return loss, int(keep.sum())
+
+
+def _train_loop(model, opt, params, tr, ho, head_index, cfg: TrainConfig, dtype, step: int, log: list, out: Path,
+                progress: bool) -> tuple[int, list]:
+    """Steps from ``step`` to ``cfg.steps``, with held-out evaluations and checkpoints."""
+    from tqdm import tqdm
+
     bar = tqdm(total=cfg.steps, initial=step, desc="train drafter", unit="step", disable=not progress)
     t0, tokens_seen = time.time(), 0
     # answer tokens trained on so far (masked targets), carried over from the log on resume
@@ -339,23 +367,13 @@ def train(data_dir: Path, out: Path, verifier_dir: Path, cfg: TrainConfig, progr
     while step < cfg.steps:
         # each step's batch depends on (seed, step) alone: a resumed run repeats the same steps
         rng = np.random.default_rng([cfg.seed, step])
-        ids, pos, mask, tp, tt, w, hint = make_batch(tr, rng, cfg, model.mask_id, head_index)
+        batch = make_batch(tr, rng, cfg, model.mask_id, head_index)
         for grp in opt.param_groups:
             grp["lr"] = _lr(step, cfg)
-        with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
-            h, _ = model(ids, pos, None, mask, hint)
-            hs = h[tp[:, 0], tp[:, 1]]
-            logits = hs @ model.head_weight().T
-        keep = tt >= 0
-        ce = F.cross_entropy(logits.float()[keep], tt[keep], reduction="none")
-        loss = (ce * w[keep]).sum() / w[keep].sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params.values(), 1.0)
-        opt.step()
+        loss, n_targets = _step(model, opt, params, batch, dtype)
         step += 1
-        tokens_seen += int(ids.numel())
-        targets_seen += int(keep.sum())
+        tokens_seen += int(batch[0].numel())
+        targets_seen += n_targets
         entry = {"step": step, "loss": float(loss), "tok_s": tokens_seen / (time.time() - t0),
                  "targets": targets_seen}
         bar.update(1)
@@ -368,13 +386,7 @@ def train(data_dir: Path, out: Path, verifier_dir: Path, cfg: TrainConfig, progr
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
             save_state(out, model, opt, step, cfg, log)
     bar.close()
-    final = acceptance(model, ho, n_blocks=3 * cfg.eval_blocks)
-    meta = {"train": asdict(cfg), "steps": step, "holdout": final, "head_size": int(len(head)), "rows": len(tr)}
-    save_drafter(model.eval(), out / "drafter", base_dir=verifier_dir, meta=meta)
-    write_manifest(out / "drafter", out, data_dir, verifier_dir)
-    write_curve(log, out)
-    return out / "drafter"
-
+    return step, log
 
 
 def data_fingerprint(data_dir: Path, shards: list[str] | None = None) -> list[dict]:

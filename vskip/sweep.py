@@ -33,171 +33,17 @@ from typing import Callable, Sequence
 
 from .decode import DecodeConfig
 from .metrics import summarize
-from .policy import PolicyConfig
 from .files import read_jsonl as _read_jsonl, write_json, write_jsonl as _write_jsonl
 from .rundir import CONFIG, ROUNDS, SAMPLES, SUMMARY
+from .grids import GRIDS, GridPoint, config_name, grid  # noqa: F401 - the grids, re-exported
+from .rundir import SWEEP
 from .runner import ModelConfig, RunConfig
+from .sweep_workers import _import_ray, _PairCache, _run_pool, _run_ray, _run_unit, load_models  # noqa: F401
 
-from .rundir import SWEEP  # noqa: E402
 SHARDS = "_shards"
 
 #: Methods that need a trained survival predictor (``--predictor``).
 LEARNED = ("marginal", "conditional")
-
-# --------------------------------------------------------------------------- grids
-
-#: A.6 Table 5.
-LENIENCE = (1.0, 0.99, 0.975, 0.95, 0.90, 0.80, 0.70, 0.50, 0.30)
-TOP_K = (2, 3, 5)
-RAW_ETA_B = (0.90, 0.95)
-RAW_ETA_C = (0.995, 0.99, 0.98, 0.97, 0.95, 0.93, 0.90)
-RAW_EXTRA = ((0.80, 0.93), (0.80, 0.85), (0.70, 0.70), (0.60, 0.50))
-MARGINAL_ETA_M = (0.85, 0.90, 0.93, 0.95, 0.97, 0.98, 0.99)
-CONDITIONAL_ETA_C = (0.99, 0.98, 0.97, 0.95, 0.93, 0.90, 0.85, 0.80)
-#: Figure 5 and Table 3.
-KMIN = (0, 3, 6, 9, 12, 16, 24, 32)
-PERIODS = (3, 4, 8)
-
-
-@dataclass(frozen=True)
-class GridPoint:
-    """One configuration of a grid: its run directory ``name``, the policy, and its ``role`` in
-    the paper (``frontier``, ``reference``, ``kmin``, ``gate:local-only``, ...)."""
-
-    name: str
-    policy: PolicyConfig
-    role: str
-
-
-def _eta(x: float) -> str:
-    """0.9 -> "0.90", 0.995 -> "0.995", 0 -> "0.00"."""
-    s = f"{x:.4f}".rstrip("0")
-    whole, _, frac = s.partition(".")
-    return f"{whole}.{frac.ljust(2, '0')}"
-
-
-def config_name(p: PolicyConfig) -> str:
-    """The run directory name of a configuration; only the parameters that matter appear."""
-    if p.name in ("ar", "strict"):
-        return p.name
-    if p.name == "lenience":
-        return f"lenience_l{_eta(p.lenience)}"
-    if p.name == "topk":
-        return f"topk_k{p.top_k}"
-    if p.name == "periodic":
-        return f"periodic_P{p.period}_K{p.period_k}_s{p.s_max}"
-    if p.name == "marginal" and p.eta_b == p.eta_c:
-        gates = f"em{_eta(p.eta_b)}"
-    else:
-        gates = f"eb{_eta(p.eta_b)}_ec{_eta(p.eta_c)}"
-    return f"{p.name}_{gates}_k{p.k_min}_s{p.s_max}"
-
-
-def _point(name: str, role: str, **kw) -> GridPoint:
-    p = PolicyConfig.make(name, **kw)
-    return GridPoint(config_name(p), p, role)
-
-
-def _table5(k_min: int, s_max: int) -> list[GridPoint]:
-    sig = {"k_min": k_min, "s_max": s_max}
-    pts = [_point("strict", "reference")]
-    pts += [_point("lenience", "frontier", lenience=l) for l in LENIENCE]
-    pts += [_point("topk", "frontier", top_k=k) for k in TOP_K]
-    pairs = [(b, c) for b in RAW_ETA_B for c in RAW_ETA_C] + list(RAW_EXTRA)
-    pts += [_point("raw", "frontier", eta_b=b, eta_c=c, **sig) for b, c in pairs]
-    pts += [_point("marginal", "frontier", eta_m=m, **sig) for m in MARGINAL_ETA_M]
-    pts += [_point("conditional", "frontier", eta_b=0.90, eta_c=c, **sig) for c in CONDITIONAL_ETA_C]
-    return pts
-
-
-def _kmin(k_mins: Sequence[int], eta_b: float, eta_c: float, s_max: int) -> list[GridPoint]:
-    pts = [_point("strict", "reference")]
-    pts += [_point("raw", "kmin", eta_b=eta_b, eta_c=eta_c, k_min=k, s_max=s_max) for k in k_mins]
-    return pts
-
-
-def _gates(k_min: int, s_max: int) -> list[GridPoint]:
-    """Table 2: each variant removes one gate by setting its threshold to 0."""
-    sig = {"k_min": k_min, "s_max": s_max}
-    return [
-        _point("strict", "reference"),
-        _point("raw", "gate:full", eta_b=0.90, eta_c=0.93, **sig),
-        _point("raw", "gate:local-only", eta_b=0.90, eta_c=0.0, **sig),
-        _point("raw", "gate:geometric-only", eta_b=0.0, eta_c=0.93, **sig),
-        _point("conditional", "gate:full", eta_b=0.90, eta_c=0.90, **sig),
-        _point("conditional", "gate:product-only", eta_b=0.0, eta_c=0.90, **sig),
-        _point("conditional", "gate:local-only", eta_b=0.90, eta_c=0.0, **sig),
-    ]
-
-
-def _periodic(s_max: int) -> list[GridPoint]:
-    return [_point("strict", "reference")] + [
-        _point("periodic", "periodic", period=P, period_k=6, s_max=s_max) for P in PERIODS
-    ]
-
-
-def _transfer(k_min: int, s_max: int) -> list[GridPoint]:
-    """Table 4's rows: Strict SDD and each signal at the paper's fixed setting."""
-    sig = {"k_min": k_min, "s_max": s_max}
-    return [
-        _point("strict", "reference"),
-        _point("raw", "transfer", eta_b=0.90, eta_c=0.93, **sig),
-        _point("marginal", "transfer", eta_m=0.90, **sig),
-        _point("conditional", "transfer", eta_b=0.90, eta_c=0.90, **sig),
-    ]
-
-
-def _cpu_signals(s_max: int) -> list[GridPoint]:
-    """The online frontier of the three signals on a CPU: each at three settings from loose to
-    tight, at k_min 3 (a small drafter rarely has 6 tokens to skip)."""
-    sig = {"k_min": 3, "s_max": s_max}
-    pts = [_point("strict", "reference")]
-    pts += [_point("raw", "frontier", eta_b=b, eta_c=c, **sig) for b, c in ((0.80, 0.85), (0.70, 0.70), (0.60, 0.50))]
-    pts += [_point("marginal", "frontier", eta_m=m, **sig) for m in (0.90, 0.70, 0.50)]
-    pts += [_point("conditional", "frontier", eta_b=0.70, eta_c=c, **sig) for c in (0.90, 0.70, 0.50)]
-    return pts
-
-
-def _cpu_small(k_min: int, s_max: int) -> list[GridPoint]:
-    """A grid that finishes on a CPU: the reference points, raw confidence at four threshold
-    pairs (looser than the paper's, since a small drafter is rarely that confident), two
-    lenience values, top-2 and periodic P=4."""
-    sig = {"k_min": k_min, "s_max": s_max}
-    pts = [_point("ar", "reference"), _point("strict", "reference")]
-    pts += [_point("raw", "frontier", eta_b=b, eta_c=c, **sig)
-            for b, c in ((0.90, 0.93), (0.80, 0.85), (0.70, 0.70), (0.60, 0.50))]
-    pts += [_point("lenience", "frontier", lenience=l) for l in (0.50, 0.30)]
-    pts += [_point("topk", "frontier", top_k=2), _point("periodic", "periodic", period=4, period_k=6, s_max=s_max)]
-    return pts
-
-
-#: Named grids: a short description and a builder taking (k_min, s_max).
-GRIDS: dict[str, tuple[str, Callable[[int, int], list[GridPoint]]]] = {
-    "table5": ("A.6 Table 5: every method's grid and Strict SDD", _table5),
-    "kmin": ("Figure 5: raw (0.90, 0.93) at k_min 0..32, and Strict SDD",
-             lambda k, s: _kmin(KMIN, 0.90, 0.93, s)),
-    "gates": ("Table 2: gate ablation of raw (0.90, 0.93) and conditional (0.90, 0.90)", _gates),
-    "periodic": ("Table 3: periodic skipping every P in {3, 4, 8} rounds, and Strict SDD",
-                 lambda k, s: _periodic(s)),
-    "transfer": ("Table 4: Strict SDD and each signal at its fixed setting", _transfer),
-    "cpu-small": ("CPU: ar, strict, raw x4, lenience x2, top-2, periodic P=4", _cpu_small),
-    "cpu-kmin": ("CPU: raw (0.70, 0.70) at k_min 0, 3, 6, 12, and Strict SDD",
-                 lambda k, s: _kmin((0, 3, 6, 12), 0.70, 0.70, s)),
-    "cpu-signals": ("CPU: raw, marginal and conditional survival at three settings each (k_min 3), and Strict SDD",
-                    lambda k, s: _cpu_signals(s)),
-}
-
-
-def grid(name: str, k_min: int = 6, s_max: int = 64) -> list[GridPoint]:
-    """The configurations of a named grid. ``k_min``/``s_max`` apply where the grid does not set
-    them (the paper's main sweeps use 6 and 64)."""
-    if name not in GRIDS:
-        raise ValueError(f"unknown grid {name!r}; expected one of {', '.join(GRIDS)}")
-    pts = GRIDS[name][1](k_min, s_max)
-    names = [p.name for p in pts]
-    assert len(set(names)) == len(names), names
-    return pts
-
 
 # --------------------------------------------------------------------------- plan
 
@@ -285,68 +131,6 @@ def plan(
     if not configs:
         raise ValueError(f"every configuration of grid {grid_name} needs --predictor")
     return SweepPlan(task, grid_name, tuple(points), selection, configs, min(shards, len(selection)), tuple(skipped))
-
-
-# --------------------------------------------------------------------------- models per process
-
-
-def load_models(models: ModelConfig, need_drafter: bool):
-    """The default pair factory: the model pair of ``models``, loaded once per worker."""
-    from .models.load import open_pair
-
-    return open_pair(models, need_drafter=need_drafter)
-
-
-class _PairCache:
-    """The pair of one worker process, loaded on first use. Methods without a drafter (``ar``)
-    get the same verifier without the drafter."""
-
-    def __init__(self, factory, models: ModelConfig, need_drafter: bool):
-        self.factory, self.models, self.need_drafter = factory, models, need_drafter
-        self.pair = None
-
-    def get(self, uses_drafter: bool):
-        if self.pair is None:
-            self.pair = self.factory(self.models, self.need_drafter)
-        if uses_drafter or getattr(self.pair, "drafter", None) is None or not dataclasses.is_dataclass(self.pair):
-            return self.pair
-        identity = {k: v for k, v in self.pair.identity.items() if k != "drafter"}
-        return dataclasses.replace(self.pair, drafter=None, identity=identity)
-
-
-def _run_unit(unit: Unit, cache: _PairCache) -> str | None:
-    """Run one unit; returns None, or a one-line error (the sweep carries on with other units)."""
-    from .runner import run
-
-    pair = cache.get(unit.cfg.policy.uses_drafter)  # a failure here is fatal: it propagates
-    try:
-        run(unit.cfg, unit.out, progress=False, pair=pair)
-    except Exception as e:  # noqa: BLE001 - reported per unit; the rest of the sweep goes on
-        return f"{unit.name}[{unit.shard}]: {type(e).__name__}: {e}"
-    return None
-
-
-_WORKER: _PairCache | None = None
-
-
-def _init_worker(factory, models: ModelConfig, need_drafter: bool) -> None:
-    global _WORKER
-    _WORKER = _PairCache(factory, models, need_drafter)
-
-
-def _worker_unit(unit: Unit) -> str | None:
-    assert _WORKER is not None
-    return _run_unit(unit, _WORKER)
-
-
-class _RayWorker:
-    """A Ray actor holding one model pair; runs units sent to it."""
-
-    def __init__(self, factory, models: ModelConfig, need_drafter: bool):
-        self.cache = _PairCache(factory, models, need_drafter)
-
-    def run(self, unit: Unit) -> str | None:
-        return _run_unit(unit, self.cache)
 
 
 # --------------------------------------------------------------------------- progress
@@ -588,68 +372,6 @@ def run_sweep(
         raise ValueError(f"{len(errors)} of {len(todo)} units failed; rerun to retry them. First: {errors[0]}{more}")
     return {name: json.loads((out / name / SUMMARY).read_text()) for name in p.configs
             if (out / name / SUMMARY).exists()}
-
-
-def _run_pool(units, workers, factory, models, need_drafter, bar) -> list[str]:
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    errors = []
-    ctx = mp.get_context("spawn")  # no forked torch state
-    with ProcessPoolExecutor(max_workers=min(workers, len(units)), mp_context=ctx, initializer=_init_worker,
-                             initargs=(factory, models, need_drafter)) as ex:
-        futs = {ex.submit(_worker_unit, u): u for u in units}
-        try:
-            for f in as_completed(futs):
-                err = f.result()  # an exception here (model loading) stops the sweep
-                errors += [err] if err else []
-                bar.unit_done(futs[f])
-        except BaseException:
-            for f in futs:
-                f.cancel()
-            raise
-    return errors
-
-
-def _import_ray():
-    try:
-        import ray
-    except ImportError:
-        raise ValueError("--executor ray needs the ray package (pip install ray)") from None
-    return ray
-
-
-def _run_ray(units, workers, address, factory, models, need_drafter, gpus, bar) -> list[str]:
-    ray = _import_ray()
-    if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False, ignore_reinit_error=True)
-    actor = ray.remote(num_gpus=gpus)(_RayWorker) if gpus else ray.remote(_RayWorker)
-    pool = [actor.remote(factory, models, need_drafter) for _ in range(min(workers, len(units)))]
-    queue = list(units)
-    running = {}
-    errors = []
-    try:
-        for a in pool:
-            if queue:
-                u = queue.pop(0)
-                running[a.run.remote(u)] = (a, u)
-        while running:
-            ready, _ = ray.wait(list(running), num_returns=1)
-            a, u = running.pop(ready[0])
-            try:
-                err = ray.get(ready[0])
-            except ray.exceptions.RayError as e:
-                last = str(e).strip().splitlines()[-1]
-                raise ValueError(f"a Ray worker failed on {u.name}[{u.shard}]: {last}") from None
-            errors += [err] if err else []
-            bar.unit_done(u)
-            if queue:
-                nxt = queue.pop(0)
-                running[a.run.remote(nxt)] = (a, nxt)
-    finally:
-        for a in pool:
-            ray.kill(a)
-    return errors
 
 
 # --------------------------------------------------------------------------- command line

@@ -1,0 +1,164 @@
+"""The named grids of ``vskip sweep``: the paper's (A.6 Table 5, the ``k_min`` diagnostic of
+Figure 5, the gate ablation of Table 2, the periodic baseline of Table 3, the transfer grid) and
+small ones for a CPU. A grid is a list of named :class:`PolicyConfig` points."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from .policy import PolicyConfig
+
+# --------------------------------------------------------------------------- grids
+
+#: A.6 Table 5.
+LENIENCE = (1.0, 0.99, 0.975, 0.95, 0.90, 0.80, 0.70, 0.50, 0.30)
+TOP_K = (2, 3, 5)
+RAW_ETA_B = (0.90, 0.95)
+RAW_ETA_C = (0.995, 0.99, 0.98, 0.97, 0.95, 0.93, 0.90)
+RAW_EXTRA = ((0.80, 0.93), (0.80, 0.85), (0.70, 0.70), (0.60, 0.50))
+MARGINAL_ETA_M = (0.85, 0.90, 0.93, 0.95, 0.97, 0.98, 0.99)
+CONDITIONAL_ETA_C = (0.99, 0.98, 0.97, 0.95, 0.93, 0.90, 0.85, 0.80)
+#: Figure 5 and Table 3.
+KMIN = (0, 3, 6, 9, 12, 16, 24, 32)
+PERIODS = (3, 4, 8)
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    """One configuration of a grid: its run directory ``name``, the policy, and its ``role`` in
+    the paper (``frontier``, ``reference``, ``kmin``, ``gate:local-only``, ...)."""
+
+    name: str
+    policy: PolicyConfig
+    role: str
+
+
+def _eta(x: float) -> str:
+    """0.9 -> "0.90", 0.995 -> "0.995", 0 -> "0.00"."""
+    s = f"{x:.4f}".rstrip("0")
+    whole, _, frac = s.partition(".")
+    return f"{whole}.{frac.ljust(2, '0')}"
+
+
+def config_name(p: PolicyConfig) -> str:
+    """The run directory name of a configuration; only the parameters that matter appear."""
+    if p.name in ("ar", "strict"):
+        return p.name
+    if p.name == "lenience":
+        return f"lenience_l{_eta(p.lenience)}"
+    if p.name == "topk":
+        return f"topk_k{p.top_k}"
+    if p.name == "periodic":
+        return f"periodic_P{p.period}_K{p.period_k}_s{p.s_max}"
+    if p.name == "marginal" and p.eta_b == p.eta_c:
+        gates = f"em{_eta(p.eta_b)}"
+    else:
+        gates = f"eb{_eta(p.eta_b)}_ec{_eta(p.eta_c)}"
+    return f"{p.name}_{gates}_k{p.k_min}_s{p.s_max}"
+
+
+def _point(name: str, role: str, **kw) -> GridPoint:
+    p = PolicyConfig.make(name, **kw)
+    return GridPoint(config_name(p), p, role)
+
+
+def _table5(k_min: int, s_max: int) -> list[GridPoint]:
+    sig = {"k_min": k_min, "s_max": s_max}
+    pts = [_point("strict", "reference")]
+    pts += [_point("lenience", "frontier", lenience=l) for l in LENIENCE]
+    pts += [_point("topk", "frontier", top_k=k) for k in TOP_K]
+    pairs = [(b, c) for b in RAW_ETA_B for c in RAW_ETA_C] + list(RAW_EXTRA)
+    pts += [_point("raw", "frontier", eta_b=b, eta_c=c, **sig) for b, c in pairs]
+    pts += [_point("marginal", "frontier", eta_m=m, **sig) for m in MARGINAL_ETA_M]
+    pts += [_point("conditional", "frontier", eta_b=0.90, eta_c=c, **sig) for c in CONDITIONAL_ETA_C]
+    return pts
+
+
+def _kmin(k_mins: Sequence[int], eta_b: float, eta_c: float, s_max: int) -> list[GridPoint]:
+    pts = [_point("strict", "reference")]
+    pts += [_point("raw", "kmin", eta_b=eta_b, eta_c=eta_c, k_min=k, s_max=s_max) for k in k_mins]
+    return pts
+
+
+def _gates(k_min: int, s_max: int) -> list[GridPoint]:
+    """Table 2: each variant removes one gate by setting its threshold to 0."""
+    sig = {"k_min": k_min, "s_max": s_max}
+    return [
+        _point("strict", "reference"),
+        _point("raw", "gate:full", eta_b=0.90, eta_c=0.93, **sig),
+        _point("raw", "gate:local-only", eta_b=0.90, eta_c=0.0, **sig),
+        _point("raw", "gate:geometric-only", eta_b=0.0, eta_c=0.93, **sig),
+        _point("conditional", "gate:full", eta_b=0.90, eta_c=0.90, **sig),
+        _point("conditional", "gate:product-only", eta_b=0.0, eta_c=0.90, **sig),
+        _point("conditional", "gate:local-only", eta_b=0.90, eta_c=0.0, **sig),
+    ]
+
+
+def _periodic(s_max: int) -> list[GridPoint]:
+    return [_point("strict", "reference")] + [
+        _point("periodic", "periodic", period=P, period_k=6, s_max=s_max) for P in PERIODS
+    ]
+
+
+def _transfer(k_min: int, s_max: int) -> list[GridPoint]:
+    """Table 4's rows: Strict SDD and each signal at the paper's fixed setting."""
+    sig = {"k_min": k_min, "s_max": s_max}
+    return [
+        _point("strict", "reference"),
+        _point("raw", "transfer", eta_b=0.90, eta_c=0.93, **sig),
+        _point("marginal", "transfer", eta_m=0.90, **sig),
+        _point("conditional", "transfer", eta_b=0.90, eta_c=0.90, **sig),
+    ]
+
+
+def _cpu_signals(s_max: int) -> list[GridPoint]:
+    """The online frontier of the three signals on a CPU: each at three settings from loose to
+    tight, at k_min 3 (a small drafter rarely has 6 tokens to skip)."""
+    sig = {"k_min": 3, "s_max": s_max}
+    pts = [_point("strict", "reference")]
+    pts += [_point("raw", "frontier", eta_b=b, eta_c=c, **sig) for b, c in ((0.80, 0.85), (0.70, 0.70), (0.60, 0.50))]
+    pts += [_point("marginal", "frontier", eta_m=m, **sig) for m in (0.90, 0.70, 0.50)]
+    pts += [_point("conditional", "frontier", eta_b=0.70, eta_c=c, **sig) for c in (0.90, 0.70, 0.50)]
+    return pts
+
+
+def _cpu_small(k_min: int, s_max: int) -> list[GridPoint]:
+    """A grid that finishes on a CPU: the reference points, raw confidence at four threshold
+    pairs (looser than the paper's, since a small drafter is rarely that confident), two
+    lenience values, top-2 and periodic P=4."""
+    sig = {"k_min": k_min, "s_max": s_max}
+    pts = [_point("ar", "reference"), _point("strict", "reference")]
+    pts += [_point("raw", "frontier", eta_b=b, eta_c=c, **sig)
+            for b, c in ((0.90, 0.93), (0.80, 0.85), (0.70, 0.70), (0.60, 0.50))]
+    pts += [_point("lenience", "frontier", lenience=l) for l in (0.50, 0.30)]
+    pts += [_point("topk", "frontier", top_k=2), _point("periodic", "periodic", period=4, period_k=6, s_max=s_max)]
+    return pts
+
+
+#: Named grids: a short description and a builder taking (k_min, s_max).
+GRIDS: dict[str, tuple[str, Callable[[int, int], list[GridPoint]]]] = {
+    "table5": ("A.6 Table 5: every method's grid and Strict SDD", _table5),
+    "kmin": ("Figure 5: raw (0.90, 0.93) at k_min 0..32, and Strict SDD",
+             lambda k, s: _kmin(KMIN, 0.90, 0.93, s)),
+    "gates": ("Table 2: gate ablation of raw (0.90, 0.93) and conditional (0.90, 0.90)", _gates),
+    "periodic": ("Table 3: periodic skipping every P in {3, 4, 8} rounds, and Strict SDD",
+                 lambda k, s: _periodic(s)),
+    "transfer": ("Table 4: Strict SDD and each signal at its fixed setting", _transfer),
+    "cpu-small": ("CPU: ar, strict, raw x4, lenience x2, top-2, periodic P=4", _cpu_small),
+    "cpu-kmin": ("CPU: raw (0.70, 0.70) at k_min 0, 3, 6, 12, and Strict SDD",
+                 lambda k, s: _kmin((0, 3, 6, 12), 0.70, 0.70, s)),
+    "cpu-signals": ("CPU: raw, marginal and conditional survival at three settings each (k_min 3), and Strict SDD",
+                    lambda k, s: _cpu_signals(s)),
+}
+
+
+def grid(name: str, k_min: int = 6, s_max: int = 64) -> list[GridPoint]:
+    """The configurations of a named grid. ``k_min``/``s_max`` apply where the grid does not set
+    them (the paper's main sweeps use 6 and 64)."""
+    if name not in GRIDS:
+        raise ValueError(f"unknown grid {name!r}; expected one of {', '.join(GRIDS)}")
+    pts = GRIDS[name][1](k_min, s_max)
+    names = [p.name for p in pts]
+    assert len(set(names)) == len(names), names
+    return pts

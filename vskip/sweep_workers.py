@@ -1,0 +1,136 @@
+"""The workers of ``vskip sweep``: each process (or Ray actor) loads the model pair once and runs
+many units of work (one configuration x one shard of prompts)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from typing import TYPE_CHECKING
+
+from .models.config import ModelConfig
+
+if TYPE_CHECKING:
+    from .sweep import Unit
+
+# --------------------------------------------------------------------------- models per process
+
+
+def load_models(models: ModelConfig, need_drafter: bool):
+    """The default pair factory: the model pair of ``models``, loaded once per worker."""
+    from .models.load import open_pair
+
+    return open_pair(models, need_drafter=need_drafter)
+
+
+class _PairCache:
+    """The pair of one worker process, loaded on first use. Methods without a drafter (``ar``)
+    get the same verifier without the drafter."""
+
+    def __init__(self, factory, models: ModelConfig, need_drafter: bool):
+        self.factory, self.models, self.need_drafter = factory, models, need_drafter
+        self.pair = None
+
+    def get(self, uses_drafter: bool):
+        if self.pair is None:
+            self.pair = self.factory(self.models, self.need_drafter)
+        if uses_drafter or getattr(self.pair, "drafter", None) is None or not dataclasses.is_dataclass(self.pair):
+            return self.pair
+        identity = {k: v for k, v in self.pair.identity.items() if k != "drafter"}
+        return dataclasses.replace(self.pair, drafter=None, identity=identity)
+
+
+def _run_unit(unit: Unit, cache: _PairCache) -> str | None:
+    """Run one unit; returns None, or a one-line error (the sweep carries on with other units)."""
+    from .runner import run
+
+    pair = cache.get(unit.cfg.policy.uses_drafter)  # a failure here is fatal: it propagates
+    try:
+        run(unit.cfg, unit.out, progress=False, pair=pair)
+    except Exception as e:  # noqa: BLE001 - reported per unit; the rest of the sweep goes on
+        return f"{unit.name}[{unit.shard}]: {type(e).__name__}: {e}"
+    return None
+
+
+_WORKER: _PairCache | None = None
+
+
+def _init_worker(factory, models: ModelConfig, need_drafter: bool) -> None:
+    global _WORKER
+    _WORKER = _PairCache(factory, models, need_drafter)
+
+
+def _worker_unit(unit: Unit) -> str | None:
+    assert _WORKER is not None
+    return _run_unit(unit, _WORKER)
+
+
+class _RayWorker:
+    """A Ray actor holding one model pair; runs units sent to it."""
+
+    def __init__(self, factory, models: ModelConfig, need_drafter: bool):
+        self.cache = _PairCache(factory, models, need_drafter)
+
+    def run(self, unit: Unit) -> str | None:
+        return _run_unit(unit, self.cache)
+
+
+def _run_pool(units, workers, factory, models, need_drafter, bar) -> list[str]:
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    errors = []
+    ctx = mp.get_context("spawn")  # no forked torch state
+    with ProcessPoolExecutor(max_workers=min(workers, len(units)), mp_context=ctx, initializer=_init_worker,
+                             initargs=(factory, models, need_drafter)) as ex:
+        futs = {ex.submit(_worker_unit, u): u for u in units}
+        try:
+            for f in as_completed(futs):
+                err = f.result()  # an exception here (model loading) stops the sweep
+                errors += [err] if err else []
+                bar.unit_done(futs[f])
+        except BaseException:
+            for f in futs:
+                f.cancel()
+            raise
+    return errors
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("--executor ray needs the ray package (pip install ray)") from None
+    return ray
+
+
+def _run_ray(units, workers, address, factory, models, need_drafter, gpus, bar) -> list[str]:
+    ray = _import_ray()
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, ignore_reinit_error=True)
+    actor = ray.remote(num_gpus=gpus)(_RayWorker) if gpus else ray.remote(_RayWorker)
+    pool = [actor.remote(factory, models, need_drafter) for _ in range(min(workers, len(units)))]
+    queue = list(units)
+    running = {}
+    errors = []
+    try:
+        for a in pool:
+            if queue:
+                u = queue.pop(0)
+                running[a.run.remote(u)] = (a, u)
+        while running:
+            ready, _ = ray.wait(list(running), num_returns=1)
+            a, u = running.pop(ready[0])
+            try:
+                err = ray.get(ready[0])
+            except ray.exceptions.RayError as e:
+                last = str(e).strip().splitlines()[-1]
+                raise ValueError(f"a Ray worker failed on {u.name}[{u.shard}]: {last}") from None
+            errors += [err] if err else []
+            bar.unit_done(u)
+            if queue:
+                nxt = queue.pop(0)
+                running[a.run.remote(nxt)] = (a, nxt)
+    finally:
+        for a in pool:
+            ray.kill(a)
+    return errors

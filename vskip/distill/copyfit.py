@@ -24,7 +24,7 @@ from ..files import read_json, write_json
 from ..models.copy import COPY_FILE, LENGTH_EDGES, OFFSET_EDGES, CopyPrior, _bucket, copy_hint, fit_lambda, mixture_nll
 from ..models.drafter import DiffusionDrafter
 from ..policy.acceptance import leading_run
-from .generate import read_shard, shard_rows
+from .shards import read_shard, shard_rows
 
 
 def load_answers(data_dir: Path, shards: Sequence[str]) -> list[tuple[np.ndarray, int]]:

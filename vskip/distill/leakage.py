@@ -196,7 +196,7 @@ def main(argv=None) -> int:
     if not Path(a.data).is_dir():
         print(f"vskip: error: --data {a.data} is not a directory", file=sys.stderr)
         return 2
-    from .generate import PROMPTS_FILE
+    from .shards import PROMPTS_FILE
     from .prompts import build_prompts, read_prompts
 
     path = Path(a.data) / PROMPTS_FILE

@@ -32,7 +32,7 @@ from ..defaults import GAMMA, STEPS
 from ..models.copy import copy_hint
 from ..models.drafter import HINT_MAX_LEN, DiffusionDrafter, DiffusionLM, drafter_from_verifier, hint_code, save_drafter
 from .config import TrainConfig
-from .generate import iter_distillation
+from .shards import iter_distillation
 
 STATE_FILE = "train_state.safetensors"
 META_FILE = "train_state.json"
@@ -393,7 +393,7 @@ def data_fingerprint(data_dir: Path, shards: list[str] | None = None) -> list[di
     """Name, size and sha256 of each distillation shard (all of ``data_dir``'s, or ``shards``)."""
     from ..models.embedded import file_sha256
 
-    from .generate import shard_files
+    from .shards import shard_files
 
     files = [Path(data_dir) / f for f in shards] if shards else shard_files(data_dir)
     return [{"file": f.name, "bytes": f.stat().st_size, "sha256": file_sha256(f)} for f in files]

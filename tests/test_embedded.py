@@ -152,7 +152,8 @@ def test_a_drafter_whose_vocabulary_does_not_fit_is_refused(tmp_path):
     import torch
 
     from vskip.models.backbone import BackboneConfig
-    from vskip.models.drafter import DiffusionLM, DrafterSpec, save_drafter
+    from vskip.models.drafter import DiffusionLM, DrafterSpec
+    from vskip.models.drafter_io import save_drafter
 
     spec = DrafterSpec(backbone=BackboneConfig(96, 32, 64, 1, 4, 2), mask_token_id=None, head="tied")
     save_drafter(DiffusionLM(spec), tmp_path / "small", dtype=torch.float32)

@@ -10,14 +10,8 @@ from fakes import FakeDrafter
 from vskip.decode import DecodeConfig, decode
 from vskip.models.backbone import BackboneConfig
 from vskip.models.protocols import DraftBlock
-from vskip.models.drafter import (
-    DiffusionDrafter,
-    DiffusionLM,
-    DrafterSpec,
-    load_drafter_model,
-    reveal_counts,
-    save_drafter,
-)
+from vskip.models.drafter import DiffusionDrafter, DiffusionLM, DrafterSpec, reveal_counts
+from vskip.models.drafter_io import load_drafter_model, save_drafter
 from vskip.models.verifier import HFVerifier
 from vskip.policy import GuardConfig, PolicyConfig
 
@@ -81,7 +75,7 @@ def test_backbone_matches_transformers_qwen2(tmp_path):
 def test_backbone_matches_transformers_llama(tmp_path):
     ref = tiny_llama()
     ref.save_pretrained(tmp_path / "llama", safe_serialization=True)
-    from vskip.models.drafter import drafter_from_verifier
+    from vskip.models.drafter_io import drafter_from_verifier
 
     model = drafter_from_verifier(tmp_path / "llama", num_layers=2)
     ids = torch.randint(0, V, (1, 9))
@@ -125,7 +119,7 @@ def test_block_attention_cache_is_consistent(tmp_path):
 def test_save_and_load_drafter_as_difference(tmp_path):
     ref = tiny_llama()
     ref.save_pretrained(tmp_path / "verifier", safe_serialization=True)
-    from vskip.models.drafter import drafter_from_verifier
+    from vskip.models.drafter_io import drafter_from_verifier
 
     head = torch.arange(0, V, 2)
     model = drafter_from_verifier(tmp_path / "verifier", num_layers=1, head_ids=head)

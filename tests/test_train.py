@@ -9,7 +9,8 @@ import torch
 from test_models import tiny_llama
 from vskip.distill.config import TrainConfig
 from vskip.distill.train import Data, load_state, make_batch, save_state, trainable
-from vskip.models.drafter import DiffusionDrafter, drafter_from_verifier
+from vskip.models.drafter import DiffusionDrafter
+from vskip.models.drafter_io import drafter_from_verifier
 
 
 @pytest.fixture()
@@ -116,7 +117,7 @@ def test_manifest_records_verifier_data_and_weights(verifier_dir, tmp_path):
     import json
 
     from vskip.distill.train import data_fingerprint, write_manifest
-    from vskip.models.drafter import save_drafter
+    from vskip.models.drafter_io import save_drafter
     from vskip.models.embedded import file_sha256
 
     model = drafter_from_verifier(verifier_dir, num_layers=1)
@@ -144,7 +145,7 @@ def test_manifest_records_verifier_data_and_weights(verifier_dir, tmp_path):
 
 
 def test_a_drafter_from_chosen_verifier_layers_round_trips(verifier_dir, tmp_path):
-    from vskip.models.drafter import load_drafter_model, save_drafter
+    from vskip.models.drafter_io import load_drafter_model, save_drafter
     from vskip.models.backbone import read_safetensors_dir
 
     model = drafter_from_verifier(verifier_dir, layers=[1, 0])
@@ -205,7 +206,7 @@ def test_block_hint_follows_the_inference_rule():
 
 
 def test_a_copy_input_drafter_round_trips_and_reads_its_hints(verifier_dir, tmp_path):
-    from vskip.models.drafter import load_drafter_model, save_drafter
+    from vskip.models.drafter_io import load_drafter_model, save_drafter
 
     torch.manual_seed(0)
     model = drafter_from_verifier(verifier_dir, num_layers=1, copy_input=True).eval()
@@ -240,7 +241,7 @@ def shipped(verifier_dir, tmp_path):
     from vskip.distill.copyfit import write_copy_prior
     from vskip.distill.train import write_manifest
     from vskip.models.copy import CopyPrior
-    from vskip.models.drafter import save_drafter
+    from vskip.models.drafter_io import save_drafter
 
     model = drafter_from_verifier(verifier_dir, num_layers=1)
     with torch.no_grad():

@@ -42,7 +42,7 @@ class Answer:
 
 def load_causal_lm(path: Path | str) -> tuple[Backbone, torch.Tensor]:
     """The body and the float32 output head ``[V, d]`` of a Llama/Qwen2-layout checkpoint."""
-    from ..models.drafter import backbone_state_from_hf
+    from ..models.drafter_io import backbone_state_from_hf
 
     path = Path(path)
     cfg = read_hf_config(path)

@@ -30,7 +30,8 @@ import torch.nn.functional as F
 
 from ..defaults import GAMMA, STEPS
 from ..models.copy import copy_hint
-from ..models.drafter import HINT_MAX_LEN, DiffusionDrafter, DiffusionLM, drafter_from_verifier, hint_code, save_drafter
+from ..models.drafter import HINT_MAX_LEN, DiffusionDrafter, DiffusionLM, hint_code
+from ..models.drafter_io import drafter_from_verifier, save_drafter
 from .config import TrainConfig
 from .shards import iter_distillation
 

@@ -17,7 +17,8 @@ import torch
 from ..defaults import GAMMA, STEPS
 from ..runtime import Runtime, resolve_runtime
 from .copy import COPY_FILE, CopyPrior
-from .drafter import DiffusionDrafter, is_dream_checkpoint, load_drafter_model
+from .drafter import DiffusionDrafter
+from .drafter_io import is_dream_checkpoint, load_drafter_model
 from .embedded import EMBEDDED_DRAFTER, EMBEDDED_VERIFIER, embedded_drafter_dir, embedded_verifier_dir, file_sha256
 from .attention import use_gqa_attention
 from .placement import MemoryPlan, MemoryPlanError, parse_max_memory, plan_memory
@@ -305,7 +306,7 @@ def load_pair(
                 model = load_drafter_model(ddir, base_dir=vdir, dtype=runtime.torch_dtype("drafter"), device=runtime.drafter_on)
                 identity["drafter"] = EMBEDDED_DRAFTER
             else:
-                from .drafter import drafter_from_verifier
+                from .drafter_io import drafter_from_verifier
 
                 print("vskip: no trained embedded drafter found; using an untrained one built from the verifier", file=sys.stderr)
                 model = drafter_from_verifier(vdir).to(device=runtime.drafter_on, dtype=runtime.torch_dtype("drafter"))

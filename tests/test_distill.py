@@ -420,3 +420,21 @@ def test_ends_in_a_loop():
     assert gen.ends_in_a_loop(list(range(40)) + list(range(20)) * 2)
     assert not gen.ends_in_a_loop(list(range(200)))
     assert not gen.ends_in_a_loop([1, 2, 3])
+
+
+def test_the_built_list_is_the_one_the_committed_shards_index_into(prompts):
+    """A fresh clone rebuilds prompts.jsonl (it is not committed): the list must hash to what
+    datasets/distill/index.json recorded, whatever was imported before it was built (torch
+    replaces inspect.getfile at import; this process has torch, the subprocess not), or the
+    generator could not resume the committed data."""
+    import subprocess
+    import sys
+
+    from vskip.distill.prompts import prompts_hash
+
+    index = json.loads((Path(__file__).parents[1] / "datasets" / "distill" / "index.json").read_text())
+    assert prompts_hash(prompts) == index["prompts_sha256"] and len(prompts) == index["num_prompts"]
+    code = ("import sys\nfrom vskip.distill.prompts import build_prompts, prompts_hash\nassert \"torch\" not in sys.modules\n"
+            "print(prompts_hash(build_prompts(cache=False)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
+    assert out.stdout.strip() == index["prompts_sha256"], out.stderr[-500:]

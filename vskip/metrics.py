@@ -91,3 +91,14 @@ def survival_curve(hist: Sequence[int]) -> list[float]:
         tail -= hist[j - 1]
         out.append(tail / n)
     return out
+
+
+def auroc(scores, labels) -> float:
+    """AUROC (scikit-learn's ``roc_auc_score``; ties count one half); NaN when a class is empty."""
+    import numpy as np
+    from sklearn.metrics import roc_auc_score
+
+    y = np.asarray(labels).astype(bool)
+    if y.all() or not y.any():
+        return float("nan")
+    return float(roc_auc_score(y, np.asarray(scores, np.float64)))

@@ -27,6 +27,17 @@ class FileError(ValueError):
     """A file that exists but cannot be used: the message names it."""
 
 
+def file_sha256(path: Path | str, chunk: int = 1 << 20) -> str:
+    """The sha256 of a file's bytes (read in chunks), as hex."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
 def write_atomic(path: Path | str, data: str | bytes | Callable[[str], None]) -> Path:
     """Replace ``path`` with ``data`` atomically. ``data`` is text (UTF-8), bytes, or a function
     that writes a file at the temporary path it is given (for writers that take a path)."""

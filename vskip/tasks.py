@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ast
 import gzip
-import hashlib
 import importlib.util
 import json
 import re
@@ -157,11 +156,9 @@ def _cache_root() -> Path:
 
 
 def _digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()[:16]
+    from .files import file_sha256
+
+    return file_sha256(path)[:16]
 
 
 def _load_all(base: str) -> tuple[Problem, ...]:

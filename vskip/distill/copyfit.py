@@ -189,7 +189,7 @@ def fit_copy_prior(drafter: DiffusionDrafter, data_dir: Path, fit_shards: Sequen
                    **evaluate) -> CopyPrior:
     """Fit the prior on ``fit_shards`` and, given ``eval_shards``, evaluate it there
     (:func:`evaluate_prior`, which takes the remaining keyword arguments)."""
-    from .train import data_fingerprint
+    from .shards import data_fingerprint
 
     t0 = time.time()
     saved, drafter.copy = drafter.copy, None

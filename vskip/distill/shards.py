@@ -4,7 +4,6 @@ Nothing here imports torch."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import zipfile
@@ -14,7 +13,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from vskip.files import write_atomic
+from vskip.files import file_sha256, write_atomic  # noqa: F401 - file_sha256 re-exported
 
 FORMAT_VERSION = 2
 INDEX_FILE = "index.json"
@@ -33,12 +32,6 @@ def shard_files(out_dir: Path) -> list[Path]:
     return sorted((p for g in SHARD_GLOBS for p in Path(out_dir).glob(g)), key=lambda p: p.name)
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # --------------------------------------------------------------------------------------------
@@ -183,3 +176,9 @@ def summarize(out_dir: Path) -> dict:
         "prompts_sha256": index["prompts_sha256"], "verifier_sha256": index["verifier_sha256"],
         "runs": runs,
     }
+
+
+def data_fingerprint(data_dir: Path, shards: list[str] | None = None) -> list[dict]:
+    """Name, size and sha256 of each distillation shard (all of ``data_dir``'s, or ``shards``)."""
+    files = [Path(data_dir) / f for f in shards] if shards else shard_files(data_dir)
+    return [{"file": f.name, "bytes": f.stat().st_size, "sha256": file_sha256(f)} for f in files]

@@ -33,7 +33,7 @@ from ..models.copy import copy_hint
 from ..models.drafter import HINT_MAX_LEN, DiffusionDrafter, DiffusionLM, hint_code
 from ..models.drafter_io import drafter_from_verifier, save_drafter
 from .config import TrainConfig
-from .shards import iter_distillation
+from .shards import data_fingerprint, iter_distillation  # noqa: F401 - data_fingerprint re-exported
 
 STATE_FILE = "train_state.safetensors"
 META_FILE = "train_state.json"
@@ -388,16 +388,6 @@ def _train_loop(model, opt, params, tr, ho, head_index, cfg: TrainConfig, dtype,
             save_state(out, model, opt, step, cfg, log)
     bar.close()
     return step, log
-
-
-def data_fingerprint(data_dir: Path, shards: list[str] | None = None) -> list[dict]:
-    """Name, size and sha256 of each distillation shard (all of ``data_dir``'s, or ``shards``)."""
-    from ..models.embedded import file_sha256
-
-    from .shards import shard_files
-
-    files = [Path(data_dir) / f for f in shards] if shards else shard_files(data_dir)
-    return [{"file": f.name, "bytes": f.stat().st_size, "sha256": file_sha256(f)} for f in files]
 
 
 def write_manifest(drafter_dir: Path, train_dir: Path, data_dir: Path, verifier_dir: Path,

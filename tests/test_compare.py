@@ -49,12 +49,12 @@ def test_rows_pair_every_prompt_and_resume(tmp_path):
     compare.run_compare(prompts, _pair(), variants, tmp_path, progress=False)
     rows = compare.read_rows(path)
     assert len({(r["task_id"], r["config"]) for r in rows}) == len(rows) == 15
-    s = compare.summarize(rows)
+    s = compare.summarize_comparison(rows)
     import gzip
 
     (tmp_path / "archived").mkdir()
     (tmp_path / "archived" / (path.name + ".gz")).write_bytes(gzip.compress(path.read_bytes()))
-    assert compare.summarize(compare.rows_of(tmp_path / "archived")) == s
+    assert compare.summarize_comparison(compare.rows_of(tmp_path / "archived")) == s
     assert s["n_prompts"] == 5
     # Strict SDD is lossless with either block length rule
     assert s["configs"]["strict"]["same_as_ar"] == s["configs"]["strict+gamma=4+gamma_max=12+min_match=3+trim=0.6"]["same_as_ar"] == 5
@@ -72,11 +72,11 @@ def test_summary_reports_where_outputs_diverge():
     ]
     for r in rows:
         r["digest"] = compare._digest(r["output"])
-    s = compare.summarize(rows)["configs"]["x"]
+    s = compare.summarize_comparison(rows)["configs"]["x"]
     assert s["same_as_ar"] == 1 and s["first_divergence"] == {"n": 1, "median": 2.0, "min": 2}
     assert s["ratio_vs_ar"] == pytest.approx(2.0)
     with pytest.raises(ValueError):
-        compare.summarize([r for r in rows if r["config"] == "x"])
+        compare.summarize_comparison([r for r in rows if r["config"] == "x"])
 
 
 def test_an_out_directory_refuses_rows_made_otherwise(tmp_path):

@@ -14,7 +14,7 @@ from vskip.diagnose import (
     positionwise_auroc, positionwise_bce, proposition1,
 )
 from vskip.policy import PolicyConfig, feasible_prefix
-from vskip.predictor import TrainConfig, train_predictor
+from vskip.predictor import PredictorTrainConfig, train_predictor
 from vskip.traces import Rotation, TraceSet, append_traces, survival_labels
 
 
@@ -187,7 +187,7 @@ def test_diagnose_with_predictors(tmp_path):
     _fake_trace_run(tmp_path / "run")
     ts = load_traces(tmp_path / "run")
     for kind in ("marginal", "conditional"):
-        train_predictor(ts, TrainConfig(kind, epochs=1, batch_size=256), tmp_path / "pred", progress=False)
+        train_predictor(ts, PredictorTrainConfig(kind, epochs=1, batch_size=256), tmp_path / "pred", progress=False)
     s = diagnose([tmp_path / "run"], tmp_path / "d", predictors=tmp_path / "pred",
                  cfg=DiagnoseConfig(repetitions=3, prop1_samples=5000))
     assert set(s["bce"]) == {"marginal", "conditional"}

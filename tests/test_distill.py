@@ -331,14 +331,14 @@ def test_generation_rows(tiny_verifier, tmp_path):
         assert r["finished"] == (comp[-1] == 2) and 2 not in comp[:-1]
         assert r["prompt"][-1] != 2  # the prompt ends with the assistant header, no padding
     assert any(r["finished"] for r in rows) and not all(r["finished"] for r in rows)
-    summary = gen.summarize(tmp_path)
+    summary = gen.dataset_totals(tmp_path)
     assert summary["rows"] == 7 and summary["shards"] == 2
     assert summary["answer_tokens"] == sum(len(r["completion"]) for r in rows)
     assert summary["finished_share"] == sum(r["finished"] for r in rows) / 7
     shard = tmp_path / "shard_00001.npz"
     shard.write_bytes(shard.read_bytes() + b"x")  # a shard no longer matching its manifest is named
     with pytest.raises(ValueError, match="shard_00001.npz"):
-        gen.summarize(tmp_path)
+        gen.dataset_totals(tmp_path)
 
 
 def test_killed_run_resumes_to_the_same_data(tiny_verifier, tmp_path, monkeypatch):

@@ -13,7 +13,7 @@ from vskip.diagnose import positionwise_bce
 from vskip.models.protocols import DraftBlock
 from vskip.policy import PolicyConfig
 from vskip.predictor import (
-    TrainConfig, examples, input_rows, load_fold_predictor, make_mlp, normalisation, train_predictor,
+    PredictorTrainConfig, examples, input_rows, load_fold_predictor, make_mlp, normalisation, train_predictor,
 )
 from vskip.traces import TraceSet, append_traces, folds, load_traces, rotations
 
@@ -62,7 +62,7 @@ def test_normalisation_uses_training_rows_only():
 @pytest.mark.parametrize("kind", ["marginal", "conditional"])
 def test_training_beats_position_baseline(kind, tmp_path):
     ts = synthetic()
-    man = train_predictor(ts, TrainConfig(kind, epochs=6, batch_size=128), tmp_path, progress=False)
+    man = train_predictor(ts, PredictorTrainConfig(kind, epochs=6, batch_size=128), tmp_path, progress=False)
     assert [e["rotation"] for e in man["rotations"]] == [0, 1, 2, 3, 4]
     for e in man["rotations"]:
         assert len(e["val_bce_curve"]) == 6 and e["val_bce"] == min(e["val_bce_curve"])
@@ -76,7 +76,7 @@ def test_training_beats_position_baseline(kind, tmp_path):
 
 def test_checkpoint_contents(tmp_path):
     ts = synthetic()
-    train_predictor(ts, TrainConfig("conditional", epochs=1, batch_size=512), tmp_path, progress=False)
+    train_predictor(ts, PredictorTrainConfig("conditional", epochs=1, batch_size=512), tmp_path, progress=False)
     man = json.loads((tmp_path / "conditional" / "manifest.json").read_text())
     assert man["folds"] == [list(f) for f in folds(ts.prompt_ids)]
     assert man["kind"] == "conditional" and man["gamma"] == G and man["n_inputs"] == D + 19
@@ -91,7 +91,7 @@ def test_checkpoint_contents(tmp_path):
 def _constant_predictor(tmp_path):
     """Trained checkpoints whose rotation r is then made to output (r + 1) / 10 everywhere."""
     ts = synthetic()
-    train_predictor(ts, TrainConfig("marginal", epochs=1, batch_size=512), tmp_path, progress=False)
+    train_predictor(ts, PredictorTrainConfig("marginal", epochs=1, batch_size=512), tmp_path, progress=False)
     fp = load_fold_predictor(tmp_path, "marginal")
     for r, m in enumerate(fp._models):
         last = m.model[-1]
@@ -137,9 +137,9 @@ def test_missing_predictor(tmp_path):
     with pytest.raises(ValueError, match="no conditional predictor"):
         load_fold_predictor(tmp_path, "conditional")
     with pytest.raises(ValueError, match="unknown predictor kind"):
-        TrainConfig("joint")
+        PredictorTrainConfig("joint")
     with pytest.raises(ValueError, match="epochs"):
-        TrainConfig("marginal", epochs=0)
+        PredictorTrainConfig("marginal", epochs=0)
 
 
 def test_end_to_end_on_the_fake_pair(tmp_path):

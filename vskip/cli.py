@@ -215,7 +215,7 @@ def cmd_compare(a) -> int:
 
 
 def _print_comparison(compare, rows_dir, out, what: str | None = None) -> int:
-    s = compare.summarize(compare.rows_of(rows_dir))
+    s = compare.summarize_comparison(compare.rows_of(rows_dir))
     text = compare.format_summary(s)
     print(text)
     print(f"{s['n_prompts']} prompts{' of ' + what if what else ''}; ar is the verifier alone, paired per prompt; "

@@ -253,7 +253,7 @@ def rows_of(directory: Path) -> list[dict]:
     return [r for f in files for r in read_rows(f)]
 
 
-def summarize(rows: list[dict]) -> dict:
+def summarize_comparison(rows: list[dict]) -> dict:
     """Per configuration, over the prompts every configuration finished."""
     by: dict[str, dict[str, dict]] = {}
     for r in rows:

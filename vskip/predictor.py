@@ -111,7 +111,7 @@ def normalisation(ts: TraceSet, ex: Examples, chunk: int = 65536) -> tuple[np.nd
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class PredictorTrainConfig:
     """A.7 defaults: 15 epochs, batches of 4,096 positions, Adam at 1e-3, seed 0 (online)."""
 
     kind: str
@@ -148,7 +148,7 @@ def _bce(model: nn.Module, ts: TraceSet, ex: Examples, mean: torch.Tensor, std: 
     return total / max(len(ex), 1)
 
 
-def train_rotation(ts: TraceSet, rot: Rotation, cfg: TrainConfig, bar=None) -> dict:
+def train_rotation(ts: TraceSet, rot: Rotation, cfg: PredictorTrainConfig, bar=None) -> dict:
     """Train one rotation; returns its best state, normalisation and curves."""
     device = cfg.device
     tr = examples(ts, cfg.kind, ts.blocks_of(rot.train))
@@ -202,7 +202,7 @@ def save_rotation(path: Path, state: dict, mean: np.ndarray, std: np.ndarray, me
     _atomic_write(Path(path), lambda tmp: save_file(tensors, tmp, metadata=md))
 
 
-def train_predictor(ts: TraceSet, cfg: TrainConfig, out: str | Path, progress: bool = True) -> dict:
+def train_predictor(ts: TraceSet, cfg: PredictorTrainConfig, out: str | Path, progress: bool = True) -> dict:
     """Train the five rotations of ``cfg.kind`` on ``ts`` and write them under ``out/KIND/``;
     returns the manifest (also written as ``manifest.json``, last)."""
     from tqdm import tqdm
@@ -410,7 +410,7 @@ def cmd_train_predictor(a) -> int:
     from .runtime import resolve_runtime
     from .traces import load_traces, run_policy
 
-    cfg = TrainConfig(kind=a.kind, epochs=a.epochs, seed=a.seed, batch_size=a.batch_size, lr=a.lr,
+    cfg = PredictorTrainConfig(kind=a.kind, epochs=a.epochs, seed=a.seed, batch_size=a.batch_size, lr=a.lr,
                       device=resolve_runtime(a.device, None, a.threads).device)
     if a.threads:
         torch.set_num_threads(a.threads)

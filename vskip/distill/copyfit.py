@@ -104,7 +104,7 @@ def lam_of(samples: dict, prior: CopyPrior) -> np.ndarray:
     return lam[_bucket(samples["length"], prior.length_edges), _bucket(samples["offset"], prior.offset_edges)]
 
 
-def summarize(samples: dict, prior: CopyPrior) -> dict:
+def fit_summary(samples: dict, prior: CopyPrior) -> dict:
     """Held-out figures of a fitted prior: NLL and top-1 accuracy of the network alone and of the
     mixture (at the first reveal step, positions with a hint)."""
     p, h = samples["p_target"], samples["is_hint"].astype(bool)
@@ -162,7 +162,7 @@ def evaluate_prior(drafter: DiffusionDrafter, prior: CopyPrior, rows, seed: int 
     saved = drafter.copy
     try:
         drafter.copy = None
-        out = summarize(collect(drafter, rows, block_starts(rows, per_row, seed), gamma, progress=progress), prior)
+        out = fit_summary(collect(drafter, rows, block_starts(rows, per_row, seed), gamma, progress=progress), prior)
         starts = block_starts(rows, 2, seed + 1)
         sub = [rows[i] for i in np.random.default_rng(seed + 2).permutation(len(rows))[:replay_answers]]
         strict, replay = {}, {}
@@ -202,7 +202,7 @@ def fit_copy_prior(drafter: DiffusionDrafter, data_dir: Path, fit_shards: Sequen
     meta = {"fit_shards": data_fingerprint(data_dir, list(fit_shards)), "fit_rows": len(rows), "gamma": gamma,
             "per_row": per_row, "seed": seed, "min_count": min_count, "counts": count.tolist()}
     prior = CopyPrior(lam.tolist(), meta=meta)
-    meta["fit"] = summarize(samples, prior)
+    meta["fit"] = fit_summary(samples, prior)
     if eval_shards:
         ho = load_answers(data_dir, eval_shards)
         meta["eval_shards"] = data_fingerprint(data_dir, list(eval_shards))

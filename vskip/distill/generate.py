@@ -48,8 +48,8 @@ from typing import Sequence
 from vskip.files import DirLock, write_atomic
 
 from vskip.distill.shards import (  # noqa: F401 - the format, re-exported
-    FORMAT_VERSION, INDEX_FILE, PROMPTS_FILE, RESUME_KEYS, SHARD_GLOBS, ends_in_a_loop, file_sha256, iter_distillation,
-    read_index, read_shard, shard_files, shard_name, shard_rows, summarize, write_shard,
+    FORMAT_VERSION, INDEX_FILE, PROMPTS_FILE, RESUME_KEYS, SHARD_GLOBS, dataset_totals, ends_in_a_loop, file_sha256, iter_distillation,
+    read_index, read_shard, shard_files, shard_name, shard_rows, write_shard,
 )
 from vskip.distill.prompts import (
     SOURCES,
@@ -387,7 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     if args.summary:
-        summary = summarize(Path(args.out))
+        summary = dataset_totals(Path(args.out))
         Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
         Path(args.summary).write_text(json.dumps(summary, indent=1) + "\n")
         print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=1))

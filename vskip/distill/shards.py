@@ -141,7 +141,7 @@ def ends_in_a_loop(answer, tail: int = 128, n: int = 16) -> bool:
     return len(grams) != len(set(grams))
 
 
-def summarize(out_dir: Path) -> dict:
+def dataset_totals(out_dir: Path) -> dict:
     """Totals of a data directory's manifest (``index.json``): shards, rows, answer and prompt
     tokens, answers ended by eos, bytes on disk, per-run generation throughput; the shards'
     hashes are checked against the files."""

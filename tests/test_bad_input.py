@@ -134,7 +134,7 @@ CASES = [
     ("train-drafter --data {tmp}/empty --out {tmp}/t", "empty"),
     ("train-drafter --data {tmp}/empty --out {tmp}/t --gamma 0", "gamma"),
     ("train-drafter --data {tmp}/empty --out {tmp}/t --num-layers 0", "num-layers"),
-    ("train-drafter --data {tmp}/empty --out {tmp}/t --steps 0", "steps"),
+    ("train-drafter --data {tmp}/empty --out {tmp}/t --train-steps 0", "steps"),
     ("train-drafter --data {tmp}/empty --out {tmp}/t --lr -1", "lr"),
     ("train-drafter --data {tmp}/empty --out {tmp}/t --full-mask-share 2", "full-mask-share"),
     ("train-drafter --data {tmp}/empty --out {tmp}/t --layers 0,0", "layers"),

@@ -80,7 +80,8 @@ def _report(subparsers) -> None:
     )
     r.add_argument("dirs", nargs="+", help="run directories or directories holding them")
     r.add_argument("--out", required=True, help="output directory")
-    r.add_argument("--k-min", type=int, default=6, help="k_min of the signal runs drawn as frontiers (default: 6)")
+    r.add_argument("--frontier-k-min", dest="k_min", type=int, default=K_MIN,
+                   help=f"the k_min of the signal runs drawn as frontiers (default: {K_MIN})")
     r.add_argument("--bootstrap", type=int, default=10_000, help="paired bootstrap resamples (default: 10000)")
     r.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
     r.set_defaults(fn=_lazy("report", "cmd_report"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from .defaults import K_MIN, S_MAX
 from .policy import PolicyConfig
 
 # --------------------------------------------------------------------------- grids
@@ -153,7 +154,7 @@ GRIDS: dict[str, tuple[str, Callable[[int, int], list[GridPoint]]]] = {
 }
 
 
-def grid(name: str, k_min: int = 6, s_max: int = 64) -> list[GridPoint]:
+def grid(name: str, k_min: int = K_MIN, s_max: int = S_MAX) -> list[GridPoint]:
     """The configurations of a named grid. ``k_min``/``s_max`` apply where the grid does not set
     them (the paper's main sweeps use 6 and 64)."""
     if name not in GRIDS:

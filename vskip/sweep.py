@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .decode import DecodeConfig
+from .defaults import K_MIN, S_MAX
 from .metrics import summarize
 from .policy import LEARNED  # noqa: F401 - methods that need --predictor
 from .files import read_jsonl as _read_jsonl, write_json, write_jsonl as _write_jsonl
@@ -99,8 +100,8 @@ def plan(
     predictor: str | None = None,
     score: bool = True,
     shards: int = 1,
-    k_min: int = 6,
-    s_max: int = 64,
+    k_min: int = K_MIN,
+    s_max: int = S_MAX,
 ) -> SweepPlan:
     """Resolve a grid and a prompt selection into the configurations to run. Learned signals are
     left out (and listed in ``skipped``) when there is no ``predictor``."""

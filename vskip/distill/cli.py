@@ -27,7 +27,10 @@ def register(subparsers) -> None:
     d = TrainConfig()
     for name in ("num_layers", "gamma", "blocks_per_seq", "batch_seqs", "steps", "warmup", "max_context",
                  "holdout", "seed", "checkpoint_every", "eval_every"):
-        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
+        # training steps are --train-steps: --steps is the reveal steps of a block everywhere else
+        flag = "--train-steps" if name == "steps" else "--" + name.replace("_", "-")
+        p.add_argument(flag, dest=name, type=int, default=getattr(d, name),
+                       help="optimiser steps" if name == "steps" else None)
     p.add_argument("--layers", type=_layer_list,
                    help="comma-separated verifier layers to start from, e.g. 0,1,2,3,14,29 (default: the first --num-layers)")
     p.add_argument("--lr", type=float, default=d.lr)

@@ -26,7 +26,7 @@ from .acceptance import MAX_TOP_K
 from .guards import GuardConfig, GuardContext, check_guards, invalid_scores
 from .signals import LEARNED, SIGNALS, feasible_prefix
 
-from ..defaults import POLICIES  # noqa: E402 - the one list, importable without numpy
+from ..defaults import K_MIN, POLICIES, S_MAX  # noqa: E402 - the one list, importable without numpy
 
 #: Paper defaults (§5.1, A.3, A.6): thresholds per signal when none are given.
 DEFAULT_GATES = {"raw": (0.90, 0.93), "marginal": (0.90, 0.90), "conditional": (0.90, 0.90)}
@@ -39,8 +39,8 @@ class PolicyConfig:
     name: str = "strict"
     eta_b: float = 0.90
     eta_c: float = 0.93
-    k_min: int = 6
-    s_max: int = 64
+    k_min: int = K_MIN
+    s_max: int = S_MAX
     lenience: float = 1.0
     top_k: int = 1
     period: int = 4

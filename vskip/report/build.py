@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from ..defaults import K_MIN
 from ..policy import SIGNALS
 from .compare import Row, choose_reference, compare, equal_outputs
 from .figures import figure1, figure4, figure5
@@ -51,7 +52,7 @@ def _sort_key(row: Row):
     return (order.get(row.method, 99), *[-1 if row.p(k) is None else row.p(k) for k in PARAMS], row.name)
 
 
-def build_report(paths: Sequence[Path], out: Path, k_min: int = 6, n_boot: int = 10_000, seed: int = 0,
+def build_report(paths: Sequence[Path], out: Path, k_min: int = K_MIN, n_boot: int = 10_000, seed: int = 0,
                  warn: Callable[[str], None] | None = None) -> Report:
     """Read the runs under ``paths`` and write tables, figures and ``report.md`` into ``out``."""
     warn = warn or (lambda msg: print(f"vskip report: {msg}", file=sys.stderr))

@@ -42,7 +42,9 @@ def _median_ms(f, reps: int) -> tuple[float, float]:
 
 def machine(threads: int) -> dict:
     """Read bandwidth (GB/s) and matrix-product throughput (GFLOP/s, float32 and bfloat16)."""
-    torch.set_num_threads(threads)
+    from vskip.runtime import Runtime
+
+    Runtime(threads=threads).activate()
     x = torch.ones(1 << 28)  # 1 GiB, touched
     bw = max(x.numel() * 4 / (_median_ms(lambda: x.sum(), 5)[0] / 1000) / 1e9 for _ in range(2))
     del x
@@ -101,7 +103,6 @@ def main(argv=None) -> int:
 
             for steps in (1, 2):
                 pair = open_pair(ModelConfig(device="cpu", dtype=dtype, threads=threads, drafter_dtype=dtype, steps=steps))
-                torch.set_num_threads(threads)
                 ver, dr = pair.verifier, pair.drafter
                 prompt = encode_chat(pair.tokenizer, tasks.user_prompt(tasks.load_task("humaneval", limit=1)[0]))
                 seq = (prompt * (a.context // len(prompt) + 1))[: a.context]

@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     cfg = DecodeConfig(gamma=a.gamma, max_new_tokens=a.max_new_tokens)
     rows, outputs = [], {}
     for name, cache, kw in CONFIGS:
-        pair.verifier.use_cache = cache
+        pair.verifier.set_cache(cache)
         policy = PolicyConfig.make(name, **kw)
         N = T = calls = blocks = draft = verify = 0.0
         outs = []

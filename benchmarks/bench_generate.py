@@ -86,7 +86,9 @@ def main() -> int:
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_calls import machine
 
-    torch.set_num_threads(a.threads)
+    from vskip.runtime import Runtime
+
+    Runtime(threads=a.threads).activate()
     vdir = embedded_verifier_dir()
     tok = AutoTokenizer.from_pretrained(str(vdir))
     prompts = _prompts(a.prompts, tok)

@@ -41,9 +41,9 @@ def oracle(drafter, prior, rows, gamma: int, max_new_tokens: int) -> dict:
         while b < end:
             g = min(gamma, end - b)
             ref, seq = row[b : b + g], row[:b].tolist()
-            drafter.copy = prior
+            drafter.set_copy_prior(prior)
             mix = accepted(drafter.propose(seq, g).tokens, ref)
-            drafter.copy = None
+            drafter.set_copy_prior(None)
             net = accepted(drafter.propose(seq, g).tokens, ref)
             hint, length = copy_hint(row[:b], g)
             raw = accepted(hint, ref) if length else 0
@@ -53,7 +53,7 @@ def oracle(drafter, prior, rows, gamma: int, max_new_tokens: int) -> dict:
             calls += 1
         tokens += end - P
         drafter.reset()
-    drafter.copy = prior
+    drafter.set_copy_prior(prior)
     return {"tokens_per_call": tokens / calls, "calls": calls,
             "best_share": dict(zip(("network", "mixture", "hint"), (best / calls).round(3).tolist()))}
 
@@ -85,11 +85,11 @@ def main(argv=None) -> int:
             d.steps = steps
             row = {"gamma": gamma, "steps": steps}
             for name, p in (("network", None), ("mixture", prior)):
-                d.copy = p
+                d.set_copy_prior(p)
                 t0 = time.perf_counter()
                 r = simulate_strict(d, rows, gamma, a.max_new_tokens)
                 row[name] = r | {"draft_ms_per_call": 1000 * (time.perf_counter() - t0) / r["calls"]}
-            d.copy = prior
+            d.set_copy_prior(prior)
             row["ratio"] = row["mixture"]["tokens_per_call"] / row["network"]["tokens_per_call"]
             print(f"gamma {gamma} steps {steps}: tokens/call network {row['network']['tokens_per_call']:.3f}  "
                   f"with copy prior {row['mixture']['tokens_per_call']:.3f}  ratio {row['ratio']:.3f}  "

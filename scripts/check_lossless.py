@@ -35,10 +35,10 @@ def main(argv=None) -> int:
     bad = checked = tokens = accepted = rounds = 0
     for p in tqdm(tasks.load_task("humaneval", limit=a.limit), unit="prompt"):
         ids = encode_chat(pair.tokenizer, tasks.user_prompt(p))
-        pair.verifier.use_cache = True
+        pair.verifier.set_cache(True)
         ref = decode(ids, None, pair.verifier, PolicyConfig(name="ar"), cfg).tokens
         for cache in (True, False):
-            pair.verifier.use_cache = cache
+            pair.verifier.set_cache(cache)
             res = decode(ids, pair.drafter, pair.verifier, PolicyConfig(name="strict"), cfg)
             checked += 1
             tokens += len(res.tokens)

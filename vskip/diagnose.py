@@ -436,10 +436,7 @@ def cmd_diagnose(a) -> int:
     from .runtime import resolve_runtime
 
     runtime = resolve_runtime(a.device, None, a.threads)
-    if a.threads:
-        import torch
-
-        torch.set_num_threads(a.threads)
+    runtime.activate()
     cfg = DiagnoseConfig(repetitions=a.repetitions, seed=a.seed)
     s = diagnose(a.traces, a.out, predictors=a.predictors, cfg=cfg, runtime=runtime)
     print(json.dumps({"out": str(Path(a.out) / "diagnose.md"), "blocks": s["blocks"], "bce": s["bce"],

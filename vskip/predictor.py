@@ -410,10 +410,10 @@ def cmd_train_predictor(a) -> int:
     from .runtime import resolve_runtime
     from .traces import load_traces, run_policy
 
+    runtime = resolve_runtime(a.device, None, a.threads)
+    runtime.activate()
     cfg = PredictorTrainConfig(kind=a.kind, epochs=a.epochs, seed=a.seed, batch_size=a.batch_size, lr=a.lr,
-                      device=resolve_runtime(a.device, None, a.threads).device)
-    if a.threads:
-        torch.set_num_threads(a.threads)
+                               device=runtime.device)
     from .files import check_writable_dir
 
     check_writable_dir(a.out, "predictor directory")

@@ -191,8 +191,6 @@ def generate_distillation(
     ``slots``: how many answers the engine decodes at once. Returns the index (also written to
     ``out_dir/index.json``).
     """
-    import torch
-
     from vskip.models.backbone import read_hf_config
 
     from .engine import SlotEngine, load_causal_lm
@@ -204,7 +202,9 @@ def generate_distillation(
     if shard_size < 1 or slots < 1 or max_new_tokens < 1 or threads < 1:
         raise ValueError("shard_size, slots, max_new_tokens and threads must be positive")
     out_dir.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(threads)
+    from vskip.runtime import Runtime
+
+    Runtime(threads=threads).activate()
 
     with DirLock(out_dir, "data directory"):
         settings = {
@@ -401,9 +401,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         verifier_dir = embedded_verifier_dir()
     prompts = _resolve_prompts(args)
     if args.check:
-        import torch
+        from vskip.runtime import Runtime
 
-        torch.set_num_threads(args.threads)
+        Runtime(threads=args.threads).activate()
         step = max(1, len(prompts) // args.check)
         t = time.time()
         report = check_agreement(verifier_dir, prompts[::step][: args.check], args.max_new_tokens,

@@ -298,8 +298,9 @@ def train(data_dir: Path, out: Path, verifier_dir: Path, cfg: TrainConfig, progr
     directory ``out/drafter`` (only what differs from the verifier, fp16)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    from ..runtime import Runtime
+
+    Runtime(threads=cfg.threads).activate()
     torch.manual_seed(cfg.seed)
     data = load_rows(data_dir)
     tr, ho = split(data, cfg.holdout, cfg.seed)

@@ -227,6 +227,10 @@ class DiffusionDrafter:
             self._col[torch.tensor(sorted(banned), device=dev)] = BANNED
         self.reset()
 
+    def set_copy_prior(self, prior: CopyPrior | None) -> None:
+        """Draft with this copy prior (None: the network alone)."""
+        self.copy = prior
+
     def reset(self) -> None:
         self._cache = None
         self._cached_ids: list[int] = []

@@ -68,6 +68,11 @@ class HFVerifier:
         self._cache = None
         self._cached_ids: list[int] = []
 
+    def set_cache(self, on: bool) -> None:
+        """Keep a KV cache (on) or recompute the whole sequence every call (off, as the paper)."""
+        self.use_cache = bool(on)
+        self.reset()
+
     def warmup(self, seq, gamma) -> None:
         self.score(list(seq), [0] * gamma)
         self.reset()

@@ -1,0 +1,93 @@
+"""The prefix scheduler's pure parts: survival from hazards, the block-level likelihood, the
+conformal risk control threshold (its guarantee checked on synthetic exchangeable prompts, with a
+deliberately overconfident model) and the cost-aware choice."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from vskip.policy.prefix import (calibrate, choose, prompt_loss, skip_lengths, survival_from_hazards,
+                                 survival_nll)
+
+G = 8
+hazards = arrays(np.float64, (5, G), elements=st.floats(0.0, 1.0))
+
+
+@given(hazards)
+def test_survival_is_a_non_increasing_probability(h):
+    S = survival_from_hazards(h)
+    assert np.all((S >= 0) & (S <= 1)) and np.all(np.diff(S, axis=1) <= 1e-12)
+
+
+@given(arrays(np.float64, (G,), elements=st.floats(0.01, 0.99)))
+def test_the_likelihood_is_a_distribution_over_L(h):
+    nll = survival_nll(np.repeat(h[None, :], G + 1, axis=0), np.arange(G + 1))
+    assert np.exp(-nll).sum() == pytest.approx(1.0, abs=1e-9)
+    S = survival_from_hazards(h)
+    assert np.exp(-nll[3]) == pytest.approx(S[2] * h[3])  # L = 3: three survive, the fourth fails
+
+
+@settings(max_examples=60)
+@given(hazards, arrays(np.int64, (5,), elements=st.integers(0, G)), st.floats(0, 1), st.floats(0, 1))
+def test_the_loss_does_not_grow_with_the_threshold(h, L, a, b):
+    S = survival_from_hazards(h)
+    lo, hi = min(a, b), max(a, b)
+    assert prompt_loss(S, L, hi) <= prompt_loss(S, L, lo) + 1e-12
+    assert 0.0 <= prompt_loss(S, L, lo) <= 1.0
+
+
+def test_skip_lengths_take_the_passing_prefix_and_k_min():
+    S = np.array([[0.95, 0.9, 0.7, 0.2], [0.5, 0.4, 0.3, 0.1]])
+    assert skip_lengths(S, 0.8).tolist() == [2, 0]
+    assert skip_lengths(S, 0.8, k_min=3).tolist() == [0, 0]
+
+
+def _prompts(rng, n, blocks=12, overconfidence=0.3):
+    """Prompts whose blocks draw L from a true survival curve; the model reports S**0.3, which
+    is too high everywhere: the calibration must make up for it."""
+    out = []
+    for _ in range(n):
+        h = rng.uniform(0.05, 0.6, size=(blocks, G))
+        S = survival_from_hazards(h)
+        u = rng.random(blocks)
+        L = (S >= u[:, None]).sum(axis=1)  # P(L >= k) = S_k
+        out.append((S ** overconfidence, L))
+    return out
+
+
+def test_conformal_risk_control_keeps_its_promise():
+    rng = np.random.default_rng(0)
+    alpha, losses, lams = 0.05, [], []
+    for _ in range(100):
+        cal, test = _prompts(rng, 60), _prompts(rng, 40)
+        c = calibrate(cal, alpha, grid=np.linspace(0, 1, 101))
+        lams.append(c.lam)
+        losses.append(np.mean([prompt_loss(S, L, c.lam) for S, L in test]))
+    assert np.mean(losses) <= alpha + 0.005  # E[loss] <= alpha, up to Monte Carlo error
+    assert np.mean(losses) > alpha / 4  # and not trivially: it does skip
+    naive = np.mean([prompt_loss(S, L, 0.5) for S, L in _prompts(rng, 200)])
+    assert naive > alpha  # the overconfident model at a plain threshold would break the promise
+
+
+def test_calibration_refuses_what_it_cannot_promise():
+    rng = np.random.default_rng(1)
+    c = calibrate(_prompts(rng, 10), alpha=0.05)  # B / (n + 1) = 0.09 > alpha: never skip
+    assert c.lam == float("inf") and prompt_loss(*_prompts(rng, 1)[0], c.lam) == 0.0
+    for bad in (0.0, 1.0, -0.1):
+        with pytest.raises(ValueError):
+            calibrate(_prompts(rng, 30), alpha=bad)
+
+
+def test_choice_weighs_the_skip_against_the_break_even_length():
+    S = np.array([0.99, 0.98, 0.97, 0.6, 0.3, 0.1, 0.0, 0.0])
+    EL = S.sum()
+    cheap = choose(S, lam=0.95, c_D=10.0, c_V=100.0)  # K* = (E[L] + 1) * 10 / 110 < 3
+    assert cheap.K == 3 and cheap.k_star == pytest.approx((EL + 1) * 10 / 110) and cheap.reason == "skip"
+    dear = choose(S, lam=0.95, c_D=100.0, c_V=10.0)  # drafting dominates: K* > 3
+    assert dear.K == 0 and "K*" in dear.reason
+    strict = choose(S, lam=0.999, c_D=10.0, c_V=100.0)
+    assert strict.K == 0 and "threshold" in strict.reason
+    with pytest.raises(ValueError):
+        choose(S, 0.9, 0.0, 1.0)

@@ -1,0 +1,135 @@
+"""Pieces of a prefix scheduler beyond the paper (numpy only): survival of whole prefixes, a
+threshold calibrated by conformal risk control, and a cost-aware choice between verifying and
+skipping.
+
+- **Prefix survival.** A model that scores a block as per-position hazards ``h_j`` (the chance
+  that position ``j`` is the first to disagree, given that the ones before agree) gives
+  ``S_k = P(L >= k) = prod_{j <= k} (1 - h_j)``. It is monotone in ``k`` by construction.
+  :func:`survival_nll` is the block-level likelihood of an observed ``L`` under it, the training
+  objective of such a model.
+- **A promised agreement** (:func:`calibrate`). Conformal risk control [Angelopoulos, Bates,
+  Fisch, Lei and Schuster, *Conformal Risk Control*, ICLR 2024] picks the smallest threshold
+  ``lambda`` with ``n/(n+1) R_n(lambda) + B/(n+1) <= alpha``. Here ``R_n`` is the mean over ``n``
+  calibration prompts of a loss that is bounded by ``B = 1`` and does not increase with
+  ``lambda``. Then, for a new prompt *exchangeable* with the calibration prompts,
+  ``E[loss] <= alpha``.
+  - The loss (:func:`prompt_loss`) counts the drafted tokens a skip commits beyond what Strict SDD
+    accepts (``max(0, K - L)`` per block), divided by the tokens Strict SDD commits on that prompt
+    (``sum(L + 1)``), capped at 1.
+  - The guarantee breaks when the prompts are not exchangeable (another task or another drafter).
+    It also breaks when the skips change the trajectory so that new blocks no longer look like the
+    calibration blocks, because traces of Strict SDD are replayed offline. On-policy traces
+    (shadow-verified skips) reduce that gap; they do not remove it.
+- **Cost-aware choice** (:func:`choose`). Eq. 7-8 put the price of a verified round at
+  ``c_D + c_V`` for an expected ``E[L] + 1`` tokens, and that of a skip of ``k`` tokens at
+  ``c_D``. Given the block's survival, :func:`choose` skips the longest admissible prefix
+  (``S_k >= lambda``) when ``k / c_D`` beats ``(E[L] + 1) / (c_D + c_V)``, and verifies otherwise.
+  The block's own break-even length ``K*`` replaces a fixed ``k_min``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+#: the upper bound of :func:`prompt_loss`
+LOSS_BOUND = 1.0
+
+
+def survival_from_hazards(h: np.ndarray) -> np.ndarray:
+    """``S[..., k-1] = P(L >= k) = prod_{j <= k} (1 - h_j)`` from hazards ``h`` [..., gamma]."""
+    h = np.clip(np.asarray(h, np.float64), 0.0, 1.0)
+    return np.cumprod(1.0 - h, axis=-1)
+
+
+def survival_nll(h: np.ndarray, L: np.ndarray, eps: float = 1e-7) -> np.ndarray:
+    """Negative log-likelihood of each block's accepted length ``L`` [B] under hazards ``h``
+    [B, gamma]: the first ``L`` positions survive, then position ``L + 1`` fails (none when
+    ``L == gamma``)."""
+    h = np.clip(np.asarray(h, np.float64), eps, 1.0 - eps)
+    L = np.asarray(L, np.int64)
+    B, g = h.shape
+    j = np.arange(g)[None, :]
+    alive = (j < L[:, None]) * np.log1p(-h)
+    fail = np.where(L < g, np.log(h[np.arange(B), np.minimum(L, g - 1)]), 0.0)
+    return -(alive.sum(1) + fail)
+
+
+def skip_lengths(S: np.ndarray, lam: float, k_min: int = 1) -> np.ndarray:
+    """The longest ``k`` with ``S_k >= lam`` per block (0 when none, or when shorter than
+    ``k_min``). ``S`` is non-increasing in ``k``, so this is how many leading entries pass."""
+    S = np.asarray(S, np.float64)
+    K = (S >= lam).sum(axis=-1)
+    return np.where(K >= k_min, K, 0)
+
+
+def prompt_loss(S: np.ndarray, L: np.ndarray, lam: float, k_min: int = 1) -> float:
+    """One prompt's loss at threshold ``lam``, replayed on its Strict SDD blocks (survival ``S``
+    [B, gamma], accepted lengths ``L`` [B]): drafted tokens committed beyond ``L``, over the tokens
+    Strict SDD commits, capped at :data:`LOSS_BOUND`. Non-increasing in ``lam``."""
+    L = np.asarray(L, np.int64)
+    if L.size == 0:
+        return 0.0
+    K = skip_lengths(S, lam, k_min)
+    wrong = np.maximum(K - L, 0).sum()
+    return float(min(LOSS_BOUND, wrong / (L + 1).sum()))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """``lam``: the threshold (``inf``: no threshold meets ``alpha``; never skip); ``alpha``;
+    ``n``: calibration prompts; ``risk``: their mean loss at ``lam``; ``bound``: the CRC left-hand
+    side at ``lam``."""
+
+    lam: float
+    alpha: float
+    n: int
+    risk: float
+    bound: float
+
+
+def calibrate(prompts: Sequence[tuple[np.ndarray, np.ndarray]], alpha: float, grid: Sequence[float] | None = None,
+              k_min: int = 1) -> Calibration:
+    """Conformal risk control: the smallest ``lam`` of ``grid`` with
+    ``n/(n+1) * mean_i loss_i(lam) + B/(n+1) <= alpha`` over the calibration ``prompts`` (each a
+    pair (survival [B, gamma], L [B])). Because the loss does not increase with ``lam``, the
+    smallest passing value keeps the guarantee."""
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    n = len(prompts)
+    if n == 0:
+        raise ValueError("no calibration prompts")
+    grid = np.unique(np.clip(np.asarray(grid if grid is not None else np.linspace(0.0, 1.0, 201), np.float64), 0, 1))
+    for lam in grid:  # ascending: the first that passes is the smallest
+        risk = float(np.mean([prompt_loss(S, L, lam, k_min) for S, L in prompts]))
+        bound = n / (n + 1) * risk + LOSS_BOUND / (n + 1)
+        if bound <= alpha:
+            return Calibration(float(lam), alpha, n, risk, bound)
+    return Calibration(float("inf"), alpha, n, 0.0, LOSS_BOUND / (n + 1))
+
+
+@dataclass(frozen=True)
+class Choice:
+    K: int  # tokens to skip with (0: verify)
+    expected_L: float  # E[L] under the block's survival
+    k_star: float  # the block's break-even skip length (Eq. 8 with A = E[L] + 1)
+    reason: str
+
+
+def choose(S: np.ndarray, lam: float, c_D: float, c_V: float, k_min: int = 1) -> Choice:
+    """Verify or skip one block (survival ``S`` [gamma]) by expected tokens per second: skip the
+    longest prefix with ``S_k >= lam`` when ``k / c_D > (E[L] + 1) / (c_D + c_V)``, that is when
+    ``k > K* = (E[L] + 1) c_D / (c_D + c_V)``; verify otherwise."""
+    if c_D <= 0 or c_V <= 0:
+        raise ValueError("c_D and c_V must be positive")
+    S = np.asarray(S, np.float64)
+    expected_L = float(S.sum())
+    k_star = (expected_L + 1.0) * c_D / (c_D + c_V)
+    k = int(skip_lengths(S[None, :], lam, k_min)[0])
+    if k == 0:
+        return Choice(0, expected_L, k_star, "verify: no prefix meets the threshold")
+    if k <= k_star:
+        return Choice(0, expected_L, k_star, "verify: the admissible skip is shorter than K*")
+    return Choice(k, expected_L, k_star, "skip")

@@ -171,3 +171,14 @@ def test_a_run_killed_at_any_point_resumes_to_the_same_files(tmp_path, clean, ki
     assert not (tmp_path / "summary.json").exists()
     _run(tmp_path)
     assert read_dir(tmp_path) == clean
+
+
+def test_the_command_line_is_recorded_and_shown_by_the_report(tmp_path):
+    from vskip.report.runs import load_run
+
+    out = tmp_path / "r"
+    runner.run(_cfg("strict"), out, progress=False, pair=fake_pair(None, True),
+               command="vskip run --task humaneval --policy strict --out r")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["command"] == "vskip run --task humaneval --policy strict --out r"
+    assert load_run(out).command() == cfg["command"]  # not rebuilt from the configuration

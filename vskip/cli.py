@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -123,7 +124,7 @@ def cmd_run(a) -> int:
     ids = _ids(a.ids)
     cfg = RunConfig(task=a.task, policy=policy, decode=dec, models=models, limit=a.limit, ids=ids,
                     score=a.score, predictor=a.predictor)
-    summary = run(cfg, a.out, progress=not a.quiet)
+    summary = run(cfg, a.out, progress=not a.quiet, command=getattr(a, "command_line", None))
     keys = ("task", "policy", "n_prompts", "pass_at_1", "tokens_per_s", "calls_per_token", "blocks_per_token",
             "strict_token", "full_prefix", "skipped_rounds")
     print(json.dumps({k: summary.get(k) for k in keys}))
@@ -275,7 +276,7 @@ def cmd_plan(a) -> int:
     text = plan.describe()
     print(text)
     if a.out:
-        command = "vskip plan " + " ".join(sys.argv[2:] if a.argv is None else a.argv)
+        command = getattr(a, "command_line", None) or "vskip plan " + " ".join(sys.argv[2:])
         write_json(Path(a.out), {"command": command} | plan.to_json())
         write_atomic(Path(a.out).with_suffix(".md"), f"```\n{command}\n```\n\n{text}\n")
     return 0 if plan.fits else 1
@@ -383,8 +384,8 @@ def main(argv=None) -> int:
     debug = "--debug" in argv or os.environ.get("VSKIP_DEBUG", "") not in ("", "0")
     argv = [a for a in argv if a != "--debug"]
     args = build_parser().parse_args(argv)
-    if getattr(args, "command", None) == "plan":
-        args.argv = argv[1:]
+    args.argv = argv[1:]  # the command as given, recorded by run directories and plans
+    args.command_line = shlex.join(["vskip", *argv])
     try:
         return args.fn(args)
     except KeyboardInterrupt:

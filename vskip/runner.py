@@ -64,10 +64,12 @@ def _check_resume(out: Path, cfg_json: dict) -> None:
         raise ValueError(f"{out} holds a run with another configuration; choose another --out or remove it")
 
 
-def run(cfg: RunConfig, out: Path, progress: bool = True, pair=None) -> dict:
+def run(cfg: RunConfig, out: Path, progress: bool = True, pair=None, command: str | None = None) -> dict:
     """Decode, score and summarise; returns the summary. ``pair``: an already loaded
     :class:`vskip.models.load.ModelPair` matching ``cfg.models`` (sweeps reuse one per process).
-    The run directory is locked while it runs: a second writer refuses."""
+    ``command``: the command line that started the run, recorded in ``config.json`` (reports show
+    it instead of rebuilding one). The run directory is locked while it runs: a second writer
+    refuses."""
     from . import tasks
 
     problems = tasks.load_task(cfg.task, limit=cfg.limit, ids=list(cfg.ids) if cfg.ids else None)
@@ -77,18 +79,18 @@ def run(cfg: RunConfig, out: Path, progress: bool = True, pair=None) -> dict:
         _check_sandbox(cfg.task)
     out = check_writable_dir(out, "run directory")
     with DirLock(out, "run directory"):
-        return _run_locked(cfg, out, problems, progress, pair)
+        return _run_locked(cfg, out, problems, progress, pair, command)
 
 
-def _run_locked(cfg: RunConfig, out: Path, problems, progress: bool, pair) -> dict:
+def _run_locked(cfg: RunConfig, out: Path, problems, progress: bool, pair, command: str | None = None) -> dict:
     cfg_json = json.loads(json.dumps(cfg.to_json()))  # tuples become lists, as when read back
     _check_resume(out, cfg_json)
     done, _ = resume_state(out)
 
     m = cfg.models
     pair, runtime, predictor = _models(cfg, problems, pair)
-    write_json(out / CONFIG,
-               {"run": cfg_json, "models": pair.identity, "runtime": asdict(runtime), "versions": package_versions()})
+    write_json(out / CONFIG, {"run": cfg_json, "models": pair.identity, "runtime": asdict(runtime),
+                              "versions": package_versions(), **({"command": command} if command else {})})
     _decode_prompts(cfg, out, problems, pair, predictor, done, progress)
     samples = [done[p.task_id] for p in problems]
     scoring_note = None

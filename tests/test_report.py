@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from vskip import report
+from vskip.cli import main
 from vskip.policy import break_even_length
 
 IDS = ["HumanEval/0", "HumanEval/1", "HumanEval/2", "HumanEval/3"]
@@ -338,3 +339,33 @@ def test_intervals_and_the_second_quality_axis(sweep_dir, tmp_path):
     assert b["discordant"] == 1 and b["delta_pass_bound"] == pytest.approx(clopper_pearson_upper(1, 4))
     assert 0.75 < b["delta_pass_bound"] < 0.76  # scipy: beta.ppf(0.95, 2, 3)
     assert np.isclose(clopper_pearson_upper(4, 4), 1.0)
+
+
+def test_the_archive_rebuilds_the_report(sweep_dir, tmp_path, monkeypatch):
+    """--archive keeps the run files behind a report in one deterministic file; extracted
+    elsewhere, they give the same report byte for byte."""
+    import tarfile
+
+    from vskip.report.build import archive_runs
+
+    monkeypatch.chdir(sweep_dir.parent)
+    rep, _ = build([Path("sweep")], tmp_path / "a")
+    first = archive_runs(rep, tmp_path / "a" / "runs.tar.xz").read_bytes()
+    assert archive_runs(rep, tmp_path / "again.tar.xz").read_bytes() == first  # deterministic
+    with tarfile.open(tmp_path / "a" / "runs.tar.xz") as tar:
+        names = tar.getnames()
+        assert "sweep/strict/samples.jsonl" in names and not any("traces" in n for n in names)
+        tar.extractall(tmp_path / "x", filter="data")
+    monkeypatch.chdir(tmp_path / "x")
+    build([Path("sweep")], tmp_path / "b")
+    for f in sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.suffix in (".md", ".csv")):
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
+
+
+def test_the_report_records_its_command(sweep_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(sweep_dir.parent)
+    rc = main(["report", "sweep", "--out", str(tmp_path / "r"), "--bootstrap", "50", "--archive"])
+    assert rc == 0
+    text = (tmp_path / "r" / "report.md").read_text()
+    assert f"vskip report sweep --out {tmp_path / 'r'} --bootstrap 50 --archive" in text
+    assert (tmp_path / "r" / "runs.tar.xz").exists()

@@ -84,6 +84,9 @@ def _report(subparsers) -> None:
                    help=f"the k_min of the signal runs drawn as frontiers (default: {K_MIN})")
     r.add_argument("--bootstrap", type=int, default=10_000, help="paired bootstrap resamples (default: 10000)")
     r.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
+    r.add_argument("--archive", action="store_true",
+                   help="also write OUT/runs.tar.xz: the run files behind the report (configs, samples, rounds, "
+                        "summaries; no traces), so it can be regenerated from what is committed")
     r.set_defaults(fn=_lazy("report", "cmd_report"))
 
 

@@ -53,14 +53,17 @@ def _sort_key(row: Row):
 
 
 def build_report(paths: Sequence[Path], out: Path, k_min: int = K_MIN, n_boot: int = 10_000, seed: int = 0,
-                 warn: Callable[[str], None] | None = None) -> Report:
-    """Read the runs under ``paths`` and write tables, figures and ``report.md`` into ``out``."""
+                 warn: Callable[[str], None] | None = None, command: str | None = None) -> Report:
+    """Read the runs under ``paths`` and write tables, figures and ``report.md`` into ``out``.
+    ``command``: the command line that made the report, recorded at its top."""
     warn = warn or (lambda msg: print(f"vskip report: {msg}", file=sys.stderr))
     notes: list[str] = []
     runs = _read_runs(paths, notes, warn)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     md = ["# vskip report", "", "Inputs: " + ", ".join(f"`{p}`" for p in paths), ""]
+    if command:
+        md += ["Made by:", "", "```", command, "```", ""]
     sweeps = {json.dumps(r.sweep.get("command")): r.sweep for r in runs if r.sweep and r.sweep.get("command")}
     if sweeps:
         md += ["Sweeps:", ""] + [f"- `{s['command']}` (grids: {', '.join(s.get('grids') or [s.get('grid', '?')])})"
@@ -251,6 +254,43 @@ def _guarded(notes: list[str], what: str, fn: Callable):
 def cmd_report(a) -> int:
     if a.bootstrap < 1:
         raise ValueError(f"--bootstrap must be >= 1, got {a.bootstrap}")
-    rep = build_report([Path(p) for p in a.dirs], Path(a.out), k_min=a.k_min, n_boot=a.bootstrap, seed=a.seed)
+    rep = build_report([Path(p) for p in a.dirs], Path(a.out), k_min=a.k_min, n_boot=a.bootstrap, seed=a.seed,
+                       command=getattr(a, "command_line", None))
+    if getattr(a, "archive", False):
+        rep.files.append(archive_runs(rep, Path(a.out) / ARCHIVE).name)
     print(json.dumps({"report": str(rep.path), "files": len(rep.files), "notes": len(rep.notes)}))
     return 0
+
+
+#: the run files kept by ``--archive`` (traces are left out: they are large and rebuilt by a rerun)
+ARCHIVED = ("config.json", "samples.jsonl", "rounds.jsonl", "summary.json")
+ARCHIVE = "runs.tar.xz"
+
+
+def archive_runs(rep: Report, path: Path) -> Path:
+    """The run files behind ``rep`` as one deterministic ``.tar.xz`` (sorted, no times or owners):
+    the same runs always give the same bytes. Each run keeps its path as the report named it, with
+    its sweep's ``sweep.json``."""
+    import io
+    import lzma
+    import tarfile
+
+    from ..files import write_atomic
+
+    members: dict[str, Path] = {}
+    for rows in rep.rows.values():
+        for r in rows:
+            base = Path(r.run.path)
+            for name in ARCHIVED:
+                if (base / name).exists():
+                    members[(base / name).as_posix().lstrip("/")] = base / name
+            if (base.parent / "sweep.json").exists():
+                members[(base.parent / "sweep.json").as_posix().lstrip("/")] = base.parent / "sweep.json"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for arcname in sorted(members):
+            data = members[arcname].read_bytes()
+            info = tarfile.TarInfo(arcname)
+            info.size, info.mtime, info.mode = len(data), 0, 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return write_atomic(path, lzma.compress(buf.getvalue(), preset=9))

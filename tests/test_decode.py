@@ -222,3 +222,41 @@ def test_trim_refuses_traces_and_relaxed_acceptance():
     for name in ("lenience", "topk"):
         with pytest.raises(ValueError, match="trim"):
             decode(PROMPT, FakeDrafter(), FakeVerifier(), PolicyConfig(name=name), DecodeConfig(trim=0.5))
+
+
+def test_prefix_policy_skips_only_beyond_the_break_even_length():
+    """The prefix policy (beyond the paper): skips need survival >= lam and a prefix longer than
+    the block's own K*; with drafting as dear as verification (cost ratio large) it never skips;
+    without a cost ratio it waits for measured costs; a perfect drafter loses nothing."""
+    cheap = PolicyConfig(name="prefix", lam=0.5, cost_ratio=0.05)
+    res, _ = run(cheap, FakeDrafter(0.0, 1), gamma=8, max_new=60)
+    skips = [r for r in res.rounds if not r.verified]
+    assert skips and all(r.reason == "skip" for r in skips)
+    ref, _ = run(PolicyConfig(name="ar"), FakeDrafter(0.0, 1), gamma=8, max_new=60)
+    assert res.tokens == ref.tokens  # the drafter is always right: skipping loses nothing
+    # at one threshold, cheap drafting skips the short confident prefixes that dear drafting does not
+    cheap2, _ = run(PolicyConfig(name="prefix", lam=0.95, cost_ratio=0.05), FakeDrafter(0.0, 1), gamma=8, max_new=60)
+    dear, _ = run(PolicyConfig(name="prefix", lam=0.95, cost_ratio=50.0), FakeDrafter(0.0, 1), gamma=8, max_new=60)
+    assert cheap2.skipped_rounds > 0
+    assert dear.skipped_rounds == 0 and any(r.reason == "break_even" for r in dear.rounds)
+    measured, _ = run(PolicyConfig(name="prefix", lam=0.5), FakeDrafter(0.0, 1), gamma=8, max_new=60)
+    assert measured.rounds[0].reason == "no_costs" and measured.rounds[0].verified
+    strictish, _ = run(PolicyConfig(name="prefix", lam=1.0, cost_ratio=0.05), FakeDrafter(0.3, 2), gamma=8, max_new=60)
+    assert all(r.verified for r in strictish.rounds if r.reason == "no_prefix")
+
+
+def test_prefix_decision_is_pure_and_respects_staleness():
+    from vskip.policy import decide
+    from vskip.policy.guards import GuardContext
+
+    ctx = GuardContext(np.array([5, 6, 7]), frozenset(), frozenset({0}))
+    pol = PolicyConfig(name="prefix", lam=0.8, cost_ratio=0.1, s_max=10)
+    toks = np.array([3, 4, 5, 6, 7, 8, 9, 10])
+    q = np.array([0.99, 0.99, 0.98, 0.97, 0.5, 0.5, 0.5, 0.5])  # running product >= 0.8 for 4 tokens
+    d = decide(pol, 0, 0, toks, q, ctx)
+    assert (d.K, d.reason) == (4, "skip")
+    assert decide(pol, 10, 0, toks, q, ctx).reason == "stale"
+    with pytest.raises(ValueError):
+        PolicyConfig(name="prefix", lam=0.0)
+    with pytest.raises(ValueError):
+        PolicyConfig(name="prefix", cost_ratio=-1.0)

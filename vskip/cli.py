@@ -35,6 +35,10 @@ def _add_policy_flags(p: argparse.ArgumentParser, policy: bool = True) -> None:
     g.add_argument("--top-k", type=int, default=1, help="top-k acceptance k (default: 1)")
     g.add_argument("--period", type=int, default=4, help="periodic baseline: skip every P rounds")
     g.add_argument("--period-k", type=int, default=6, help="periodic baseline: skip length (default: 6)")
+    g.add_argument("--lam", type=float, default=0.9,
+                   help="prefix policy (beyond the paper): the survival a skipped prefix must keep (default: 0.9)")
+    g.add_argument("--cost-ratio", type=float,
+                   help="prefix policy: c_D / c_V to weigh skips with (default: the costs measured in the run)")
     g.add_argument("--shadow", action=argparse.BooleanOptionalAction, default=True, help="shadow-verify skipped rounds")
     g.add_argument("--max-new-tokens", type=int, default=512, help="output budget (default: 512)")
     g.add_argument("--predictor", help="directory of trained survival predictors (marginal/conditional)")
@@ -94,7 +98,8 @@ def _configs(a, policy_name: str | None = None):
 
     policy = PolicyConfig.make(
         policy_name or a.policy, eta_b=a.eta_b, eta_c=a.eta_c, eta_m=a.eta_m, epsilon=a.epsilon, k_min=a.k_min, s_max=a.s_max,
-        lenience=a.lenience, top_k=a.top_k, period=a.period, period_k=a.period_k,
+        lenience=a.lenience, top_k=a.top_k, period=a.period, period_k=a.period_k, lam=a.lam,
+        cost_ratio=a.cost_ratio,
     )
     dec = DecodeConfig(gamma=a.gamma, max_new_tokens=a.max_new_tokens, shadow=a.shadow, gamma_max=a.gamma_max,
                        min_match=a.min_match, trim=a.trim,

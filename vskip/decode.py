@@ -222,7 +222,10 @@ def _sdd_round(r: int, st: _State, drafter: Drafter, verifier: Verifier, policy:
     if policy.learned:
         q = np.asarray(clocks.time("predict", predictor.scores, block, feats, task_id), dtype=np.float64)
     # 3. decide
-    ctx = GuardContext(np.asarray(st.seq[-_HISTORY:]), verifier.special_ids, verifier.eos_ids, shortened=g < gamma)
+    sec = clocks.seconds  # the costs so far (the prefix policy weighs them)
+    ctx = GuardContext(np.asarray(st.seq[-_HISTORY:]), verifier.special_ids, verifier.eos_ids, shortened=g < gamma,
+                       c_D=sec["draft"] / st.blocks if st.blocks else None,
+                       c_V=sec["verify"] / st.calls if st.calls else None)
     d = decide(policy, st.D, r, block.tokens, q, ctx)
     if d.K > 0:
         # 4a. skip: commit the prefix unverified; the shadow verifier only audits it.

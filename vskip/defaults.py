@@ -16,4 +16,4 @@ S_MAX = 64
 #: the longest draft block accepted (the paper uses 32); longer blocks only cost memory and time
 MAX_GAMMA = 512
 #: the decoding methods (``--policy``); defined here so that the command line needs no numpy
-POLICIES = ("ar", "strict", "lenience", "topk", "periodic", "raw", "marginal", "conditional")
+POLICIES = ("ar", "strict", "lenience", "topk", "periodic", "raw", "marginal", "conditional", "prefix")

@@ -52,6 +52,9 @@ def config_name(p: PolicyConfig) -> str:
         return f"topk_k{p.top_k}"
     if p.name == "periodic":
         return f"periodic_P{p.period}_K{p.period_k}_s{p.s_max}"
+    if p.name == "prefix":
+        cost = "measured" if p.cost_ratio is None else f"r{p.cost_ratio:g}"
+        return f"prefix_lam{_eta(p.lam)}_{cost}_s{p.s_max}"
     if p.name == "marginal" and p.eta_b == p.eta_c:
         gates = f"em{_eta(p.eta_b)}"
     else:

@@ -26,12 +26,15 @@ class GuardConfig:
 @dataclass(frozen=True)
 class GuardContext:
     """What the guards need besides the prefix: the tokens already committed (a tail is enough),
-    the ids no skip may commit, and whether this block is shorter than gamma."""
+    the ids no skip may commit, and whether this block is shorter than gamma; and the costs
+    measured so far, which the prefix policy weighs."""
 
     history: np.ndarray
     forbidden_ids: frozenset[int]
     eos_ids: frozenset[int]
     shortened: bool = False
+    c_D: float | None = None  # measured seconds per draft block, so far (the prefix policy's costs)
+    c_V: float | None = None  # measured seconds per verifier call, so far
 
 
 def invalid_scores(q: np.ndarray) -> bool:

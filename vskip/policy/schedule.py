@@ -45,6 +45,8 @@ class PolicyConfig:
     top_k: int = 1
     period: int = 4
     period_k: int = 6
+    lam: float = 0.9
+    cost_ratio: float | None = None
     guards: GuardConfig = field(default_factory=GuardConfig)
 
     def __post_init__(self):
@@ -64,6 +66,10 @@ class PolicyConfig:
             raise ValueError(f"s_max must be >= 1, got {self.s_max}")
         if self.period < 1 or self.period_k < 1:
             raise ValueError("the periodic baseline needs period >= 1 and period_k >= 1")
+        if not 0.0 < self.lam <= 1.0:
+            raise ValueError(f"lam must lie in (0, 1], got {self.lam}")
+        if self.cost_ratio is not None and not self.cost_ratio > 0:
+            raise ValueError(f"cost-ratio must be > 0, got {self.cost_ratio}")
 
     @classmethod
     def make(
@@ -95,7 +101,7 @@ class PolicyConfig:
 
     @property
     def may_skip(self) -> bool:
-        return self.name in SIGNALS or self.name == "periodic"
+        return self.name in SIGNALS or self.name in ("periodic", "prefix")
 
     @property
     def uses_drafter(self) -> bool:
@@ -122,6 +128,8 @@ class PolicyConfig:
             d["top_k"] = self.top_k
         elif self.name == "periodic":
             d |= {"period": self.period, "period_k": self.period_k, "s_max": self.s_max}
+        elif self.name == "prefix":
+            d |= {"lam": self.lam, "cost_ratio": self.cost_ratio, "s_max": self.s_max}
         return d
 
 
@@ -153,6 +161,13 @@ def decide(
         if (round_index + 1) % cfg.period != 0:
             return Decision(0, 0, "not_scheduled")
         k_hat = min(cfg.period_k, gamma)
+    elif cfg.name == "prefix":
+        assert q is not None and q.shape == (gamma,), (None if q is None else q.shape, gamma)
+        if invalid_scores(q):
+            return Decision(0, 0, "invalid_score")
+        k_hat, reason = _prefix_choice(cfg, q, ctx)
+        if k_hat == 0:
+            return Decision(0, 0, reason)
     else:
         assert q is not None and q.shape == (gamma,), (None if q is None else q.shape, gamma)
         if invalid_scores(q):
@@ -169,6 +184,26 @@ def decide(
     if refused:
         return Decision(0, k_hat, refused)
     return Decision(k_hat, k_hat, "skip")
+
+
+def _prefix_choice(cfg: PolicyConfig, q: np.ndarray, ctx: GuardContext) -> tuple[int, str]:
+    """The prefix policy (beyond the paper; :mod:`vskip.policy.prefix`): survival ``P(L >= k)``
+    estimated as the running product of the drafter's confidences, the longest prefix with
+    survival at least ``lam``, skipped only when longer than the block's own break-even length
+    ``K* = (E[L] + 1) c_D / (c_D + c_V)``. The costs are ``cost_ratio`` = c_D / c_V when given
+    (deterministic), else those measured so far in the run (none yet: verify)."""
+    from .prefix import choose
+
+    if cfg.cost_ratio is not None:
+        c_D, c_V = cfg.cost_ratio, 1.0
+    elif ctx.c_D and ctx.c_V:
+        c_D, c_V = ctx.c_D, ctx.c_V
+    else:
+        return 0, "no_costs"
+    ch = choose(np.cumprod(np.asarray(q, np.float64)), cfg.lam, c_D, c_V)
+    if ch.K:
+        return ch.K, "skip"
+    return 0, "no_prefix" if "threshold" in ch.reason else "break_even"
 
 
 def break_even_length(A: float, c_D: float, c_V: float) -> float:

@@ -18,11 +18,12 @@ RUN_FILES = (SAMPLES, SUMMARY, CONFIG)
 LABELS = {
     "ar": "AR (verifier alone)", "strict": "Strict SDD", "lenience": "Lenience", "topk": "Top-k",
     "periodic": "Periodic", "raw": "Raw confidence", "marginal": "Marginal survival",
-    "conditional": "Conditional survival",
+    "conditional": "Conditional survival", "prefix": "Prefix (cost-aware)",
 }
 #: Methods drawn as frontiers (Figures 1 and 4), in legend order.
-FRONTIER_METHODS = ("raw", "marginal", "conditional", "lenience", "topk", "periodic")
-COLORS = {"raw": "C0", "marginal": "C1", "conditional": "C2", "lenience": "C3", "topk": "C4", "periodic": "C5"}
+FRONTIER_METHODS = ("raw", "marginal", "conditional", "prefix", "lenience", "topk", "periodic")
+COLORS = {"raw": "C0", "marginal": "C1", "conditional": "C2", "lenience": "C3", "topk": "C4", "periodic": "C5",
+          "prefix": "C6"}
 PARAMS = ("eta_b", "eta_c", "k_min", "s_max", "lenience", "top_k", "period", "period_k")
 TIMING_FIELDS = ("decode_seconds", "draft_seconds", "verify_seconds")
 
@@ -71,7 +72,8 @@ class Run:
         pol = self.run_cfg.get("policy") or {}
         s = self.summary or {}
         m = self.method
-        keys = {"lenience": ("lenience",), "topk": ("top_k",), "periodic": ("period", "period_k", "s_max")}.get(
+        keys = {"lenience": ("lenience",), "topk": ("top_k",), "periodic": ("period", "period_k", "s_max"),
+            "prefix": ("lam", "cost_ratio", "s_max")}.get(
             m, ("eta_b", "eta_c", "k_min", "s_max") if m in SIGNALS else ())
         return {k: pol.get(k, s.get(k)) for k in keys}
 
@@ -109,7 +111,8 @@ def rebuild_command(rc: dict, out: Path) -> str:
     pol, dec, mod = rc.get("policy") or {}, rc.get("decode") or {}, rc.get("models") or {}
     name = pol.get("name", "?")
     a = ["vskip", "run", "--task", str(rc.get("task")), "--policy", name]
-    flags = {"lenience": ("lenience",), "topk": ("top_k",), "periodic": ("period", "period_k", "s_max")}.get(
+    flags = {"lenience": ("lenience",), "topk": ("top_k",), "periodic": ("period", "period_k", "s_max"),
+            "prefix": ("lam", "cost_ratio", "s_max")}.get(
         name, ("eta_b", "eta_c", "k_min", "s_max") if name in SIGNALS else ())
     for k in flags:
         if pol.get(k) is not None:

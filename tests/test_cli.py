@@ -45,7 +45,7 @@ def test_help_lists_commands():
     res = vskip("--help")
     assert res.returncode == 0
     for cmd in ("run", "generate", "score", "sweep", "report", "train-drafter", "train-predictor", "diagnose",
-                "fit-copy-prior"):
+                "fit-copy-prior", "plan", "calibrate-prefix"):
         assert cmd in res.stdout
 
 

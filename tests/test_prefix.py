@@ -91,3 +91,32 @@ def test_choice_weighs_the_skip_against_the_break_even_length():
     assert strict.K == 0 and "threshold" in strict.reason
     with pytest.raises(ValueError):
         choose(S, 0.9, 0.0, 1.0)
+
+
+def test_calibrate_prefix_on_traces(tmp_path, capsys):
+    """The command on Strict SDD traces of the fake pair: the threshold it prints keeps the replayed
+    bound, and too few prompts for alpha mean never skip."""
+    import json
+
+    from fakes import FakeDrafter, FakeVerifier
+    from vskip.calibrate import calibrate_traces, prompts_from_traces
+    from vskip.cli import main
+    from vskip.decode import DecodeConfig, decode
+    from vskip.policy import PolicyConfig
+    from vskip.traces import append_traces, load_traces
+
+    runs = tmp_path / "strict"
+    for i in range(30):
+        cfg = DecodeConfig(gamma=G, max_new_tokens=40, trace=True, task="humaneval")
+        res = decode([5 + i, 3, 9, 4], FakeDrafter(0.25, i), FakeVerifier(), PolicyConfig(name="strict"), cfg)
+        append_traces(runs, f"HumanEval/{i}", res.traces, gamma=G)
+    cal, rec = calibrate_traces([runs], alpha=0.1)
+    assert 0 < cal.lam <= 1 and cal.bound <= 0.1 and rec["prompts"] == 30
+    prompts = prompts_from_traces(load_traces([runs], hidden=False))
+    assert np.mean([prompt_loss(S, L, cal.lam) for S, L in prompts]) == pytest.approx(cal.risk)
+    out = tmp_path / "cal.json"
+    assert main(["calibrate-prefix", str(runs), "--alpha", "0.1", "--out", str(out)]) == 0
+    assert float(capsys.readouterr().out.strip()) == cal.lam
+    assert json.loads(out.read_text())["command"].startswith("vskip calibrate-prefix")
+    never, _ = calibrate_traces([runs], alpha=0.02)  # 1 / 31 > 0.02: nothing can be promised
+    assert never.lam == float("inf")

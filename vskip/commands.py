@@ -26,7 +26,7 @@ def _lazy(module: str, fn: str):
 
 
 def register(subparsers) -> None:
-    for add in (_sweep, _report, _train_predictor, _diagnose):
+    for add in (_sweep, _report, _train_predictor, _diagnose, _calibrate_prefix):
         add(subparsers)
 
 
@@ -123,3 +123,17 @@ def _diagnose(subparsers) -> None:
     p.add_argument("--device", help="device for scoring with the predictors (default: cuda when available)")
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.set_defaults(fn=_lazy("diagnose", "cmd_diagnose"))
+
+
+def _calibrate_prefix(subparsers) -> None:
+    """Add ``vskip calibrate-prefix`` to the CLI's subparsers."""
+    c = subparsers.add_parser(
+        "calibrate-prefix", help="the --lam of --policy prefix that keeps a promised agreement (beyond the paper)",
+        description="Conformal risk control on Strict SDD traces: the smallest threshold whose replayed share of "
+                    "disagreeing tokens meets the finite-sample bound for alpha. Prints it; see docs/prefix.md.",
+    )
+    c.add_argument("traces", nargs="+", help="--trace run directories of Strict SDD")
+    c.add_argument("--alpha", type=float, required=True, help="the promised expected share of disagreeing tokens")
+    c.add_argument("--step", type=float, default=0.005, help="grid step of the threshold (default: 0.005)")
+    c.add_argument("--out", help="write the calibration as JSON here")
+    c.set_defaults(fn=_lazy("calibrate", "cmd_calibrate_prefix"))

@@ -76,4 +76,6 @@ def test_the_light_registrations_name_what_the_modules_hold():
     from vskip import commands, sweep, traces
 
     assert commands.GRID_NAMES == tuple(sweep.GRIDS)
-    assert commands.PREDICTOR_KINDS == traces.KINDS
+    from vskip import prefix_model
+
+    assert commands.PREDICTOR_KINDS == traces.KINDS + (prefix_model.KIND,)

@@ -188,12 +188,18 @@ def test_diagnose_with_predictors(tmp_path):
     ts = load_traces(tmp_path / "run")
     for kind in ("marginal", "conditional"):
         train_predictor(ts, PredictorTrainConfig(kind, epochs=1, batch_size=256), tmp_path / "pred", progress=False)
+    from vskip.prefix_model import PrefixTrainConfig, load_prefix_predictor, train_prefix_predictor
+
+    train_prefix_predictor(ts, PrefixTrainConfig(epochs=2, hidden=8), tmp_path / "pred", progress=False)
     s = diagnose([tmp_path / "run"], tmp_path / "d", predictors=tmp_path / "pred",
                  cfg=DiagnoseConfig(repetitions=3, prop1_samples=5000))
-    assert set(s["bce"]) == {"marginal", "conditional"}
-    assert [p["signal"] for p in s["permutation"]] == ["raw", "marginal", "conditional"]
+    assert set(s["bce"]) == {"marginal", "conditional", "prefix"}
+    assert [p["signal"] for p in s["permutation"]] == ["raw", "marginal", "conditional", "prefix"]
+    # the prefix model's feasible prefix is the longest k with held-out P(L >= k) >= 0.90
+    S = load_prefix_predictor(tmp_path / "pred").score_traces(ts)
+    assert s["permutation"][3]["original"] == pytest.approx(float((S >= 0.9).sum(1).mean()))
     assert (tmp_path / "d" / "bce.png").exists()
-    with pytest.raises(ValueError, match="no marginal or conditional predictor"):
+    with pytest.raises(ValueError, match="no marginal, conditional or prefix predictor"):
         diagnose([tmp_path / "run"], tmp_path / "e", predictors=tmp_path / "run")
 
 

@@ -57,3 +57,177 @@ def test_every_block_is_scored_by_a_model_that_never_saw_its_prompt():
     for rot in rots:  # each prompt is tested by exactly one rotation, which did not train on it
         assert not set(rot.test) & set(rot.train) and not set(rot.test) & set(rot.val)
     assert sorted(p for r in rots for p in r.test) == sorted(ids)
+
+
+# ----------------------------------------------------------------------------- the fold predictor
+
+
+def _traces(n_prompts=40, per=15, seed=2):
+    """A TraceSet of synthetic blocks (features in the first F of the 19 columns, no hidden states)."""
+    from vskip.traces import TraceSet
+
+    rng = np.random.default_rng(seed)
+    X, L = _blocks(rng, n_prompts * per)
+    feats = np.zeros((len(L), G, 19), np.float32)
+    feats[:, :, :F] = X
+    prompt = np.repeat(np.arange(n_prompts), per)
+    return TraceSet(gamma=G, prompt_ids=[f"HumanEval/{i}" for i in range(n_prompts)], features=feats, hidden=None,
+                    confidence=np.full((len(L), G), 0.5, np.float32), L=L, K=np.zeros(len(L), np.int64),
+                    prompt=prompt, round=np.tile(np.arange(per), n_prompts))
+
+
+def test_prefix_rotations_keep_test_calibration_and_training_apart():
+    from vskip.prefix_model import prefix_rotations
+
+    ids = [f"HumanEval/{i}" for i in range(40)]
+    fl = folds(ids)
+    for c in (1, 2, 3):
+        rots = prefix_rotations(fl, calibration_folds=c)
+        assert sorted(p for r in rots for p in r.test) == sorted(ids)
+        for r in rots:
+            parts = [set(r.test), set(r.cal), set(r.train), set(r.stop)]
+            assert sum(map(len, parts)) == len(ids) and set().union(*parts) == set(ids)
+            assert len(r.cal) == sum(len(fl[(r.index + i) % 5]) for i in range(1, c + 1))
+            assert r.stop and r.train
+    with pytest.raises(ValueError, match="calibration-folds"):
+        prefix_rotations(fl, calibration_folds=4)
+
+
+def test_the_prefix_predictor_scores_by_fold_and_calibrates_its_threshold(tmp_path):
+    from vskip.policy.prefix import risk_curve
+    from vskip.prefix_model import PrefixPredictor, train_prefix_predictor
+    from vskip.predictor import load_predictor
+    from vskip.models.protocols import DraftBlock
+
+    torch.set_num_threads(1)
+    ts = _traces()
+    man = train_prefix_predictor(ts, PrefixTrainConfig(epochs=4, hidden=16), tmp_path, progress=False)
+    assert [e["n_cal_prompts"] for e in man["rotations"]] == [8] * 5
+    pp = load_predictor(tmp_path, "prefix")
+    assert isinstance(pp, PrefixPredictor) and pp.gamma == G
+    S = pp.score_traces(ts)
+    assert not np.isnan(S).any() and np.all(np.diff(S, axis=1) <= 1e-9)
+    b = 17  # online scores of one block equal its held-out survival's factors
+    tid = ts.prompt_ids[ts.prompt[b]]
+    q = pp.scores(DraftBlock(np.zeros(G, np.int64), ts.confidence[b]), ts.features[b], tid)
+    assert np.allclose(np.cumprod(q), S[b], atol=1e-5)
+    # the threshold: never skip when the calibration fold is too small for alpha (8 prompts need
+    # alpha >= 1/9), and a larger alpha never asks for a higher threshold
+    assert pp.threshold(tid, 0.05) == float("inf")
+    lams = [pp.threshold(tid, a) for a in (0.12, 0.2, 0.4, 0.8)]
+    assert all(x >= y for x, y in zip(lams, lams[1:])) and lams[-1] < 1.0
+    # each rotation's stored risk curve is its own model replayed on its calibration prompts, and
+    # the threshold it gives meets the conformal bound there
+    r = pp._rots[pp.rotation_of(tid)]
+    cal = [(survival(r.model, r.mean, r.std, ts.features[ts.blocks_of([p])]), ts.L[ts.blocks_of([p])])
+           for p in r.rotation.cal]
+    assert np.allclose(risk_curve(cal, r.grid), r.risk)
+    lam = pp.threshold(tid, 0.4)
+    i = int(np.searchsorted(r.grid, lam))
+    assert r.n_cal / (r.n_cal + 1) * r.risk[i] + 1 / (r.n_cal + 1) <= 0.4
+    assert i == 0 or r.n_cal / (r.n_cal + 1) * r.risk[i - 1] + 1 / (r.n_cal + 1) > 0.4
+    with pytest.raises(ValueError, match="no test fold"):
+        pp.threshold("HumanEval/99", 0.2)
+
+
+def test_the_prefix_policy_reads_the_model_and_its_calibrated_threshold(tmp_path):
+    """Traces from the fake pair → `train-predictor --kind prefix` → decode with `--policy prefix
+    --predictor DIR --alpha A`: each prompt gets its fold's threshold, and the model's survival
+    (not the confidences' product) schedules the skips."""
+    import json
+
+    from fakes import FakeDrafter, FakeVerifier
+    from vskip.cli import build_parser
+    from vskip.decode import DecodeConfig, decode
+    from vskip.policy import PolicyConfig
+    from vskip.predictor import load_predictor
+    from vskip.traces import append_traces
+
+    runs = tmp_path / "strict"
+    runs.mkdir()
+    (runs / "config.json").write_text(json.dumps({"run": {"decode": {"gamma": 8}, "policy": {"name": "strict"}}}))
+    cfg = DecodeConfig(gamma=8, max_new_tokens=40, trace=True, task="humaneval")
+    prompts = {f"HumanEval/{i}": [5 + i, 3 + 2 * i, 9, 4] for i in range(15)}
+    for tid, prompt in prompts.items():
+        res = decode(prompt, FakeDrafter(0.2, int(tid.split("/")[1])), FakeVerifier(), PolicyConfig(name="strict"),
+                     cfg, task_id=tid)
+        append_traces(runs, tid, res.traces)
+    parser = build_parser()
+    a = parser.parse_args(["train-predictor", "--kind", "prefix", "--traces", str(runs), "--out", str(tmp_path / "p"),
+                           "--epochs", "2", "--hidden", "8", "--device", "cpu", "--quiet"])
+    assert a.fn(a) == 0
+    pp = load_predictor(tmp_path / "p", "prefix")
+    a = parser.parse_args(["run", "--task", "humaneval", "--policy", "prefix", "--predictor", str(tmp_path / "p"),
+                           "--alpha", "0.3", "--out", str(tmp_path / "r")])
+    from vskip.cli import _configs
+
+    pol = _configs(a)[0]
+    assert pol.survival == "model" and pol.alpha == 0.3 and pol.predictor_kind == "prefix"
+
+    seen = []
+
+    class Spy:
+        def __init__(self, lam, q):
+            self.lam, self.q = lam, q
+
+        def threshold(self, task_id, alpha):
+            seen.append((task_id, alpha))
+            return self.lam
+
+        def scores(self, block, features, task_id=None):
+            assert features.shape == (len(block.tokens), 19)
+            return np.full(len(block.tokens), self.q)
+
+    dcfg = DecodeConfig(gamma=8, max_new_tokens=40, task="humaneval")
+    pol = PolicyConfig(name="prefix", survival="model", alpha=0.3, cost_ratio=0.05, k_min=1)
+    never = decode(prompts["HumanEval/3"], FakeDrafter(0.2, 3), FakeVerifier(), pol, dcfg, Spy(float("inf"), 1.0),
+                   task_id="HumanEval/3")
+    assert never.skipped_rounds == 0 and seen == [("HumanEval/3", 0.3)]
+    sure = decode(prompts["HumanEval/3"], FakeDrafter(0.2, 3), FakeVerifier(), pol, dcfg, Spy(0.5, 1.0),
+                  task_id="HumanEval/3")
+    assert sure.skipped_rounds > 0  # the model's survival 1.0 passes lam 0.5 however unsure the drafter
+    doubt = decode(prompts["HumanEval/3"], FakeDrafter(0.2, 3), FakeVerifier(), pol, dcfg, Spy(0.5, 0.1),
+                   task_id="HumanEval/3")
+    assert doubt.skipped_rounds == 0
+    res = decode(prompts["HumanEval/3"], FakeDrafter(0.2, 3), FakeVerifier(), pol, dcfg, pp, task_id="HumanEval/3")
+    assert len(res.tokens) > 0 and res.predict_seconds > 0
+    with pytest.raises(ValueError, match="needs a trained predictor"):
+        decode(prompts["HumanEval/3"], FakeDrafter(0.2, 3), FakeVerifier(), pol, dcfg, None, task_id="HumanEval/3")
+
+    # a DAgger-style round: traces decoded by the scheduler itself (shadow-verified skips) join training
+    onp = tmp_path / "onpolicy"
+    onp.mkdir()
+    (onp / "config.json").write_text(json.dumps({"run": {"decode": {"gamma": 8}, "policy": {"name": "prefix"}}}))
+    tcfg = DecodeConfig(gamma=8, max_new_tokens=40, trace=True, task="humaneval")
+    skipped = 0
+    for tid, prompt in prompts.items():
+        res = decode(prompt, FakeDrafter(0.2, int(tid.split("/")[1])), FakeVerifier(),
+                     PolicyConfig(name="prefix", survival="model", lam=0.05, cost_ratio=0.05), tcfg, pp, task_id=tid)
+        skipped += res.skipped_rounds
+        assert all(t.L is not None for t in res.traces)  # the shadow verifier labels the skipped blocks
+        append_traces(onp, tid, res.traces)
+    assert skipped > 0
+    a = parser.parse_args(["train-predictor", "--kind", "prefix", "--traces", str(runs), "--on-policy", str(onp),
+                           "--out", str(tmp_path / "p2"), "--epochs", "1", "--hidden", "8", "--device", "cpu",
+                           "--quiet"])
+    assert a.fn(a) == 0
+    man = json.loads((tmp_path / "p2" / "prefix" / "manifest.json").read_text())
+    man1 = json.loads((tmp_path / "p" / "prefix" / "manifest.json").read_text())
+    assert man["on_policy_traces"] == [str(onp)]
+    assert all(e2["n_train_blocks"] > e1["n_train_blocks"] for e1, e2 in zip(man1["rotations"], man["rotations"]))
+    a = parser.parse_args(["train-predictor", "--kind", "prefix", "--traces", str(runs), "--on-policy", str(runs),
+                           "--out", str(tmp_path / "p3"), "--device", "cpu", "--quiet"])
+    with pytest.raises(ValueError, match="--policy prefix"):
+        a.fn(a)
+
+
+def test_alpha_needs_the_prefix_model():
+    from vskip.policy import PolicyConfig
+
+    with pytest.raises(ValueError, match="alpha"):
+        PolicyConfig(name="prefix", alpha=0.05)
+    with pytest.raises(ValueError, match="prefix"):
+        PolicyConfig(name="raw", survival="model")
+    with pytest.raises(ValueError, match="alpha must lie"):
+        PolicyConfig(name="prefix", survival="model", alpha=1.5)
+    assert PolicyConfig(name="prefix", survival="model", lam=float("inf")).learned

@@ -369,3 +369,29 @@ def test_the_report_records_its_command(sweep_dir, tmp_path, monkeypatch):
     text = (tmp_path / "r" / "report.md").read_text()
     assert f"vskip report sweep --out {tmp_path / 'r'} --bootstrap 50 --archive" in text
     assert (tmp_path / "r" / "runs.tar.xz").exists()
+
+
+def test_the_promised_agreement_of_prefix_runs(tmp_path):
+    """`--policy prefix --alpha A` runs get the realised disagreement (tokens committed beyond the
+    shadow L over generated tokens, per prompt), their calls and speed against Strict SDD, in the
+    report and in scheduler.json; other runs get none."""
+    root = tmp_path / "s"
+    write_run(root / "strict", "strict", calls=5, blocks=5, seconds=1.0, passed=[True] * 4)
+    # every prompt: 10 tokens, skips of (6, 6) and (6, 5): one wrong token of 10
+    write_run(root / "prefix_a", "prefix", calls=4, blocks=6, seconds=0.8, passed=[True] * 4, relaxed=[(6, 6), (6, 5)],
+              params={"survival": "model", "alpha": 0.05, "lam": 0.9})
+    write_run(root / "prefix_b", "prefix", calls=3, blocks=6, seconds=0.5, passed=[True] * 4, relaxed=[(8, 8)],
+              params={"survival": "model", "alpha": 0.02, "lam": 0.9})
+    write_run(root / "prefix_lam", "prefix", calls=3, blocks=6, seconds=0.5, passed=[True] * 4, relaxed=[(8, 2)])
+    rep, _ = build([root], tmp_path / "out")
+    entries = json.loads((tmp_path / "out" / "scheduler.json").read_text())
+    assert [(e["config"], e["alpha"]) for e in entries] == [("prefix_b", 0.02), ("prefix_a", 0.05)]
+    b, a = entries
+    assert a["realised_disagreement"] == pytest.approx(0.1) and not a["within_alpha"]
+    assert b["realised_disagreement"] == 0.0 and b["within_alpha"] and b["realised_disagreement_ci95"] == [0.0, 0.0]
+    assert a["relative_calls"] == pytest.approx(0.8) and a["tokens_per_s_ratio"] == pytest.approx(1.25)
+    assert a["tokens_per_s_ratio_ci95"] == pytest.approx([1.25, 1.25]) and a["n_prompts"] == 4
+    assert "Promised agreement" in (tmp_path / "out" / "report.md").read_text()
+    write_run(tmp_path / "t" / "strict", "strict", calls=5, blocks=5, seconds=1.0, passed=[True] * 4)
+    build([tmp_path / "t"], tmp_path / "out2")
+    assert not (tmp_path / "out2" / "scheduler.json").exists()

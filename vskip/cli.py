@@ -39,9 +39,14 @@ def _add_policy_flags(p: argparse.ArgumentParser, policy: bool = True) -> None:
                    help="prefix policy (beyond the paper): the survival a skipped prefix must keep (default: 0.9)")
     g.add_argument("--cost-ratio", type=float,
                    help="prefix policy: c_D / c_V to weigh skips with (default: the costs measured in the run)")
+    g.add_argument("--alpha", type=float,
+                   help="prefix policy with a prefix model (--predictor): the share of committed tokens allowed to "
+                        "differ from Strict SDD; each prompt takes the threshold its fold calibrated (overrides --lam)")
     g.add_argument("--shadow", action=argparse.BooleanOptionalAction, default=True, help="shadow-verify skipped rounds")
     g.add_argument("--max-new-tokens", type=int, default=512, help="output budget (default: 512)")
-    g.add_argument("--predictor", help="directory of trained survival predictors (marginal/conditional)")
+    g.add_argument("--predictor", help="directory of trained survival predictors (marginal/conditional; with "
+                                       "--policy prefix: the prefix model, whose survival then replaces the "
+                                       "confidences' product)")
     add_model_flags(p)
 
 
@@ -99,7 +104,8 @@ def _configs(a, policy_name: str | None = None):
     policy = PolicyConfig.make(
         policy_name or a.policy, eta_b=a.eta_b, eta_c=a.eta_c, eta_m=a.eta_m, epsilon=a.epsilon, k_min=a.k_min, s_max=a.s_max,
         lenience=a.lenience, top_k=a.top_k, period=a.period, period_k=a.period_k, lam=a.lam,
-        cost_ratio=a.cost_ratio,
+        cost_ratio=a.cost_ratio, alpha=getattr(a, "alpha", None),
+        survival="model" if (policy_name or a.policy) == "prefix" and getattr(a, "predictor", None) else "confidence",
     )
     dec = DecodeConfig(gamma=a.gamma, max_new_tokens=a.max_new_tokens, shadow=a.shadow, gamma_max=a.gamma_max,
                        min_match=a.min_match, trim=a.trim,
@@ -153,11 +159,9 @@ def cmd_generate(a) -> int:
     pair = open_pair(models, need_drafter=policy.uses_drafter, budget=(n, dec.max_new_tokens, dec.gamma))
     predictor = None
     if policy.learned:
-        if not a.predictor:
-            raise ValueError(f"--policy {policy.name} needs --predictor DIR")
-        from .predictor import load_fold_predictor
+        from .predictor import load_predictor
 
-        predictor = load_fold_predictor(a.predictor, kind=policy.signal, runtime=runtime)
+        predictor = load_predictor(a.predictor, policy.predictor_kind, runtime)
     ids = encode_chat(pair.tokenizer, a.prompt)
     warmup(pair.drafter, pair.verifier, ids, dec.gamma)
     res = decode(ids, pair.drafter, pair.verifier, policy, dec, predictor)

@@ -11,9 +11,9 @@ from .cli import add_block_flags, add_model_flags
 from .defaults import GAMMA, K_MIN, S_MAX, STEPS
 
 #: the named grids of ``vskip sweep`` (``vskip.sweep.GRIDS`` holds them; a test keeps both equal)
-GRID_NAMES = ("table5", "kmin", "gates", "periodic", "transfer", "cpu-small", "cpu-kmin", "cpu-signals")
-#: the survival predictors (``vskip.traces.KINDS``)
-PREDICTOR_KINDS = ("marginal", "conditional")
+GRID_NAMES = ("table5", "kmin", "gates", "periodic", "transfer", "cpu-small", "cpu-kmin", "cpu-signals", "prefix")
+#: the survival predictors (``vskip.traces.KINDS``) and the prefix model (``vskip.prefix_model.KIND``)
+PREDICTOR_KINDS = ("marginal", "conditional", "prefix")
 
 
 def _lazy(module: str, fn: str):
@@ -94,15 +94,25 @@ def _train_predictor(subparsers) -> None:
     """Add ``train-predictor`` to the vskip command line."""
     p = subparsers.add_parser(
         "train-predictor", help="train a survival predictor (5 rotations) on Strict SDD traces",
-        description="Train the marginal or conditional survival MLP of A.7 on the block traces of "
+        description="Train the marginal or conditional survival MLP of A.7, or the prefix survival model "
+                    "of --policy prefix (beyond the paper), on the block traces of "
                     "`vskip run --policy strict --trace` runs, one checkpoint per fold rotation.")
-    p.add_argument("--kind", required=True, choices=PREDICTOR_KINDS, help="marginal (1{L>=j}) or conditional (at-risk set)")
+    p.add_argument("--kind", required=True, choices=PREDICTOR_KINDS,
+                   help="marginal (1{L>=j}), conditional (at-risk set) or prefix (P(L>=k) of the whole block, "
+                        "with a calibrated threshold per fold)")
     p.add_argument("--traces", required=True, nargs="+", metavar="RUN_DIR", help="trace run directories")
     p.add_argument("--out", required=True, help="predictor directory (checkpoints go to OUT/KIND/)")
-    p.add_argument("--epochs", type=int, default=15, help="training epochs (default: 15)")
+    p.add_argument("--epochs", type=int, help="training epochs (default: 15; prefix: 30)")
+    p.add_argument("--hidden", type=int, default=64, help="prefix: width of the GRU (default: 64)")
+    p.add_argument("--on-policy", nargs="+", metavar="RUN_DIR",
+                   help="prefix: traces of `vskip run --policy prefix --trace` (shadow-verified skips) added to each "
+                        "rotation's training prompts (DAgger-style rounds)")
+    p.add_argument("--calibration-folds", type=int, default=1,
+                   help="prefix: folds that calibrate each rotation's threshold (default: 1; conformal risk "
+                        "control at alpha needs at least 1/alpha - 1 calibration prompts)")
     p.add_argument("--seed", type=int, default=0, help="training seed (default: 0)")
-    p.add_argument("--batch-size", type=int, default=4096, help="positions per batch (default: 4096)")
-    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default: 1e-3)")
+    p.add_argument("--batch-size", type=int, help="positions per batch (default: 4096; prefix: 256 blocks)")
+    p.add_argument("--lr", type=float, help="Adam learning rate (default: 1e-3; prefix: 3e-3)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

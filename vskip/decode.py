@@ -159,6 +159,8 @@ def decode(
 ) -> DecodeResult:
     """Decode one prompt (token ids) and return the generated tokens with per-round records."""
     _check(prompt, drafter, verifier, policy, cfg, predictor)
+    if policy.alpha is not None:  # the threshold calibrated for this prompt's fold (the prefix policy)
+        policy = replace(policy, lam=predictor.threshold(task_id, policy.alpha))
     st, clocks = _State(list(prompt)), _Clocks()
     n0, rounds, traces, stop = len(prompt), [], [], "length"
     if drafter is not None:

@@ -10,6 +10,9 @@
   blocks (raw and marginal: all blocks; conditional: blocks with ``L >= j - 1``), which keeps every
   positionwise metric and breaks the dependence within a block; the feasible prefix length (Eq. 3
   before ``k_min`` and staleness) is recomputed at the paper's fixed gates.
+- **The prefix model** (beyond the paper, :mod:`vskip.prefix_model`), when one is trained beside the
+  predictors: its held-out ``P(L >= k)`` is scored like marginal survival (labels ``1{L >= j}``;
+  its feasible prefix at gates (0.90, 0.90) is the longest ``k`` with ``P(L >= k) >= 0.90``).
 - **Proposition 1** (A.1): the two score processes of the proof, simulated with the traces'
   distribution of ``L``: identical positionwise joint distributions, prefix frequencies
   ``Pr(L >= K) rho`` and ``Pr(L >= K) rho^K``.
@@ -22,7 +25,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -306,7 +309,8 @@ def diagnose(trace_dirs: Sequence[str | Path], out: str | Path, predictors: str 
     Ymarg = survival_labels("marginal", ts.L, g)[0]
 
     # Figure 3: per-position BCE against the position-only baseline.
-    bces = {kind: positionwise_bce(ts, kind, scores[kind], fp.rotations) for kind, fp in kinds.items()}
+    bces = {kind: replace(positionwise_bce(ts, _labels(kind), scores[kind], fp.rotations), kind=kind)
+            for kind, fp in kinds.items()}
     # Figure 6: per-position AUROC.
     aurocs = {}
     for sig, S in scores.items():
@@ -316,7 +320,8 @@ def diagnose(trace_dirs: Sequence[str | Path], out: str | Path, predictors: str 
         else:
             aurocs[sig] = positionwise_auroc(S, Ymarg, np.ones_like(Ymarg, bool), min_class=MIN_CLASS)
     # Table 1: the permutation diagnostic at fixed gates.
-    perms = [permutation_diagnostic(sig, S, ts.L, *cfg.gates[sig], repetitions=cfg.repetitions, seed=cfg.seed)
+    perms = [replace(permutation_diagnostic(_labels(sig), S, ts.L, *cfg.gates[_labels(sig)],
+                                            repetitions=cfg.repetitions, seed=cfg.seed), signal=sig)
              for sig, S in scores.items()]
     # A.1: Proposition 1's construction with the traces' distribution of L.
     p1 = proposition1(ts.L, g, cfg.rho, cfg.q_lo, cfg.q_hi, cfg.tau, cfg.prop1_samples, cfg.seed)
@@ -347,21 +352,27 @@ def diagnose(trace_dirs: Sequence[str | Path], out: str | Path, predictors: str 
     return summary
 
 
+def _labels(kind: str) -> str:
+    """The survival labels a score is judged by: the prefix model's ``P(L >= k)`` is a marginal
+    survival (monotone, so its running minimum is itself)."""
+    return "marginal" if kind == "prefix" else kind
+
+
 def _load_predictors(predictors, runtime) -> dict:
-    """The fold predictors (marginal, conditional) found under ``predictors``; none without it."""
+    """The fold predictors (marginal, conditional, prefix) found under ``predictors``; none without it."""
     kinds: dict = {}
     if predictors is None:
         return kinds
-    from .predictor import find_predictor_dir, load_fold_predictor
+    from .predictor import find_predictor_dir, load_predictor
 
-    for kind in KINDS:
+    for kind in KINDS + ("prefix",):
         try:
             find_predictor_dir(predictors, kind)
         except ValueError:
             continue
-        kinds[kind] = load_fold_predictor(predictors, kind, runtime=runtime)
+        kinds[kind] = load_predictor(predictors, kind, runtime=runtime)
     if not kinds:
-        raise ValueError(f"no marginal or conditional predictor under {predictors}")
+        raise ValueError(f"no marginal, conditional or prefix predictor under {predictors}")
     return kinds
 
 
@@ -405,7 +416,8 @@ def _markdown(s: dict, ts: TraceSet, bces: dict, aurocs: dict, perm_head, perm_r
                             [[k, r.model_mean, r.baseline_mean, r.empirical_mean] for k, r in bces.items()]),
                   "", "![BCE](bce.png)", "", "Per position: `bce.csv`.", ""]
     parts += ["## Per-position AUROC (Figure 6)", "",
-              "Raw confidence and marginal survival against `1{L >= j}` on all blocks; conditional survival on "
+              "Raw confidence, marginal survival and the prefix model's `P(L >= j)` against `1{L >= j}` on all "
+              "blocks; conditional survival on "
               f"the at-risk set; for every signal only at positions with at least {MIN_CLASS} positives and "
               f"{MIN_CLASS} negatives (scikit-learn's roc_auc_score).", "",
               _md_table(["position"] + list(aurocs), [[j + 1] + [float(r.auroc[j]) for r in aurocs.values()] for j in range(g)]),

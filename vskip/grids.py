@@ -54,7 +54,9 @@ def config_name(p: PolicyConfig) -> str:
         return f"periodic_P{p.period}_K{p.period_k}_s{p.s_max}"
     if p.name == "prefix":
         cost = "measured" if p.cost_ratio is None else f"r{p.cost_ratio:g}"
-        return f"prefix_lam{_eta(p.lam)}_{cost}_s{p.s_max}"
+        gate = f"a{p.alpha:g}" if p.alpha is not None else f"lam{_eta(p.lam)}"
+        model = "_model" if p.survival == "model" else ""
+        return f"prefix{model}_{gate}_{cost}_s{p.s_max}"
     if p.name == "marginal" and p.eta_b == p.eta_c:
         gates = f"em{_eta(p.eta_b)}"
     else:
@@ -140,6 +142,20 @@ def _cpu_small(k_min: int, s_max: int) -> list[GridPoint]:
     return pts
 
 
+#: the risk levels of the prefix scheduler's promise (beyond the paper)
+PREFIX_ALPHA = (0.01, 0.02, 0.05, 0.10, 0.20)
+PREFIX_LAM = (0.90, 0.70, 0.50)
+
+
+def _prefix(s_max: int) -> list[GridPoint]:
+    """Beyond the paper: the prefix scheduler with its trained model at each promised risk alpha
+    (costs measured in the run), and with the confidences' product at three thresholds."""
+    pts = [_point("strict", "reference")]
+    pts += [_point("prefix", "frontier", survival="model", alpha=a, s_max=s_max) for a in PREFIX_ALPHA]
+    pts += [_point("prefix", "frontier", lam=lam, s_max=s_max) for lam in PREFIX_LAM]
+    return pts
+
+
 #: Named grids: a short description and a builder taking (k_min, s_max).
 GRIDS: dict[str, tuple[str, Callable[[int, int], list[GridPoint]]]] = {
     "table5": ("A.6 Table 5: every method's grid and Strict SDD", _table5),
@@ -154,6 +170,8 @@ GRIDS: dict[str, tuple[str, Callable[[int, int], list[GridPoint]]]] = {
                  lambda k, s: _kmin((0, 3, 6, 12), 0.70, 0.70, s)),
     "cpu-signals": ("CPU: raw, marginal and conditional survival at three settings each (k_min 3), and Strict SDD",
                     lambda k, s: _cpu_signals(s)),
+    "prefix": ("beyond the paper: the prefix scheduler's model at alpha 0.01..0.2, its confidence product at "
+               "lam 0.9/0.7/0.5, and Strict SDD", lambda k, s: _prefix(s)),
 }
 
 

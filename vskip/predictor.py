@@ -250,6 +250,45 @@ def train_predictor(ts: TraceSet, cfg: PredictorTrainConfig, out: str | Path, pr
 # ----------------------------------------------------------------------------- online use
 
 
+def test_owners(rotations: Sequence[tuple[int, Sequence[str], Sequence[str]]], path) -> dict[str, int]:
+    """{prompt id: position of the rotation that tests it} from (index, test ids, ids it trained,
+    validated or calibrated on) per rotation; refuses a prompt tested twice or seen by its tester."""
+    owner: dict[str, int] = {}
+    for i, (index, test, seen) in enumerate(rotations):
+        if set(seen) & set(test):
+            raise ValueError(f"rotation {index} of {path} trains or validates on its test prompts")
+        for tid in test:
+            if tid in owner:
+                raise ValueError(f"prompt {tid} lies in two test folds of {path}")
+            owner[tid] = i
+    return owner
+
+
+def owner_of(owner: dict[str, int], task_id: str | None, kind: str, path) -> int:
+    """The rotation (of :func:`test_owners`) that scores ``task_id``."""
+    if task_id is None:
+        raise ValueError("a learned predictor needs the prompt's task id to choose its fold")
+    try:
+        return owner[str(task_id)]
+    except KeyError:
+        raise ValueError(
+            f"prompt {task_id} lies in no test fold of the {kind} predictor at {path} "
+            f"(trained on {len(owner)} prompts); train it on traces that include this prompt"
+        ) from None
+
+
+def hidden_rows(block, g: int, d_model: int, device: str = "cpu") -> torch.Tensor:
+    """float32 [g, d_model] hidden states of ``block``, rounded through float16 as traces store them."""
+    h = block.hidden
+    if h is None:
+        raise ValueError("the predictor reads hidden states but the drafter gave none")
+    h = torch.as_tensor(h).to(device=device).to(torch.float16).float()
+    if tuple(h.shape) != (g, d_model):
+        raise ValueError(f"hidden states of shape {tuple(h.shape)} do not fit a predictor trained on "
+                         f"d_model = {d_model}")
+    return h
+
+
 @dataclass
 class _RotationModel:
     rotation: Rotation
@@ -270,16 +309,8 @@ class FoldPredictor:
         self.device = device
         self.path = path
         self._models = list(models)
-        self._owner: dict[str, int] = {}
-        for i, m in enumerate(self._models):
-            for tid in m.rotation.test:
-                if tid in self._owner:
-                    raise ValueError(f"prompt {tid} lies in two test folds of {path}")
-                self._owner[tid] = i
-        for m in self._models:
-            seen = set(m.rotation.train) | set(m.rotation.val)
-            if seen & set(m.rotation.test):
-                raise ValueError(f"rotation {m.rotation.index} of {path} trains or validates on its test prompts")
+        self._owner = test_owners([(m.rotation.index, m.rotation.test, m.rotation.train + m.rotation.val)
+                                   for m in self._models], path)
 
     @property
     def rotations(self) -> list[Rotation]:
@@ -291,15 +322,7 @@ class FoldPredictor:
 
     def rotation_of(self, task_id: str | None) -> int:
         """Index of the rotation whose test fold holds ``task_id``."""
-        if task_id is None:
-            raise ValueError("a learned predictor needs the prompt's task id to choose its fold")
-        try:
-            return self._owner[str(task_id)]
-        except KeyError:
-            raise ValueError(
-                f"prompt {task_id} lies in no test fold of the {self.kind} predictor at {self.path} "
-                f"(trained on {len(self._owner)} prompts); train it on traces that include this prompt"
-            ) from None
+        return owner_of(self._owner, task_id, self.kind, self.path)
 
     def _forward(self, i: int, x: torch.Tensor) -> torch.Tensor:
         m = self._models[i]
@@ -315,14 +338,7 @@ class FoldPredictor:
         assert features.shape == (g, len(FEATURE_NAMES)), features.shape
         x = torch.as_tensor(np.asarray(features, np.float32), device=self.device)
         if self.d_model:
-            h = block.hidden
-            if h is None:
-                raise ValueError("the predictor reads hidden states but the drafter gave none")
-            h = torch.as_tensor(h).to(device=self.device).to(torch.float16).float()
-            if tuple(h.shape) != (g, self.d_model):
-                raise ValueError(f"hidden states of shape {tuple(h.shape)} do not fit a predictor trained on "
-                                 f"d_model = {self.d_model}")
-            x = torch.cat([h, x], dim=1)
+            x = torch.cat([hidden_rows(block, g, self.d_model, self.device), x], dim=1)
         with torch.inference_mode():
             p = torch.sigmoid(self._forward(i, x))
         return p.double().cpu().numpy()
@@ -370,6 +386,19 @@ def find_predictor_dir(path: str | Path, kind: str) -> Path:
     raise ValueError(f"no {kind} predictor under {p} (train one with `vskip train-predictor --kind {kind} --out {p}`)")
 
 
+def load_predictor(path: str | Path | None, kind: str, runtime=None):
+    """The trained predictor of ``kind`` under ``path`` (the ``--out`` of train-predictor): the
+    five rotations of a marginal or conditional MLP, or of a prefix survival model."""
+    if not path:
+        raise ValueError(f"this policy reads a trained {kind} predictor: give --predictor DIR "
+                         f"(see `vskip train-predictor --kind {kind}`)")
+    if kind == "prefix":
+        from .prefix_model import load_prefix_predictor
+
+        return load_prefix_predictor(path, runtime)
+    return load_fold_predictor(path, kind, runtime)
+
+
 def load_fold_predictor(path: str | Path, kind: str, runtime=None) -> FoldPredictor:
     """Load the five rotations of ``kind`` from ``path`` (the ``--out`` of train-predictor) onto
     ``runtime.device`` (CPU without a runtime)."""
@@ -407,22 +436,42 @@ def load_fold_predictor(path: str | Path, kind: str, runtime=None) -> FoldPredic
 
 
 def cmd_train_predictor(a) -> int:
+    from .files import check_writable_dir
     from .runtime import resolve_runtime
     from .traces import load_traces, run_policy
 
     runtime = resolve_runtime(a.device, None, a.threads)
     runtime.activate()
-    cfg = PredictorTrainConfig(kind=a.kind, epochs=a.epochs, seed=a.seed, batch_size=a.batch_size, lr=a.lr,
-                               device=runtime.device)
-    from .files import check_writable_dir
+    given = {k: getattr(a, k) for k in ("epochs", "batch_size", "lr") if getattr(a, k) is not None}
+    if a.kind == "prefix":
+        from .prefix_model import PrefixTrainConfig
 
+        cfg = PrefixTrainConfig(seed=a.seed, hidden=a.hidden, **given)
+    else:
+        cfg = PredictorTrainConfig(kind=a.kind, seed=a.seed, device=runtime.device, **given)
     check_writable_dir(a.out, "predictor directory")
     for run in a.traces:
         pol = run_policy(run)
         if pol is not None and pol != "strict":
             raise ValueError(f"predictors are trained on Strict SDD traces only (A.7); {run} was decoded with --policy {pol}")
     ts = load_traces(a.traces)
-    man = train_predictor(ts, cfg, a.out, progress=not a.quiet)
+    if a.on_policy and a.kind != "prefix":
+        raise ValueError("--on-policy traces train the prefix model only (--kind prefix)")
+    if a.kind == "prefix":
+        from .prefix_model import train_prefix_predictor
+
+        on_policy = None
+        if a.on_policy:
+            for run in a.on_policy:
+                if run_policy(run) != "prefix":
+                    raise ValueError(f"--on-policy takes runs of --policy prefix --trace; {run} is not one")
+            on_policy = load_traces(a.on_policy)
+        man = train_prefix_predictor(ts, cfg, a.out, a.calibration_folds, progress=not a.quiet, on_policy=on_policy)
+        fit = {"stop_nll": [round(e["stop_nll"], 4) for e in man["rotations"]],
+               "calibration_prompts": [e["n_cal_prompts"] for e in man["rotations"]]}
+    else:
+        man = train_predictor(ts, cfg, a.out, progress=not a.quiet)
+        fit = {"val_bce": [round(e["val_bce"], 4) for e in man["rotations"]]}
     print(json.dumps({"kind": man["kind"], "out": str(Path(a.out) / a.kind), "prompts": man["n_prompts"],
-                      "blocks": man["n_blocks"], "val_bce": [round(e["val_bce"], 4) for e in man["rotations"]]}))
+                      "blocks": man["n_blocks"], **fit}))
     return 0

@@ -18,7 +18,7 @@ scored only by the rotation whose test fold holds it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Sequence
 
 import numpy as np
@@ -126,3 +126,222 @@ def held_out_survival(X: np.ndarray, L: np.ndarray, prompt: np.ndarray, prompt_i
                                               X[part["val"]], L[part["val"]])
         S[part["test"]] = survival(model, mean, std, X[part["test"]])
     return S
+
+
+# ----------------------------------------------------------------------------- fold predictor
+#
+# Rotation r of the prefix model (ours; the paper's learned predictors use A.7's rotations):
+# it tests fold r, calibrates the threshold on the next ``calibration_folds`` folds, and trains on
+# the others, choosing its epoch on a seeded share of the training prompts. So no prompt is scored
+# by a model or a threshold that saw it, and the calibration prompts are exchangeable with the
+# test prompts given the model (what conformal risk control needs).
+
+FORMAT = "vskip-prefix-predictor/1"
+KIND = "prefix"
+#: share of a rotation's training prompts held back to choose the epoch
+STOP_SHARE = 0.15
+
+
+@dataclass(frozen=True)
+class PrefixRotation:
+    index: int
+    test: tuple[str, ...]
+    cal: tuple[str, ...]
+    train: tuple[str, ...]
+    stop: tuple[str, ...]
+
+
+def prefix_rotations(fold_list: Sequence[Sequence[str]], calibration_folds: int = 1,
+                     seed: int = 0) -> list[PrefixRotation]:
+    """Rotation ``r``: test fold ``r``, calibrate on folds ``r+1 .. r+calibration_folds`` (mod k),
+    train on the rest, of which :data:`STOP_SHARE` (seeded) chooses the epoch."""
+    k = len(fold_list)
+    if not 1 <= calibration_folds <= k - 2:
+        raise ValueError(f"--calibration-folds must lie in 1..{k - 2} with {k} folds, got {calibration_folds}")
+    out = []
+    for r in range(k):
+        cal_f = {(r + i) % k for i in range(1, calibration_folds + 1)}
+        cal = tuple(p for f in sorted(cal_f) for p in fold_list[f])
+        rest = [p for f in range(k) if f != r and f not in cal_f for p in fold_list[f]]
+        n_stop = max(1, int(round(STOP_SHARE * len(rest)))) if len(rest) > 1 else 0
+        pick = set(np.random.RandomState(seed + r).permutation(len(rest))[:n_stop].tolist())
+        out.append(PrefixRotation(r, tuple(fold_list[r]), cal, tuple(p for i, p in enumerate(rest) if i not in pick),
+                                  tuple(p for i, p in enumerate(rest) if i in pick)))
+    return out
+
+
+def block_inputs(ts, blocks: np.ndarray) -> np.ndarray:
+    """float32 [B', gamma, d_model + 19]: hidden states (when traced) then the A.7 features of the
+    selected blocks (boolean [B])."""
+    f = ts.features[blocks].astype(np.float32)
+    if ts.hidden is None:
+        return f
+    return np.concatenate([ts.hidden[blocks].astype(np.float32), f], axis=2)
+
+
+def _calibration_prompts(ts, model, mean, std, ids) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(survival, L) of each calibration prompt that has traced blocks."""
+    out = []
+    for pid in ids:
+        sel = ts.blocks_of([pid])
+        if sel.any():
+            out.append((survival(model, mean, std, block_inputs(ts, sel)), ts.L[sel]))
+    return out
+
+
+def _training_blocks(ts, on_policy, ids) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, L) of the blocks of prompts ``ids`` in the Strict SDD traces and, when given, in the
+    on-policy traces (decoded while the scheduler skipped, L from the shadow verifier)."""
+    parts = [(t, t.blocks_of(ids)) for t in (ts, on_policy) if t is not None]
+    return (np.concatenate([block_inputs(t, sel) for t, sel in parts]), np.concatenate([t.L[sel] for t, sel in parts]))
+
+
+def train_prefix_predictor(ts, cfg: PrefixTrainConfig, out, calibration_folds: int = 1, progress: bool = True,
+                           on_policy=None) -> dict:
+    """Train and calibrate the rotations of the prefix model on Strict SDD traces ``ts``; writes
+    ``out/prefix/rotation_<r>.safetensors`` and ``manifest.json`` (last) and returns the manifest.
+
+    ``on_policy``: traces decoded while a prefix scheduler skipped (shadow-verified, so every block
+    has its L), added to each rotation's training prompts only (DAgger-style rounds). Epoch choice
+    and calibration stay on Strict SDD blocks: the promise is agreement with Strict SDD."""
+    from pathlib import Path
+
+    from tqdm import tqdm
+
+    from .files import write_json
+    from .policy.prefix import GRID, risk_curve
+    from .predictor import MANIFEST, rotation_file, save_rotation
+    from .traces import FOLD_SEED, N_FOLDS, folds
+
+    if on_policy is not None and (on_policy.gamma != ts.gamma or on_policy.d_model != ts.d_model):
+        raise ValueError(f"the on-policy traces (gamma {on_policy.gamma}, d_model {on_policy.d_model}) do not match "
+                         f"the Strict SDD traces (gamma {ts.gamma}, d_model {ts.d_model})")
+    kdir = Path(out) / KIND
+    kdir.mkdir(parents=True, exist_ok=True)
+    fl = folds(ts.prompt_ids, seed=FOLD_SEED, k=N_FOLDS)
+    entries = []
+    for rot in tqdm(prefix_rotations(fl, calibration_folds, cfg.seed), desc="train prefix", unit="rotation",
+                    disable=not progress):
+        X, L = _training_blocks(ts, on_policy, rot.train)
+        st = ts.blocks_of(rot.stop)
+        if not len(L) or not st.any():
+            raise ValueError(f"rotation {rot.index} has no training or epoch-choice blocks; trace more prompts")
+        model, mean, std = train_prefix_model(X, L, cfg, block_inputs(ts, st), ts.L[st])
+        cal = _calibration_prompts(ts, model, mean, std, rot.cal)
+        if not cal:
+            raise ValueError(f"rotation {rot.index} has no calibration blocks; trace more prompts")
+        risk = risk_curve(cal, GRID)
+        meta = {"format": FORMAT, "kind": KIND, "gamma": str(ts.gamma), "d_model": str(ts.d_model),
+                "rotation": str(rot.index), "hidden": str(cfg.hidden), "test_ids": list(rot.test),
+                "cal_ids": list(rot.cal), "train_ids": list(rot.train), "stop_ids": list(rot.stop),
+                "grid": GRID.tolist(), "risk": risk.tolist(), "n_cal": str(len(cal))}
+        save_rotation(kdir / rotation_file(rot.index), model.state_dict(), mean, std, meta)
+        entries.append({"rotation": rot.index, "file": rotation_file(rot.index), "n_cal_prompts": len(cal),
+                        "n_train_blocks": int(len(L)),
+                        "stop_nll": nll(model, mean, std, block_inputs(ts, st), ts.L[st])})
+    manifest = {"format": FORMAT, "kind": KIND, "gamma": ts.gamma, "d_model": ts.d_model,
+                "train": asdict(cfg), "calibration_folds": calibration_folds, "fold_seed": FOLD_SEED,
+                "folds": [list(f) for f in fl], "traces": list(ts.runs),
+                "on_policy_traces": [] if on_policy is None else list(on_policy.runs), "n_prompts": len(ts.prompt_ids),
+                "n_blocks": ts.n_blocks, "dropped_short_blocks": ts.dropped_short, "rotations": entries}
+    write_json(kdir / MANIFEST, manifest, indent=1)
+    return manifest
+
+
+@dataclass
+class _Rotation:
+    rotation: PrefixRotation
+    model: PrefixSurvivalNet
+    mean: np.ndarray
+    std: np.ndarray
+    grid: np.ndarray
+    risk: np.ndarray
+    n_cal: int
+
+
+class PrefixPredictor:
+    """The rotations of a prefix model. :meth:`scores` gives a block's per-position conditional
+    survival ``1 - h_j`` (its running product is ``P(L >= k)``) from the rotation that tests the
+    prompt; :meth:`threshold` gives the ``lam`` that rotation calibrated for a risk ``alpha``."""
+
+    kind = KIND
+
+    def __init__(self, gamma: int, d_model: int, rotations: Sequence[_Rotation], path: str | None = None):
+        from .predictor import test_owners
+
+        self.gamma, self.d_model, self.path = gamma, d_model, path
+        self._rots = list(rotations)
+        self._owner = test_owners([(r.rotation.index, r.rotation.test,
+                                    r.rotation.train + r.rotation.stop + r.rotation.cal) for r in self._rots], path)
+
+    @property
+    def rotations(self):
+        """As :class:`vskip.traces.Rotation` (for the diagnostics' baselines): test, calibration in
+        the validation slot, and every prompt the model trained on or chose its epoch with."""
+        from .traces import Rotation
+
+        return [Rotation(r.rotation.index, r.rotation.test, r.rotation.cal, r.rotation.train + r.rotation.stop)
+                for r in self._rots]
+
+    def rotation_of(self, task_id: str | None) -> int:
+        from .predictor import owner_of
+
+        return owner_of(self._owner, task_id, KIND, self.path)
+
+    def threshold(self, task_id: str | None, alpha: float) -> float:
+        """The calibrated ``lam`` for ``task_id``'s rotation (``inf``: too few calibration prompts
+        for ``alpha``, so never skip)."""
+        from .policy.prefix import crc_threshold
+
+        r = self._rots[self.rotation_of(task_id)]
+        return crc_threshold(r.grid, r.risk, r.n_cal, alpha).lam
+
+    def scores(self, block, features: np.ndarray, task_id: str | None = None) -> np.ndarray:
+        from .predictor import hidden_rows
+
+        r = self._rots[self.rotation_of(task_id)]
+        x = np.asarray(features, np.float32)
+        if self.d_model:
+            x = np.concatenate([hidden_rows(block, x.shape[0], self.d_model).numpy(), x], axis=1)
+        with torch.inference_mode():
+            z = r.model(torch.from_numpy(((x - r.mean) / r.std).astype(np.float32))[None])[0]
+        return torch.sigmoid(-z).double().numpy()
+
+    def score_traces(self, ts) -> np.ndarray:
+        """Held-out ``P(L >= k)`` [B, gamma] of every traced block, by the rotation that tests it."""
+        S = np.full((ts.n_blocks, ts.gamma), np.nan)
+        for i, r in enumerate(self._rots):
+            sel = ts.blocks_of([p for p, o in self._owner.items() if o == i])
+            if sel.any():
+                S[sel] = survival(r.model, r.mean, r.std, block_inputs(ts, sel))
+        return S
+
+
+def load_prefix_predictor(path, runtime=None) -> PrefixPredictor:
+    """Load ``path/prefix`` (or ``path`` itself) written by ``vskip train-predictor --kind prefix``.
+    The model is small and runs on the CPU whatever ``runtime`` says."""
+    import json
+
+    from safetensors import safe_open
+
+    from .predictor import MANIFEST, find_predictor_dir
+
+    d = find_predictor_dir(path, KIND)
+    man = json.loads((d / MANIFEST).read_text())
+    if man.get("format") != FORMAT:
+        raise ValueError(f"{d / MANIFEST} is not a vskip prefix predictor manifest")
+    rots = []
+    for e in man["rotations"]:
+        f = d / e["file"]
+        if not f.exists():
+            raise FileNotFoundError(f"predictor checkpoint {f} is missing")
+        with safe_open(str(f), framework="pt") as sf:
+            meta, tensors = sf.metadata() or {}, {k: sf.get_tensor(k) for k in sf.keys()}
+        ids = {k: tuple(json.loads(meta[f"{k}_ids"])) for k in ("test", "cal", "train", "stop")}
+        mean, std = tensors.pop("norm.mean").numpy(), tensors.pop("norm.std").numpy()
+        model = PrefixSurvivalNet(mean.shape[0], int(meta["hidden"]))
+        model.load_state_dict({k[len("mlp."):]: v for k, v in tensors.items()})
+        rots.append(_Rotation(PrefixRotation(int(meta["rotation"]), **ids), model.eval(), mean, std,
+                              np.asarray(json.loads(meta["grid"])), np.asarray(json.loads(meta["risk"])),
+                              int(meta["n_cal"])))
+    return PrefixPredictor(int(man["gamma"]), int(man["d_model"]), rots, path=str(d))

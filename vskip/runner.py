@@ -127,11 +127,9 @@ def _models(cfg: RunConfig, problems, pair):
         m.device, m.dtype, m.threads, m.drafter_dtype, m.drafter_device, m.verifier_device, m.max_memory)
     predictor = None
     if cfg.policy.learned:
-        if not cfg.predictor:
-            raise ValueError(f"--policy {cfg.policy.name} needs --predictor DIR (see `vskip train-predictor`)")
-        from .predictor import load_fold_predictor  # noqa: PLC0415 - optional component
+        from .predictor import load_predictor  # noqa: PLC0415 - optional component
 
-        predictor = load_fold_predictor(cfg.predictor, kind=cfg.policy.signal, runtime=runtime)
+        predictor = load_predictor(cfg.predictor, cfg.policy.predictor_kind, runtime)
     return pair, runtime, predictor
 
 

@@ -99,6 +99,8 @@ class Verifier(Protocol):
 
 
 class Predictor(Protocol):
-    """A learned survival predictor (marginal or conditional) mapping a block to scores q_j."""
+    """A learned survival predictor mapping a block to scores q_j: marginal or conditional survival,
+    or a prefix model's per-position conditional survival ``1 - h_j`` (whose running product is
+    ``P(L >= k)``; that kind also has ``threshold(task_id, alpha)``, its calibrated ``lam``)."""
 
     def scores(self, block: DraftBlock, features: np.ndarray, task_id: str | None = None) -> np.ndarray: ...

@@ -90,6 +90,34 @@ class Calibration:
     bound: float
 
 
+def risk_curve(prompts: Sequence[tuple[np.ndarray, np.ndarray]], grid: Sequence[float], k_min: int = 1) -> np.ndarray:
+    """Mean :func:`prompt_loss` over ``prompts`` (pairs of survival [B, gamma] and L [B]) at each
+    threshold of ``grid``: the empirical risk ``R_n(lambda)`` of conformal risk control."""
+    return np.array([np.mean([prompt_loss(S, L, lam, k_min) for S, L in prompts]) for lam in grid], np.float64)
+
+
+def crc_threshold(grid: Sequence[float], risk: Sequence[float], n: int, alpha: float) -> Calibration:
+    """The smallest ``lam`` of the ascending ``grid`` with ``n/(n+1) risk(lam) + B/(n+1) <= alpha``
+    (``inf`` when none: never skip). ``risk``: :func:`risk_curve` of ``n`` calibration prompts."""
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    if n < 1:
+        raise ValueError("no calibration prompts")
+    grid, risk = np.asarray(grid, np.float64), np.asarray(risk, np.float64)
+    if grid.shape != risk.shape or np.any(np.diff(grid) <= 0):
+        raise ValueError("the grid must ascend and match the risk curve")
+    bound = n / (n + 1) * risk + LOSS_BOUND / (n + 1)
+    ok = np.nonzero(bound <= alpha)[0]
+    if ok.size == 0:
+        return Calibration(float("inf"), alpha, n, 0.0, LOSS_BOUND / (n + 1))
+    i = int(ok[0])  # the loss does not increase with lam, so the smallest passing value keeps the guarantee
+    return Calibration(float(grid[i]), alpha, n, float(risk[i]), float(bound[i]))
+
+
+#: the default threshold grid of :func:`calibrate`
+GRID = np.linspace(0.0, 1.0, 201)
+
+
 def calibrate(prompts: Sequence[tuple[np.ndarray, np.ndarray]], alpha: float, grid: Sequence[float] | None = None,
               k_min: int = 1) -> Calibration:
     """Conformal risk control: the smallest ``lam`` of ``grid`` with
@@ -98,16 +126,10 @@ def calibrate(prompts: Sequence[tuple[np.ndarray, np.ndarray]], alpha: float, gr
     smallest passing value keeps the guarantee."""
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
-    n = len(prompts)
-    if n == 0:
+    if len(prompts) == 0:
         raise ValueError("no calibration prompts")
-    grid = np.unique(np.clip(np.asarray(grid if grid is not None else np.linspace(0.0, 1.0, 201), np.float64), 0, 1))
-    for lam in grid:  # ascending: the first that passes is the smallest
-        risk = float(np.mean([prompt_loss(S, L, lam, k_min) for S, L in prompts]))
-        bound = n / (n + 1) * risk + LOSS_BOUND / (n + 1)
-        if bound <= alpha:
-            return Calibration(float(lam), alpha, n, risk, bound)
-    return Calibration(float("inf"), alpha, n, 0.0, LOSS_BOUND / (n + 1))
+    grid = np.unique(np.clip(np.asarray(GRID if grid is None else grid, np.float64), 0, 1))
+    return crc_threshold(grid, risk_curve(prompts, grid, k_min), len(prompts), alpha)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,10 @@ from .signals import LEARNED, SIGNALS, feasible_prefix
 
 from ..defaults import K_MIN, POLICIES, S_MAX  # noqa: E402 - the one list, importable without numpy
 
+#: where the prefix policy's survival P(L >= k) comes from: the running product of the drafter's
+#: confidences, or a trained prefix survival model (:mod:`vskip.prefix_model`)
+PREFIX_SURVIVAL = ("confidence", "model")
+
 #: Paper defaults (§5.1, A.3, A.6): thresholds per signal when none are given.
 DEFAULT_GATES = {"raw": (0.90, 0.93), "marginal": (0.90, 0.90), "conditional": (0.90, 0.90)}
 
@@ -47,6 +51,8 @@ class PolicyConfig:
     period_k: int = 6
     lam: float = 0.9
     cost_ratio: float | None = None
+    survival: str = "confidence"
+    alpha: float | None = None
     guards: GuardConfig = field(default_factory=GuardConfig)
 
     def __post_init__(self):
@@ -66,8 +72,17 @@ class PolicyConfig:
             raise ValueError(f"s_max must be >= 1, got {self.s_max}")
         if self.period < 1 or self.period_k < 1:
             raise ValueError("the periodic baseline needs period >= 1 and period_k >= 1")
-        if not 0.0 < self.lam <= 1.0:
-            raise ValueError(f"lam must lie in (0, 1], got {self.lam}")
+        if not (0.0 < self.lam <= 1.0 or self.lam == math.inf):
+            raise ValueError(f"lam must lie in (0, 1] (or be inf: never skip), got {self.lam}")
+        if self.survival not in PREFIX_SURVIVAL:
+            raise ValueError(f"survival must be one of {', '.join(PREFIX_SURVIVAL)}, got {self.survival!r}")
+        if self.survival == "model" and self.name != "prefix":
+            raise ValueError("a prefix survival model serves --policy prefix only")
+        if self.alpha is not None:
+            if self.survival != "model":
+                raise ValueError("--alpha needs a calibrated prefix survival model (--policy prefix --predictor DIR)")
+            if not 0.0 < self.alpha < 1.0:
+                raise ValueError(f"alpha must lie in (0, 1), got {self.alpha}")
         if self.cost_ratio is not None and not self.cost_ratio > 0:
             raise ValueError(f"cost-ratio must be > 0, got {self.cost_ratio}")
 
@@ -110,7 +125,14 @@ class PolicyConfig:
     @property
     def learned(self) -> bool:
         """Its skip signal comes from a trained survival predictor."""
-        return self.name in LEARNED
+        return self.predictor_kind is not None
+
+    @property
+    def predictor_kind(self) -> str | None:
+        """The kind of trained predictor it reads (``vskip train-predictor --kind``), or None."""
+        if self.name in LEARNED:
+            return self.name
+        return "prefix" if self.name == "prefix" and self.survival == "model" else None
 
     @property
     def lossy_acceptance(self) -> bool:
@@ -129,7 +151,9 @@ class PolicyConfig:
         elif self.name == "periodic":
             d |= {"period": self.period, "period_k": self.period_k, "s_max": self.s_max}
         elif self.name == "prefix":
-            d |= {"lam": self.lam, "cost_ratio": self.cost_ratio, "s_max": self.s_max}
+            d |= {"lam": self.lam, "cost_ratio": self.cost_ratio, "s_max": self.s_max, "survival": self.survival}
+            if self.alpha is not None:
+                d["alpha"] = self.alpha
         return d
 
 
@@ -188,7 +212,8 @@ def decide(
 
 def _prefix_choice(cfg: PolicyConfig, q: np.ndarray, ctx: GuardContext) -> tuple[int, str]:
     """The prefix policy (beyond the paper; :mod:`vskip.policy.prefix`): survival ``P(L >= k)``
-    estimated as the running product of the drafter's confidences, the longest prefix with
+    as the running product of ``q`` (the drafter's confidences, or a prefix model's per-position
+    conditional survival ``1 - h_j``), the longest prefix with
     survival at least ``lam``, skipped only when longer than the block's own break-even length
     ``K* = (E[L] + 1) c_D / (c_D + c_V)``. The costs are ``cost_ratio`` = c_D / c_V when given
     (deterministic), else those measured so far in the run (none yet: verify)."""

@@ -73,7 +73,7 @@ class Run:
         s = self.summary or {}
         m = self.method
         keys = {"lenience": ("lenience",), "topk": ("top_k",), "periodic": ("period", "period_k", "s_max"),
-            "prefix": ("lam", "cost_ratio", "s_max")}.get(
+            "prefix": ("lam", "cost_ratio", "s_max", "survival", "alpha")}.get(
             m, ("eta_b", "eta_c", "k_min", "s_max") if m in SIGNALS else ())
         return {k: pol.get(k, s.get(k)) for k in keys}
 
@@ -112,7 +112,7 @@ def rebuild_command(rc: dict, out: Path) -> str:
     name = pol.get("name", "?")
     a = ["vskip", "run", "--task", str(rc.get("task")), "--policy", name]
     flags = {"lenience": ("lenience",), "topk": ("top_k",), "periodic": ("period", "period_k", "s_max"),
-            "prefix": ("lam", "cost_ratio", "s_max")}.get(
+            "prefix": ("lam", "cost_ratio", "s_max", "survival", "alpha")}.get(
         name, ("eta_b", "eta_c", "k_min", "s_max") if name in SIGNALS else ())
     for k in flags:
         if pol.get(k) is not None:

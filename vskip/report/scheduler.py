@@ -1,0 +1,76 @@
+"""The promised agreement of the prefix scheduler (beyond the paper): for each run of ``--policy
+prefix --alpha A``, the disagreement it realised on its prompts, with the verifier calls and the
+speed it bought against Strict SDD.
+
+A prompt's realised disagreement is the share of its committed tokens that the verifier would not
+have committed at that point: the drafted tokens each skip commits beyond the shadow verifier's
+accepted length ``L`` (§3.2), over the prompt's generated tokens. Conformal risk control promises
+that its mean over new prompts stays at or below ``alpha`` (:mod:`vskip.policy.prefix`); the
+interval is a percentile bootstrap over prompts. Like StrictToken (Eq. 1) it is measured against the
+verifier in the run's own context, which after an earlier wrong skip is not Strict SDD's.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .compare import Row, _percentile
+
+#: the fields of every entry of ``scheduler.json``
+FIELDS = ("task", "gamma", "config", "alpha", "realised_disagreement", "realised_disagreement_ci95",
+          "realised_disagreement_upper95", "within_alpha", "relative_calls", "relative_calls_ci95",
+          "tokens_per_s_ratio", "tokens_per_s_ratio_ci95", "n_prompts")
+
+
+def prompt_disagreement(run, ids: Sequence[str]) -> np.ndarray | None:
+    """Per prompt of ``ids``: drafted tokens committed beyond the shadow verifier's ``L`` over
+    generated tokens (None when a skipped round has no shadow ``L``)."""
+    wrong = dict.fromkeys(ids, 0)
+    for r in run.rounds:
+        if r.get("task_id") in wrong and not r.get("verified", True) and r.get("K", 0) > 0:
+            if r.get("L") is None:
+                return None
+            wrong[r["task_id"]] += max(0, r["K"] - r["L"])
+    n = {s["task_id"]: s.get("generated_tokens") or 0 for s in run.samples if "task_id" in s}
+    return np.array([wrong[i] / n[i] if n.get(i) else 0.0 for i in ids], np.float64)
+
+
+def _speed_ratio_ci(run, ref, ids: Sequence[str], n_boot: int, seed: int):
+    """Paired bootstrap over prompts of (ΣN/ΣT)_run / (ΣN/ΣT)_ref."""
+    def cols(r):
+        by = {s["task_id"]: s for s in r.samples}
+        return (np.array([by[i]["generated_tokens"] for i in ids], np.float64),
+                np.array([by[i]["decode_seconds"] for i in ids], np.float64))
+
+    (na, ta), (nb, tb) = cols(run), cols(ref)
+    idx = np.random.default_rng(seed).integers(0, len(ids), size=(n_boot, len(ids)))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        v = (na[idx].sum(1) / ta[idx].sum(1)) / (nb[idx].sum(1) / tb[idx].sum(1))
+    return _percentile(v)
+
+
+def scheduler_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0) -> list[dict]:
+    """One entry per prefix run with a calibrated ``alpha`` and a Strict SDD reference."""
+    out = []
+    for row in rows:
+        alpha = ((row.run.run_cfg.get("policy") or {}).get("alpha"))
+        if row.method != "prefix" or alpha is None or row.ref is None or row.ref is row.run:
+            continue
+        ids = sorted(set(row.run.ids) & set(row.ref.ids))
+        d = prompt_disagreement(row.run, ids) if ids else None
+        if d is None:
+            continue
+        boot = d[np.random.default_rng(seed).integers(0, len(ids), size=(n_boot, len(ids)))].mean(1)
+        iv = row.intervals or {}
+        out.append({
+            "task": row.run.task, "gamma": row.run.gamma, "config": row.name, "alpha": alpha,
+            "realised_disagreement": float(d.mean()), "realised_disagreement_ci95": _percentile(boot),
+            "realised_disagreement_upper95": float(np.quantile(boot, 0.95)),
+            "within_alpha": bool(d.mean() <= alpha), "relative_calls": row.rel_calls,
+            "relative_calls_ci95": iv.get("rel_calls"), "tokens_per_s_ratio": row.speedup,
+            "tokens_per_s_ratio_ci95": _speed_ratio_ci(row.run, row.ref, ids, n_boot, seed),
+            "n_prompts": len(ids),
+        })
+    return sorted(out, key=lambda e: (str(e["task"]), e["gamma"] or 0, e["alpha"]))

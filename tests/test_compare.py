@@ -27,6 +27,8 @@ def test_parse_variant():
                 "strict+steps=0", "strict+gamma=0", "strict+trim=2"):
         with pytest.raises(ValueError):
             compare.parse_variant(bad, BASE, 1)
+    with pytest.raises(ValueError, match="does not load trained predictors"):
+        compare.parse_variant("marginal", BASE, 1)
 
 
 def _pair():

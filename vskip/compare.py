@@ -57,7 +57,7 @@ class Variant:
 
 def parse_variant(spec: str, base, steps: int):
     """The :class:`Variant` of a ``--configs`` entry; ``base`` is the command's DecodeConfig."""
-    from .policy import POLICIES
+    from .policy import LEARNED, POLICIES
 
     spec = spec.strip()
     if spec == "fast":
@@ -72,6 +72,8 @@ def parse_variant(spec: str, base, steps: int):
     name, *pairs = spec.split("+")
     if name not in POLICIES:
         raise ValueError(f"unknown configuration {spec!r}; expected POLICY[+key=value...], hf or lookupN")
+    if name in LEARNED:
+        raise ValueError(f"compare does not load trained predictors; run {name} with `vskip run` or `vskip sweep`")
     kw = {}
     for pair in pairs:
         key, _, value = pair.partition("=")

@@ -120,3 +120,27 @@ class StubPredictor:
         self.calls += 1
         assert features.shape == (block.gamma, 19), features.shape
         return np.asarray(block.confidence, np.float64) ** self.power
+
+
+def trace_run(path, n: int, policy=None, predictor=None, gamma: int = 8, max_new_tokens: int = 40) -> dict:
+    """A trace run directory of ``n`` HumanEval-named prompts decoded by the fake pair (Strict SDD
+    unless ``policy`` is given), as `vskip run --trace` writes it; returns {task id: prompt}."""
+    import json
+    from pathlib import Path
+
+    from vskip.decode import DecodeConfig, decode
+    from vskip.policy import PolicyConfig
+    from vskip.traces import append_traces
+
+    policy = policy or PolicyConfig(name="strict")
+    path = Path(path)
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"run": {"decode": {"gamma": gamma},
+                                                          "policy": {"name": policy.name}}}))
+    cfg = DecodeConfig(gamma=gamma, max_new_tokens=max_new_tokens, trace=True, task="humaneval")
+    prompts = {f"HumanEval/{i}": [5 + i, 3 + 2 * i, 9, 4] for i in range(n)}
+    for tid, prompt in prompts.items():
+        res = decode(prompt, FakeDrafter(0.2, int(tid.split("/")[1])), FakeVerifier(), policy, cfg, predictor,
+                     task_id=tid)
+        append_traces(path, tid, res.traces)
+    return prompts

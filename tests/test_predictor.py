@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from fakes import FakeDrafter, FakeVerifier
+from fakes import FakeDrafter, FakeVerifier, trace_run
 from vskip.decode import DecodeConfig, decode
 from vskip.diagnose import positionwise_bce
 from vskip.models.protocols import DraftBlock
@@ -145,14 +145,7 @@ def test_missing_predictor(tmp_path):
 def test_end_to_end_on_the_fake_pair(tmp_path):
     """Decode with traces through the loop, store them, train a tiny predictor, decode with it."""
     runs = tmp_path / "strict"
-    (runs).mkdir()
-    (runs / "config.json").write_text(json.dumps({"run": {"decode": {"gamma": 8}, "policy": {"name": "strict"}}}))
-    cfg = DecodeConfig(gamma=8, max_new_tokens=40, trace=True, task="humaneval")
-    prompts = {f"HumanEval/{i}": [5 + i, 3 + 2 * i, 9, 4] for i in range(10)}
-    for tid, prompt in prompts.items():
-        res = decode(prompt, FakeDrafter(0.2, int(tid.split("/")[1])), FakeVerifier(), PolicyConfig(name="strict"), cfg,
-                     task_id=tid)
-        append_traces(runs, tid, res.traces)
+    prompts = trace_run(runs, 10)
 
     from vskip.cli import build_parser
 

@@ -136,22 +136,15 @@ def test_the_prefix_policy_reads_the_model_and_its_calibrated_threshold(tmp_path
     (not the confidences' product) schedules the skips."""
     import json
 
-    from fakes import FakeDrafter, FakeVerifier
+    from fakes import FakeDrafter, FakeVerifier, trace_run
     from vskip.cli import build_parser
     from vskip.decode import DecodeConfig, decode
     from vskip.policy import PolicyConfig
     from vskip.predictor import load_predictor
-    from vskip.traces import append_traces
+    from vskip.traces import load_traces
 
     runs = tmp_path / "strict"
-    runs.mkdir()
-    (runs / "config.json").write_text(json.dumps({"run": {"decode": {"gamma": 8}, "policy": {"name": "strict"}}}))
-    cfg = DecodeConfig(gamma=8, max_new_tokens=40, trace=True, task="humaneval")
-    prompts = {f"HumanEval/{i}": [5 + i, 3 + 2 * i, 9, 4] for i in range(15)}
-    for tid, prompt in prompts.items():
-        res = decode(prompt, FakeDrafter(0.2, int(tid.split("/")[1])), FakeVerifier(), PolicyConfig(name="strict"),
-                     cfg, task_id=tid)
-        append_traces(runs, tid, res.traces)
+    prompts = trace_run(runs, 15)
     parser = build_parser()
     a = parser.parse_args(["train-predictor", "--kind", "prefix", "--traces", str(runs), "--out", str(tmp_path / "p"),
                            "--epochs", "2", "--hidden", "8", "--device", "cpu", "--quiet"])
@@ -196,17 +189,9 @@ def test_the_prefix_policy_reads_the_model_and_its_calibrated_threshold(tmp_path
 
     # a DAgger-style round: traces decoded by the scheduler itself (shadow-verified skips) join training
     onp = tmp_path / "onpolicy"
-    onp.mkdir()
-    (onp / "config.json").write_text(json.dumps({"run": {"decode": {"gamma": 8}, "policy": {"name": "prefix"}}}))
-    tcfg = DecodeConfig(gamma=8, max_new_tokens=40, trace=True, task="humaneval")
-    skipped = 0
-    for tid, prompt in prompts.items():
-        res = decode(prompt, FakeDrafter(0.2, int(tid.split("/")[1])), FakeVerifier(),
-                     PolicyConfig(name="prefix", survival="model", lam=0.05, cost_ratio=0.05), tcfg, pp, task_id=tid)
-        skipped += res.skipped_rounds
-        assert all(t.L is not None for t in res.traces)  # the shadow verifier labels the skipped blocks
-        append_traces(onp, tid, res.traces)
-    assert skipped > 0
+    trace_run(onp, 15, PolicyConfig(name="prefix", survival="model", lam=0.05, cost_ratio=0.05), pp)
+    on = load_traces(onp)
+    assert on.dropped_unknown_L == 0 and (on.K > 0).any()  # skipped blocks, each labelled by the shadow verifier
     a = parser.parse_args(["train-predictor", "--kind", "prefix", "--traces", str(runs), "--on-policy", str(onp),
                            "--out", str(tmp_path / "p2"), "--epochs", "1", "--hidden", "8", "--device", "cpu",
                            "--quiet"])

@@ -399,27 +399,35 @@ def load_predictor(path: str | Path | None, kind: str, runtime=None):
     return load_fold_predictor(path, kind, runtime)
 
 
-def load_fold_predictor(path: str | Path, kind: str, runtime=None) -> FoldPredictor:
-    """Load the five rotations of ``kind`` from ``path`` (the ``--out`` of train-predictor) onto
-    ``runtime.device`` (CPU without a runtime)."""
+def read_rotations(path: str | Path, kind: str, fmt: str) -> tuple[Path, dict, list]:
+    """The directory, manifest and checkpoints ``(file, metadata, tensors)`` of the rotations of
+    ``kind`` under ``path``, refusing a manifest of another format or a missing checkpoint."""
     from safetensors import safe_open
 
-    if kind not in KINDS:
-        raise ValueError(f"unknown predictor kind {kind!r}; expected marginal or conditional")
-    device = getattr(runtime, "device", None) or "cpu"
     d = find_predictor_dir(path, kind)
     man = json.loads((d / MANIFEST).read_text())
-    if man.get("format") != FORMAT:
-        raise ValueError(f"{d / MANIFEST} is not a vskip predictor manifest")
-    gamma, d_model = int(man["gamma"]), int(man["d_model"])
-    models = []
+    if man.get("format") != fmt:
+        raise ValueError(f"{d / MANIFEST} is not a vskip {kind} predictor manifest")
+    out = []
     for e in man["rotations"]:
         f = d / e["file"]
         if not f.exists():
             raise FileNotFoundError(f"predictor checkpoint {f} is missing")
         with safe_open(str(f), framework="pt") as sf:
-            meta = sf.metadata() or {}
-            tensors = {k: sf.get_tensor(k) for k in sf.keys()}
+            out.append((f, sf.metadata() or {}, {k: sf.get_tensor(k) for k in sf.keys()}))
+    return d, man, out
+
+
+def load_fold_predictor(path: str | Path, kind: str, runtime=None) -> FoldPredictor:
+    """Load the five rotations of ``kind`` from ``path`` (the ``--out`` of train-predictor) onto
+    ``runtime.device`` (CPU without a runtime)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown predictor kind {kind!r}; expected marginal or conditional")
+    device = getattr(runtime, "device", None) or "cpu"
+    d, man, checkpoints = read_rotations(path, kind, FORMAT)
+    gamma, d_model = int(man["gamma"]), int(man["d_model"])
+    models = []
+    for f, meta, tensors in checkpoints:
         if meta.get("kind") != kind or int(meta["gamma"]) != gamma or int(meta["d_model"]) != d_model:
             raise ValueError(f"{f} does not match its manifest (kind, gamma or d_model)")
         rot = Rotation(int(meta["rotation"]), tuple(json.loads(meta["test_ids"])),

@@ -322,21 +322,11 @@ def load_prefix_predictor(path, runtime=None) -> PrefixPredictor:
     The model is small and runs on the CPU whatever ``runtime`` says."""
     import json
 
-    from safetensors import safe_open
+    from .predictor import read_rotations
 
-    from .predictor import MANIFEST, find_predictor_dir
-
-    d = find_predictor_dir(path, KIND)
-    man = json.loads((d / MANIFEST).read_text())
-    if man.get("format") != FORMAT:
-        raise ValueError(f"{d / MANIFEST} is not a vskip prefix predictor manifest")
+    d, man, checkpoints = read_rotations(path, KIND, FORMAT)
     rots = []
-    for e in man["rotations"]:
-        f = d / e["file"]
-        if not f.exists():
-            raise FileNotFoundError(f"predictor checkpoint {f} is missing")
-        with safe_open(str(f), framework="pt") as sf:
-            meta, tensors = sf.metadata() or {}, {k: sf.get_tensor(k) for k in sf.keys()}
+    for _, meta, tensors in checkpoints:
         ids = {k: tuple(json.loads(meta[f"{k}_ids"])) for k in ("test", "cal", "train", "stop")}
         mean, std = tensors.pop("norm.mean").numpy(), tensors.pop("norm.std").numpy()
         model = PrefixSurvivalNet(mean.shape[0], int(meta["hidden"]))

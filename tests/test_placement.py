@@ -63,6 +63,27 @@ def test_paper_pair_shapes_match_their_published_sizes():
     assert d.params == pytest.approx(7.62e9, rel=1e-3) and d.bias and d.recompute
 
 
+def test_a_vskip_drafter_counts_its_restricted_head():
+    """The shipped drafter's output head holds only the rows of its manifest's head_size, and its
+    layers are exactly what its safetensors hold besides the head's ids and the mask embedding."""
+    import json
+    import math
+
+    from safetensors import safe_open
+
+    from vskip.models.embedded import embedded_drafter_dir
+
+    ddir = embedded_drafter_dir()
+    d = read_shape(ddir, "drafter")
+    head = json.loads((ddir / "drafter.json").read_text())["meta"]["head_size"]
+    assert d.head_rows == head and d.head_params == head * d.hidden
+    with safe_open(str(ddir / "drafter.safetensors"), framework="pt") as f:
+        stored = {k: math.prod(f.get_slice(k).get_shape()) for k in f.keys()}
+    extra = stored.pop("head_ids") + stored.pop("mask_embedding")
+    assert extra == head + d.hidden
+    assert sum(stored.values()) == d.params - d.embed_params - d.head_params
+
+
 def _paper_plan(**kw):
     base = dict(dtype="bfloat16", drafter_dtype="bfloat16", prompt_tokens=1024, max_new_tokens=512, gamma=32,
                 verifier_cache=False)

@@ -159,7 +159,7 @@ def read_shape(path: Path, name: str) -> Shape:
                      inter=int(bb["intermediate_size"]), layers=int(bb["num_layers"]), heads=heads,
                      kv_heads=int(bb["num_kv_heads"]), head_dim=int(bb["hidden_size"]) // heads,
                      tied=d.get("head", "tied") == "tied", bias=bool(bb.get("attention_bias", False)),
-                     recompute=d.get("attention") == "full")
+                     recompute=d.get("attention") == "full", head_rows=(d.get("meta") or {}).get("head_size"))
     cfg = path / "config.json"
     if not cfg.exists():
         raise FileNotFoundError(f"no config.json in {path}")

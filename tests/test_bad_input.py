@@ -150,6 +150,10 @@ CASES = [
     ("fit-copy-prior --data {tmp}/empty --fit-shards a.npz --per-row 0", "per-row"),
     ("fit-copy-prior --data {tmp}/empty --fit-shards ,", "fit-shards"),
     ("fit-copy-prior --data {tmp}/empty --fit-shards a.npz --drafter {tmp}/missing", "missing"),
+    ("fit-copy-prior --data {tmp}/empty", "either --fit-shards"),
+    ("fit-copy-prior --fit-shards a.npz --holdout-of {tmp}/empty", "either --fit-shards"),
+    ("fit-copy-prior --holdout-of {tmp}/missing", "missing"),
+    ("fit-copy-prior --holdout-of {tmp}/empty --eval-shards a.npz", "drop --eval-shards"),
     # train-predictor
     ("train-predictor --kind marginal --traces {tmp}/missing --out {tmp}/p", "missing"),
     ("train-predictor --kind marginal --traces {tmp}/empty --out {tmp}/p", "empty"),

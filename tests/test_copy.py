@@ -238,3 +238,28 @@ def test_first_step_is_the_distribution_propose_starts_from():
     probs = d.first_step(SEQ, 8)
     assert probs.shape == (8, V) and torch.allclose(probs.sum(-1), torch.ones(8), atol=1e-5)
     assert np.allclose(probs.max(-1).values.numpy(), b.features[:, 10], atol=1e-5)  # p_top1_step0
+
+
+def test_fit_on_the_rows_a_training_run_held_out(tmp_path):
+    """`fit-copy-prior --holdout-of TRAIN_DIR`: the rows the run's --holdout and --seed kept out,
+    exactly as training split them, half to fit and half to evaluate."""
+    from vskip.distill.copyfit import fit_copy_prior_rows, holdout_answers
+    from vskip.distill.train import load_rows, split
+
+    data = tmp_path / "data"
+    data.mkdir()
+    write_copy_data(data / "shard_00000.npz", 20, 0)
+    run = tmp_path / "train"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"data": str(data), "train": {"holdout": 4, "seed": 3}}))
+    data_dir, rows = holdout_answers(run)
+    tr, ho = split(load_rows(data), 4, 3)
+    assert data_dir == data and len(rows) == 4 == len(ho.rows)
+    assert [r.tolist() for r, _ in rows] == [r.tolist() for r in ho.rows]
+    assert not {tuple(r.tolist()) for r, _ in rows} & {tuple(r.tolist()) for r in tr.rows}
+    prior = fit_copy_prior_rows(tiny_drafter(), rows[:2], rows[2:], gamma=8, per_row=4, min_count=5,
+                                progress=False, strict_gammas=(4,), replay_answers=1, replay_tokens=8)
+    assert prior.meta["fit_rows"] == 2 and prior.meta["eval_rows"] == 2 and "heldout" in prior.meta
+    (run / "config.json").write_text(json.dumps({"data": str(data), "train": {"holdout": 0, "seed": 3}}))
+    with pytest.raises(ValueError, match="too few"):
+        holdout_answers(run)

@@ -51,10 +51,14 @@ def register(subparsers) -> None:
         "fit-copy-prior",
         help="fit the drafter's copy prior (a pointer mixture over its context) on distillation data",
         description="Fit the mixture weights of the drafter's copy prior by maximum likelihood on distillation "
-        "shards the drafter was not trained on, report held-out figures, and write copy_prior.json.",
+        "answers the drafter was not trained on (named shards, or the rows its training run held out), report "
+        "held-out figures, and write copy_prior.json.",
     )
-    c.add_argument("--data", required=True, help="distillation data directory (shards)")
-    c.add_argument("--fit-shards", required=True, type=_names, help="comma-separated shard files to fit on")
+    c.add_argument("--data", help="distillation data directory (shards; with --fit-shards)")
+    c.add_argument("--fit-shards", type=_names, help="comma-separated shard files to fit on")
+    c.add_argument("--holdout-of", metavar="TRAIN_DIR",
+                   help="instead of shards: the rows the drafter's training run TRAIN_DIR held out, the first half "
+                        "to fit on and the second to evaluate")
     c.add_argument("--eval-shards", type=_names, default=(), help="comma-separated shard files for held-out figures")
     c.add_argument("--drafter", help="drafter directory (default: the embedded drafter)")
     c.add_argument("--verifier", help="verifier checkpoint directory (default: the embedded verifier)")
@@ -77,27 +81,38 @@ def _cmd_fit_copy(a) -> int:
     from ..models.embedded import embedded_drafter_dir, file_sha256
     from ..models.config import ModelConfig
     from ..models.load import open_pair
-    from .copyfit import fit_copy_prior, write_copy_prior
+    from .copyfit import fit_copy_prior, fit_copy_prior_rows, holdout_answers, write_copy_prior
 
     from ..files import check_writable_dir
 
-    if not Path(a.data).is_dir():
-        raise FileNotFoundError(f"data directory {a.data} does not exist")
+    if (a.holdout_of is None) == (a.fit_shards is None):
+        raise ValueError("give either --fit-shards (with --data) or --holdout-of TRAIN_DIR")
     if a.gamma < 1 or a.per_row < 1:
         raise ValueError(f"--gamma and --per-row must be >= 1, got {a.gamma} and {a.per_row}")
-    if not a.fit_shards:
-        raise ValueError("--fit-shards names no shard")
     if a.drafter and not Path(a.drafter).is_dir():
         raise FileNotFoundError(f"drafter directory {a.drafter} does not exist")
-    for name in (*a.fit_shards, *a.eval_shards):
-        if not (Path(a.data) / name).is_file():
-            raise FileNotFoundError(f"shard {Path(a.data) / name} does not exist")
+    if a.fit_shards is not None:
+        if not a.data or not Path(a.data).is_dir():
+            raise FileNotFoundError(f"data directory {a.data} does not exist (--fit-shards needs --data)")
+        for name in (*a.fit_shards, *a.eval_shards):
+            if not (Path(a.data) / name).is_file():
+                raise FileNotFoundError(f"shard {Path(a.data) / name} does not exist")
+    elif a.eval_shards:
+        raise ValueError("--holdout-of evaluates on the second half of the held-out rows; drop --eval-shards")
     if a.out and not a.out.endswith(".json"):
         check_writable_dir(a.out)
+    if a.holdout_of is not None:  # before the models load: a bad training directory refuses at once
+        data_dir, rows = holdout_answers(Path(a.holdout_of))
     pair = open_pair(ModelConfig(drafter=a.drafter, verifier=a.verifier, device="cpu", dtype="float32", threads=a.threads,
                                  copy_prior="off"))
-    prior = fit_copy_prior(pair.drafter, Path(a.data), a.fit_shards, a.eval_shards, gamma=a.gamma, per_row=a.per_row,
-                           seed=a.seed)
+    if a.fit_shards is not None:
+        prior = fit_copy_prior(pair.drafter, Path(a.data), a.fit_shards, a.eval_shards, gamma=a.gamma,
+                               per_row=a.per_row, seed=a.seed)
+    else:
+        half = len(rows) // 2
+        prior = fit_copy_prior_rows(pair.drafter, rows[:half], rows[half:], gamma=a.gamma, per_row=a.per_row,
+                                    seed=a.seed)
+        prior.meta["holdout_of"] = {"train_dir": str(a.holdout_of), "data": str(data_dir)}
     ddir = Path(a.drafter) if a.drafter else embedded_drafter_dir()
     weights = sorted(ddir.glob("*.safetensors"))
     prior.meta["drafter_weights_sha256"] = {w.name: file_sha256(w) for w in weights}

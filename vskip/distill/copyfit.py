@@ -10,7 +10,6 @@ would make the network look surer than it is, so fit on shards it did not see.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -191,23 +190,46 @@ def fit_copy_prior(drafter: DiffusionDrafter, data_dir: Path, fit_shards: Sequen
     (:func:`evaluate_prior`, which takes the remaining keyword arguments)."""
     from .shards import data_fingerprint
 
+    rows = load_answers(data_dir, fit_shards)
+    ho = load_answers(data_dir, eval_shards) if eval_shards else []
+    prior = fit_copy_prior_rows(drafter, rows, ho, gamma, per_row, seed, min_count, progress, **evaluate)
+    prior.meta["fit_shards"] = data_fingerprint(data_dir, list(fit_shards))
+    if eval_shards:
+        prior.meta["eval_shards"] = data_fingerprint(data_dir, list(eval_shards))
+    return prior
+
+
+def holdout_answers(train_dir: Path) -> tuple[Path, list[tuple[np.ndarray, int]]]:
+    """(data directory, held-out answers) of a drafter training run: the rows its ``--holdout``
+    kept out of training, as :func:`vskip.distill.train.split` chose them."""
+    from .train import load_rows, split
+
+    cfg = read_json(Path(train_dir) / "config.json", "training config")
+    data_dir = Path(cfg["data"])
+    _, ho = split(load_rows(data_dir), cfg["train"]["holdout"], cfg["train"]["seed"])
+    rows = [(r, p) for r, p in zip(ho.rows, ho.prompt_lens)]
+    if len(rows) < 2:
+        raise ValueError(f"{train_dir} held out {len(rows)} rows: too few to fit and evaluate a copy prior")
+    return data_dir, rows
+
+
+def fit_copy_prior_rows(drafter: DiffusionDrafter, rows, eval_rows=(), gamma: int = 32, per_row: int = 6,
+                        seed: int = 0, min_count: int = 50, progress: bool = True, **evaluate) -> CopyPrior:
+    """Fit the prior on answers ``rows`` [(ids, prompt length)] and evaluate it on ``eval_rows``."""
     t0 = time.time()
     saved, drafter.copy = drafter.copy, None
     try:
-        rows = load_answers(data_dir, fit_shards)
         samples = collect(drafter, rows, block_starts(rows, per_row, seed), gamma, progress=progress)
     finally:
         drafter.copy = saved
     lam, count = fit_table(samples, min_count=min_count)
-    meta = {"fit_shards": data_fingerprint(data_dir, list(fit_shards)), "fit_rows": len(rows), "gamma": gamma,
-            "per_row": per_row, "seed": seed, "min_count": min_count, "counts": count.tolist()}
+    meta = {"fit_rows": len(rows), "gamma": gamma, "per_row": per_row, "seed": seed, "min_count": min_count,
+            "counts": count.tolist()}
     prior = CopyPrior(lam.tolist(), meta=meta)
     meta["fit"] = fit_summary(samples, prior)
-    if eval_shards:
-        ho = load_answers(data_dir, eval_shards)
-        meta["eval_shards"] = data_fingerprint(data_dir, list(eval_shards))
-        meta["eval_rows"] = len(ho)
-        meta["heldout"] = evaluate_prior(drafter, prior, ho, seed=seed + 1, per_row=per_row, gamma=gamma,
+    if len(eval_rows):
+        meta["eval_rows"] = len(eval_rows)
+        meta["heldout"] = evaluate_prior(drafter, prior, eval_rows, seed=seed + 1, per_row=per_row, gamma=gamma,
                                          progress=progress, **evaluate)
     meta["seconds"] = round(time.time() - t0, 1)
     return prior

@@ -62,6 +62,8 @@ def test_rows_pair_every_prompt_and_resume(tmp_path):
     assert s["configs"]["strict"]["same_as_ar"] == s["configs"]["strict+gamma=4+gamma_max=12+min_match=3+trim=0.6"]["same_as_ar"] == 5
     assert s["configs"]["ar"]["ratio_vs_ar"] == pytest.approx(1.0)
     assert s["configs"]["strict"]["tokens_per_call"] > 1
+    acc = [x for r in rows if r["config"] == "strict" for x in r["accepted"]]
+    assert s["configs"]["strict"]["p_L_ge1"] == pytest.approx(sum(x >= 1 for x in acc) / len(acc))
     assert "× ar" in compare.format_summary(s)
 
 

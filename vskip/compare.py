@@ -288,7 +288,8 @@ def summarize_comparison(rows: list[dict]) -> dict:
                   "c_V_ms": 1000 * verify / calls, "outside_forwards": float((T.sum() - draft - verify) / T.sum())}
             if blocks:
                 acc = [x for r in rs for x in r["accepted"]]
-                d |= {"mean_L": float(np.mean(acc)) if acc else None, "c_D_ms": 1000 * draft / blocks,
+                d |= {"mean_L": float(np.mean(acc)) if acc else None,
+                      "p_L_ge1": float(np.mean(np.asarray(acc) >= 1)) if acc else None, "c_D_ms": 1000 * draft / blocks,
                       "c_D_over_c_V": (draft / blocks) / (verify / calls), "blocks_per_token": float(blocks / N.sum())}
         out["configs"][name] = d
     return out

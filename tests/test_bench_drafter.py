@@ -14,10 +14,10 @@ def _load():
     return mod
 
 
-def _run(d: Path, policy: str, gamma: int, L: list[int]):
+def _run(d: Path, policy: str, gamma: int, L: list[int], copy_prior: str = "auto"):
     d.mkdir()
     run = {"task": "humaneval", "limit": 3, "ids": None, "policy": {"name": policy},
-           "decode": {"gamma": gamma, "max_new_tokens": 512}, "models": {"drafter": None, "copy_prior": "auto"}}
+           "decode": {"gamma": gamma, "max_new_tokens": 512}, "models": {"drafter": None, "copy_prior": copy_prior}}
     (d / "config.json").write_text(json.dumps({"run": run}))
     n = sum(L) + len(L)
     (d / "summary.json").write_text(json.dumps({
@@ -38,3 +38,15 @@ def test_settings_come_from_the_runs(tmp_path):
     assert runs[str(tmp_path / "ar")]["limit"] == 3 and "limit" not in data["settings"]
     assert data["results"]["ar"]["c_V_ms"] == 100.0  # 1 s over 10 calls: ar's c_V is recorded too
     assert data["results"]["gamma=8"]["mean_L"] == 14 / 5
+
+
+def test_the_network_alone_beside_the_default_without_ar(tmp_path):
+    """Runs with the copy prior off are their own rows; without an `ar` run there is no speed ratio."""
+    mod = _load()
+    _run(tmp_path / "net", "strict", 8, [0, 1, 0, 2], copy_prior="off")
+    _run(tmp_path / "default", "strict", 8, [1, 2, 3, 0, 8])
+    out = tmp_path / "out"
+    assert mod.main(["--runs", str(tmp_path / "net"), str(tmp_path / "default"), "--out", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())["results"]
+    assert res["gamma=8 network"]["mean_L"] == 3 / 4 and res["gamma=8"]["mean_L"] == 14 / 5
+    assert res["gamma=8"]["speedup_vs_ar"] is None and res["gamma=8 network"]["p_L_ge"][0] == 2 / 4

@@ -65,7 +65,7 @@ def test_paper_pair_shapes_match_their_published_sizes():
 
 def test_a_vskip_drafter_counts_its_restricted_head():
     """The shipped drafter's output head holds only the rows of its manifest's head_size, and its
-    layers are exactly what its safetensors hold besides the head's ids and the mask embedding."""
+    layers, mask embedding and copy-hint input are exactly what its safetensors hold besides the head's ids."""
     import json
     import math
 
@@ -79,8 +79,7 @@ def test_a_vskip_drafter_counts_its_restricted_head():
     assert d.head_rows == head and d.head_params == head * d.hidden
     with safe_open(str(ddir / "drafter.safetensors"), framework="pt") as f:
         stored = {k: math.prod(f.get_slice(k).get_shape()) for k in f.keys()}
-    extra = stored.pop("head_ids") + stored.pop("mask_embedding")
-    assert extra == head + d.hidden
+    assert stored.pop("head_ids") == head
     assert sum(stored.values()) == d.params - d.embed_params - d.head_params
 
 

@@ -97,6 +97,7 @@ class Shape:
     bias: bool = False
     qk_norm: bool = False
     head_rows: int | None = None  # a restricted output head (vskip drafters)
+    extra_params: int = 0  # a vskip drafter's mask embedding and copy-hint input
     recompute: bool = False  # re-encodes the whole sequence every call, keeping no cache (Dream)
 
     @classmethod
@@ -131,7 +132,7 @@ class Shape:
 
     @property
     def params(self) -> int:
-        return self.embed_params + self.layers * self.layer_params + self.hidden + self.head_params
+        return self.embed_params + self.layers * self.layer_params + self.hidden + self.head_params + self.extra_params
 
     def cache_bytes(self, tokens: int, nbytes: int, layers: int | None = None) -> int:
         """Keys and values of ``tokens`` positions over ``layers`` (all by default)."""
@@ -144,6 +145,15 @@ class Shape:
         per_token = 3 * self.hidden + 2 * (self.heads + self.kv_heads) * self.head_dim + 3 * self.inter
         attn = self.heads * tokens * tokens
         return (tokens * per_token + attn) * nbytes + logits_rows * (self.head_rows or self.vocab) * 4
+
+
+def _drafter_extra(d: dict, hidden: int) -> int:
+    """Parameters of a vskip drafter beyond its backbone and head (:class:`vskip.models.drafter.DiffusionLM`):
+    the learned mask embedding, and the copy hint's projection and length embeddings."""
+    from .copy import LENGTH_EDGES
+
+    n = hidden if d.get("mask_token_id") is None else 0
+    return n + (hidden * hidden + len(LENGTH_EDGES) * hidden if d.get("copy_input") else 0)
 
 
 def read_shape(path: Path, name: str) -> Shape:
@@ -159,7 +169,8 @@ def read_shape(path: Path, name: str) -> Shape:
                      inter=int(bb["intermediate_size"]), layers=int(bb["num_layers"]), heads=heads,
                      kv_heads=int(bb["num_kv_heads"]), head_dim=int(bb["hidden_size"]) // heads,
                      tied=d.get("head", "tied") == "tied", bias=bool(bb.get("attention_bias", False)),
-                     recompute=d.get("attention") == "full", head_rows=(d.get("meta") or {}).get("head_size"))
+                     recompute=d.get("attention") == "full", head_rows=(d.get("meta") or {}).get("head_size"),
+                     extra_params=_drafter_extra(d, int(bb["hidden_size"])))
     cfg = path / "config.json"
     if not cfg.exists():
         raise FileNotFoundError(f"no config.json in {path}")

@@ -37,9 +37,9 @@ evaluate() {
     --out "$RUNS/he64-default" "${common[@]}" &
   wait
   # 512 new tokens, paired with the verifier alone: lossless, tokens per call, speed
-  pair $VSKIP compare --task humaneval --configs ar,strict,strict+gamma=16 --max-new-tokens 512 \
+  pair $VSKIP compare --task humaneval --configs ar,strict,strict+gamma=16,strict+gamma=32 --max-new-tokens 512 \
     --out "$RUNS/he512" "${common[@]}"
-  pair $VSKIP compare --task mbpp --limit 100 --configs ar,strict,strict+gamma=16 --max-new-tokens 512 \
+  pair $VSKIP compare --task mbpp --limit 100 --configs ar,strict,strict+gamma=16,strict+gamma=32 --max-new-tokens 512 \
     --out "$RUNS/mbpp512" "${common[@]}"
   $VSKIP run --task mbpp --limit 100 --policy strict --gamma 8 --max-new-tokens 64 --copy-prior off \
     --out "$RUNS/mbpp64-net" "${common[@]}" &

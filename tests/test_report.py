@@ -395,3 +395,24 @@ def test_the_promised_agreement_of_prefix_runs(tmp_path):
     write_run(tmp_path / "t" / "strict", "strict", calls=5, blocks=5, seconds=1.0, passed=[True] * 4)
     build([tmp_path / "t"], tmp_path / "out2")
     assert not (tmp_path / "out2" / "scheduler.json").exists()
+
+
+def test_the_prefix_scheduler_against_raw_at_equal_agreement(tmp_path):
+    root = tmp_path / "s"
+    T = [True] * 4
+    write_run(root / "strict", "strict", calls=5, blocks=5, seconds=1.0, passed=T)
+    # raw: StrictToken 1.0 at 0.8 calls, 0.5 at 0.6 calls
+    write_run(root / "raw_hi", "raw", calls=4, blocks=6, seconds=0.9, passed=T, relaxed=[(6, 6)])
+    write_run(root / "raw_lo", "raw", calls=3, blocks=6, seconds=0.8, passed=T, relaxed=[(6, 3)],
+              params={"eta_b": 0.7, "eta_c": 0.7})
+    # prefix A: StrictToken 1.0 at 0.6 calls, faster: beats raw_hi on both
+    write_run(root / "prefix_a", "prefix", calls=3, blocks=6, seconds=0.7, passed=T, relaxed=[(6, 6)])
+    # prefix B: StrictToken 0.5 at 0.8 calls, slower: beaten by raw_lo
+    write_run(root / "prefix_b", "prefix", calls=4, blocks=6, seconds=0.95, passed=T, relaxed=[(4, 2)],
+              params={"lam": 0.5})
+    build([root], tmp_path / "out")
+    md = (tmp_path / "out" / "prefix_vs_raw_humaneval_g16.md").read_text()
+    a = next(line for line in md.splitlines() if line.startswith("| prefix_a"))
+    b = next(line for line in md.splitlines() if line.startswith("| prefix_b"))
+    assert "raw_hi" in a and a.endswith("fewer calls and faster |")
+    assert "raw_lo" in b and b.endswith("neither |")

@@ -14,7 +14,7 @@ from .compare import Row, choose_reference, compare, equal_outputs
 from .figures import figure1, figure4, figure5
 from .runs import FRONTIER_METHODS, LABELS, PARAMS, SAMPLES, Run, _labels, find_run_dirs, load_run
 from .tables import (Table, _fmt, _params_str, eq8_table, gate_table, in_main_grid, intervals_table, kmin_families,
-                     kmin_table, matched_table, periodic_table, runs_table, table4)
+                     kmin_table, matched_table, periodic_table, runs_table, table4, versus_table)
 
 
 # --------------------------------------------------------------------------- the report
@@ -184,6 +184,12 @@ def _group_sections(doc: _Doc, task, gamma, rows: list[Row], k_min: int, n_boot:
         "Matched quality (§5.2)", matched_table(f"matched_{slug}", rows, k_min), rows,
         [r.name for r in rows if in_main_grid(r, k_min)],
         "Observed points whose pass@1 equals (=) or is at least (≥) Strict SDD's on the same prompts."))
+    doc.guarded(f"{title}: prefix vs raw", lambda: doc.table(
+        "Prefix scheduler against raw confidence (beyond the paper)", versus_table(f"prefix_vs_raw_{slug}", rows, k_min),
+        rows, [r.name for r in rows if r.method in ("prefix", "raw")],
+        "Each prefix-scheduler run against the raw-confidence runs (main grid) whose StrictToken is at least its "
+        "own: their fewest relative calls and their best speedup. Observed points only; speed differences "
+        "inside the timing noise are not resolved by this table."))
     doc.guarded(f"{title}: table 2", lambda: doc.table(
         "Gate ablation (Table 2)", gate_table(f"table2_{slug}", rows), rows, [r.name for r in rows if r.method in SIGNALS]))
     doc.guarded(f"{title}: table 3", lambda: doc.table(

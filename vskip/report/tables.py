@@ -190,6 +190,34 @@ def matched_table(name: str, rows: list[Row], k_min: int) -> Table | None:
                         "tokens/s", "strict tokens/s", "StrictToken", "FullPrefix"], out)
 
 
+def versus_table(name: str, rows: list[Row], k_min: int, method: str = "prefix", baseline: str = "raw") -> Table | None:
+    """Each ``method`` point against ``baseline``'s observed points of at least its StrictToken:
+    the fewest relative calls and the highest speedup among them, and whether the point beats both
+    (observed points only; no interpolation between them)."""
+    base = [r for r in rows if r.method == baseline and in_main_grid(r, k_min) and r.m.strict_token is not None
+            and r.rel_calls is not None]
+    pts = [r for r in rows if r.method == method and r.m.strict_token is not None and r.rel_calls is not None]
+    if not base or not pts:
+        return None
+    out = []
+    for r in sorted(pts, key=lambda r: -r.m.strict_token):
+        peers = [b for b in base if b.m.strict_token >= r.m.strict_token - 1e-12]
+        if not peers:
+            out.append([r.name, r.m.strict_token, r.rel_calls, r.speedup] + [None] * 4
+                       + [f"no {baseline} point agrees as much"])
+            continue
+        calls = min(peers, key=lambda b: b.rel_calls)
+        fast = max(peers, key=lambda b: b.speedup or 0)
+        fewer = r.rel_calls < calls.rel_calls
+        faster = r.speedup is not None and fast.speedup is not None and r.speedup > fast.speedup
+        out.append([r.name, r.m.strict_token, r.rel_calls, r.speedup, calls.rel_calls, calls.name, fast.speedup,
+                    fast.name, {(True, True): "fewer calls and faster", (True, False): "fewer calls, not faster",
+                                (False, True): "faster, not fewer calls"}.get((fewer, faster), "neither")])
+    return Table(name, ["config", "StrictToken", "rel. calls", "speedup", f"{baseline}: fewest calls at ≥ StrictToken",
+                        f"{baseline} config", f"{baseline}: best speedup at ≥ StrictToken", f"{baseline} config ",
+                        "verdict"], out)
+
+
 def eq8_table(name: str, rows: list[Row]) -> Table | None:
     out = [[r.name, LABELS.get(r.method, r.method), r.p("k_min"), None if r.m.c_D is None else 1e3 * r.m.c_D,
             None if r.m.c_V is None else 1e3 * r.m.c_V, r.A, r.K_star, r.m.tokens_per_s]

@@ -263,3 +263,18 @@ def test_fit_on_the_rows_a_training_run_held_out(tmp_path):
     (run / "config.json").write_text(json.dumps({"data": str(data), "train": {"holdout": 0, "seed": 3}}))
     with pytest.raises(ValueError, match="too few"):
         holdout_answers(run)
+
+
+def test_asking_for_features_never_changes_the_draft():
+    """Tied logits (tokens sharing one embedding row) must be broken the same way whether or not
+    the A.7 features are computed: traced and untraced Strict SDD runs draft the same blocks."""
+    d = tiny_drafter()
+    with torch.no_grad():
+        w = d.model.backbone.embed_tokens.weight
+        w[:] = w[torch.arange(V) % (V // 4)].clone()  # four tokens share each embedding row: four-way ties
+    rng = np.random.default_rng(0)
+    for seq in [SEQ] + [rng.integers(3, V - 1, int(rng.integers(3, 30))).tolist() for _ in range(40)]:
+        for g in (4, 8, 16):
+            plain, traced = d.propose(seq, g), d.propose(seq, g, features=True)
+            assert plain.tokens.tolist() == traced.tokens.tolist()
+            assert np.array_equal(plain.confidence, traced.confidence)

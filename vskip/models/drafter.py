@@ -380,7 +380,10 @@ class DiffusionDrafter:
                 logp = torch.log_softmax(logits, dim=-1)
             else:
                 logp = self._mix(logits, hint, lam, tokens, masked)
-            top = logp.topk(5 if features else 2, dim=-1)
+            # the token and its score come from the same top-2 whether or not features are asked
+            # for: torch breaks a three-way tie differently for another k, and a bfloat16 head ties
+            top = logp.topk(2, dim=-1)
+            top5 = logp.topk(5, dim=-1) if features else None
             p_top = top.values.exp()
             p1 = p_top[:, 0]
             need_entropy = features or self.reveal == "entropy"
@@ -412,7 +415,7 @@ class DiffusionDrafter:
                 f[:, 6] = ent[idx]
                 f[:, 7] = -ent[idx]
                 f[:, 8] = p1[idx] - p_top[idx, 1]
-                f[:, 9] = p_top[idx].sum(-1)
+                f[:, 9] = top5.values[idx].exp().sum(-1)
                 f[:, 10] = p1_0[idx]
                 f[:, 11] = ne_0[idx]
                 f[:, 12] = p1[idx] - p1_0[idx]

@@ -128,6 +128,22 @@ def test_the_prefix_predictor_scores_by_fold_and_calibrates_its_threshold(tmp_pa
     assert i == 0 or r.n_cal / (r.n_cal + 1) * r.risk[i - 1] + 1 / (r.n_cal + 1) > 0.4
     with pytest.raises(ValueError, match="no test fold"):
         pp.threshold("HumanEval/99", 0.2)
+    assert [lam for _, _, lam in pp.thresholds(0.4)] == [pp.threshold(r.rotation.test[0], 0.4) for r in pp._rots]
+
+
+def test_a_run_says_which_folds_cannot_keep_alpha(tmp_path, capsys):
+    from vskip.predictor import note_thresholds
+    from vskip.prefix_model import train_prefix_predictor
+    from vskip.predictor import load_predictor
+
+    torch.set_num_threads(1)
+    train_prefix_predictor(_traces(), PrefixTrainConfig(epochs=1, hidden=8), tmp_path, progress=False)
+    pp = load_predictor(tmp_path, "prefix")
+    note_thresholds(pp, 0.05)  # 8 calibration prompts per fold support alpha >= 1/9 only
+    err = capsys.readouterr().err
+    assert "needs at least 19 calibration prompts" in err and "fold 0 has 8" in err
+    note_thresholds(pp, 0.5)
+    assert "never skipped" not in capsys.readouterr().err
 
 
 def test_the_prefix_policy_reads_the_model_and_its_calibrated_threshold(tmp_path):

@@ -159,9 +159,10 @@ def cmd_generate(a) -> int:
     pair = open_pair(models, need_drafter=policy.uses_drafter, budget=(n, dec.max_new_tokens, dec.gamma))
     predictor = None
     if policy.learned:
-        from .predictor import load_predictor
+        from .predictor import load_predictor, note_thresholds
 
         predictor = load_predictor(a.predictor, policy.predictor_kind, runtime)
+        note_thresholds(predictor, policy.alpha)
     ids = encode_chat(pair.tokenizer, a.prompt)
     warmup(pair.drafter, pair.verifier, ids, dec.gamma)
     res = decode(ids, pair.drafter, pair.verifier, policy, dec, predictor)

@@ -386,6 +386,20 @@ def find_predictor_dir(path: str | Path, kind: str) -> Path:
     raise ValueError(f"no {kind} predictor under {p} (train one with `vskip train-predictor --kind {kind} --out {p}`)")
 
 
+def note_thresholds(predictor, alpha: float | None) -> None:
+    """Print each fold's calibrated threshold at ``alpha`` to stderr, and say which folds have too
+    few calibration prompts for it (their prompts are never skipped)."""
+    if alpha is None or not hasattr(predictor, "thresholds"):
+        return
+    rows = predictor.thresholds(alpha)
+    print(f"vskip: alpha {alpha}: lam per fold " + ", ".join(f"{r}: {lam:g}" for r, _, lam in rows), file=sys.stderr)
+    short = [(r, n) for r, n, lam in rows if lam == float("inf")]
+    if short:
+        print(f"vskip: note: at alpha {alpha} conformal risk control needs at least {int(np.ceil(1 / alpha - 1))} "
+              "calibration prompts; " + ", ".join(f"fold {r} has {n}" for r, n in short)
+              + ", so its prompts are never skipped", file=sys.stderr)
+
+
 def load_predictor(path: str | Path | None, kind: str, runtime=None):
     """The trained predictor of ``kind`` under ``path`` (the ``--out`` of train-predictor): the
     five rotations of a marginal or conditional MLP, or of a prefix survival model."""

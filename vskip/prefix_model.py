@@ -296,6 +296,12 @@ class PrefixPredictor:
         r = self._rots[self.rotation_of(task_id)]
         return crc_threshold(r.grid, r.risk, r.n_cal, alpha).lam
 
+    def thresholds(self, alpha: float) -> list[tuple[int, int, float]]:
+        """(rotation, calibration prompts, calibrated ``lam``) of every rotation at risk ``alpha``."""
+        from .policy.prefix import crc_threshold
+
+        return [(r.rotation.index, r.n_cal, crc_threshold(r.grid, r.risk, r.n_cal, alpha).lam) for r in self._rots]
+
     def scores(self, block, features: np.ndarray, task_id: str | None = None) -> np.ndarray:
         from .predictor import hidden_rows
 

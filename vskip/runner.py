@@ -127,9 +127,10 @@ def _models(cfg: RunConfig, problems, pair):
         m.device, m.dtype, m.threads, m.drafter_dtype, m.drafter_device, m.verifier_device, m.max_memory)
     predictor = None
     if cfg.policy.learned:
-        from .predictor import load_predictor  # noqa: PLC0415 - optional component
+        from .predictor import load_predictor, note_thresholds  # noqa: PLC0415 - optional component
 
         predictor = load_predictor(cfg.predictor, cfg.policy.predictor_kind, runtime)
+        note_thresholds(predictor, cfg.policy.alpha)
     return pair, runtime, predictor
 
 

@@ -132,9 +132,8 @@ def test_the_prefix_predictor_scores_by_fold_and_calibrates_its_threshold(tmp_pa
 
 
 def test_a_run_says_which_folds_cannot_keep_alpha(tmp_path, capsys):
-    from vskip.predictor import note_thresholds
+    from vskip.predictor import load_predictor, note_thresholds
     from vskip.prefix_model import train_prefix_predictor
-    from vskip.predictor import load_predictor
 
     torch.set_num_threads(1)
     train_prefix_predictor(_traces(), PrefixTrainConfig(epochs=1, hidden=8), tmp_path, progress=False)

@@ -38,11 +38,11 @@ train() {
       --threads 2 --quiet
 }
 
-sweep() {  # $1: predictor directory, $2: sweep directory
-  local pred=${1:-$R/predictors} out=${2:-$R/sweeps}
+sweep() {  # $1: predictor directory, $2: sweep directory, $3: grids
+  local pred=${1:-$R/predictors} out=${2:-$R/sweeps} grids=${3:-prefix cpu-signals}
   for t in "${TASKS[@]}"; do
     set -- $t
-    for grid in prefix cpu-signals; do
+    for grid in $grids; do
       $VSKIP sweep --task "$1" --limit "$2" --grid "$grid" --predictor "$pred" --max-new-tokens "$MNT" \
         --workers 2 --threads 1 --quiet --out "$out/$1" "${MODEL[@]}"
     done
@@ -60,7 +60,7 @@ onpolicy() {
     $VSKIP train-predictor --kind prefix --traces "$R/traces/humaneval" "$R/traces/mbpp" \
       --on-policy "$R/onpolicy1/humaneval" "$R/onpolicy1/mbpp" --out "$R/predictors-round1" \
       --calibration-folds 2 --threads 2 --quiet
-  sweep "$R/predictors-round1" "$R/sweeps-round1"
+  sweep "$R/predictors-round1" "$R/sweeps-round1" prefix  # the paper's signals do not change
 }
 
 report() {

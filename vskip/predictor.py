@@ -397,7 +397,7 @@ def note_thresholds(predictor, alpha: float | None) -> None:
     if short:
         print(f"vskip: note: at alpha {alpha} conformal risk control needs at least {int(np.ceil(1 / alpha - 1))} "
               "calibration prompts; " + ", ".join(f"fold {r} has {n}" for r, n in short)
-              + ", so its prompts are never skipped", file=sys.stderr)
+              + f", so {'its' if len(short) == 1 else 'their'} prompts are never skipped", file=sys.stderr)
 
 
 def load_predictor(path: str | Path | None, kind: str, runtime=None):

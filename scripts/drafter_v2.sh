@@ -16,7 +16,7 @@ RUNS=${RUNS:-runs/v2}
 D=$TRAIN/drafter
 
 train() {
-  $VSKIP train-drafter --data datasets/distill --out "$TRAIN" --train-steps "$STEPS" --holdout 384 \
+  $VSKIP train-drafter --data datasets/distill --out "$TRAIN" --train-steps "$STEPS" --holdout 384 --max-context 384 \
     --eval-every 250 --checkpoint-every 50 --threads 2
 }
 

@@ -373,6 +373,34 @@ def test_a_training_run_killed_anywhere_resumes_to_the_same_drafter(verifier_dir
             assert torch.equal(got[k], want[k]), (fn, kill_at, k)
 
 
+def test_the_curve_is_readable_while_a_run_goes_on(verifier_dir, tmp_path, monkeypatch):
+    """Each held-out evaluation rewrites curve.csv, so a run killed halfway (or still going) shows
+    its curve so far; `--export` writes it too."""
+    import vskip.distill.train as tr
+
+    data = _tiny_data(tmp_path / "data")
+    cfg = TrainConfig(num_layers=1, gamma=4, blocks_per_seq=2, batch_seqs=2, steps=6, warmup=1, lr=3e-3,
+                      max_context=64, holdout=2, eval_every=2, eval_blocks=4, checkpoint_every=2,
+                      dtype="float32", threads=1)
+    real, calls = tr.make_batch, [0]
+
+    def dies(*a, **k):
+        calls[0] += 1
+        if calls[0] == 5:  # step 5, after the evaluations of steps 2 and 4
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(tr, "make_batch", dies)
+    with pytest.raises(KeyboardInterrupt):
+        tr.train(data, tmp_path / "t", verifier_dir, cfg, progress=False)
+    monkeypatch.undo()
+    steps = [line.split(",")[1] for line in (tmp_path / "t" / "curve.csv").read_text().splitlines()[1:]]
+    assert steps == ["2", "4"] and (tmp_path / "t" / "curve.png").exists()
+    (tmp_path / "t" / "curve.csv").unlink()
+    tr.export(tmp_path / "t", verifier_dir)
+    assert (tmp_path / "t" / "curve.csv").read_text().count("\n") == 3
+
+
 def test_too_few_rows_refuse_before_training(verifier_dir, tmp_path):
     import vskip.distill.train as tr
 

@@ -385,6 +385,8 @@ def _train_loop(model, opt, params, tr, ho, head_index, cfg: TrainConfig, dtype,
             bar.write(f"step {step}: loss {entry['loss']:.3f} holdout mean L {entry['holdout']['mean_L']:.2f}, "
                       f"first-step top-1 {entry['holdout']['first_step_top1']:.3f}")
         log.append(entry)
+        if "holdout" in entry:  # the curve so far, readable while a long run goes on
+            write_curve(log, out)
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
             save_state(out, model, opt, step, cfg, log)
     bar.close()
@@ -434,6 +436,7 @@ def export(out: Path, verifier_dir: Path, evaluate_on: Path | None = None) -> Pa
 
     out = Path(out)
     meta = read_state_meta(out)
+    write_curve(meta.get("log") or [], out)
     cfg = TrainConfig(**{"copy_input": False, **meta["config"]})  # runs before the hint input had none
     head = load_file(str(out / STATE_FILE))["head_ids"]
     model = drafter_from_verifier(verifier_dir, num_layers=cfg.num_layers, head_ids=head, layers=cfg.layers,
@@ -462,7 +465,9 @@ def write_curve(log: list[dict], out: Path) -> Path | None:
         return None
     out = Path(out)
     lines = ["targets,step,first_step_top1,tokens_per_call"] + [f"{t},{s},{a:.4f},{c:.4f}" for t, s, a, c in rows]
-    (out / "curve.csv").write_text("\n".join(lines) + "\n")
+    from ..files import write_atomic
+
+    write_atomic(out / "curve.csv", "\n".join(lines) + "\n")
     import matplotlib
 
     matplotlib.use("Agg")

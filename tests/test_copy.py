@@ -278,3 +278,24 @@ def test_asking_for_features_never_changes_the_draft():
             plain, traced = d.propose(seq, g), d.propose(seq, g, features=True)
             assert plain.tokens.tolist() == traced.tokens.tolist()
             assert np.array_equal(plain.confidence, traced.confidence)
+
+
+def test_a_prior_fitted_to_other_weights_warns(tmp_path, capsys):
+    from vskip.models.copy import CopyPrior
+    from vskip.models.embedded import file_sha256
+    from vskip.models.load import _warn_if_fitted_elsewhere
+
+    LAM = [[0.5]]
+    (tmp_path / "drafter.safetensors").write_bytes(b"weights one")
+    mine = file_sha256(tmp_path / "drafter.safetensors")
+    fits = CopyPrior(LAM, length_edges=(1,), offset_edges=(0,), meta={"drafter_weights_sha256": {"drafter.safetensors": mine}})
+    other = CopyPrior(LAM, length_edges=(1,), offset_edges=(0,), meta={"drafter_weights_sha256": {"drafter.safetensors": "0" * 64}})
+    _warn_if_fitted_elsewhere(fits, tmp_path)
+    _warn_if_fitted_elsewhere(CopyPrior(LAM, length_edges=(1,), offset_edges=(0,), meta={}), tmp_path)  # a prior that records nothing
+    assert capsys.readouterr().err == ""
+    _warn_if_fitted_elsewhere(other, tmp_path)
+    assert "fitted to other drafter weights" in capsys.readouterr().err
+    # the manifest's hash is what counts when there is one
+    (tmp_path / "manifest.json").write_text(json.dumps({"weights": {"file": "drafter.safetensors", "sha256": "0" * 64}}))
+    _warn_if_fitted_elsewhere(other, tmp_path)
+    assert capsys.readouterr().err == ""

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -190,10 +191,24 @@ def test_the_shipped_copy_prior_is_on_by_default_recorded_and_copies(pair, promp
     prior = pair.drafter.copy
     assert prior is not None
     # fitted on answers the network never trained on, and evaluated on others again
-    trained = {f["sha256"] for f in manifest["data"]["files"]}
-    fit = {f["sha256"] for f in prior.meta["fit_shards"]}
-    held = {f["sha256"] for f in prior.meta["eval_shards"]}
-    assert fit and held and not (fit & trained) and not (held & trained) and not (fit & held)
+    if "holdout_of" in prior.meta:  # the rows training held out: recompute the split from the committed data
+        from vskip.distill.copyfit import rows_sha256
+        from vskip.distill.train import load_rows, split
+
+        how = prior.meta["holdout_of"]
+        assert (how["holdout"], how["seed"]) == (manifest["train"]["holdout"], manifest["train"]["seed"])
+        data = Path(__file__).parents[1] / "datasets" / "distill"
+        assert {f["sha256"] for f in manifest["data"]["files"]} <= {file_sha256(f) for f in data.glob("shard_*")}
+        _, ho = split(load_rows(data), how["holdout"], how["seed"])
+        rows = list(zip(ho.rows, ho.prompt_lens))
+        half = len(rows) // 2
+        assert half >= 100 and prior.meta["fit_rows"] == half and prior.meta["eval_rows"] == len(rows) - half
+        assert rows_sha256(rows[:half]) == how["fit_rows_sha256"] and rows_sha256(rows[half:]) == how["eval_rows_sha256"]
+    else:  # whole shards, none of them trained on
+        trained = {f["sha256"] for f in manifest["data"]["files"]}
+        fit = {f["sha256"] for f in prior.meta["fit_shards"]}
+        held = {f["sha256"] for f in prior.meta["eval_shards"]}
+        assert fit and held and not (fit & trained) and not (held & trained) and not (fit & held)
     assert prior.meta["drafter_weights_sha256"]["drafter.safetensors"] == manifest["weights"]["sha256"]
     ho = prior.meta["heldout"]
     assert ho["nll_mixture"] < ho["nll_network"]

@@ -81,7 +81,8 @@ def _cmd_fit_copy(a) -> int:
     from ..models.embedded import embedded_drafter_dir, file_sha256
     from ..models.config import ModelConfig
     from ..models.load import open_pair
-    from .copyfit import fit_copy_prior, fit_copy_prior_rows, holdout_answers, write_copy_prior
+    from ..files import read_json
+    from .copyfit import fit_copy_prior, fit_copy_prior_rows, holdout_answers, rows_sha256, write_copy_prior
 
     from ..files import check_writable_dir
 
@@ -112,7 +113,10 @@ def _cmd_fit_copy(a) -> int:
         half = len(rows) // 2
         prior = fit_copy_prior_rows(pair.drafter, rows[:half], rows[half:], gamma=a.gamma, per_row=a.per_row,
                                     seed=a.seed)
-        prior.meta["holdout_of"] = {"train_dir": str(a.holdout_of), "data": str(data_dir)}
+        run = read_json(Path(a.holdout_of) / "config.json", "training config")["train"]
+        prior.meta["holdout_of"] = {"train_dir": str(a.holdout_of), "data": str(data_dir), "holdout": run["holdout"],
+                                    "seed": run["seed"], "fit_rows_sha256": rows_sha256(rows[:half]),
+                                    "eval_rows_sha256": rows_sha256(rows[half:])}
     ddir = Path(a.drafter) if a.drafter else embedded_drafter_dir()
     weights = sorted(ddir.glob("*.safetensors"))
     prior.meta["drafter_weights_sha256"] = {w.name: file_sha256(w) for w in weights}

@@ -213,6 +213,18 @@ def holdout_answers(train_dir: Path) -> tuple[Path, list[tuple[np.ndarray, int]]
     return data_dir, rows
 
 
+def rows_sha256(rows) -> str:
+    """One hash of answers [(ids, prompt length)], in order: names exactly which rows a prior was
+    fitted or evaluated on, so a test can recompute the split and check it."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for ids, plen in rows:
+        h.update(np.asarray(ids, dtype=np.int64).tobytes())
+        h.update(int(plen).to_bytes(8, "little"))
+    return h.hexdigest()
+
+
 def fit_copy_prior_rows(drafter: DiffusionDrafter, rows, eval_rows=(), gamma: int = 32, per_row: int = 6,
                         seed: int = 0, min_count: int = 50, progress: bool = True, **evaluate) -> CopyPrior:
     """Fit the prior on answers ``rows`` [(ids, prompt length)] and evaluate it on ``eval_rows``."""
@@ -248,6 +260,7 @@ def write_copy_prior(prior: CopyPrior, path: Path) -> Path:
     if path.name == COPY_FILE and manifest.exists():
         m = read_json(manifest, "drafter manifest")
         m["copy_prior"] = {"file": path.name, "sha256": file_sha256(path),
-                           "fit_shards": prior.meta.get("fit_shards"), "heldout": prior.meta.get("heldout")}
+                           "fit_shards": prior.meta.get("fit_shards"), "holdout_of": prior.meta.get("holdout_of"),
+                           "heldout": prior.meta.get("heldout")}
         write_json(manifest, m)
     return path

@@ -376,7 +376,7 @@ def _train_loop(model, opt, params, tr, ho, head_index, cfg: TrainConfig, dtype,
         step += 1
         tokens_seen += int(batch[0].numel())
         targets_seen += n_targets
-        entry = {"step": step, "loss": float(loss), "tok_s": tokens_seen / (time.time() - t0),
+        entry = {"step": step, "loss": float(loss.detach()), "tok_s": tokens_seen / (time.time() - t0),
                  "targets": targets_seen}
         bar.update(1)
         bar.set_postfix(loss=f"{entry['loss']:.3f}", tok_s=f"{entry['tok_s']:.0f}")

@@ -405,22 +405,9 @@ class DiffusionDrafter:
             masked[idx] = False
             x[0, P + idx] = chosen
             if features:
-                f = feats[idx]
-                f[:, 0] = s
-                f[:, 1] = (order + torch.arange(n, device=self.device)) / max(gamma - 1, 1)
-                f[:, 2] = n / gamma
-                f[:, 3] = float(s > 0)
-                f[:, 4] = p1[idx]
-                f[:, 5] = top.values[idx, 0]
-                f[:, 6] = ent[idx]
-                f[:, 7] = -ent[idx]
-                f[:, 8] = p1[idx] - p_top[idx, 1]
-                f[:, 9] = top5.values[idx].exp().sum(-1)
-                f[:, 10] = p1_0[idx]
-                f[:, 11] = ne_0[idx]
-                f[:, 12] = p1[idx] - p1_0[idx]
-                f[:, 13] = -ent[idx] - ne_0[idx]
-                feats[idx] = f
+                rank = (order + torch.arange(n, device=self.device)) / max(gamma - 1, 1)
+                feats[idx] = _reveal_features(s, rank, n / gamma, p1[idx], top.values[idx, 0], ent[idx],
+                                              p_top[idx, 1], top5.values[idx], p1_0[idx], ne_0[idx])
                 hidden[idx] = h[idx]
             order += n
         assert not bool(masked.any()), "every position is revealed by the last step"
@@ -430,3 +417,23 @@ class DiffusionDrafter:
             features=None if feats is None else feats.cpu().numpy(),
             hidden=hidden,
         )
+
+
+def _reveal_features(step: int, rank: torch.Tensor, share: float, p1, logp1, ent, p2, logp_top5, p1_0, ne_0):
+    """The :data:`DRAFT_FEATURES` row of the positions one reveal step unmasks, in that order."""
+    f = torch.empty(len(rank), len(DRAFT_FEATURES), dtype=torch.float32, device=rank.device)
+    f[:, 0] = step
+    f[:, 1] = rank
+    f[:, 2] = share
+    f[:, 3] = float(step > 0)
+    f[:, 4] = p1
+    f[:, 5] = logp1
+    f[:, 6] = ent
+    f[:, 7] = -ent
+    f[:, 8] = p1 - p2
+    f[:, 9] = logp_top5.exp().sum(-1)
+    f[:, 10] = p1_0
+    f[:, 11] = ne_0
+    f[:, 12] = p1 - p1_0
+    f[:, 13] = -ent - ne_0
+    return f

@@ -230,6 +230,24 @@ def resolve_copy_prior(choice: str | None, drafter_dir: Path | None) -> CopyPrio
     return replace(prior, meta=prior.meta | {"sha256": file_sha256(path)})
 
 
+def _warn_if_fitted_elsewhere(prior: CopyPrior, ddir: Path) -> None:
+    """A copy prior is fitted to one network's probabilities: warn when the one it records is not
+    the drafter it is about to mix with (its weights' sha256 against the manifest's, else the file's)."""
+    fitted = prior.meta.get("drafter_weights_sha256")
+    if not isinstance(fitted, dict) or not fitted:
+        return
+    from .embedded import file_sha256
+
+    try:
+        m = json.loads((Path(ddir) / "manifest.json").read_text())
+        have = {m["weights"]["file"]: m["weights"]["sha256"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        have = {name: file_sha256(Path(ddir) / name) for name in fitted if (Path(ddir) / name).exists()}
+    if any(have.get(name) != sha for name, sha in fitted.items()):
+        print(f"vskip: warning: the copy prior was fitted to other drafter weights than those in {ddir}; "
+              "refit it (vskip fit-copy-prior) or pass --copy-prior off", file=sys.stderr)
+
+
 #: the sequence a memory plan assumes when the caller knows no prompt: prompt, new tokens, block
 DEFAULT_BUDGET = (1024, 512, GAMMA)
 
@@ -330,6 +348,7 @@ def load_pair(
         prior = resolve_copy_prior(copy_prior, ddir)
         if prior is not None:
             identity["copy_prior"] = prior.meta.get("sha256", "custom")
+            _warn_if_fitted_elsewhere(prior, ddir)
         d_adapter = DiffusionDrafter(model, steps=steps, allowed=allowed.to(runtime.drafter_on), reveal=reveal,
                                      copy=prior, banned=sorted(ver.special_ids))
     return ModelPair(d_adapter, ver, tok, identity, runtime, plan)

@@ -4,6 +4,12 @@ greedy decoding (``ar``), all measured in one run on HumanEval prompts. Usage::
 
     python benchmarks/bench_drafter.py --limit 164 --gammas 8,16,32 --max-new-tokens 256 --out docs/results/drafter
     python benchmarks/bench_drafter.py --runs runs/ar runs/strict-g8 runs/strict-g16 --out docs/results/drafter
+    python benchmarks/bench_drafter.py --runs runs/he64-net runs/he64-default --reference runs/he512 --out DIR
+
+``--reference`` checks each run's outputs against the verifier's own (``ar``) outputs of another run over
+the same prompts at an equal or larger budget (a ``vskip run --policy ar`` directory or a ``vskip compare``
+directory): greedy decoding is a prefix property, so the first ``max_new_tokens`` of a longer answer are
+the answer at the shorter budget.
 """
 
 from __future__ import annotations
@@ -66,6 +72,36 @@ def from_runs(dirs: list[str]) -> tuple[dict, str, dict]:
     return results, head, {"source": "run directories", "runs": settings}
 
 
+def reference_outputs(directory: str) -> dict[str, list[int]]:
+    """The ``ar`` outputs (token ids) per prompt of a ``vskip run --policy ar`` or ``vskip compare`` directory."""
+    d = Path(directory)
+    if (d / "samples.jsonl").exists():
+        if json.loads((d / "config.json").read_text())["run"]["policy"]["name"] != "ar":
+            raise SystemExit(f"bench_drafter: --reference {d} is not an ar run")
+        rows = [json.loads(x) for x in (d / "samples.jsonl").read_text().splitlines() if x.strip()]
+        return {r["task_id"]: r["tokens"] for r in rows}
+    from vskip.compare import rows_of
+
+    ref = {r["task_id"]: r["output"] for r in rows_of(d) if r["config"] == "ar"}
+    if not ref:
+        raise SystemExit(f"bench_drafter: --reference {d} holds no ar outputs")
+    return ref
+
+
+def same_as_reference(run_dirs: list[str], ref: dict[str, list[int]]) -> dict[str, dict]:
+    """Per run directory: how many of its prompts' outputs equal the reference's first max_new_tokens."""
+    out = {}
+    for d in map(Path, run_dirs):
+        mnt = json.loads((d / "config.json").read_text())["run"]["decode"]["max_new_tokens"]
+        rows = [json.loads(x) for x in (d / "samples.jsonl").read_text().splitlines() if x.strip()]
+        missing = [r["task_id"] for r in rows if r["task_id"] not in ref]
+        if missing:
+            raise SystemExit(f"bench_drafter: the reference has no ar output for {missing[0]} (and {len(missing) - 1} more)")
+        same = sum(r["tokens"] == ref[r["task_id"]][:mnt] for r in rows)
+        out[str(d)] = {"same_as_ar": same, "n_prompts": len(rows)}
+    return out
+
+
 def live(a, gammas) -> tuple[dict, str]:
     pair = open_pair(ModelConfig(drafter=a.drafter, device="cpu", dtype=a.dtype, threads=a.threads))
     problems = tasks.load_task("humaneval", limit=a.limit)
@@ -100,10 +136,15 @@ def main(argv=None) -> int:
     ap.add_argument("--drafter")
     ap.add_argument("--runs", nargs="+", metavar="DIR",
                     help="summarize finished `vskip run` directories (ar and strict at each gamma) instead of decoding")
+    ap.add_argument("--reference", metavar="DIR",
+                    help="with --runs: check every run's outputs against the ar outputs of this run or compare directory")
     ap.add_argument("--out", help="directory for results.json and results.md")
     a = ap.parse_args(argv)
+    if a.reference and not a.runs:
+        ap.error("--reference needs --runs")
     gammas = [int(g) for g in a.gammas.split(",")]
     results, head, settings = from_runs(a.runs) if a.runs else live(a, gammas)
+    lossless = same_as_reference(a.runs, reference_outputs(a.reference)) if a.reference else None
     for k, r in results.items():  # without an `ar` run there is no speed ratio
         r["speedup_vs_ar"] = r["tok_s"] / results["ar"]["tok_s"] if "ar" in results else None
     rows = [[k, r["tokens"], f"{r.get('mean_L', float('nan')):.2f}", f"{r['tokens_per_call']:.2f}",
@@ -113,6 +154,9 @@ def main(argv=None) -> int:
             for k, r in results.items()]
     table = tabulate(rows, headers=["config", "tokens", "mean L", "tok/call", "c_D ms", "c_V ms", "c_D/c_V", "tok/s", "x ar"])
     lines = [table, head]
+    if lossless:
+        settings["reference"] = a.reference
+        lines += [f"{d}: {v['same_as_ar']}/{v['n_prompts']} outputs equal to ar ({a.reference})" for d, v in lossless.items()]
     for k, r in results.items():
         if "p_L_ge" in r:
             lines.append(f"{k}: P(L>=j) j=1.. " + " ".join(f"{p:.3f}" for p in r["p_L_ge"]))
@@ -122,7 +166,8 @@ def main(argv=None) -> int:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "results.json").write_text(json.dumps({"command": "python benchmarks/bench_drafter.py " + " ".join(sys.argv[1:] if argv is None else argv),
-                                                    "settings": settings, "results": results}, indent=1))
+                                                    "settings": settings, "results": results,
+                                                    "same_as_ar": lossless}, indent=1))
         (out / "results.md").write_text("```\n" + "\n".join(lines) + "\n```\n")
         plot(results, out / "acceptance.png")
     return 0

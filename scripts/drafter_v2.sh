@@ -8,6 +8,7 @@
 #   bash scripts/drafter_v2.sh eval64   # the shipped default, 64 new tokens, gamma 8 (both tasks at once)
 #   bash scripts/drafter_v2.sh he512    # HumanEval (164) at 512 new tokens, paired with the verifier alone
 #   bash scripts/drafter_v2.sh mbpp512  # MBPP (first 100 test prompts) at 512 new tokens, paired
+#   bash scripts/drafter_v2.sh evaluate # prior, net64, eval64, he512, mbpp512 as two one-thread queues
 #   bash scripts/drafter_v2.sh report   # the tables of docs/results/drafter-v2/
 #
 # TRAIN (default runs/drafter-v2), STEPS (1200), RUNS (runs/v2) name where things go; DRAFTER (default:
@@ -59,22 +60,52 @@ eval64() {
 he512() { pair $VSKIP compare --task humaneval --configs "$CONFIGS" --max-new-tokens 512 --out "$RUNS/he512" "${COMMON[@]}"; }
 mbpp512() { pair $VSKIP compare --task mbpp --limit 100 --configs "$CONFIGS" --max-new-tokens 512 --out "$RUNS/mbpp512" "${COMMON[@]}"; }
 
+# The evaluation as two queues of one-thread jobs, so both cores stay busy: the fit of the prior and the
+# runs that need it on one, the network-alone runs (which do not) on the other, then each queue takes one
+# shard of the 512-token comparisons. Each job resumes.
+evaluate() {
+  local hec=(--task humaneval) mbc=(--task mbpp --limit 100) s64=(--policy strict --gamma 8 --max-new-tokens 64)
+  local c512=(--configs "$CONFIGS" --max-new-tokens 512)
+  {
+    THREADS=1 prior
+    $VSKIP run "${hec[@]}" "${s64[@]}" --out "$RUNS/he64-default" "${COMMON[@]}"
+    $VSKIP run "${mbc[@]}" "${s64[@]}" --out "$RUNS/mbpp64-default" "${COMMON[@]}"
+    $VSKIP compare "${hec[@]}" "${c512[@]}" --out "$RUNS/he512" "${COMMON[@]}" --shard 1/2
+    $VSKIP compare "${mbc[@]}" "${c512[@]}" --out "$RUNS/mbpp512" "${COMMON[@]}" --shard 1/2
+  } & local a=$!
+  {
+    $VSKIP run "${hec[@]}" "${s64[@]}" --copy-prior off --out "$RUNS/he64-net" "${COMMON[@]}"
+    $VSKIP run "${mbc[@]}" "${s64[@]}" --copy-prior off --out "$RUNS/mbpp64-net" "${COMMON[@]}"
+    until [ -f "$ASSETS/copy_prior.json" ]; do sleep 10; done
+    $VSKIP compare "${hec[@]}" "${c512[@]}" --out "$RUNS/he512" "${COMMON[@]}" --shard 2/2
+    $VSKIP compare "${mbc[@]}" "${c512[@]}" --out "$RUNS/mbpp512" "${COMMON[@]}" --shard 2/2
+  } & local b=$!
+  wait $a $b
+}
+
 report() {
   local out=docs/results/drafter-v2
   for r in he512 mbpp512; do
     [ -d "$RUNS/$r" ] || continue
     mkdir -p "$out/$r"
     $VSKIP compare --summary --out "$RUNS/$r" > /dev/null && cp "$RUNS/$r/summary."{json,md} "$out/$r/"
+    # the rows themselves (outputs included), compressed: `vskip compare --summary` reads them back
+    for f in "$RUNS/$r"/shard-*.jsonl; do gzip -9nc "$f" > "$out/$r/$(basename "$f").gz"; done
   done
-  # the network alone (rows "gamma=8 network") beside the default; no ar run, so no speed ratio here
+  # the network alone (rows "gamma=8 network") beside the default; outputs checked against the ar
+  # answers of the 512-token comparison of the same task
+  local -A ref=([he64]=he512 [mbpp64]=mbpp512)
   for t in he64 mbpp64; do
-    [ -d "$RUNS/$t-net" ] && [ -d "$RUNS/$t-default" ] && \
-      .venv/bin/python benchmarks/bench_drafter.py --runs "$RUNS/$t-net" "$RUNS/$t-default" --out "$out/$t"
+    [ -d "$RUNS/$t-net" ] && [ -d "$RUNS/$t-default" ] || continue
+    local against=()
+    [ -d "$RUNS/${ref[$t]}" ] && against=(--reference "$RUNS/${ref[$t]}")
+    .venv/bin/python benchmarks/bench_drafter.py --runs "$RUNS/$t-net" "$RUNS/$t-default" "${against[@]}" --out "$out/$t"
+    tar -C "$RUNS" --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -cJf "$out/$t/runs.tar.xz" "$t-net" "$t-default"
   done
   cp "$TRAIN/curve.csv" "$TRAIN/curve.png" "$out/"
 }
 
 case "${1:-}" in
-  train|ship|prior|net64|eval64|he512|mbpp512|report) "$1" ;;
-  *) echo "usage: $0 train|ship|prior|net64|eval64|he512|mbpp512|report" >&2; exit 2 ;;
+  train|ship|prior|net64|eval64|he512|mbpp512|evaluate|report) "$1" ;;
+  *) echo "usage: $0 train|ship|prior|net64|eval64|he512|mbpp512|evaluate|report" >&2; exit 2 ;;
 esac

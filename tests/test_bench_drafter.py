@@ -50,3 +50,26 @@ def test_the_network_alone_beside_the_default_without_ar(tmp_path):
     res = json.loads((out / "results.json").read_text())["results"]
     assert res["gamma=8 network"]["mean_L"] == 3 / 4 and res["gamma=8"]["mean_L"] == 14 / 5
     assert res["gamma=8"]["speedup_vs_ar"] is None and res["gamma=8 network"]["p_L_ge"][0] == 2 / 4
+
+
+def test_outputs_are_checked_against_a_longer_ar_reference(tmp_path):
+    """--reference: a run at 4 new tokens equals the first 4 tokens of ar's longer answers, or not."""
+    mod = _load()
+    _run(tmp_path / "strict", "strict", 8, [1, 2, 3])
+    cfg = json.loads((tmp_path / "strict" / "config.json").read_text())
+    cfg["run"]["decode"]["max_new_tokens"] = 4
+    (tmp_path / "strict" / "config.json").write_text(json.dumps(cfg))
+    mine = {"A": [1, 2, 3, 4], "B": [5, 6], "C": [7, 8, 9, 9]}
+    (tmp_path / "strict" / "samples.jsonl").write_text("".join(json.dumps({"task_id": t, "tokens": v}) + "\n"
+                                                               for t, v in mine.items()))
+    cmp = tmp_path / "cmp"
+    cmp.mkdir()
+    ar = {"A": [1, 2, 3, 4, 5, 6], "B": [5, 6], "C": [7, 8, 9, 0, 1]}  # C differs at its fourth token
+    rows = [{"task_id": t, "config": "ar", "output": v} for t, v in ar.items()]
+    rows.append({"task_id": "A", "config": "strict", "output": [0]})  # other configurations are not the reference
+    (cmp / "shard-1-of-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    assert mod.main(["--runs", str(tmp_path / "strict"), "--reference", str(cmp), "--out", str(out)]) == 0
+    same = json.loads((out / "results.json").read_text())["same_as_ar"][str(tmp_path / "strict")]
+    assert same == {"same_as_ar": 2, "n_prompts": 3}
+    assert "2/3 outputs equal to ar" in (out / "results.md").read_text()

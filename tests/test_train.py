@@ -399,6 +399,15 @@ def test_the_curve_is_readable_while_a_run_goes_on(verifier_dir, tmp_path, monke
     (tmp_path / "t" / "curve.csv").unlink()
     tr.export(tmp_path / "t", verifier_dir)
     assert (tmp_path / "t" / "curve.csv").read_text().count("\n") == 3
+    # the wall time of training rides in the log, summed over the resumed sessions, and the export records it
+    import json
+
+    tr.train(data, tmp_path / "t", verifier_dir, cfg, progress=False)
+    tr.export(tmp_path / "t", verifier_dir)
+    seconds = [e["seconds"] for e in tr.read_state_meta(tmp_path / "t")["log"]]
+    assert len(seconds) == 6 and all(b > a for a, b in zip(seconds, seconds[1:]))
+    meta = json.loads((tmp_path / "t" / "drafter" / "drafter.json").read_text())["meta"]
+    assert meta["train_seconds"] == seconds[-1] > 0
 
 
 def test_too_few_rows_refuse_before_training(verifier_dir, tmp_path):

@@ -366,6 +366,8 @@ def _train_loop(model, opt, params, tr, ho, head_index, cfg: TrainConfig, dtype,
     t0, tokens_seen = time.time(), 0
     # answer tokens trained on so far (masked targets), carried over from the log on resume
     targets_seen = int(log[-1].get("targets", 0)) if log else 0
+    # wall seconds spent training, summed over the sessions of a resumed run (evaluations included)
+    seconds_before = float(log[-1].get("seconds", 0.0)) if log else 0.0
     while step < cfg.steps:
         # each step's batch depends on (seed, step) alone: a resumed run repeats the same steps
         rng = np.random.default_rng([cfg.seed, step])
@@ -377,11 +379,12 @@ def _train_loop(model, opt, params, tr, ho, head_index, cfg: TrainConfig, dtype,
         tokens_seen += int(batch[0].numel())
         targets_seen += n_targets
         entry = {"step": step, "loss": float(loss.detach()), "tok_s": tokens_seen / (time.time() - t0),
-                 "targets": targets_seen}
+                 "targets": targets_seen, "seconds": seconds_before + time.time() - t0}
         bar.update(1)
         bar.set_postfix(loss=f"{entry['loss']:.3f}", tok_s=f"{entry['tok_s']:.0f}")
         if step % cfg.eval_every == 0 or step == cfg.steps:
             entry["holdout"] = acceptance(model, ho, n_blocks=cfg.eval_blocks)
+            entry["seconds"] = seconds_before + time.time() - t0
             bar.write(f"step {step}: loss {entry['loss']:.3f} holdout mean L {entry['holdout']['mean_L']:.2f}, "
                       f"first-step top-1 {entry['holdout']['first_step_top1']:.3f}")
         log.append(entry)
@@ -422,6 +425,7 @@ def write_manifest(drafter_dir: Path, train_dir: Path, data_dir: Path, verifier_
         },
         "train": spec["meta"].get("train"),
         "steps": spec["meta"].get("steps"),
+        "train_seconds": spec["meta"].get("train_seconds"),
         "holdout": spec["meta"].get("holdout"),
         "weights": {"file": weights.name, "bytes": weights.stat().st_size, "sha256": file_sha256(weights)},
     }
@@ -442,8 +446,9 @@ def export(out: Path, verifier_dir: Path, evaluate_on: Path | None = None) -> Pa
     model = drafter_from_verifier(verifier_dir, num_layers=cfg.num_layers, head_ids=head, layers=cfg.layers,
                                   copy_input=cfg.copy_input)
     opt = torch.optim.AdamW(trainable(model).values())
-    step, _ = load_state(out, model, opt)
-    info = {"train": asdict(cfg), "steps": step, "head_size": int(len(head))}
+    step, log = load_state(out, model, opt)
+    info = {"train": asdict(cfg), "steps": step, "head_size": int(len(head)),
+            "train_seconds": log[-1].get("seconds") if log else None}
     if evaluate_on is not None:
         _, ho = split(load_rows(evaluate_on), cfg.holdout, cfg.seed)
         info["holdout"] = acceptance(model, ho, n_blocks=3 * cfg.eval_blocks)

@@ -50,11 +50,17 @@ def measure(totals: dict, rounds: list[dict], gamma: int | None) -> dict:
     return res
 
 
-def from_runs(dirs: list[str]) -> tuple[dict, str, dict]:
+def _samples(d: Path) -> list[dict]:
+    return [json.loads(x) for x in (d / "samples.jsonl").read_text().splitlines() if x.strip()]
+
+
+def from_runs(dirs: list[str], common: bool = False) -> tuple[dict, str, dict]:
     """The same figures from run directories written by ``vskip run`` (one per configuration:
     ``--policy ar`` and ``--policy strict`` at each gamma over the same prompts), and the settings
-    each run recorded itself."""
+    each run recorded itself. ``common``: only the prompts every run finished, totals summed from
+    the runs' samples."""
     results, prompts, settings = {}, set(), {}
+    shared = set.intersection(*({r["task_id"] for r in _samples(Path(d))} for d in dirs)) if common else None
     for d in map(Path, dirs):
         cfg = json.loads((d / "config.json").read_text())["run"]
         settings[str(d)] = {"task": cfg["task"], "limit": cfg.get("limit"), "ids": cfg.get("ids"),
@@ -64,8 +70,20 @@ def from_runs(dirs: list[str]) -> tuple[dict, str, dict]:
         rounds = [json.loads(x) for x in (d / "rounds.jsonl").read_text().splitlines() if x.strip()]
         totals = {"tokens": s["generated_tokens"], "seconds": s["decode_seconds"], "calls": s["verifier_calls"],
                   "blocks": s["draft_blocks"], "draft": s["draft_seconds"], "verify": s["verify_seconds"]}
-        net = " network" if (cfg["models"] or {}).get("copy_prior") == "off" else ""  # --copy-prior off
-        results["ar" if pol == "ar" else f"gamma={g}{net}"] = measure(totals, rounds, None if pol == "ar" else g)
+        if shared is not None:
+            rounds = [r for r in rounds if r["task_id"] in shared]
+            mine = [r for r in _samples(d) if r["task_id"] in shared]
+            for k, f in (("tokens", "generated_tokens"), ("seconds", "decode_seconds"), ("calls", "verifier_calls"),
+                         ("blocks", "draft_blocks"), ("draft", "draft_seconds"), ("verify", "verify_seconds")):
+                totals[k] = sum(r[f] for r in mine)
+            s = {"n_prompts": len(mine)}
+        models = cfg["models"] or {}
+        net = " network" if models.get("copy_prior") == "off" else ""  # --copy-prior off
+        net += f" {models['drafter_dtype']} drafter" if models.get("drafter_dtype") not in (None, "auto") else ""
+        name = "ar" if pol == "ar" else f"gamma={g}{net}"
+        if name in results:
+            raise SystemExit(f"bench_drafter: two runs would both be reported as {name!r}")
+        results[name] = measure(totals, rounds, None if pol == "ar" else g)
         prompts.add(s["n_prompts"])
         mnt = cfg["decode"]["max_new_tokens"]
     head = f"prompts={'/'.join(map(str, sorted(prompts)))} max_new_tokens={mnt} from run directories"
@@ -136,6 +154,8 @@ def main(argv=None) -> int:
     ap.add_argument("--drafter")
     ap.add_argument("--runs", nargs="+", metavar="DIR",
                     help="summarize finished `vskip run` directories (ar and strict at each gamma) instead of decoding")
+    ap.add_argument("--common", action="store_true",
+                    help="with --runs: only the prompts every run finished (a paired comparison)")
     ap.add_argument("--reference", metavar="DIR",
                     help="with --runs: check every run's outputs against the ar outputs of this run or compare directory")
     ap.add_argument("--out", help="directory for results.json and results.md")
@@ -143,7 +163,7 @@ def main(argv=None) -> int:
     if a.reference and not a.runs:
         ap.error("--reference needs --runs")
     gammas = [int(g) for g in a.gammas.split(",")]
-    results, head, settings = from_runs(a.runs) if a.runs else live(a, gammas)
+    results, head, settings = from_runs(a.runs, a.common) if a.runs else live(a, gammas)
     lossless = same_as_reference(a.runs, reference_outputs(a.reference)) if a.reference else None
     for k, r in results.items():  # without an `ar` run there is no speed ratio
         r["speedup_vs_ar"] = r["tok_s"] / results["ar"]["tok_s"] if "ar" in results else None

@@ -73,3 +73,27 @@ def test_outputs_are_checked_against_a_longer_ar_reference(tmp_path):
     same = json.loads((out / "results.json").read_text())["same_as_ar"][str(tmp_path / "strict")]
     assert same == {"same_as_ar": 2, "n_prompts": 3}
     assert "2/3 outputs equal to ar" in (out / "results.md").read_text()
+
+
+def test_common_pairs_the_runs_on_their_shared_prompts(tmp_path):
+    """--common: totals and rounds only over the prompts every run finished; a float32 drafter is its own row."""
+    mod = _load()
+    for name, n, dtype in (("full", 3, "auto"), ("part", 1, "float32")):
+        d = tmp_path / name
+        _run(d, "strict", 8, [2] * n)
+        cfg = json.loads((d / "config.json").read_text())
+        cfg["run"]["models"]["drafter_dtype"] = dtype
+        (d / "config.json").write_text(json.dumps(cfg))
+        ids = ["A", "B", "C"][:n]
+        (d / "rounds.jsonl").write_text("".join(json.dumps({"task_id": t, "L": 2 if name == "part" else k, "gamma": 8}) + "\n"
+                                                for k, t in enumerate(ids)))
+        (d / "samples.jsonl").write_text("".join(json.dumps({
+            "task_id": t, "generated_tokens": 3 * (k + 1), "decode_seconds": 1.0, "verifier_calls": 1, "draft_blocks": 1,
+            "draft_seconds": 0.1, "verify_seconds": 0.5}) + "\n" for k, t in enumerate(ids)))
+    out = tmp_path / "out"
+    assert mod.main(["--runs", str(tmp_path / "full"), str(tmp_path / "part"), "--common", "--out", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())["results"]
+    assert res["gamma=8"]["tokens"] == 3 and res["gamma=8"]["mean_L"] == 0  # prompt A alone
+    assert res["gamma=8 float32 drafter"]["tokens"] == 3 and res["gamma=8 float32 drafter"]["mean_L"] == 2
+    assert mod.main(["--runs", str(tmp_path / "full"), str(tmp_path / "part"), "--out", str(out)]) == 0
+    assert json.loads((out / "results.json").read_text())["results"]["gamma=8"]["tokens"] == 9  # summary.json: 3 rounds of L = 2

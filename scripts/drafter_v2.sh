@@ -2,14 +2,15 @@
 # Drafter v2, step by step; every step resumes where a kill left it.
 #
 #   bash scripts/drafter_v2.sh train    # train on every distillation answer (leakage-flagged ones excluded)
-#   bash scripts/drafter_v2.sh ship     # copy the trained network into vskip/assets (the old copy prior goes)
+#   bash scripts/drafter_v2.sh ship     # copy the trained network into vskip/assets (the old copy prior goes);
+#                                       # `git checkout vskip/assets` puts the committed drafter back
 #   bash scripts/drafter_v2.sh prior    # fit the copy prior on the rows training held out
 #   bash scripts/drafter_v2.sh net64    # the network alone (--copy-prior off), 64 new tokens, gamma 8
 #   bash scripts/drafter_v2.sh eval64   # the shipped default, 64 new tokens, gamma 8 (both tasks at once)
 #   bash scripts/drafter_v2.sh he512    # HumanEval (164) at 512 new tokens, paired with the verifier alone
 #   bash scripts/drafter_v2.sh mbpp512  # MBPP (first 100 test prompts) at 512 new tokens, paired
 #   bash scripts/drafter_v2.sh evaluate # prior, net64, eval64, he512, mbpp512 as two one-thread queues
-#   bash scripts/drafter_v2.sh report   # the tables of docs/results/drafter-v2/
+#   bash scripts/drafter_v2.sh report   # the tables of docs/results/drafter-v2/ (before putting the committed drafter back)
 #
 # TRAIN (default runs/drafter-v2), STEPS (1200), RUNS (runs/v2) name where things go; DRAFTER (default:
 # the embedded drafter, so after `ship` the runs decode with what ships) the drafter the runs use;
@@ -93,16 +94,22 @@ report() {
     for f in "$RUNS/$r"/shard-*.jsonl; do gzip -9nc "$f" > "$out/$r/$(basename "$f").gz"; done
   done
   # the network alone (rows "gamma=8 network") beside the default; outputs checked against the ar
-  # answers of the 512-token comparison of the same task
+  # answers of an ar run at the same budget (RUNS/he64-ar, RUNS/mbpp64-ar) or else of the 512-token comparison
   local -A ref=([he64]=he512 [mbpp64]=mbpp512)
   for t in he64 mbpp64; do
     [ -d "$RUNS/$t-net" ] && [ -d "$RUNS/$t-default" ] || continue
     local against=()
     [ -d "$RUNS/${ref[$t]}" ] && against=(--reference "$RUNS/${ref[$t]}")
+    [ -d "$RUNS/$t-ar" ] && against=(--reference "$RUNS/$t-ar")
     .venv/bin/python benchmarks/bench_drafter.py --runs "$RUNS/$t-net" "$RUNS/$t-default" "${against[@]}" --out "$out/$t"
-    tar -C "$RUNS" --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -cJf "$out/$t/runs.tar.xz" "$t-net" "$t-default"
+    local dirs=("$t-net" "$t-default")
+    [ -d "$RUNS/$t-ar" ] && dirs+=("$t-ar")
+    tar -C "$RUNS" --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -cJf "$out/$t/runs.tar.xz" "${dirs[@]}"
   done
-  cp "$TRAIN/curve.csv" "$TRAIN/curve.png" "$out/"
+  mkdir -p "$out/train"
+  cp "$TRAIN/curve.csv" "$TRAIN/curve.png" "$TRAIN/config.json" "$out/train/"
+  cp "$ASSETS/manifest.json" "$out/train/drafter_manifest.json"
+  [ -f "$ASSETS/copy_prior.json" ] && cp "$ASSETS/copy_prior.json" "$out/train/"
 }
 
 case "${1:-}" in

@@ -64,6 +64,11 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out")
     a = ap.parse_args(argv)
+    for d in a.runs:
+        if not (Path(d) / "samples.jsonl").exists() or not (Path(d) / "config.json").exists():
+            ap.error(f"--runs {d}: not a finished `vskip run` directory (no samples.jsonl or config.json)")
+    if not (Path(a.train) / "config.json").exists():
+        ap.error(f"--train {a.train}: not a drafter training run (no config.json)")
 
     import torch
     from tabulate import tabulate

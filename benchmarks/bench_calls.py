@@ -76,8 +76,16 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=9, help="timed calls per measurement (default: 9)")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--steps", default="1,2", help="reveal steps of the drafts (default: 1,2)")
+    ap.add_argument("--drafter", nargs="+", metavar="DIR",
+                    help="drafter directories to time side by side, each draft call after the other's "
+                         "(default: the embedded drafter)")
     ap.add_argument("--out", help="directory for calls.json and calls.md")
     a = ap.parse_args(argv)
+    for d in a.drafter or []:
+        if not (Path(d) / "drafter.json").exists():
+            ap.error(f"--drafter {d}: not a drafter directory (no drafter.json)")
+    drafters = a.drafter or [None]
 
     from tabulate import tabulate
 
@@ -101,14 +109,14 @@ def main(argv=None) -> int:
             def floor_ms(nbytes, flops):
                 return 1000 * max(nbytes / bw, flops / peak)
 
-            for steps in (1, 2):
-                pair = open_pair(ModelConfig(device="cpu", dtype=dtype, threads=threads, drafter_dtype=dtype, steps=steps))
+            for steps in (int(x) for x in a.steps.split(",")):
+                pairs = [open_pair(ModelConfig(drafter=d, device="cpu", dtype=dtype, threads=threads, drafter_dtype=dtype,
+                                               steps=steps)) for d in drafters]
+                pair = pairs[0]
                 ver, dr = pair.verifier, pair.drafter
                 prompt = encode_chat(pair.tokenizer, tasks.user_prompt(tasks.load_task("humaneval", limit=1)[0]))
                 seq = (prompt * (a.context // len(prompt) + 1))[: a.context]
                 alt = seq[:-3] + [t + 1 for t in seq[-3:]]  # three context tokens to re-encode per call
-                head_rows = dr._W.shape[0]
-                n_layers_d = dr.spec.backbone.num_layers
                 if steps == 1:
                     ver.reset()
                     ver.score(seq, [])
@@ -120,19 +128,26 @@ def main(argv=None) -> int:
                         rows.append({"call": f"c_V({g + 1})", "dtype": dtype, "threads": threads, "ms": ms, "iqr": iqr,
                                      "floor_ms": floor_ms(nb, fl), "bytes": nb, "flops": fl})
                 for g in GAMMAS:
-                    state = {"i": 0}
+                    for name, p in zip(drafters, pairs):  # the drafters one after the other at each gamma
+                        dr = p.drafter
+                        head_rows = dr._W.shape[0]
+                        n_layers_d = dr.spec.backbone.num_layers
+                        state = {"i": 0}
 
-                    def draft():
-                        state["i"] += 1
-                        dr.propose(seq if state["i"] % 2 else alt, g)
+                        def draft():
+                            state["i"] += 1
+                            dr.propose(seq if state["i"] % 2 else alt, g)
 
-                    ms, iqr = _median_ms(draft, a.reps)
-                    nb, fl = _counts(cfg, n_layers_d, head_rows, cfg["vocab_size"], a.context, g + 1 + 3, elsize)
-                    fl = fl + (steps - 1) * _counts(cfg, n_layers_d, head_rows, cfg["vocab_size"], a.context, g + 1, elsize)[1]
-                    rows.append({"call": f"c_D(gamma {g}, {steps} step{'s' if steps > 1 else ''})", "dtype": dtype,
-                                 "threads": threads, "ms": ms, "iqr": iqr, "floor_ms": floor_ms(nb * steps, fl),
-                                 "bytes": nb * steps, "flops": fl})
-                del pair
+                        ms, iqr = _median_ms(draft, a.reps)
+                        nb, fl = _counts(cfg, n_layers_d, head_rows, cfg["vocab_size"], a.context, g + 1 + 3, elsize)
+                        fl = fl + (steps - 1) * _counts(cfg, n_layers_d, head_rows, cfg["vocab_size"], a.context, g + 1,
+                                                        elsize)[1]
+                        label = f" [{name}, {n_layers_d} layers]" if a.drafter else ""
+                        rows.append({"call": f"c_D(gamma {g}, {steps} step{'s' if steps > 1 else ''}){label}",
+                                     "dtype": dtype, "threads": threads, "ms": ms, "iqr": iqr,
+                                     "floor_ms": floor_ms(nb * steps, fl), "bytes": nb * steps, "flops": fl,
+                                     "drafter": name, "drafter_layers": n_layers_d})
+                del pair, pairs
             print(f"done: {dtype}, {threads} thread(s)", file=sys.stderr)
     for r in rows:
         r["x_floor"] = r["ms"] / r["floor_ms"]
@@ -148,9 +163,10 @@ def main(argv=None) -> int:
     if a.out:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "calls.json").write_text(json.dumps({"context": a.context, "reps": a.reps, "machine": machines,
-                                                     "rows": rows}, indent=1))
-        (out / "calls.md").write_text(mtext + "\n\n" + text + "\n")
+        cmd = "python benchmarks/bench_calls.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        (out / "calls.json").write_text(json.dumps({"command": cmd, "context": a.context, "reps": a.reps,
+                                                     "machine": machines, "rows": rows}, indent=1))
+        (out / "calls.md").write_text(f"`{cmd}`\n\n" + mtext + "\n\n" + text + "\n")
     return 0
 
 

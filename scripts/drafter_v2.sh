@@ -2,6 +2,8 @@
 # Drafter v2, step by step; every step resumes where a kill left it.
 #
 #   bash scripts/drafter_v2.sh train    # train on every distillation answer (leakage-flagged ones excluded)
+#   bash scripts/drafter_v2.sh tune     # v3: train v2 further on early, fully masked blocks (see tune below)
+#   bash scripts/drafter_v2.sh probe    # a 12-layer drafter's first 250 steps, beside v2's curve
 #   bash scripts/drafter_v2.sh ship     # copy the trained network into vskip/assets (the old copy prior goes);
 #                                       # `git checkout vskip/assets` puts the committed drafter back
 #   bash scripts/drafter_v2.sh prior    # fit the copy prior on the rows training held out
@@ -12,7 +14,7 @@
 #   bash scripts/drafter_v2.sh evaluate # prior, net64, eval64, he512, mbpp512 as two one-thread queues
 #   bash scripts/drafter_v2.sh report   # the tables of docs/results/drafter-v2/ (before putting the committed drafter back)
 #
-# TRAIN (default runs/drafter-v2), STEPS (1200), RUNS (runs/v2) name where things go; DRAFTER (default:
+# TRAIN (default runs/drafter-v2), STEPS (1200), RUNS (runs/v2), OUT (docs/results/drafter-v2) name where things go; DRAFTER (default:
 # the embedded drafter, so after `ship` the runs decode with what ships) the drafter the runs use;
 # THREADS (2) the threads of `prior`, which `net64` can share the machine with at THREADS=1.
 set -euo pipefail
@@ -29,6 +31,29 @@ CONFIGS=ar,strict,strict+gamma=16
 train() {
   $VSKIP train-drafter --data datasets/distill --out "$TRAIN" --train-steps "$STEPS" --holdout 384 --max-context 384 \
     --eval-every 250 --checkpoint-every 50 --threads 2
+}
+
+# v3: v2's weights (FROM) trained TUNE_STEPS (600) steps more, half of the block starts inside the first 64
+# answer tokens and most blocks fully masked, as one reveal step sees them. Then ship, evaluate and report
+# it with TRAIN=runs/drafter-v3 RUNS=runs/v3 OUT=docs/results/drafter-v3.
+tune() {
+  $VSKIP train-drafter --data datasets/distill --out "${TUNE:-runs/drafter-v3}" --init-from "${FROM:-runs/drafter-v2}" \
+    --train-steps "${TUNE_STEPS:-600}" --lr 2e-4 --warmup 20 --holdout 384 --max-context 384 --early-share 0.5 \
+    --early-tokens 64 --full-mask-share 0.85 --eval-every 150 --checkpoint-every 50 --threads 2
+}
+
+# the capacity probe: a drafter of 12 verifier layers (c_D about twice v2's) on v2's recipe and schedule, to
+# compare with v2's curve at the same steps (PROBE_STEPS, default 250, of the 1,200-step schedule; resumable)
+probe() {
+  local out=${PROBE:-runs/drafter-l12}
+  $VSKIP train-drafter --data datasets/distill --out "$out" --num-layers 12 --train-steps 1200 --holdout 384 \
+    --max-context 384 --eval-every 125 --checkpoint-every 50 --threads 2 &
+  local p=$!
+  until [ -f "$out/train_state.json" ] && python3 -c "import json,sys; sys.exit(json.load(open('$out/train_state.json'))['step'] < ${PROBE_STEPS:-250})"; do
+    kill -0 $p 2>/dev/null || { wait $p; return; }
+    sleep 20
+  done
+  kill $p; wait $p || true
 }
 
 ship() {
@@ -85,7 +110,7 @@ evaluate() {
 }
 
 report() {
-  local out=docs/results/drafter-v2
+  local out=${OUT:-docs/results/drafter-v2}
   for r in he512 mbpp512; do
     [ -d "$RUNS/$r" ] || continue
     mkdir -p "$out/$r"
@@ -113,6 +138,6 @@ report() {
 }
 
 case "${1:-}" in
-  train|ship|prior|net64|eval64|he512|mbpp512|evaluate|report) "$1" ;;
-  *) echo "usage: $0 train|ship|prior|net64|eval64|he512|mbpp512|evaluate|report" >&2; exit 2 ;;
+  train|tune|probe|ship|prior|net64|eval64|he512|mbpp512|evaluate|report) "$1" ;;
+  *) echo "usage: $0 train|tune|probe|ship|prior|net64|eval64|he512|mbpp512|evaluate|report" >&2; exit 2 ;;
 esac

@@ -97,3 +97,30 @@ def test_common_pairs_the_runs_on_their_shared_prompts(tmp_path):
     assert res["gamma=8 float32 drafter"]["tokens"] == 3 and res["gamma=8 float32 drafter"]["mean_L"] == 2
     assert mod.main(["--runs", str(tmp_path / "full"), str(tmp_path / "part"), "--out", str(out)]) == 0
     assert json.loads((out / "results.json").read_text())["results"]["gamma=8"]["tokens"] == 9  # summary.json: 3 rounds of L = 2
+
+
+def _samples(d: Path, rows):
+    d.mkdir()
+    (d / "samples.jsonl").write_text("".join(json.dumps({"task_id": t, "generated_tokens": n, "verifier_calls": c}) + "\n"
+                                             for t, n, c in rows))
+
+
+def test_paired_drafters_compare_calls_on_shared_prompts(tmp_path):
+    """The ratio of tokens per call is taken on the prompts both runs finished, its interval
+    covers it, and runs that committed different tokens (not both lossless) are refused."""
+    import pytest
+
+    path = Path(__file__).parents[1] / "benchmarks" / "paired_drafters.py"
+    spec = importlib.util.spec_from_file_location("paired_drafters", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    _samples(tmp_path / "a", [("t0", 64, 32), ("t1", 64, 16), ("t2", 64, 20)])
+    _samples(tmp_path / "b", [("t0", 64, 16), ("t1", 64, 16), ("t9", 64, 1)])
+    r = mod.paired_ratio(mod.per_prompt(tmp_path / "a"), mod.per_prompt(tmp_path / "b"), resamples=500)
+    assert r["prompts"] == 2 and r["ratio"] == pytest.approx(48 / 32)
+    assert r["ci95"][0] <= r["ratio"] <= r["ci95"][1] and (r["prompts_b_fewer_calls"], r["prompts_b_more_calls"]) == (1, 0)
+    _samples(tmp_path / "c", [("t0", 60, 16)])
+    with pytest.raises(SystemExit, match="different token counts"):
+        mod.paired_ratio(mod.per_prompt(tmp_path / "a"), mod.per_prompt(tmp_path / "c"))
+    with pytest.raises(SystemExit, match="not a finished"):
+        mod.per_prompt(tmp_path / "missing")

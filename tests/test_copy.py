@@ -230,6 +230,7 @@ def test_replay_counts_the_rounds_a_strict_decode_makes():
     out = simulate_strict(d, [(row, 10)], gamma=4, max_new_tokens=12, progress=False)
     assert out["tokens"] == 12 and out["calls"] == 5
     assert out["mean_L"] == pytest.approx((2 + 0 + 4 + 1 + 1) / 5)
+    assert out["p_L_ge1"] == pytest.approx(4 / 5)  # one block of five was rejected at its first token
 
 
 def test_first_step_is_the_distribution_propose_starts_from():

@@ -1,6 +1,8 @@
 """Drafter training: the packed training layout computes what inference computes, training lowers
 the loss, and a killed run resumes to the same state."""
 
+import json
+
 import numpy as np
 import pytest
 from pathlib import Path
@@ -417,3 +419,92 @@ def test_too_few_rows_refuse_before_training(verifier_dir, tmp_path):
     with pytest.raises(ValueError, match="too few"):
         tr.train(data, tmp_path / "t", verifier_dir, TrainConfig(num_layers=1, holdout=4, threads=1), progress=False)
     assert not (tmp_path / "t" / "train_state.safetensors").exists()
+
+
+def test_early_share_draws_block_starts_from_the_first_answer_tokens():
+    """--early-share 1 puts every block start inside the first --early-tokens answer tokens; the
+    default (0) spreads them over the whole answer."""
+    data = _data(6)
+    P = 10
+
+    def first_targets(cfg):
+        starts = []
+        for seed in range(12):  # one sequence per batch: no padding, so the query blocks are the last rows
+            ids, pos, *_ = make_batch(data, np.random.default_rng(seed), cfg, 95, torch.arange(96))
+            C = ids.shape[1] - cfg.blocks_per_seq * (cfg.gamma + 1)
+            # a query block's first row sits at position b - 1 and holds x_{b-1}
+            starts += [int(pos[0, C + k * (cfg.gamma + 1)]) + 1 for k in range(cfg.blocks_per_seq)]
+        return np.asarray(starts)
+
+    base = dict(gamma=4, blocks_per_seq=8, batch_seqs=1, max_context=64)
+    early = first_targets(TrainConfig(**base, early_share=1.0, early_tokens=5))
+    assert early.min() >= P and early.max() < P + 5
+    spread = first_targets(TrainConfig(**base))
+    assert spread.min() >= P and spread.max() >= P + 15
+    with pytest.raises(ValueError, match="early-share"):
+        TrainConfig(early_share=1.5)
+
+
+def test_a_warm_start_takes_the_weights_and_refuses_another_split(verifier_dir, tmp_path):
+    """--init-from starts from another run's latest weights and head with a fresh optimiser and
+    schedule; its log continues the source's totals, config.json names the source, and a source
+    with another held-out split (whose weights saw this run's held-out rows) is refused."""
+    import json
+
+    import vskip.distill.train as tr
+
+    data = _tiny_data(tmp_path / "data")
+    base = dict(num_layers=1, gamma=4, blocks_per_seq=2, batch_seqs=2, warmup=1, max_context=64, holdout=2,
+                eval_every=2, eval_blocks=4, checkpoint_every=2, dtype="float32", threads=1, replay_answers=2,
+                replay_tokens=8)
+    tr.train(data, tmp_path / "a", verifier_dir, TrainConfig(**base, steps=4, lr=3e-3), progress=False)
+    src = tr.read_state_meta(tmp_path / "a")
+    # a learning rate too small to move the weights: what the warm-started run ends with is the source's
+    tr.train(data, tmp_path / "b", verifier_dir,
+             TrainConfig(**base, steps=2, lr=1e-12, init_from=str(tmp_path / "a"), early_share=0.5), progress=False)
+    a, b = _final_weights(tmp_path / "a"), _final_weights(tmp_path / "b")
+    assert a.keys() == b.keys() and all(torch.allclose(a[k].float(), b[k].float(), atol=1e-3) for k in a)
+    log = tr.read_state_meta(tmp_path / "b")["log"]
+    assert log[0]["init_from"] == str(tmp_path / "a") and log[0]["targets"] == src["log"][-1]["targets"]
+    assert log[-1]["targets"] > log[0]["targets"] and log[-1]["seconds"] > log[0]["seconds"]
+    assert "replay" in log[-1] and log[-1]["replay"]["answers"] == 2
+    run = json.loads((tmp_path / "b" / "config.json").read_text())
+    assert run["init_from"]["step"] == 4 and run["train"]["early_share"] == 0.5
+    curve = (tmp_path / "b" / "curve.csv").read_text().splitlines()
+    assert curve[0].endswith("decode_path_tokens_per_call") and len(curve) == 3  # the source's last point and step 2
+    # a fresh start from the verifier ends elsewhere
+    tr.train(data, tmp_path / "c", verifier_dir, TrainConfig(**base, steps=2, lr=1e-12), progress=False)
+    c = _final_weights(tmp_path / "c")
+    # (the shipped file holds only what differs from the verifier)
+    assert c.keys() != a.keys() or any(not torch.allclose(a[k].float(), c[k].float(), atol=1e-3) for k in a)
+    with pytest.raises(ValueError, match="holdout"):
+        tr.train(data, tmp_path / "d", verifier_dir,
+                 TrainConfig(**{**base, "holdout": 3}, steps=2, init_from=str(tmp_path / "a")), progress=False)
+    with pytest.raises(FileNotFoundError, match="init-from"):
+        tr.train(data, tmp_path / "e", verifier_dir, TrainConfig(**base, steps=2, init_from=str(tmp_path / "zz")),
+                 progress=False)
+
+
+def test_compare_training_pairs_runs_on_the_same_batches(verifier_dir, tmp_path, capsys):
+    """benchmarks/compare_training.py compares two runs step for step only when their batches are
+    the same (same data, seed and batch settings), and refuses otherwise."""
+    import importlib.util
+
+    import vskip.distill.train as tr
+
+    path = Path(__file__).parents[1] / "benchmarks" / "compare_training.py"
+    spec = importlib.util.spec_from_file_location("compare_training", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    data = _tiny_data(tmp_path / "data")
+    base = dict(gamma=4, blocks_per_seq=2, batch_seqs=2, steps=4, warmup=1, lr=3e-3, max_context=64, holdout=2,
+                eval_every=2, eval_blocks=4, checkpoint_every=2, dtype="float32", threads=1, replay_answers=0)
+    tr.train(data, tmp_path / "one", verifier_dir, TrainConfig(num_layers=1, **base), progress=False)
+    tr.train(data, tmp_path / "two", verifier_dir, TrainConfig(num_layers=2, **base), progress=False)
+    tr.train(data, tmp_path / "seed", verifier_dir, TrainConfig(num_layers=2, **{**base, "seed": 1}), progress=False)
+    assert mod.main([str(tmp_path / "one"), str(tmp_path / "two"), "--window", "2", "--out", str(tmp_path / "cmp")]) == 0
+    res = json.loads((tmp_path / "cmp" / "results.json").read_text())
+    assert res["layers"] == [1, 2] and [w["n"] for w in res["windows"]] == [2, 2]
+    assert [e["step"] for e in res["evals"]] == [2, 4] and (tmp_path / "cmp" / "losses.png").exists()
+    with pytest.raises(SystemExit, match="seed"):
+        mod.main([str(tmp_path / "one"), str(tmp_path / "seed")])

@@ -42,6 +42,18 @@ def register(subparsers) -> None:
                    "every masked position (default: on)")
     p.add_argument("--full-mask-share", type=float, default=d.full_mask_share,
                    help="share of training blocks that are fully masked, as at the first reveal step")
+    p.add_argument("--early-share", type=float, default=d.early_share,
+                   help="share of block starts drawn from the first --early-tokens answer tokens (default: 0)")
+    p.add_argument("--early-tokens", type=int, default=d.early_tokens,
+                   help=f"answer tokens that count as early (default: {d.early_tokens})")
+    p.add_argument("--replay-answers", type=int, default=d.replay_answers,
+                   help="held-out answers decoded again at each evaluation, the decode path's tokens per call "
+                        f"(default: {d.replay_answers}; 0: off)")
+    p.add_argument("--replay-tokens", type=int, default=d.replay_tokens,
+                   help=f"first answer tokens those replays decode (default: {d.replay_tokens})")
+    p.add_argument("--init-from", metavar="TRAIN_DIR",
+                   help="start from the latest weights of another training run (same layout and held-out split) "
+                        "with a fresh optimiser and schedule")
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--export", action="store_true",
                    help="only write OUT/drafter from the latest checkpoint (the run may still be going)")
@@ -144,11 +156,16 @@ def _cmd_train(a) -> int:
     cfg = TrainConfig(**{k: getattr(a, k) for k in ("num_layers", "gamma", "blocks_per_seq", "batch_seqs", "steps",
                                                    "warmup", "max_context", "holdout", "seed", "checkpoint_every",
                                                    "eval_every", "lr", "dtype", "threads", "position_decay", "layers",
-                                                   "copy_input", "full_mask_share")})
+                                                   "copy_input", "full_mask_share", "early_share",
+                                                   "early_tokens", "replay_answers", "replay_tokens",
+                                                   "init_from")})
     if a.verifier and not Path(a.verifier).is_dir():
         raise FileNotFoundError(f"verifier directory {a.verifier} does not exist")
     if not a.generate and not Path(a.data).is_dir():
         raise FileNotFoundError(f"data directory {a.data} does not exist (use --generate)")
+    if a.init_from and not (Path(a.init_from) / "train_state.safetensors").is_file():
+        raise FileNotFoundError(f"--init-from {a.init_from}: no train_state.safetensors (not a drafter training "
+                                "directory)")
     check_writable_dir(a.out, "training directory")
     vdir = Path(a.verifier) if a.verifier else embedded_verifier_dir()
     if a.export:

@@ -32,10 +32,21 @@ class TrainConfig:
     threads: int | None = None
     #: the network reads the copy hint (DrafterSpec.copy_input)
     copy_input: bool = True
+    #: share of block starts drawn from the first ``early_tokens`` tokens of an answer (the rest are
+    #: uniform over the whole answer): a decode spends its blocks early, where answers repeat least
+    early_share: float = 0.0
+    early_tokens: int = 64
+    #: held-out answers decoded again block by block over their first ``replay_tokens`` tokens at
+    #: each evaluation (the decode path's tokens per call; 0: not measured)
+    replay_answers: int = 48
+    replay_tokens: int = 64
+    #: a training directory whose latest weights (and head) this run starts from, with a fresh
+    #: optimiser and schedule
+    init_from: str | None = None
 
     def __post_init__(self):
         positive = ("num_layers", "gamma", "blocks_per_seq", "batch_seqs", "steps", "max_context", "checkpoint_every",
-                    "eval_every", "eval_blocks")
+                    "eval_every", "eval_blocks", "early_tokens", "replay_tokens")
         for key in positive:
             if getattr(self, key) < 1:
                 raise ValueError(f"--{key.replace('_', '-')} must be >= 1, got {getattr(self, key)}")
@@ -43,6 +54,10 @@ class TrainConfig:
             raise ValueError(f"--lr must be > 0, got {self.lr}")
         if self.warmup < 0 or self.holdout < 0 or self.weight_decay < 0:
             raise ValueError("--warmup, --holdout and the weight decay must be >= 0")
+        if not 0.0 <= self.early_share <= 1.0:
+            raise ValueError(f"--early-share must lie in [0, 1], got {self.early_share}")
+        if self.replay_answers < 0:
+            raise ValueError(f"--replay-answers must be >= 0, got {self.replay_answers}")
         if not 0.0 <= self.full_mask_share <= 1.0:
             raise ValueError(f"--full-mask-share must lie in [0, 1], got {self.full_mask_share}")
         if self.threads is not None and self.threads < 1:

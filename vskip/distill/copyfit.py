@@ -148,7 +148,7 @@ def simulate_strict(drafter: DiffusionDrafter, rows, gamma: int, max_new_tokens:
         drafter.reset()
     L = np.asarray(Ls)
     return {"answers": len(rows), "tokens": int(tokens), "calls": int(calls), "tokens_per_call": tokens / max(calls, 1),
-            "mean_L": float(L.mean()) if L.size else 0.0}
+            "mean_L": float(L.mean()) if L.size else 0.0, "p_L_ge1": float((L >= 1).mean()) if L.size else 0.0}
 
 
 def evaluate_prior(drafter: DiffusionDrafter, prior: CopyPrior, rows, seed: int = 1, per_row: int = 6, gamma: int = 32,

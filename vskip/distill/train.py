@@ -104,6 +104,9 @@ def make_batch(data: Data, rng: np.random.Generator, cfg: TrainConfig, mask_id: 
         row, P = data.rows[i], data.prompt_lens[i]
         n = len(row)
         starts = rng.integers(P, n, cfg.blocks_per_seq)  # block starts inside the answer
+        if cfg.early_share > 0:  # (no draw otherwise: older runs resume on the same batches)
+            early = rng.random(cfg.blocks_per_seq) < cfg.early_share
+            starts = np.where(early, rng.integers(P, min(n, P + cfg.early_tokens), cfg.blocks_per_seq), starts)
         # keep at most max_context context tokens: shift the window so the latest block fits
         lo = max(0, int(starts.max()) - 1 - cfg.max_context)
         starts = np.maximum(starts, lo + 1)
@@ -225,7 +228,35 @@ def read_state_meta(out: Path) -> dict:
     return json.loads(inside) if inside else json.loads((Path(out) / META_FILE).read_text())
 
 
+def _warm_start_source(src: Path, cfg: TrainConfig, data_dir: Path) -> dict:
+    """What a run started from ``src`` (``cfg.init_from``) carries over: the first log entry (the
+    source's answer targets, seconds and last held-out figures) and the provenance recorded in
+    ``config.json``. Refuses a source of another layout, or one whose held-out split differs (its
+    weights would have trained on rows this run holds out)."""
+    if not (src / STATE_FILE).exists():
+        raise FileNotFoundError(f"--init-from {src}: no {STATE_FILE} (not a drafter training directory)")
+    meta = read_state_meta(src)
+    theirs = TrainConfig(**{"copy_input": False, **meta["config"]})
+    for key in ("num_layers", "layers", "copy_input", "holdout", "seed"):
+        if getattr(theirs, key) != getattr(cfg, key):
+            raise ValueError(f"--init-from {src}: its {key} is {getattr(theirs, key)!r}, this run's "
+                             f"{getattr(cfg, key)!r}; they must agree")
+    run = json.loads((src / "config.json").read_text()) if (src / "config.json").exists() else {}
+    if run.get("data_files") and run["data_files"] != data_fingerprint(data_dir):
+        raise ValueError(f"--init-from {src}: trained on other data files than {data_dir}, so its held-out "
+                         "split is not this run's")
+    log = meta.get("log") or []
+    last = log[-1] if log else {}
+    entry = {"step": 0, "init_from": str(src), "targets": int(last.get("targets", 0)),
+             "seconds": float(last.get("seconds", 0.0))}
+    from ..models.embedded import file_sha256
+
+    info = {"dir": str(src), "step": int(meta["step"]), "state_sha256": file_sha256(src / STATE_FILE)}
+    return {"entry": entry, "info": info}
+
+
 def load_state(out: Path, model, opt) -> tuple[int, list]:
+    """Parameters (and, unless ``opt`` is None, Adam's moments) from the checkpoint in ``out``."""
     from safetensors.torch import load_file
 
     t = load_file(str(out / STATE_FILE))
@@ -234,6 +265,8 @@ def load_state(out: Path, model, opt) -> tuple[int, list]:
     with torch.no_grad():
         for n, p in params.items():
             p.copy_(t[f"param.{n}"])
+    if opt is None:
+        return int(meta["step"]), meta.get("log", [])
     for n, p in params.items():
         if f"adam.exp_avg.{n}" in t:
             opt.state[p] = {
@@ -277,6 +310,23 @@ def acceptance(model: DiffusionLM, data: Data, gamma: int = GAMMA, steps: int = 
     }
 
 
+@torch.no_grad()
+def replay(model: DiffusionLM, data: Data, answers: int, tokens: int, gamma: int = GAMMA, steps: int = STEPS) -> dict:
+    """Held-out acceptance on the decode path: the first ``tokens`` tokens of the first ``answers``
+    held-out answers decoded again block by block as Strict SDD would (each block starts behind the
+    last rejection, :func:`~vskip.distill.copyfit.simulate_strict`), network alone. Unlike
+    :func:`acceptance`'s random starts anywhere in an answer, this is what a run on a task sees."""
+    from .copyfit import simulate_strict
+
+    was_training = model.training
+    model.eval()
+    rows = list(zip(data.rows, data.prompt_lens))[:answers]
+    r = simulate_strict(DiffusionDrafter(model, steps=steps), rows, gamma, tokens, progress=False)
+    model.train(was_training)
+    return {"tokens_per_call": r["tokens_per_call"], "mean_L": r["mean_L"], "p_L_ge1": r["p_L_ge1"],
+            "answers": r["answers"], "calls": r["calls"], "first_tokens": tokens}
+
+
 def first_step_agreement(drafter: DiffusionDrafter, rows, starts, gamma: int) -> np.ndarray:
     """[blocks, gamma] bool: at the first reveal step of a fully masked block, whether the
     drafter's top token (network and hint input; no copy prior) is the verifier's token. Blocks
@@ -312,10 +362,11 @@ def train(data_dir: Path, out: Path, verifier_dir: Path, cfg: TrainConfig, progr
     if index_path.exists():
         eos = int(json.loads(index_path.read_text()).get("eos_id", eos))
     resume = (out / STATE_FILE).exists()
-    if resume:
+    source = None if resume or cfg.init_from is None else _warm_start_source(Path(cfg.init_from), cfg, data_dir)
+    if resume or source:
         from safetensors.torch import load_file
 
-        head = load_file(str(out / STATE_FILE))["head_ids"]
+        head = load_file(str((out if resume else Path(cfg.init_from)) / STATE_FILE))["head_ids"]
     else:
         head = head_vocabulary(tr, eos)  # from the training rows only: the held-out share outside it is honest
     model = drafter_from_verifier(verifier_dir, num_layers=cfg.num_layers, head_ids=head, layers=cfg.layers,
@@ -325,16 +376,28 @@ def train(data_dir: Path, out: Path, verifier_dir: Path, cfg: TrainConfig, progr
     head_index[head] = torch.arange(len(head))
     params = trainable(model)
     opt = torch.optim.AdamW(params.values(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    step, log = (load_state(out, model, opt) if resume else (0, []))
+    if resume:
+        step, log = load_state(out, model, opt)
+    else:
+        step, log = 0, []
+        if source:  # the source's weights, a fresh optimiser; the log starts from its totals and
+            load_state(Path(cfg.init_from), model, None)  # with its figures under this run's evaluation
+            log = [source["entry"] | _evaluate(model, ho, cfg)]
+    run = json.loads((out / "config.json").read_text()) if resume and (out / "config.json").exists() else {}
     (out / "config.json").write_text(json.dumps({"train": asdict(cfg), "data": str(data_dir),
                                                  "data_files": data_fingerprint(data_dir), "rows": len(tr),
                                                  "holdout_rows": len(ho), "head_size": len(head),
-                                                 "holdout_outside_head": outside_head(ho, head)}, indent=1))
+                                                 "holdout_outside_head": outside_head(ho, head),
+                                                 "init_from": source["info"] if source else run.get("init_from")},
+                                                indent=1))
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[cfg.dtype]
     model.train()
     step, log = _train_loop(model, opt, params, tr, ho, head_index, cfg, dtype, step, log, out, progress)
     final = acceptance(model, ho, n_blocks=3 * cfg.eval_blocks)
-    meta = {"train": asdict(cfg), "steps": step, "holdout": final, "head_size": int(len(head)), "rows": len(tr)}
+    if cfg.replay_answers:
+        final["replay"] = replay(model, ho, 2 * cfg.replay_answers, cfg.replay_tokens)
+    meta = {"train": asdict(cfg), "steps": step, "holdout": final, "head_size": int(len(head)), "rows": len(tr),
+            "train_seconds": log[-1].get("seconds") if log else None}
     save_drafter(model.eval(), out / "drafter", base_dir=verifier_dir, meta=meta)
     write_manifest(out / "drafter", out, data_dir, verifier_dir)
     write_curve(log, out)
@@ -355,6 +418,14 @@ def _step(model, opt, params, batch, dtype) -> tuple[torch.Tensor, int]:
     torch.nn.utils.clip_grad_norm_(params.values(), 1.0)
     opt.step()
     return loss, int(keep.sum())
+
+
+def _evaluate(model, ho: Data, cfg: TrainConfig) -> dict:
+    """A log entry's held-out figures: random block starts, and the decode path unless turned off."""
+    out = {"holdout": acceptance(model, ho, n_blocks=cfg.eval_blocks)}
+    if cfg.replay_answers:
+        out["replay"] = replay(model, ho, cfg.replay_answers, cfg.replay_tokens)
+    return out
 
 
 def _train_loop(model, opt, params, tr, ho, head_index, cfg: TrainConfig, dtype, step: int, log: list, out: Path,
@@ -383,10 +454,12 @@ def _train_loop(model, opt, params, tr, ho, head_index, cfg: TrainConfig, dtype,
         bar.update(1)
         bar.set_postfix(loss=f"{entry['loss']:.3f}", tok_s=f"{entry['tok_s']:.0f}")
         if step % cfg.eval_every == 0 or step == cfg.steps:
-            entry["holdout"] = acceptance(model, ho, n_blocks=cfg.eval_blocks)
+            entry |= _evaluate(model, ho, cfg)
             entry["seconds"] = seconds_before + time.time() - t0
             bar.write(f"step {step}: loss {entry['loss']:.3f} holdout mean L {entry['holdout']['mean_L']:.2f}, "
-                      f"first-step top-1 {entry['holdout']['first_step_top1']:.3f}")
+                      f"first-step top-1 {entry['holdout']['first_step_top1']:.3f}"
+                      + (f", decode path {entry['replay']['tokens_per_call']:.2f} tokens/call" if "replay" in entry
+                         else ""))
         log.append(entry)
         if "holdout" in entry:  # the curve so far, readable while a long run goes on
             write_curve(log, out)
@@ -452,6 +525,8 @@ def export(out: Path, verifier_dir: Path, evaluate_on: Path | None = None) -> Pa
     if evaluate_on is not None:
         _, ho = split(load_rows(evaluate_on), cfg.holdout, cfg.seed)
         info["holdout"] = acceptance(model, ho, n_blocks=3 * cfg.eval_blocks)
+        if cfg.replay_answers:
+            info["holdout"]["replay"] = replay(model, ho, 2 * cfg.replay_answers, cfg.replay_tokens)
     save_drafter(model.eval(), out / "drafter", base_dir=verifier_dir, meta=info)
     run = json.loads((out / "config.json").read_text()) if (out / "config.json").exists() else {}
     data_dir = evaluate_on or run.get("data")
@@ -464,12 +539,14 @@ def write_curve(log: list[dict], out: Path) -> Path | None:
     """``curve.csv`` and ``curve.png`` in ``out``: held-out first-step top-1 agreement and tokens
     per verifier call (offline Strict SDD) against the answer tokens trained on, so one sees
     whether more data would still help. None when the log holds no evaluation."""
-    rows = [(e.get("targets", 0), e["step"], e["holdout"]["first_step_top1"], e["holdout"]["tokens_per_call"])
+    rows = [(e.get("targets", 0), e["step"], e["holdout"]["first_step_top1"], e["holdout"]["tokens_per_call"],
+             e["replay"]["tokens_per_call"] if "replay" in e else None)
             for e in log if "holdout" in e and "first_step_top1" in e["holdout"]]
     if not rows:
         return None
     out = Path(out)
-    lines = ["targets,step,first_step_top1,tokens_per_call"] + [f"{t},{s},{a:.4f},{c:.4f}" for t, s, a, c in rows]
+    lines = ["targets,step,first_step_top1,tokens_per_call,decode_path_tokens_per_call"] + [
+        f"{t},{s},{a:.4f},{c:.4f}," + ("" if r is None else f"{r:.4f}") for t, s, a, c, r in rows]
     from ..files import write_atomic
 
     write_atomic(out / "curve.csv", "\n".join(lines) + "\n")
@@ -482,7 +559,11 @@ def write_curve(log: list[dict], out: Path) -> Path | None:
     x = [r[0] / 1e6 for r in rows]
     ax[0].plot(x, [r[2] for r in rows], marker="o")
     ax[0].set(xlabel="answer tokens trained on (millions)", ylabel="held-out first-step top-1")
-    ax[1].plot(x, [r[3] for r in rows], marker="o", color="C1")
+    ax[1].plot(x, [r[3] for r in rows], marker="o", color="C1", label="random starts, whole answer")
+    path = [(xi, r[4]) for xi, r in zip(x, rows) if r[4] is not None]
+    if path:
+        ax[1].plot(*zip(*path), marker="s", color="C2", label="decode path, first answer tokens")
+        ax[1].legend(fontsize=7)
     ax[1].set(xlabel="answer tokens trained on (millions)", ylabel="held-out tokens per verifier call")
     for a in ax:
         a.grid(alpha=0.3)

@@ -3,7 +3,8 @@
 #
 #   bash scripts/drafter_v2.sh train    # train on every distillation answer (leakage-flagged ones excluded)
 #   bash scripts/drafter_v2.sh tune     # v3: train v2 further on early, fully masked blocks (see tune below)
-#   bash scripts/drafter_v2.sh probe    # a 12-layer drafter's first 250 steps, beside v2's curve
+#   bash scripts/drafter_v2.sh probe    # a 12-layer drafter's first 250 steps (PROBE_STEPS), beside v2's curve
+#   bash scripts/drafter_v2.sh probe_report  # its losses and curve beside v2's, into OUT/probe-l12
 #   bash scripts/drafter_v2.sh ship     # copy the trained network into vskip/assets (the old copy prior goes);
 #                                       # `git checkout vskip/assets` puts the committed drafter back
 #   bash scripts/drafter_v2.sh prior    # fit the copy prior on the rows training held out
@@ -54,6 +55,13 @@ probe() {
     sleep 20
   done
   kill $p; wait $p || true
+}
+
+# the probe beside v2, step for step on the same batches, into OUT/probe-l12
+probe_report() {
+  local out=${OUT:-docs/results/drafter-v3}/probe-l12 dir=${PROBE:-runs/drafter-l12}
+  .venv/bin/python benchmarks/compare_training.py "$TRAIN" "$dir" --upto "${PROBE_STEPS:-250}" --window 50 --out "$out"
+  cp "$dir/curve.csv" "$dir/curve.png" "$dir/config.json" "$out/"
 }
 
 ship() {
@@ -138,6 +146,6 @@ report() {
 }
 
 case "${1:-}" in
-  train|tune|probe|ship|prior|net64|eval64|he512|mbpp512|evaluate|report) "$1" ;;
-  *) echo "usage: $0 train|tune|probe|ship|prior|net64|eval64|he512|mbpp512|evaluate|report" >&2; exit 2 ;;
+  train|tune|probe|probe_report|ship|prior|net64|eval64|he512|mbpp512|evaluate|report) "$1" ;;
+  *) echo "usage: $0 train|tune|probe|probe_report|ship|prior|net64|eval64|he512|mbpp512|evaluate|report" >&2; exit 2 ;;
 esac

@@ -85,9 +85,11 @@ def main(argv=None) -> int:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
         cmd = "python benchmarks/compare_training.py " + " ".join(sys.argv[1:] if argv is None else argv)
-        (out / "results.json").write_text(json.dumps({"command": cmd, "runs": list(a.runs), "layers": layers,
-                                                     "windows": windows, "evals": evals}, indent=1))
-        (out / "results.md").write_text(f"`{cmd}`\n\n```\n{t1}\n\n{t2}\n{head}\n```\n")
+        from vskip.files import write_atomic, write_json
+
+        write_json(out / "results.json", {"command": cmd, "runs": list(a.runs), "layers": layers,
+                                          "windows": windows, "evals": evals})
+        write_atomic(out / "results.md", f"`{cmd}`\n\n```\n{t1}\n\n{t2}\n{head}\n```\n")
         import matplotlib
 
         matplotlib.use("Agg")

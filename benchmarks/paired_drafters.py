@@ -13,7 +13,6 @@ per call is the inverse ratio of verifier calls.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -25,11 +24,9 @@ def per_prompt(run_dir: Path) -> dict[str, tuple[int, int]]:
     path = Path(run_dir) / "samples.jsonl"
     if not path.exists():
         raise SystemExit(f"paired_drafters: {run_dir} is not a finished `vskip run` directory (no samples.jsonl)")
-    out = {}
-    for line in path.read_text().splitlines():
-        s = json.loads(line)
-        out[s["task_id"]] = (int(s["generated_tokens"]), int(s["verifier_calls"]))
-    return out
+    from vskip.files import read_jsonl
+
+    return {s["task_id"]: (int(s["generated_tokens"]), int(s["verifier_calls"])) for s in read_jsonl(path)}
 
 
 def paired_ratio(a: dict, b: dict, resamples: int = 10_000, seed: int = 0) -> dict:
@@ -72,8 +69,10 @@ def main(argv=None) -> int:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
         cmd = "python benchmarks/paired_drafters.py " + " ".join(sys.argv[1:] if argv is None else argv)
-        (out / "results.json").write_text(json.dumps({"command": cmd, "pairs": res}, indent=1))
-        (out / "results.md").write_text(f"`{cmd}`\n\n```\n{table}\n```\n")
+        from vskip.files import write_atomic, write_json
+
+        write_json(out / "results.json", {"command": cmd, "pairs": res})
+        write_atomic(out / "results.md", f"`{cmd}`\n\n```\n{table}\n```\n")
     return 0
 
 

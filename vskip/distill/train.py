@@ -249,7 +249,7 @@ def _warm_start_source(src: Path, cfg: TrainConfig, data_dir: Path) -> dict:
     last = log[-1] if log else {}
     entry = {"step": 0, "init_from": str(src), "targets": int(last.get("targets", 0)),
              "seconds": float(last.get("seconds", 0.0))}
-    from ..models.embedded import file_sha256
+    from ..files import file_sha256
 
     info = {"dir": str(src), "step": int(meta["step"]), "state_sha256": file_sha256(src / STATE_FILE)}
     return {"entry": entry, "info": info}

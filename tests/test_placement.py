@@ -14,7 +14,8 @@ from vskip.decode import DecodeConfig, decode
 from vskip.models import tiny
 from vskip.models.config import ModelConfig
 from vskip.models.load import load_verifier, open_pair, read_token_table, vocabulary_fit
-from vskip.models.placement import MemoryPlanError, Shape, parse_max_memory, plan_memory, read_shape
+from vskip.models.placement import MemoryPlanError, Shape, plan_memory, read_shape
+from vskip.runtime import parse_max_memory
 from vskip.policy import PolicyConfig
 from vskip.prompting import encode_chat
 from vskip.runtime import Runtime, resolve_runtime, set_sync, sync

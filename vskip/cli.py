@@ -263,7 +263,8 @@ def cmd_score(a) -> int:
 def cmd_plan(a) -> int:
     from .files import write_atomic, write_json
     from .models.load import _drafter_dir, resolve_verifier_dir
-    from .models.placement import STRATEGIES, normalize_device, parse_max_memory, plan_memory
+    from .models.placement import plan_memory
+    from .runtime import STRATEGIES, normalize_device, parse_max_memory
 
     vdir = resolve_verifier_dir(a.verifier)
     ddir = None if a.no_drafter else _drafter_dir(a.drafter)

@@ -72,8 +72,6 @@ class Runtime:
 
         used = {self.drafter_on}
         if self.verifier_split:
-            from .models.placement import parse_max_memory
-
             named = parse_max_memory(self.max_memory) if self.max_memory else None
             used |= set(named) if named else {f"cuda:{i}" for i in range(torch.cuda.device_count())}
         else:
@@ -143,8 +141,6 @@ def resolve_runtime(device: str | None = None, dtype: str | None = None, threads
         _check_device(drafter_device, "--drafter-device")
     named = None
     if max_memory is not None:
-        from .models.placement import parse_max_memory
-
         named = parse_max_memory(max_memory)
         for d in named:
             if d != "cpu":
@@ -168,3 +164,42 @@ def resolve_runtime(device: str | None = None, dtype: str | None = None, threads
         raise ValueError(f"--threads must be >= 1, got {threads}")
     return Runtime(device=device, dtype=dtype, threads=threads, drafter_dtype=drafter_dtype,
                    drafter_device=drafter_device, verifier_device=verifier_device, max_memory=max_memory)
+
+
+def parse_max_memory(text: str | None) -> dict[str, int] | None:
+    """``0=40GiB,1=40GiB,cpu=100GiB`` as ``{"cuda:0": bytes, "cuda:1": bytes, "cpu": bytes}``
+    (accelerate's size syntax: GiB/MiB are powers of two, GB/MB of ten)."""
+    if text is None:
+        return None
+    from accelerate.utils import convert_file_size_to_int
+
+    out: dict[str, int] = {}
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        dev, sep, size = part.partition("=")
+        if not sep:
+            raise ValueError(f"--max-memory entries are DEVICE=SIZE (e.g. 0=40GiB,cpu=64GiB), got {part!r}")
+        dev = normalize_device(dev.strip())
+        try:
+            n = convert_file_size_to_int(size.strip())
+        except ValueError:
+            raise ValueError(f"--max-memory: {size.strip()!r} is not a size (e.g. 40GiB)") from None
+        if n <= 0:
+            raise ValueError(f"--max-memory: the size for {dev} must be positive")
+        out[dev] = int(n)
+    if not out:
+        raise ValueError("--max-memory names no device")
+    return out
+
+
+def normalize_device(dev: str) -> str:
+    """``0`` and ``cuda:0`` name the same GPU; ``cpu`` the host."""
+    dev = str(dev).strip()
+    if dev.isdigit():
+        return f"cuda:{dev}"
+    if dev == "cuda":
+        return "cuda:0"
+    if dev == "cpu" or (dev.startswith("cuda:") and dev[5:].isdigit()):
+        return dev
+    raise ValueError(f"unknown device {dev!r}; expected cpu, cuda, cuda:N or N")

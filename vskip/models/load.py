@@ -15,13 +15,13 @@ from pathlib import Path
 import torch
 
 from ..defaults import GAMMA, STEPS
-from ..runtime import Runtime, resolve_runtime
+from ..runtime import Runtime, parse_max_memory, resolve_runtime
 from .copy import COPY_FILE, CopyPrior
 from .drafter import DiffusionDrafter
 from .drafter_io import is_dream_checkpoint, load_drafter_model
 from .embedded import EMBEDDED_DRAFTER, EMBEDDED_VERIFIER, embedded_drafter_dir, embedded_verifier_dir, file_sha256
 from .attention import use_gqa_attention
-from .placement import MemoryPlan, MemoryPlanError, parse_max_memory, plan_memory
+from .placement import MemoryPlan, MemoryPlanError, plan_memory
 from .verifier import HFVerifier
 
 #: Above this share of shared ids that decode differently, a drafter's vocabulary does not fit.

@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..runtime import STRATEGIES
+from ..runtime import STRATEGIES, normalize_device
 
 #: reserved per CUDA device for its context, the allocator and the kernels' workspaces
 CUDA_RESERVE = 1 << 30
@@ -36,45 +36,6 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 class MemoryPlanError(ValueError):
     """The models cannot fit where they were placed (said in one line, before anything loads)."""
-
-
-def parse_max_memory(text: str | None) -> dict[str, int] | None:
-    """``0=40GiB,1=40GiB,cpu=100GiB`` as ``{"cuda:0": bytes, "cuda:1": bytes, "cpu": bytes}``
-    (accelerate's size syntax: GiB/MiB are powers of two, GB/MB of ten)."""
-    if text is None:
-        return None
-    from accelerate.utils import convert_file_size_to_int
-
-    out: dict[str, int] = {}
-    for part in text.split(","):
-        if not part.strip():
-            continue
-        dev, sep, size = part.partition("=")
-        if not sep:
-            raise ValueError(f"--max-memory entries are DEVICE=SIZE (e.g. 0=40GiB,cpu=64GiB), got {part!r}")
-        dev = normalize_device(dev.strip())
-        try:
-            n = convert_file_size_to_int(size.strip())
-        except ValueError:
-            raise ValueError(f"--max-memory: {size.strip()!r} is not a size (e.g. 40GiB)") from None
-        if n <= 0:
-            raise ValueError(f"--max-memory: the size for {dev} must be positive")
-        out[dev] = int(n)
-    if not out:
-        raise ValueError("--max-memory names no device")
-    return out
-
-
-def normalize_device(dev: str) -> str:
-    """``0`` and ``cuda:0`` name the same GPU; ``cpu`` the host."""
-    dev = str(dev).strip()
-    if dev.isdigit():
-        return f"cuda:{dev}"
-    if dev == "cuda":
-        return "cuda:0"
-    if dev == "cpu" or (dev.startswith("cuda:") and dev[5:].isdigit()):
-        return dev
-    raise ValueError(f"unknown device {dev!r}; expected cpu, cuda, cuda:N or N")
 
 
 def _accelerate_key(dev: str):

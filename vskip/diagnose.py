@@ -363,7 +363,8 @@ def _load_predictors(predictors, runtime) -> dict:
     kinds: dict = {}
     if predictors is None:
         return kinds
-    from .predictor import find_predictor_dir, load_predictor
+    from .predictor import load_predictor
+    from .rotations import find_predictor_dir
 
     for kind in KINDS + ("prefix",):
         try:

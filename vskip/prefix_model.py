@@ -25,6 +25,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from .rotations import MANIFEST, hidden_rows, owner_of, read_rotations, rotation_file, save_rotation, test_owners
+
 
 class PrefixSurvivalNet(nn.Module):
     def __init__(self, n_in: int, hidden: int = 64):
@@ -210,7 +212,6 @@ def train_prefix_predictor(ts, cfg: PrefixTrainConfig, out, calibration_folds: i
 
     from .files import write_json
     from .policy.prefix import GRID, risk_curve
-    from .predictor import MANIFEST, rotation_file, save_rotation
     from .traces import FOLD_SEED, N_FOLDS, folds
 
     if on_policy is not None and (on_policy.gamma != ts.gamma or on_policy.d_model != ts.d_model):
@@ -267,8 +268,6 @@ class PrefixPredictor:
     kind = KIND
 
     def __init__(self, gamma: int, d_model: int, rotations: Sequence[_Rotation], path: str | None = None):
-        from .predictor import test_owners
-
         self.gamma, self.d_model, self.path = gamma, d_model, path
         self._rots = list(rotations)
         self._owner = test_owners([(r.rotation.index, r.rotation.test,
@@ -284,8 +283,6 @@ class PrefixPredictor:
                 for r in self._rots]
 
     def rotation_of(self, task_id: str | None) -> int:
-        from .predictor import owner_of
-
         return owner_of(self._owner, task_id, KIND, self.path)
 
     def threshold(self, task_id: str | None, alpha: float) -> float:
@@ -303,8 +300,6 @@ class PrefixPredictor:
         return [(r.rotation.index, r.n_cal, crc_threshold(r.grid, r.risk, r.n_cal, alpha).lam) for r in self._rots]
 
     def scores(self, block, features: np.ndarray, task_id: str | None = None) -> np.ndarray:
-        from .predictor import hidden_rows
-
         r = self._rots[self.rotation_of(task_id)]
         x = np.asarray(features, np.float32)
         if self.d_model:
@@ -327,8 +322,6 @@ def load_prefix_predictor(path, runtime=None) -> PrefixPredictor:
     """Load ``path/prefix`` (or ``path`` itself) written by ``vskip train-predictor --kind prefix``.
     The model is small and runs on the CPU whatever ``runtime`` says."""
     import json
-
-    from .predictor import read_rotations
 
     d, man, checkpoints = read_rotations(path, KIND, FORMAT)
     rots = []

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from vskip import tasks as T
+from vskip.mbpp_plus import load_mbpp_plus_file
 
 
 @pytest.fixture(autouse=True)
@@ -219,7 +220,7 @@ def test_load_mbpp_plus_file(tmp_path):
     with gzip.open(path, "wt") as f:
         for rec in _plus_records():
             f.write(json.dumps(rec) + "\n")
-    probs = T.load_mbpp_plus_file(path)
+    probs = load_mbpp_plus_file(path)
     assert [p.task_id for p in probs] == ["Mbpp/2", "Mbpp/14", "Mbpp/3"]
     assert all(p.task == "mbpp_plus" for p in probs)
     assert T.user_prompt(probs[0]) == (
@@ -247,12 +248,12 @@ def test_load_mbpp_plus_file_errors(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json\n")
     with pytest.raises(ValueError, match="not JSON"):
-        T.load_mbpp_plus_file(bad)
+        load_mbpp_plus_file(bad)
     bad.write_text(json.dumps({"task_id": "Mbpp/2", "prompt": "x"}) + "\n")
     with pytest.raises(ValueError, match="missing field"):
-        T.load_mbpp_plus_file(bad)
+        load_mbpp_plus_file(bad)
     bad.write_text("\n")
     with pytest.raises(ValueError, match="no records"):
-        T.load_mbpp_plus_file(bad)
+        load_mbpp_plus_file(bad)
     with pytest.raises(ValueError, match="cannot read"):
-        T.load_mbpp_plus_file(tmp_path / "absent.jsonl")
+        load_mbpp_plus_file(tmp_path / "absent.jsonl")

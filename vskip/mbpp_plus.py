@@ -1,6 +1,6 @@
 """MBPP+ from a user's EvalPlus ``MbppPlus.jsonl``: problems whose tests compare the solution's
 output with the reference solution's on the base and plus inputs (see
-:func:`vskip.tasks.load_mbpp_plus_file`). Nothing here imports torch."""
+:func:`load_mbpp_plus_file`). Nothing here imports torch."""
 
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ def _as_list(value, field: str, where: str):
     return value
 
 
-def load_file(path) -> list[Problem]:
+def load_mbpp_plus_file(path) -> list[Problem]:
     """Problems from a user-supplied EvalPlus ``MbppPlus.jsonl`` (plain or ``.gz``).
 
     A record's ``test`` code, when present, is used as is. Otherwise the test is built from

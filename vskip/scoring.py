@@ -362,7 +362,7 @@ def score_samples_file(
 
     Returns ``{"task", "n", "n_tasks", "pass_at_1", "sandbox", "results"}`` where pass@1 is the
     mean over tasks of each task's pass rate. ``problems`` (e.g. from
-    :func:`vskip.tasks.load_mbpp_plus_file`) replaces the bundled data of ``task``.
+    :func:`vskip.mbpp_plus.load_mbpp_plus_file`) replaces the bundled data of ``task``.
     """
     if task not in ALL_TASKS:
         raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(ALL_TASKS)}")

@@ -30,7 +30,6 @@ __all__ = [
     "ALL_TASKS",
     "MBPP_PLUS_V020_IDS",
     "load_task",
-    "load_mbpp_plus_file",
     "user_prompt",
     "raw_records",
     "last_boxed",
@@ -303,7 +302,7 @@ def load_task(name: str, limit: int | None = None, ids: list[str] | None = None)
     ``ids`` keeps only those task ids (``"HumanEval/3"``; the part after the slash, ``"3"``, is
     accepted too); ``limit`` then keeps the first ``limit``. ``"mbpp_plus"`` is the part of
     MBPP+ v0.2.0 that lies in the bundled MBPP test split (base tests); for all 378 tasks with
-    their plus tests use :func:`load_mbpp_plus_file`.
+    their plus tests use :func:`vskip.mbpp_plus.load_mbpp_plus_file`.
     """
     if name not in ALL_TASKS:
         raise ValueError(_unknown_task(name))
@@ -340,14 +339,6 @@ def _select(problems: list[Problem], ids, name: str) -> list[Problem]:
                                            else "")
         raise ValueError(f"unknown {name} task ids: {shown}")
     return [p for p in problems if p.task_id in wanted]
-
-
-def load_mbpp_plus_file(path) -> list[Problem]:
-    """Problems from a user-supplied EvalPlus ``MbppPlus.jsonl`` (plain or ``.gz``); see
-    :func:`vskip.mbpp_plus.load_file`."""
-    from .mbpp_plus import load_file
-
-    return load_file(path)
 
 
 # ----------------------------------------------------------------------------- prompts

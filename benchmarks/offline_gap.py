@@ -19,7 +19,7 @@ import numpy as np
 
 
 def _truncate(data, first: int | None):
-    from vskip.distill.train import Data
+    from vskip.distill.rows import Data
 
     if first is None:
         return data
@@ -27,7 +27,7 @@ def _truncate(data, first: int | None):
 
 
 def _subset(data, keep):
-    from vskip.distill.train import Data
+    from vskip.distill.rows import Data
 
     idx = [i for i in range(len(data)) if keep(i)]
     return Data([data.rows[i] for i in idx], [data.prompt_lens[i] for i in idx], [data.prompt_ids[i] for i in idx])
@@ -37,7 +37,7 @@ def task_rows(run_dir: Path, tokenizer):
     """Rows of a finished `vskip run` (prompt ids through the chat template + the run's output,
     which for a lossless run is the verifier's own answer)."""
     from vskip import tasks
-    from vskip.distill.train import Data
+    from vskip.distill.rows import Data
     from vskip.prompting import encode_chat
 
     cfg = json.loads((run_dir / "config.json").read_text())["run"]
@@ -74,7 +74,8 @@ def main(argv=None) -> int:
     from tabulate import tabulate
 
     from vskip.distill.shards import ends_in_a_loop
-    from vskip.distill.train import acceptance, load_rows, split
+    from vskip.distill.offline import acceptance
+    from vskip.distill.rows import load_rows, split
     from vskip.models.config import ModelConfig
     from vskip.models.load import open_pair
 

@@ -1,7 +1,7 @@
 """Strict SDD replayed on held-out distillation answers: what the copy prior buys, without a verifier.
 
 The stored answers are the verifier's own greedy tokens, so a lossless decode of them makes
-exactly the rounds this replay makes (:func:`vskip.distill.copyfit.simulate_strict`). For each
+exactly the rounds this replay makes (:func:`vskip.distill.offline.simulate_strict`). For each
 gamma it prints tokens per verifier call of the network alone, of the network with the copy prior,
 and, with ``--oracle``, of a per-block oracle that takes whichever of the network, the mixture and
 the raw copy hint is accepted furthest: an upper bound on choosing between them block by block.
@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from vskip.distill.copyfit import load_answers, simulate_strict
+from vskip.distill.copyfit import load_answers
+from vskip.distill.offline import simulate_strict
 from vskip.models.copy import copy_hint
 from vskip.models.config import ModelConfig
 from vskip.models.load import open_pair

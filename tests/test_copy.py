@@ -221,7 +221,7 @@ class ScriptedDrafter:
 
 
 def test_replay_counts_the_rounds_a_strict_decode_makes():
-    from vskip.distill.copyfit import simulate_strict
+    from vskip.distill.offline import simulate_strict
 
     row = np.arange(100, 130)  # prompt of 10, answer of 20
     d = ScriptedDrafter(row, [2, 0, None, 1, None])
@@ -245,7 +245,7 @@ def test_fit_on_the_rows_a_training_run_held_out(tmp_path):
     """`fit-copy-prior --holdout-of TRAIN_DIR`: the rows the run's --holdout and --seed kept out,
     exactly as training split them, half to fit and half to evaluate."""
     from vskip.distill.copyfit import fit_copy_prior_rows, holdout_answers
-    from vskip.distill.train import load_rows, split
+    from vskip.distill.rows import load_rows, split
 
     data = tmp_path / "data"
     data.mkdir()

@@ -193,7 +193,7 @@ def test_the_shipped_copy_prior_is_on_by_default_recorded_and_copies(pair, promp
     # fitted on answers the network never trained on, and evaluated on others again
     if "holdout_of" in prior.meta:  # the rows training held out: recompute the split from the committed data
         from vskip.distill.copyfit import rows_sha256
-        from vskip.distill.train import load_rows, split
+        from vskip.distill.rows import load_rows, split
 
         how = prior.meta["holdout_of"]
         assert (how["holdout"], how["seed"]) == (manifest["train"]["holdout"], manifest["train"]["seed"])

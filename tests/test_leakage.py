@@ -54,7 +54,7 @@ def test_without_the_planted_rewording_nothing_is_flagged(corpus):
 
 def test_training_and_the_copy_prior_skip_flagged_prompts(tmp_path):
     from vskip.distill.copyfit import load_answers
-    from vskip.distill.train import load_rows
+    from vskip.distill.rows import load_rows
 
     rows = [{"prompt": [5, 6], "completion": [7, 8, 9], "finished": True} for _ in range(3)]
     meta = {"prompt_ids": ["a", "b", "c"], "sources": ["codeio"] * 3}

@@ -10,7 +10,8 @@ import torch
 
 from test_models import tiny_llama
 from vskip.distill.config import TrainConfig
-from vskip.distill.train import Data, load_state, make_batch, save_state, trainable
+from vskip.distill.rows import Data
+from vskip.distill.train import load_state, make_batch, save_state, trainable
 from vskip.models.drafter import DiffusionDrafter
 from vskip.models.drafter_io import drafter_from_verifier
 
@@ -118,7 +119,8 @@ def test_training_lowers_loss_and_resumes(verifier_dir, tmp_path):
 def test_manifest_records_verifier_data_and_weights(verifier_dir, tmp_path):
     import json
 
-    from vskip.distill.train import data_fingerprint, write_manifest
+    from vskip.distill.shards import data_fingerprint
+    from vskip.distill.train import write_manifest
     from vskip.models.drafter_io import save_drafter
     from vskip.models.embedded import file_sha256
 
@@ -230,7 +232,7 @@ def test_a_copy_input_drafter_round_trips_and_reads_its_hints(verifier_dir, tmp_
 
 
 def test_outside_head_counts_answer_tokens_only():
-    from vskip.distill.train import outside_head
+    from vskip.distill.rows import outside_head
 
     d = Data([np.array([1, 2, 3, 4, 5]), np.array([7, 9])], [2, 1], ["a", "b"])
     assert outside_head(d, torch.tensor([1, 2, 3, 4])) == 0.5  # answers 3 4 5 | 9: 5 and 9 are outside

@@ -22,7 +22,8 @@ from tqdm import tqdm
 from ..files import read_json, write_json
 from ..models.copy import COPY_FILE, LENGTH_EDGES, OFFSET_EDGES, CopyPrior, _bucket, copy_hint, fit_lambda, mixture_nll
 from ..models.drafter import DiffusionDrafter
-from ..policy.acceptance import leading_run
+from .offline import simulate_strict, strict_lengths
+from .rows import load_rows, split
 from .shards import read_shard, shard_rows
 
 
@@ -116,41 +117,6 @@ def fit_summary(samples: dict, prior: CopyPrior) -> dict:
     }
 
 
-def strict_lengths(drafter: DiffusionDrafter, rows, starts, gamma: int, progress: bool = True) -> np.ndarray:
-    """Offline Strict SDD accepted length of the drafter's full proposal (all reveal steps, with
-    whatever copy prior it holds) at each start: the stored answers are the verifier's own greedy
-    tokens, so L is the longest prefix of the draft equal to them."""
-    Ls = []
-    for i, b in tqdm(starts, desc="copy prior: strict L", unit="block", disable=not progress, file=sys.stderr):
-        row = rows[i][0]
-        g = min(gamma, len(row) - b)
-        Ls.append(leading_run(drafter.propose(row[:b].tolist(), g).tokens == row[b : b + g]))
-    return np.asarray(Ls)
-
-
-def simulate_strict(drafter: DiffusionDrafter, rows, gamma: int, max_new_tokens: int = 64, progress: bool = True) -> dict:
-    """Strict SDD decoding replayed on stored answers: each round drafts after the answer so far,
-    accepts the longest prefix equal to the stored (verifier greedy) tokens, and commits one more
-    token, the verifier's. Exactly the rounds a lossless decode of these answers makes, without
-    the verifier: tokens per verifier call and the accepted lengths."""
-    calls = tokens = 0
-    Ls = []
-    for row, P in tqdm(rows, desc=f"copy prior: replay gamma {gamma}", unit="answer", disable=not progress, file=sys.stderr):
-        end = min(len(row), P + max_new_tokens)
-        b = P
-        while b < end:
-            g = min(gamma, end - b)
-            L = leading_run(drafter.propose(row[:b].tolist(), g).tokens == row[b : b + g])
-            Ls.append(L)
-            b += min(L + 1, end - b)
-            calls += 1
-        tokens += end - P
-        drafter.reset()
-    L = np.asarray(Ls)
-    return {"answers": len(rows), "tokens": int(tokens), "calls": int(calls), "tokens_per_call": tokens / max(calls, 1),
-            "mean_L": float(L.mean()) if L.size else 0.0, "p_L_ge1": float((L >= 1).mean()) if L.size else 0.0}
-
-
 def evaluate_prior(drafter: DiffusionDrafter, prior: CopyPrior, rows, seed: int = 1, per_row: int = 6, gamma: int = 32,
                    strict_gammas: Sequence[int] = (8, 16, 32), replay_answers: int = 48, replay_tokens: int = 64,
                    progress: bool = True) -> dict:
@@ -201,9 +167,7 @@ def fit_copy_prior(drafter: DiffusionDrafter, data_dir: Path, fit_shards: Sequen
 
 def holdout_answers(train_dir: Path) -> tuple[Path, list[tuple[np.ndarray, int]]]:
     """(data directory, held-out answers) of a drafter training run: the rows its ``--holdout``
-    kept out of training, as :func:`vskip.distill.train.split` chose them."""
-    from .train import load_rows, split
-
+    kept out of training, as :func:`vskip.distill.rows.split` chose them."""
     cfg = read_json(Path(train_dir) / "config.json", "training config")
     data_dir = Path(cfg["data"])
     _, ho = split(load_rows(data_dir), cfg["train"]["holdout"], cfg["train"]["seed"])

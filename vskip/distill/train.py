@@ -21,76 +21,23 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..defaults import GAMMA, STEPS
 from ..models.copy import copy_hint
-from ..models.drafter import HINT_MAX_LEN, DiffusionDrafter, DiffusionLM, hint_code
+from ..models.drafter import HINT_MAX_LEN, DiffusionLM, hint_code
 from ..models.drafter_io import drafter_from_verifier, save_drafter
 from .config import TrainConfig
-from .shards import data_fingerprint, iter_distillation  # noqa: F401 - data_fingerprint re-exported
+from .offline import acceptance, replay
+from .rows import Data, head_vocabulary, load_rows, outside_head, split
+from .shards import data_fingerprint
 
 STATE_FILE = "train_state.safetensors"
 META_FILE = "train_state.json"
-
-
-@dataclass
-class Data:
-    rows: list[np.ndarray]  # prompt + completion ids
-    prompt_lens: list[int]
-    prompt_ids: list[str]
-
-    def __len__(self):
-        return len(self.rows)
-
-
-def load_rows(data_dir: Path) -> Data:
-    """Every answer of at least two tokens, except those of prompts ``leakage.json`` flags as
-    resembling an evaluation item (:mod:`vskip.distill.leakage`)."""
-    from .leakage import flagged_ids
-
-    leaked = flagged_ids(Path(data_dir))
-    rows, plens, pids = [], [], []
-    for r in iter_distillation(Path(data_dir)):
-        if len(r["completion"]) < 2 or r["prompt_id"] in leaked:
-            continue
-        rows.append(np.concatenate([r["prompt"], r["completion"]]).astype(np.int64))
-        plens.append(len(r["prompt"]))
-        pids.append(r["prompt_id"])
-    if not rows:
-        raise ValueError(f"no distillation rows in {data_dir}")
-    return Data(rows, plens, pids)
-
-
-def split(data: Data, holdout: int, seed: int) -> tuple[Data, Data]:
-    """A held-out set of whole prompts for the acceptance estimate."""
-    idx = np.random.RandomState(seed).permutation(len(data))
-    ho = set(idx[: min(holdout, len(data) // 5)].tolist())
-    pick = lambda keep: Data(*[[x[i] for i in range(len(data)) if (i in ho) == keep] for x in (data.rows, data.prompt_lens, data.prompt_ids)])
-    return pick(False), pick(True)
-
-
-def head_vocabulary(data: Data, eos_id: int) -> torch.Tensor:
-    """Token ids the drafter's head can emit: every id seen in the training rows (answers and
-    prompts: answers quote the code and text of their prompts), plus eos."""
-    ids = {eos_id}
-    for row in data.rows:
-        ids.update(row.tolist())
-    return torch.tensor(sorted(ids), dtype=torch.long)
-
-
-def outside_head(data: Data, head: torch.Tensor) -> float | None:
-    """Share of the answer tokens of ``data`` that the head cannot emit (None without answers)."""
-    inside = np.zeros(int(max(int(head.max()), max((int(r.max()) for r in data.rows), default=0))) + 1, dtype=bool)
-    inside[head.numpy()] = True
-    answers = [r[p:] for r, p in zip(data.rows, data.prompt_lens)]
-    n = sum(len(a) for a in answers)
-    return float(sum(int((~inside[a]).sum()) for a in answers) / n) if n else None
 
 
 def make_batch(data: Data, rng: np.random.Generator, cfg: TrainConfig, mask_id: int, head_index: torch.Tensor):
@@ -275,72 +222,6 @@ def load_state(out: Path, model, opt) -> tuple[int, list]:
                 "exp_avg_sq": t[f"adam.exp_avg_sq.{n}"],
             }
     return int(meta["step"]), meta.get("log", [])
-
-
-@torch.no_grad()
-def acceptance(model: DiffusionLM, data: Data, gamma: int = GAMMA, steps: int = STEPS, n_blocks: int = 200,
-               seed: int = 1) -> dict:
-    """Offline Strict SDD acceptance on held-out answers: the stored answers are the verifier's own
-    greedy output, so the accepted length at a block start b is the longest prefix of the draft
-    that equals ``row[b:b+gamma]``. Returns mean L, P(L >= j) and tokens per verifier call."""
-    from .copyfit import strict_lengths
-
-    rng = np.random.default_rng(seed)
-    was_training = model.training
-    model.eval()
-    drafter = DiffusionDrafter(model, steps=steps)
-    rows = list(zip(data.rows, data.prompt_lens))
-    starts = []
-    for _ in range(n_blocks):
-        i = int(rng.integers(0, len(data)))
-        row, P = rows[i]
-        if len(row) - P >= 2:
-            starts.append((i, int(rng.integers(P, len(row) - 1))))
-    Ls = strict_lengths(drafter, rows, starts, gamma, progress=False)
-    agree = first_step_agreement(drafter, rows, starts, gamma)
-    model.train(was_training)
-    L = np.asarray(Ls)
-    return {
-        "mean_L": float(L.mean()),
-        "tokens_per_call": float(L.mean() + 1),
-        "p_L_ge": [float((L >= j).mean()) for j in range(1, gamma + 1)],
-        "first_step_top1": float(agree.mean()),
-        "first_step_top1_by_position": [float(x) for x in agree.mean(0)],
-        "n": int(L.size),
-    }
-
-
-@torch.no_grad()
-def replay(model: DiffusionLM, data: Data, answers: int, tokens: int, gamma: int = GAMMA, steps: int = STEPS) -> dict:
-    """Held-out acceptance on the decode path: the first ``tokens`` tokens of the first ``answers``
-    held-out answers decoded again block by block as Strict SDD would (each block starts behind the
-    last rejection, :func:`~vskip.distill.copyfit.simulate_strict`), network alone. Unlike
-    :func:`acceptance`'s random starts anywhere in an answer, this is what a run on a task sees."""
-    from .copyfit import simulate_strict
-
-    was_training = model.training
-    model.eval()
-    rows = list(zip(data.rows, data.prompt_lens))[:answers]
-    r = simulate_strict(DiffusionDrafter(model, steps=steps), rows, gamma, tokens, progress=False)
-    model.train(was_training)
-    return {"tokens_per_call": r["tokens_per_call"], "mean_L": r["mean_L"], "p_L_ge1": r["p_L_ge1"],
-            "answers": r["answers"], "calls": r["calls"], "first_tokens": tokens}
-
-
-def first_step_agreement(drafter: DiffusionDrafter, rows, starts, gamma: int) -> np.ndarray:
-    """[blocks, gamma] bool: at the first reveal step of a fully masked block, whether the
-    drafter's top token (network and hint input; no copy prior) is the verifier's token. Blocks
-    that run past the answer's end are left out."""
-    out = []
-    for i, b in starts:
-        row = rows[i][0]
-        if b + gamma > len(row):
-            continue
-        drafter.reset()
-        probs = drafter.first_step(row[:b].tolist(), gamma)
-        col = drafter.head_column(torch.as_tensor(row[b : b + gamma]))
-        out.append(((col >= 0) & (probs.argmax(-1) == col)).cpu().numpy())
-    return np.asarray(out, dtype=bool).reshape(-1, gamma)
 
 
 def train(data_dir: Path, out: Path, verifier_dir: Path, cfg: TrainConfig, progress: bool = True) -> Path:

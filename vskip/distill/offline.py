@@ -21,7 +21,7 @@ def strict_lengths(drafter: DiffusionDrafter, rows, starts, gamma: int, progress
     whatever copy prior it holds) at each start: the stored answers are the verifier's own greedy
     tokens, so L is the longest prefix of the draft equal to them."""
     Ls = []
-    for i, b in tqdm(starts, desc="copy prior: strict L", unit="block", disable=not progress, file=sys.stderr):
+    for i, b in tqdm(starts, desc="offline: strict L", unit="block", disable=not progress, file=sys.stderr):
         row = rows[i][0]
         g = min(gamma, len(row) - b)
         Ls.append(leading_run(drafter.propose(row[:b].tolist(), g).tokens == row[b : b + g]))
@@ -35,7 +35,7 @@ def simulate_strict(drafter: DiffusionDrafter, rows, gamma: int, max_new_tokens:
     the verifier: tokens per verifier call and the accepted lengths."""
     calls = tokens = 0
     Ls = []
-    for row, P in tqdm(rows, desc=f"copy prior: replay gamma {gamma}", unit="answer", disable=not progress, file=sys.stderr):
+    for row, P in tqdm(rows, desc=f"offline: replay gamma {gamma}", unit="answer", disable=not progress, file=sys.stderr):
         end = min(len(row), P + max_new_tokens)
         b = P
         while b < end:

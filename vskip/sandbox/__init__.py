@@ -36,10 +36,11 @@ from __future__ import annotations
 
 import shutil  # noqa: F401 - tests patch shutil.which through this name
 
-from .kinds import (KINDS, SandboxUnavailable, _get_setup, _Setup, _SETUPS, check_isolation, sandbox_info,  # noqa: F401
-                    sandbox_kind)
+from .choice import (KINDS, SandboxUnavailable, _get_setup, _SETUPS, check_isolation, run_program,  # noqa: F401
+                     sandbox_info, sandbox_kind)
+from .kinds import _Setup  # noqa: F401
 from .procs import _count_uid_tasks  # noqa: F401
-from .run import SandboxResult, run_program  # noqa: F401
+from .run import SandboxResult  # noqa: F401
 from .scripts import PROGRAM_NAME, RUNNER_ERROR_CODE, RUNNER_ERROR_MARK, SANDBOX_DIR  # noqa: F401
 
 __all__ = ["SandboxResult", "run_program", "sandbox_kind", "sandbox_info", "check_isolation", "SandboxUnavailable",

@@ -1,18 +1,14 @@
-"""Which sandbox this machine gets (bubblewrap, namespaces or rlimits), probed once, and what each
-enforces."""
+"""The parts each sandbox kind is built from: its settings (:class:`_Setup`), a fresh uid to run as,
+the bwrap prefix, and the directories of the Python installation it must see."""
 
 from __future__ import annotations
 
 import os
 import secrets
 import shutil
-import subprocess
 import sys
-import threading
 from dataclasses import dataclass
 
-from .procs import _is_root, _pids_cgroup_parent
-from .scripts import _PIVOT_ROOT
 
 @dataclass(frozen=True)
 class _Setup:
@@ -24,8 +20,6 @@ class _Setup:
     nest_user: bool = False  # namespaces kind, not root: drop to a uid of a nested user namespace
 
 
-_SETUP_LOCK = threading.Lock()
-_SETUPS: dict[str, _Setup] = {}
 
 
 def _fresh_uid() -> int | None:
@@ -126,134 +120,3 @@ def _site_dirs() -> list[str]:
     except AttributeError:  # pragma: no cover - very old virtualenv
         dirs = []
     return [d for d in dirs if os.path.isdir(d)]
-
-
-def _bwrap_supports_sizes(exe: str) -> bool:
-    try:
-        out = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    text = out.stdout + out.stderr
-    return "--size" in text and "--perms" in text
-
-
-def _probe(setup: _Setup) -> bool:
-    from .run import _run
-
-    res = _run(
-        "import sys\nprint('vskip-probe-ok')\n",
-        setup,
-        timeout=20.0,
-        memory_mb=1024,
-        file_mb=4,
-        nofile=64,
-        nproc=16,
-        max_output_bytes=1 << 16,
-        tail_bytes=4096,
-        disk_mb=8,
-    )
-    return res.status == "passed" and "vskip-probe-ok" in res.stdout_tail
-
-
-def _determine_setup(prefer: str) -> _Setup:
-    root = _is_root()
-    if prefer in ("auto", "bubblewrap"):
-        exe = shutil.which("bwrap")
-        if exe is not None:
-            sized = _bwrap_supports_sizes(exe)
-            variants = [(True, True), (False, False)] if root else [(False, False)]
-            for privileged, drop in variants:
-                base = _bwrap_base(privileged, sized)
-                if base is None:
-                    continue
-                setup = _Setup("bubblewrap", drop, tuple(base), sized)
-                if _probe(setup):
-                    return setup
-        if prefer == "bubblewrap":
-            raise RuntimeError(
-                "bubblewrap was requested but `bwrap` is missing or does not work here "
-                "(install the Debian package bubblewrap)"
-            )
-    if prefer in ("auto", "namespaces"):
-        setup = _namespaces_setup(root)
-        if setup is not None and _probe(setup):
-            return setup
-        if prefer == "namespaces":
-            raise RuntimeError(
-                "namespaces were requested but util-linux `unshare` is missing or may not create "
-                "namespaces here (unprivileged user namespaces may be disabled)"
-            )
-    if root:
-        setup = _Setup("rlimits", True)
-        if _probe(setup):
-            return setup
-    return _Setup("rlimits", False)
-
-
-def _namespaces_setup(root: bool) -> _Setup | None:
-    exe = shutil.which("unshare")
-    if exe is None or os.uname().machine not in _PIVOT_ROOT:
-        return None
-    argv = [exe, "--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child"]
-    if not root:
-        argv += ["--user", "--map-root-user"]
-    return _Setup("namespaces", root, unshare_argv=tuple(argv), nest_user=not root)
-
-
-#: the isolation kinds a user may name (``$VSKIP_SANDBOX`` or ``isolation=``)
-KINDS = ("auto", "bubblewrap", "namespaces", "rlimits")
-
-
-def _get_setup(isolation: str | None = None) -> _Setup:
-    prefer = isolation or os.environ.get("VSKIP_SANDBOX", "auto") or "auto"
-    if prefer not in KINDS:
-        raise ValueError(f"unknown sandbox isolation {prefer!r}; use {', '.join(KINDS)}")
-    with _SETUP_LOCK:
-        if prefer not in _SETUPS:
-            _SETUPS[prefer] = _determine_setup(prefer)
-        return _SETUPS[prefer]
-
-
-class SandboxUnavailable(RuntimeError):
-    """No isolating sandbox works here and nobody accepted running without one."""
-
-
-def check_isolation(isolation: str | None = None) -> str:
-    """The sandbox kind that will run generated code; refuses (:class:`SandboxUnavailable`) when
-    only rlimits would, unless rlimits was asked for by name (``isolation`` or
-    ``$VSKIP_SANDBOX=rlimits``): then the program would have the network, could write outside
-    its directory and see other processes, so running it must be a decision, not a fallback."""
-    prefer = isolation or os.environ.get("VSKIP_SANDBOX", "auto") or "auto"
-    setup = _get_setup(prefer)
-    if setup.kind == "rlimits" and prefer == "auto":
-        as_root = " and as root" if _is_root() and not setup.drop_uid else ""
-        raise SandboxUnavailable(
-            "neither bubblewrap nor namespaces (util-linux unshare) work here, so generated code would "
-            f"run with the network, a writable filesystem and a view of other processes{as_root}; install "
-            "bubblewrap (Debian/Ubuntu: apt-get install bubblewrap) or set VSKIP_SANDBOX=rlimits to accept that")
-    return setup.kind
-
-
-def sandbox_kind(isolation: str | None = None) -> str:
-    """``"bubblewrap"`` when bwrap is present and works here, else ``"rlimits"`` (probed once).
-
-    ``$VSKIP_SANDBOX`` (``auto``, ``bubblewrap`` or ``rlimits``) overrides the choice.
-    """
-    return _get_setup(isolation).kind
-
-
-def sandbox_info(isolation: str | None = None) -> dict:
-    """What the sandbox enforces on this machine (for reports and for tests)."""
-    s = _get_setup(isolation)
-    root = _is_root()
-    isolated = s.kind in ("bubblewrap", "namespaces")
-    return {
-        "kind": s.kind,
-        "network_isolated": isolated,
-        "filesystem_read_only": isolated,
-        "pid_namespace": isolated,
-        "separate_uid": s.drop_uid or s.nest_user,
-        "nproc_enforced": (not root) or s.drop_uid
-        or (s.kind == "rlimits" and _pids_cgroup_parent() is not None),
-        "running_as_root": root,
-    }

@@ -15,7 +15,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from .kinds import _fresh_uid, _get_setup, _jail_binds, _python_dirs, _Setup, _site_dirs, check_isolation
+from .kinds import _fresh_uid, _jail_binds, _python_dirs, _Setup, _site_dirs
 from .procs import (_count_uid_tasks, _is_root, _kill_group, _kill_tree, _kill_uid, _make_pids_cgroup, _remove_cgroup,
                     _tail, _tree)
 from .scripts import (_JAIL, _PIVOT_ROOT, _RUNNER, PROGRAM_NAME, RUNNER_ERROR_CODE, RUNNER_ERROR_MARK, SANDBOX_DIR,
@@ -41,38 +41,6 @@ class SandboxResult:
 
 
 # ----------------------------------------------------------------------------- running
-
-
-def run_program(
-    code: str,
-    timeout: float = 10.0,
-    memory_mb: int = 2048,
-    file_mb: int = 16,
-    nofile: int = 256,
-    nproc: int = 64,
-    max_output_bytes: int = 32 << 20,
-    tail_bytes: int = 16 << 10,
-    disk_mb: int = 64,
-    isolation: str | None = None,
-    stdin: bytes | None = None,
-) -> SandboxResult:
-    """Run ``code`` as a Python program in the sandbox and return how it ended. ``stdin``: bytes
-    the program reads on its standard input (at most a pipe's buffer, 64 KiB), else none.
-
-    Limits: ``timeout`` seconds of wall clock (and about as much CPU time), ``memory_mb`` of
-    address space per process, ``file_mb`` per written file, ``nofile`` open files, ``nproc``
-    processes/threads, ``max_output_bytes`` of stdout+stderr (the program is killed beyond it;
-    only the last ``tail_bytes`` of each stream are kept) and, under bubblewrap, ``disk_mb`` of
-    tmpfs for the working directory. ``isolation`` forces ``"bubblewrap"`` or ``"rlimits"``.
-    """
-    if timeout <= 0:
-        raise ValueError("timeout must be positive")
-    if stdin is not None and len(stdin) > 1 << 16:
-        raise ValueError("stdin is limited to 64 KiB")
-    check_isolation(isolation)
-    setup = _get_setup(isolation)
-    return _run(code, setup, timeout, memory_mb, file_mb, nofile, nproc, max_output_bytes,
-                tail_bytes, disk_mb, stdin)
 
 
 def _run(code, setup: _Setup, timeout, memory_mb, file_mb, nofile, nproc, max_output_bytes,

@@ -106,6 +106,13 @@ def compute_metrics(run: Run, ids: set[str] | None = None) -> Metrics:
     )
 
 
+def metrics_of(run: Run) -> Metrics:
+    """:func:`compute_metrics` over all of the run's prompts, computed once per run."""
+    if run._metrics is None:
+        run._metrics = compute_metrics(run)
+    return run._metrics
+
+
 @dataclass
 class Row:
     """One run in its group: its own metrics, and comparisons with its Strict SDD reference on
@@ -160,7 +167,7 @@ def _ratio(a, b):
 def compare(run: Run, ref: Run | None, n_boot: int, seed: int) -> Row:
     from ..scoring import paired_bootstrap
 
-    row = Row(run, run.metrics())
+    row = Row(run, metrics_of(run))
     if ref is None:
         return row
     row.ref = ref
@@ -169,10 +176,10 @@ def compare(run: Run, ref: Run | None, n_boot: int, seed: int) -> Row:
         row.common = len(common)
         if not common:
             return row
-        a = run.metrics() if common == set(run.ids) else compute_metrics(run, common)
-        b = ref.metrics() if common == set(ref.ids) else compute_metrics(ref, common)
+        a = metrics_of(run) if common == set(run.ids) else compute_metrics(run, common)
+        b = metrics_of(ref) if common == set(ref.ids) else compute_metrics(ref, common)
     else:  # a writer without samples: compare whole-run summaries
-        a, b = row.m, ref.metrics()
+        a, b = row.m, metrics_of(ref)
         row.common = min(a.n, b.n)
     row.rel_calls = _ratio(a.calls_per_token, b.calls_per_token)
     row.rel_blocks = _ratio(a.blocks_per_token, b.blocks_per_token)
@@ -192,7 +199,7 @@ def compare(run: Run, ref: Run | None, n_boot: int, seed: int) -> Row:
             row.ref_pass_common = sum(b.passed[i] for i in both) / len(both)
     if run.samples and ref.samples and n_boot > 0:
         row.intervals = intervals(run, ref, sorted(set(run.ids) & set(ref.ids)), n_boot, seed)
-    row.A = ref.metrics().A
+    row.A = metrics_of(ref).A
     if row.A is not None and row.m.c_D is not None and row.m.c_V is not None and row.m.c_D + row.m.c_V > 0:
         row.K_star = break_even_length(row.A, row.m.c_D, row.m.c_V)
     return row

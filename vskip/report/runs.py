@@ -6,13 +6,10 @@ import json
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from ..policy import SIGNALS
 from ..rundir import CONFIG, ROUNDS, SAMPLES, SUMMARY, SWEEP
-
-if TYPE_CHECKING:
-    from .compare import Metrics
 
 RUN_FILES = (SAMPLES, SUMMARY, CONFIG)
 LABELS = {
@@ -43,15 +40,8 @@ class Run:
     rounds: list[dict] = field(default_factory=list)
     sweep: dict | None = None
     notes: list[str] = field(default_factory=list)
-    _metrics: "Metrics | None" = field(default=None, repr=False)
-
-    def metrics(self) -> "Metrics":
-        """Aggregates over all of the run's prompts (computed once)."""
-        if self._metrics is None:
-            from .compare import compute_metrics
-
-            self._metrics = compute_metrics(self)
-        return self._metrics
+    #: aggregates over all of the run's prompts, kept by :func:`vskip.report.compare.metrics_of`
+    _metrics: object = field(default=None, repr=False)
 
     @property
     def run_cfg(self) -> dict:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..policy import DEFAULT_GATES, SIGNALS, break_even_length
-from .compare import Row
+from .compare import Row, metrics_of
 from .runs import FRONTIER_METHODS, LABELS
 
 # --------------------------------------------------------------------------- frontiers
@@ -265,7 +265,7 @@ def kmin_families(rows: list[Row]) -> list[KminFamily]:
         ref = next((r.ref for r in rs if r.ref is not None), None)
         K = None
         if ref is not None:
-            rm = ref.metrics()
+            rm = metrics_of(ref)
             if rm.A is not None and rm.c_D is not None and rm.c_V is not None and rm.c_D + rm.c_V > 0:
                 K = break_even_length(rm.A, rm.c_D, rm.c_V)
         grid = [r.p("k_min") for r in rs]

@@ -40,24 +40,12 @@ from .rundir import CONFIG, ROUNDS, SAMPLES, SUMMARY
 from .grids import GRIDS, GridPoint, config_name, grid  # noqa: F401 - the grids, re-exported
 from .rundir import SWEEP
 from .runner import ModelConfig, RunConfig
-from .sweep_workers import _import_ray, _PairCache, _run_pool, _run_ray, _run_unit, load_models  # noqa: F401
+from .sweep_workers import Unit, _import_ray, _PairCache, _run_pool, _run_ray, _run_unit, load_models  # noqa: F401
 
 SHARDS = "_shards"
 
 
 # --------------------------------------------------------------------------- plan
-
-
-@dataclass(frozen=True)
-class Unit:
-    """One configuration x one shard. ``out`` is the configuration's directory when the
-    configuration has a single shard, else its shard directory."""
-
-    name: str
-    shard: int
-    cfg: RunConfig
-    out: Path
-    n_prompts: int
 
 
 @dataclass(frozen=True)

@@ -4,13 +4,24 @@ many units of work (one configuration x one shard of prompts)."""
 from __future__ import annotations
 
 import dataclasses
-
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from pathlib import Path
 
 from .models.config import ModelConfig
+from .runner import RunConfig
 
-if TYPE_CHECKING:
-    from .sweep import Unit
+
+@dataclass(frozen=True)
+class Unit:
+    """One configuration x one shard. ``out`` is the configuration's directory when the
+    configuration has a single shard, else its shard directory."""
+
+    name: str
+    shard: int
+    cfg: RunConfig
+    out: Path
+    n_prompts: int
+
 
 # --------------------------------------------------------------------------- models per process
 

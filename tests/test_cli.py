@@ -73,9 +73,8 @@ def test_the_parser_imports_neither_torch_nor_numpy():
 
 
 def test_the_light_registrations_name_what_the_modules_hold():
-    from vskip import commands, sweep, traces
+    from vskip import grids, prefix_model, traces
+    from vskip.commands import predictors, sweep
 
-    assert commands.GRID_NAMES == tuple(sweep.GRIDS)
-    from vskip import prefix_model
-
-    assert commands.PREDICTOR_KINDS == traces.KINDS + (prefix_model.KIND,)
+    assert sweep.GRID_NAMES == tuple(grids.GRIDS)
+    assert predictors.PREDICTOR_KINDS == traces.KINDS + (prefix_model.KIND,)

@@ -1,4 +1,4 @@
-"""``vskip calibrate-prefix``: the threshold ``--lam`` of ``--policy prefix`` that keeps a promised
+"""The threshold ``--lam`` of ``--policy prefix`` that keeps a promised
 agreement, by conformal risk control on Strict SDD traces (:mod:`vskip.policy.prefix`).
 
 Each traced prompt gives its blocks' survival as the policy estimates it (the running product of the
@@ -12,9 +12,6 @@ it for a new prompt exchangeable with the traced ones. See docs/prefix.md for wh
 """
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -39,22 +36,3 @@ def calibrate_traces(trace_dirs, alpha: float, step: float = 0.005) -> tuple[Cal
               "blocks": int(ts.n_blocks), "gamma": ts.gamma, "traces": [str(t) for t in trace_dirs],
               "policies": list(ts.policies)}
     return cal, record
-
-
-def cmd_calibrate_prefix(a) -> int:
-    from .files import check_writable_dir, write_json
-
-    if a.out:
-        check_writable_dir(Path(a.out).parent or Path("."), "directory of --out")
-    cal, record = calibrate_traces(a.traces, a.alpha, a.step)
-    record["command"] = getattr(a, "command_line", None)
-    if a.out:
-        write_json(a.out, record)
-    if cal.lam == float("inf"):
-        print(f"no threshold keeps alpha = {a.alpha} with {cal.n} prompts (the bound needs at least "
-              f"{int(np.ceil(1 / a.alpha - 1))}): never skip", file=sys.stderr)
-    else:
-        print(f"--lam {cal.lam:g}: replayed risk {cal.risk:.4f} on {cal.n} prompts, bound {cal.bound:.4f} <= "
-              f"alpha {a.alpha}", file=sys.stderr)
-    print(f"{cal.lam:g}")
-    return 0

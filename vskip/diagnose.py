@@ -440,19 +440,3 @@ def _markdown(s: dict, ts: TraceSet, bces: dict, aurocs: dict, perm_head, perm_r
                           float(p1.indep_closed[i]), float(p1.indep_sim[i])] for i in range(g)]),
               "", "![Proposition 1](proposition1.png)", ""]
     return "\n".join(parts)
-
-
-# ----------------------------------------------------------------------------- command line
-
-
-def cmd_diagnose(a) -> int:
-    from .runtime import resolve_runtime
-
-    runtime = resolve_runtime(a.device, None, a.threads)
-    runtime.activate()
-    cfg = DiagnoseConfig(repetitions=a.repetitions, seed=a.seed)
-    s = diagnose(a.traces, a.out, predictors=a.predictors, cfg=cfg, runtime=runtime)
-    print(json.dumps({"out": str(Path(a.out) / "diagnose.md"), "blocks": s["blocks"], "bce": s["bce"],
-                      "permutation": {p["signal"]: [round(p["original"], 3), round(p["permuted_mean"], 3)]
-                                      for p in s["permutation"]}}))
-    return 0

@@ -20,13 +20,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
-import shlex
 import shutil
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -360,52 +357,3 @@ def run_sweep(
         raise ValueError(f"{len(errors)} of {len(todo)} units failed; rerun to retry them. First: {errors[0]}{more}")
     return {name: json.loads((out / name / SUMMARY).read_text()) for name in p.configs
             if (out / name / SUMMARY).exists()}
-
-
-# --------------------------------------------------------------------------- command line
-
-
-def cmd_sweep(a) -> int:
-    if not a.grid:
-        raise ValueError(f"--grid is required; expected one of {', '.join(GRIDS)}")
-    if a.list:
-        for pt in grid(a.grid, k_min=a.k_min, s_max=a.s_max):
-            note = "  (needs --predictor)" if pt.policy.learned else ""
-            print(f"{pt.name:40s} {pt.role}{note}")
-        return 0
-    if not a.task or not a.out:
-        raise ValueError("--task and --out are required")
-    if a.workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {a.workers}")
-    if a.shards is not None and a.shards < 1:
-        raise ValueError(f"--shards must be >= 1, got {a.shards}")
-    if a.limit is not None and a.limit < 1:
-        raise ValueError(f"--limit must be >= 1, got {a.limit}")
-    decode = DecodeConfig(gamma=a.gamma, max_new_tokens=a.max_new_tokens, shadow=a.shadow, task=a.task,
-                          gamma_max=a.gamma_max, min_match=a.min_match, trim=a.trim)
-    from .cli import model_config
-
-    from .cli import _ids
-    from .files import check_writable_dir
-    from .runtime import resolve_runtime
-
-    models = model_config(a)
-    resolve_runtime(models.device, models.dtype, models.threads, models.drafter_dtype, models.drafter_device,
-                    models.verifier_device, models.max_memory)  # checks them
-    ids = _ids(a.ids)
-    check_writable_dir(a.out, "sweep directory")
-    if a.score:
-        from .runner import _check_sandbox
-
-        _check_sandbox(a.task)
-    n_configs = len(grid(a.grid, k_min=a.k_min, s_max=a.s_max))
-    shards = a.shards or (1 if a.workers == 1 else max(1, math.ceil(a.workers / n_configs)))
-    p = plan(a.task, a.grid, decode, models, limit=a.limit, ids=ids, predictor=a.predictor, score=a.score,
-             shards=shards, k_min=a.k_min, s_max=a.s_max)
-    t0 = time.time()
-    summaries = run_sweep(p, Path(a.out), workers=a.workers, executor=a.executor, address=a.address,
-                          progress=not a.quiet, command=shlex.join(["vskip", *sys.argv[1:]]),
-                          gpus_per_worker=a.gpus_per_worker)
-    print(json.dumps({"out": str(a.out), "configs": len(summaries), "skipped": [n for n, _ in p.skipped],
-                      "seconds": round(time.time() - t0, 1)}))
-    return 0

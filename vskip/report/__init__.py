@@ -21,7 +21,7 @@ A group is one task at one ``gamma``. What cannot be produced (missing files or 
 runs, no Strict SDD reference) is said in ``report.md`` and on stderr; the rest is still written.
 """
 
-from .build import build_report, cmd_report  # noqa: F401
+from .build import build_report  # noqa: F401
 from .compare import Metrics, Row, compare, compute_metrics  # noqa: F401
 from .figures import frontiers  # noqa: F401
 from .runs import Run, find_run_dirs, load_run, rebuild_command  # noqa: F401

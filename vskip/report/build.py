@@ -282,17 +282,6 @@ def _guarded(notes: list[str], what: str, fn: Callable):
 # --------------------------------------------------------------------------- command line
 
 
-def cmd_report(a) -> int:
-    if a.bootstrap < 1:
-        raise ValueError(f"--bootstrap must be >= 1, got {a.bootstrap}")
-    rep = build_report([Path(p) for p in a.dirs], Path(a.out), k_min=a.k_min, n_boot=a.bootstrap, seed=a.seed,
-                       command=getattr(a, "command_line", None))
-    if getattr(a, "archive", False):
-        rep.files.append(archive_runs(rep, Path(a.out) / ARCHIVE).name)
-    print(json.dumps({"report": str(rep.path), "files": len(rep.files), "notes": len(rep.notes)}))
-    return 0
-
-
 #: the run files kept by ``--archive`` (traces are left out: they are large and rebuilt by a rerun)
 ARCHIVED = ("config.json", "samples.jsonl", "rounds.jsonl", "summary.json")
 ARCHIVE = "runs.tar.xz"

@@ -22,7 +22,7 @@ def register(subparsers) -> None:
     p.add_argument("--limit", type=int, help="with --generate: only the first N prompts")
     p.add_argument("--max-new-tokens", type=int, default=384, help="with --generate: answer budget")
     p.add_argument("--slots", type=int, default=64, help="with --generate: answers decoded at once (default: 64)")
-    from .config import TrainConfig
+    from ..distill.config import TrainConfig
 
     d = TrainConfig()
     for name in ("num_layers", "gamma", "blocks_per_seq", "batch_seqs", "steps", "warmup", "max_context",
@@ -94,7 +94,7 @@ def _cmd_fit_copy(a) -> int:
     from ..models.config import ModelConfig
     from ..models.load import open_pair
     from ..files import read_json
-    from .copyfit import fit_copy_prior, fit_copy_prior_rows, holdout_answers, rows_sha256, write_copy_prior
+    from ..distill.copyfit import fit_copy_prior, fit_copy_prior_rows, holdout_answers, rows_sha256, write_copy_prior
 
     from ..files import check_writable_dir
 
@@ -147,8 +147,8 @@ def _layer_list(text: str) -> tuple[int, ...]:
 def _cmd_train(a) -> int:
     from ..files import check_writable_dir
     from ..models.embedded import embedded_verifier_dir
-    from .config import TrainConfig
-    from .train import train
+    from ..distill.config import TrainConfig
+    from ..distill.train import train
 
     if a.layers:
         a.num_layers = len(a.layers)
@@ -169,14 +169,14 @@ def _cmd_train(a) -> int:
     check_writable_dir(a.out, "training directory")
     vdir = Path(a.verifier) if a.verifier else embedded_verifier_dir()
     if a.export:
-        from .train import export
+        from ..distill.train import export
 
         path = export(Path(a.out), vdir, evaluate_on=Path(a.data) if Path(a.data).exists() else None)
         print(json.dumps({"drafter": str(path)}))
         return 0
     if a.generate:
-        from .generate import generate_distillation
-        from .prompts import build_prompts
+        from ..distill.generate import generate_distillation
+        from ..distill.prompts import build_prompts
 
         generate_distillation(Path(a.data), build_prompts(), vdir, max_new_tokens=a.max_new_tokens,
                               slots=a.slots, threads=a.threads or 2, limit=a.limit)

@@ -1,0 +1,89 @@
+"""``vskip compare``: several configurations on the same prompts, paired per prompt against ``ar``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .flags import add_policy_flags, configs, task_ids
+
+
+def register(subparsers) -> None:
+    c = subparsers.add_parser("compare", help="decode the same prompts with several configurations, paired per prompt, "
+                                       "and print their speed against ar")
+    c.add_argument("--task", default="humaneval", help="humaneval, mbpp, mbpp_plus, math500 or gsm8k (default: humaneval)")
+    c.add_argument("--limit", type=int, help="first N prompts")
+    c.add_argument("--ids", help="comma-separated task ids")
+    c.add_argument("--configs", default="ar,strict,fast",
+                   help="comma-separated: ar, a policy name with this command's settings, POLICY+key=value+... "
+                        "(keys: gamma, gamma_max, min_match, trim, steps), fast (Strict SDD with "
+                        "--gamma 4 --gamma-max 16 --min-match 6 --trim 0.5), hf, lookupN (default: ar,strict,fast)")
+    c.add_argument("--out", help="keep the rows here (resumable; shards of several processes add up)")
+    c.add_argument("--summary", action="store_true", help="only summarise the rows already in --out (no model)")
+    c.add_argument("--shard", default="1/1", help="I/N: this process takes prompts I, I+N, ... (default: 1/1)")
+    c.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_policy_flags(c, policy=False)
+    c.set_defaults(fn=cmd_compare)
+
+
+def cmd_compare(a) -> int:
+    import tempfile
+
+    from .. import compare, tasks
+    from ..models.load import open_pair
+    from ..prompting import encode_chat
+    from ..runtime import resolve_runtime
+
+    if a.summary:
+        if not a.out or not Path(a.out).is_dir():
+            raise ValueError("--summary needs --out DIR holding a comparison's rows")
+        return _print_comparison(compare, Path(a.out), None)
+    if a.task not in tasks.ALL_TASKS:
+        raise ValueError(f"unknown task {a.task!r}; expected one of {', '.join(tasks.ALL_TASKS)}")
+    if a.limit is not None and a.limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {a.limit}")
+    try:
+        shard = tuple(int(x) for x in a.shard.split("/"))
+        assert len(shard) == 2 and 1 <= shard[0] <= shard[1]
+    except (ValueError, AssertionError):
+        raise ValueError(f"--shard must be I/N with 1 <= I <= N, got {a.shard!r}") from None
+    _, dec, models = configs(a, "strict")
+    variants = [compare.parse_variant(s, dec, models.steps) for s in a.configs.split(",") if s.strip()]
+    if not any(v.name == "ar" for v in variants):
+        raise ValueError("--configs must include ar, the reference every configuration is measured against")
+    ids = task_ids(a.ids)
+    problems = tasks.load_task(a.task, limit=a.limit, ids=list(ids) if ids else None)
+    if not problems:
+        raise ValueError(f"no prompts selected from {a.task}")
+    runtime = resolve_runtime(models.device, models.dtype, models.threads, models.drafter_dtype,
+                              models.drafter_device, models.verifier_device, models.max_memory)
+    from ..models.load import check_prompt_fits
+
+    n = check_prompt_fits(models.verifier, [(p.task_id, tasks.user_prompt(p)) for p in problems], dec.max_new_tokens)
+    if a.out:  # before any model loads: refuse an --out whose rows were made otherwise
+        compare.claim(Path(a.out), compare.settings_record(a.task, dec.max_new_tokens, runtime, models, variants))
+    gamma = max([dec.gamma] + [v.decode.gamma_max or v.decode.gamma for v in variants if v.decode is not None])
+    pair = open_pair(models, need_drafter=any(v.policy not in (None, "ar") for v in variants),
+                     budget=(n, dec.max_new_tokens, gamma))
+    prompts = [(p.task_id, encode_chat(pair.tokenizer, tasks.user_prompt(p))) for p in problems]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(a.out) if a.out else Path(tmp)
+        compare.run_compare(prompts, pair, variants, out, shard, dec.max_new_tokens, progress=not a.quiet)
+        return _print_comparison(compare, out, Path(a.out) if a.out else None,
+                                 f"{a.task}, {dec.max_new_tokens} new tokens at most, verifier {runtime.dtype}, "
+                                 f"drafter {runtime.drafter_dtype}")
+
+
+def _print_comparison(compare, rows_dir, out, what: str | None = None) -> int:
+    s = compare.summarize_comparison(compare.rows_of(rows_dir))
+    text = compare.format_summary(s)
+    print(text)
+    print(f"{s['n_prompts']} prompts{' of ' + what if what else ''}; ar is the verifier alone, paired per prompt; "
+          f"= ar counts outputs identical to it")
+    if out is None and what is None:
+        out = rows_dir
+    if out is not None:
+        from ..files import write_atomic, write_json
+
+        write_json(out / "summary.json", s)
+        write_atomic(out / "summary.md", text + "\n")
+    return 0

@@ -1,0 +1,113 @@
+"""The flag groups several commands share, defined once: the policy and decode settings, the
+block-length options, the model and placement flags, and the configurations they build."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..defaults import GAMMA, K_MIN, POLICIES, S_MAX, STEPS
+
+
+def add_policy_flags(p: argparse.ArgumentParser, policy: bool = True) -> None:
+    g = p.add_argument_group("policy")
+    if policy:
+        g.add_argument("--policy", default="raw", choices=POLICIES, help="decoding method (default: raw)")
+    g.add_argument("--gamma", type=int, default=GAMMA, help=f"draft block length (default: {GAMMA}; the paper: 32)")
+    g.add_argument("--steps", type=int, default=STEPS, help=f"diffusion steps per block (default: {STEPS}; the paper: 2)")
+    add_block_flags(g)
+    g.add_argument("--eta-b", type=float, help="local gate threshold (Eq. 3)")
+    g.add_argument("--eta-c", type=float, help="prefix gate threshold (Eq. 3)")
+    g.add_argument("--eta-m", type=float, help="marginal survival: both gates")
+    g.add_argument("--epsilon", type=float, help="conditional survival: eta_c = 1 - epsilon")
+    g.add_argument("--k-min", type=int, default=K_MIN, help=f"minimum skip length (default: {K_MIN})")
+    g.add_argument("--s-max", type=int, default=S_MAX, help=f"staleness threshold (default: {S_MAX})")
+    g.add_argument("--lenience", type=float, default=1.0, help="lenience l of Eq. 9 (default: 1)")
+    g.add_argument("--top-k", type=int, default=1, help="top-k acceptance k (default: 1)")
+    g.add_argument("--period", type=int, default=4, help="periodic baseline: skip every P rounds")
+    g.add_argument("--period-k", type=int, default=6, help="periodic baseline: skip length (default: 6)")
+    g.add_argument("--lam", type=float, default=0.9,
+                   help="prefix policy (beyond the paper): the survival a skipped prefix must keep (default: 0.9)")
+    g.add_argument("--cost-ratio", type=float,
+                   help="prefix policy: c_D / c_V to weigh skips with (default: the costs measured in the run)")
+    g.add_argument("--alpha", type=float,
+                   help="prefix policy with a prefix model (--predictor): the share of committed tokens allowed to "
+                        "differ from Strict SDD; each prompt takes the threshold its fold calibrated (overrides --lam)")
+    g.add_argument("--shadow", action=argparse.BooleanOptionalAction, default=True, help="shadow-verify skipped rounds")
+    g.add_argument("--max-new-tokens", type=int, default=512, help="output budget (default: 512)")
+    g.add_argument("--predictor", help="directory of trained survival predictors (marginal/conditional; with "
+                                       "--policy prefix: the prefix model, whose survival then replaces the "
+                                       "confidences' product)")
+    add_model_flags(p)
+
+
+def add_block_flags(g) -> None:
+    """Block length per round (beyond the paper; off unless --gamma-max is given)."""
+    g.add_argument("--gamma-max", type=int,
+                   help="draft a block of this length instead of --gamma when the drafter's copy hint matches at "
+                        "least --min-match tokens or the previous block was accepted whole (default: off)")
+    g.add_argument("--min-match", type=int, default=8, help="copy-hint match length that earns --gamma-max (default: 8)")
+    g.add_argument("--trim", type=float,
+                   help="verify only the leading drafted tokens with raw confidence >= TRIM (at least one; default: "
+                        "the whole block). Lossless; traces need whole blocks")
+
+
+def add_model_flags(p: argparse.ArgumentParser, threads_help: str = "torch CPU threads") -> None:
+    """The model flags shared by every command that loads the pair (run, generate, sweep)."""
+    m = p.add_argument_group("models")
+    m.add_argument("--drafter", help="drafter directory (default: the embedded drafter)")
+    m.add_argument("--verifier", help="verifier checkpoint directory (default: embedded SmolLM2-135M-Instruct)")
+    m.add_argument("--copy-prior", default="auto", metavar="auto|off|PATH",
+                   help="the drafter's copy prior: auto (the drafter's copy_prior.json if it has one), off, or a file")
+    m.add_argument("--reveal", choices=("maskgit_plus", "topk_margin", "entropy"), help="reveal order (default: the drafter's)")
+    m.add_argument("--verifier-cache", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep the verifier's KV cache (--no-verifier-cache recomputes every call, as the paper measured)")
+    m.add_argument("--device", help="cpu, cuda or cuda:N: both models, unless placed apart (default: cuda when available)")
+    m.add_argument("--drafter-device", metavar="DEVICE", help="the drafter's own device (default: --device)")
+    m.add_argument("--verifier-device", metavar="DEVICE|STRATEGY",
+                   help="the verifier's own device, or auto, balanced, balanced_low_0 or sequential to spread it over "
+                        "several (accelerate's device_map; default: --device)")
+    m.add_argument("--max-memory", metavar="DEV=SIZE,...",
+                   help="what each device may hold, e.g. 0=40GiB,1=40GiB; a spread verifier uses these devices "
+                        "(default: every visible GPU, all it has free)")
+    m.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                   help="the verifier's dtype (default: float32 on CPU, bfloat16 on CUDA); only float32 is lossless on CPU")
+    m.add_argument("--drafter-dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+                   help="the drafter's dtype; it never changes what Strict SDD commits (default auto: bfloat16 where "
+                        "the device runs it natively, else --dtype)")
+    m.add_argument("--threads", type=int, help=threads_help)
+
+
+def model_config(a):
+    """The :class:`vskip.models.config.ModelConfig` of parsed model flags (``--steps`` included)."""
+    from ..models.config import ModelConfig
+
+    return ModelConfig(drafter=a.drafter, verifier=a.verifier, steps=a.steps, reveal=a.reveal,
+                       verifier_cache=a.verifier_cache, device=a.device, dtype=a.dtype, threads=a.threads,
+                       copy_prior=a.copy_prior, drafter_dtype=a.drafter_dtype, drafter_device=a.drafter_device,
+                       verifier_device=a.verifier_device, max_memory=a.max_memory)
+
+
+def configs(a, policy_name: str | None = None):
+    from ..decode import DecodeConfig
+    from ..policy import PolicyConfig
+
+    policy = PolicyConfig.make(
+        policy_name or a.policy, eta_b=a.eta_b, eta_c=a.eta_c, eta_m=a.eta_m, epsilon=a.epsilon, k_min=a.k_min, s_max=a.s_max,
+        lenience=a.lenience, top_k=a.top_k, period=a.period, period_k=a.period_k, lam=a.lam,
+        cost_ratio=a.cost_ratio, alpha=getattr(a, "alpha", None),
+        survival="model" if (policy_name or a.policy) == "prefix" and getattr(a, "predictor", None) else "confidence",
+    )
+    dec = DecodeConfig(gamma=a.gamma, max_new_tokens=a.max_new_tokens, shadow=a.shadow, gamma_max=a.gamma_max,
+                       min_match=a.min_match, trim=a.trim,
+                       trace=getattr(a, "trace", False), task=getattr(a, "task", None))
+    return policy, dec, model_config(a)
+
+
+def task_ids(text: str | None) -> tuple[str, ...] | None:
+    """Task ids of ``--ids`` (None when not given); given but naming none is an error."""
+    if text is None:
+        return None
+    ids = tuple(i.strip() for i in text.split(",") if i.strip())
+    if not ids:
+        raise ValueError(f"--ids names no task id: {text!r}")
+    return ids

@@ -1,0 +1,160 @@
+"""The learned signals' commands: ``vskip train-predictor``, ``vskip diagnose`` and
+``vskip calibrate-prefix``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+#: the survival predictors (``vskip.traces.KINDS``) and the prefix model (``vskip.prefix_model.KIND``)
+PREDICTOR_KINDS = ("marginal", "conditional", "prefix")
+
+
+def register(subparsers) -> None:
+    for add in (_train_predictor, _diagnose, _calibrate_prefix):
+        add(subparsers)
+
+
+
+def _train_predictor(subparsers) -> None:
+    """Add ``train-predictor`` to the vskip command line."""
+    p = subparsers.add_parser(
+        "train-predictor", help="train a survival predictor (5 rotations) on Strict SDD traces",
+        description="Train the marginal or conditional survival MLP of A.7, or the prefix survival model "
+                    "of --policy prefix (beyond the paper), on the block traces of "
+                    "`vskip run --policy strict --trace` runs, one checkpoint per fold rotation.")
+    p.add_argument("--kind", required=True, choices=PREDICTOR_KINDS,
+                   help="marginal (1{L>=j}), conditional (at-risk set) or prefix (P(L>=k) of the whole block, "
+                        "with a calibrated threshold per fold)")
+    p.add_argument("--traces", required=True, nargs="+", metavar="RUN_DIR", help="trace run directories")
+    p.add_argument("--out", required=True, help="predictor directory (checkpoints go to OUT/KIND/)")
+    p.add_argument("--epochs", type=int, help="training epochs (default: 15; prefix: 30)")
+    p.add_argument("--hidden", type=int, default=64, help="prefix: width of the GRU (default: 64)")
+    p.add_argument("--on-policy", nargs="+", metavar="RUN_DIR",
+                   help="prefix: traces of `vskip run --policy prefix --trace` (shadow-verified skips) added to each "
+                        "rotation's training prompts (DAgger-style rounds)")
+    p.add_argument("--calibration-folds", type=int, default=1,
+                   help="prefix: folds that calibrate each rotation's threshold (default: 1; conformal risk "
+                        "control at alpha needs at least 1/alpha - 1 calibration prompts)")
+    p.add_argument("--seed", type=int, default=0, help="training seed (default: 0)")
+    p.add_argument("--batch-size", type=int, help="positions per batch (default: 4096; prefix: 256 blocks)")
+    p.add_argument("--lr", type=float, help="Adam learning rate (default: 1e-3; prefix: 3e-3)")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
+    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(fn=cmd_train_predictor)
+
+
+
+def cmd_train_predictor(a) -> int:
+    from ..predictor import PredictorTrainConfig, train_predictor
+    from ..files import check_writable_dir
+    from ..runtime import resolve_runtime
+    from ..traces import load_traces, run_policy
+
+    runtime = resolve_runtime(a.device, None, a.threads)
+    runtime.activate()
+    given = {k: getattr(a, k) for k in ("epochs", "batch_size", "lr") if getattr(a, k) is not None}
+    if a.kind == "prefix":
+        from ..prefix_model import PrefixTrainConfig
+
+        cfg = PrefixTrainConfig(seed=a.seed, hidden=a.hidden, **given)
+    else:
+        cfg = PredictorTrainConfig(kind=a.kind, seed=a.seed, device=runtime.device, **given)
+    check_writable_dir(a.out, "predictor directory")
+    for run in a.traces:
+        pol = run_policy(run)
+        if pol is not None and pol != "strict":
+            raise ValueError(f"predictors are trained on Strict SDD traces only (A.7); {run} was decoded with --policy {pol}")
+    ts = load_traces(a.traces)
+    if a.on_policy and a.kind != "prefix":
+        raise ValueError("--on-policy traces train the prefix model only (--kind prefix)")
+    if a.kind == "prefix":
+        from ..prefix_model import train_prefix_predictor
+
+        on_policy = None
+        if a.on_policy:
+            for run in a.on_policy:
+                if run_policy(run) != "prefix":
+                    raise ValueError(f"--on-policy takes runs of --policy prefix --trace; {run} is not one")
+            on_policy = load_traces(a.on_policy)
+        man = train_prefix_predictor(ts, cfg, a.out, a.calibration_folds, progress=not a.quiet, on_policy=on_policy)
+        fit = {"stop_nll": [round(e["stop_nll"], 4) for e in man["rotations"]],
+               "calibration_prompts": [e["n_cal_prompts"] for e in man["rotations"]]}
+    else:
+        man = train_predictor(ts, cfg, a.out, progress=not a.quiet)
+        fit = {"val_bce": [round(e["val_bce"], 4) for e in man["rotations"]]}
+    print(json.dumps({"kind": man["kind"], "out": str(Path(a.out) / a.kind), "prompts": man["n_prompts"],
+                      "blocks": man["n_blocks"], **fit}))
+    return 0
+
+
+
+def _diagnose(subparsers) -> None:
+    """Add ``diagnose`` to the vskip command line."""
+    p = subparsers.add_parser(
+        "diagnose", help="offline BCE, AUROC, permutation and Proposition 1 diagnostics from traces",
+        description="Per-position BCE (Figure 3) and AUROC (Figure 6) on held-out folds, the permutation "
+                    "diagnostic (Table 1) and a simulation of Proposition 1, from `--trace` runs.")
+    p.add_argument("traces", nargs="+", metavar="TRACE_RUN_DIR", help="trace run directories")
+    p.add_argument("--predictors", help="directory from `vskip train-predictor` (default: raw confidence only)")
+    p.add_argument("--out", required=True, help="output directory for figures, tables and diagnose.md")
+    p.add_argument("--repetitions", type=int, default=100, help="permutations (default: 100)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the permutations and simulation (default: 0)")
+    p.add_argument("--device", help="device for scoring with the predictors (default: cuda when available)")
+    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.set_defaults(fn=cmd_diagnose)
+
+
+
+def cmd_diagnose(a) -> int:
+    from ..diagnose import DiagnoseConfig, diagnose
+    from ..runtime import resolve_runtime
+
+    runtime = resolve_runtime(a.device, None, a.threads)
+    runtime.activate()
+    cfg = DiagnoseConfig(repetitions=a.repetitions, seed=a.seed)
+    s = diagnose(a.traces, a.out, predictors=a.predictors, cfg=cfg, runtime=runtime)
+    print(json.dumps({"out": str(Path(a.out) / "diagnose.md"), "blocks": s["blocks"], "bce": s["bce"],
+                      "permutation": {p["signal"]: [round(p["original"], 3), round(p["permuted_mean"], 3)]
+                                      for p in s["permutation"]}}))
+    return 0
+
+
+
+def _calibrate_prefix(subparsers) -> None:
+    """Add ``vskip calibrate-prefix`` to the CLI's subparsers."""
+    c = subparsers.add_parser(
+        "calibrate-prefix", help="the --lam of --policy prefix that keeps a promised agreement (beyond the paper)",
+        description="Conformal risk control on Strict SDD traces: the smallest threshold whose replayed share of "
+                    "disagreeing tokens meets the finite-sample bound for alpha. Prints it; see docs/prefix.md.",
+    )
+    c.add_argument("traces", nargs="+", help="--trace run directories of Strict SDD")
+    c.add_argument("--alpha", type=float, required=True, help="the promised expected share of disagreeing tokens")
+    c.add_argument("--step", type=float, default=0.005, help="grid step of the threshold (default: 0.005)")
+    c.add_argument("--out", help="write the calibration as JSON here")
+    c.set_defaults(fn=cmd_calibrate_prefix)
+
+
+
+def cmd_calibrate_prefix(a) -> int:
+    import numpy as np
+
+    from ..calibrate import calibrate_traces
+    from ..files import check_writable_dir, write_json
+
+    if a.out:
+        check_writable_dir(Path(a.out).parent or Path("."), "directory of --out")
+    cal, record = calibrate_traces(a.traces, a.alpha, a.step)
+    record["command"] = getattr(a, "command_line", None)
+    if a.out:
+        write_json(a.out, record)
+    if cal.lam == float("inf"):
+        print(f"no threshold keeps alpha = {a.alpha} with {cal.n} prompts (the bound needs at least "
+              f"{int(np.ceil(1 / a.alpha - 1))}): never skip", file=sys.stderr)
+    else:
+        print(f"--lam {cal.lam:g}: replayed risk {cal.risk:.4f} on {cal.n} prompts, bound {cal.bound:.4f} <= "
+              f"alpha {a.alpha}", file=sys.stderr)
+    print(f"{cal.lam:g}")
+    return 0

@@ -1,0 +1,40 @@
+"""``vskip run``: decode a task's prompts with one configuration into a run directory."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from .flags import add_policy_flags, configs, task_ids
+
+
+def register(subparsers) -> None:
+    r = subparsers.add_parser("run", help="decode a task's prompts with one configuration and score them")
+    r.add_argument("--task", required=True, help="humaneval, mbpp, mbpp_plus, math500 or gsm8k")
+    r.add_argument("--limit", type=int, help="first N prompts")
+    r.add_argument("--ids", help="comma-separated task ids")
+    r.add_argument("--out", required=True, help="run directory (resumable)")
+    r.add_argument("--score", action=argparse.BooleanOptionalAction, default=True, help="score by execution")
+    r.add_argument("--trace", action="store_true", help="store the A.7 inputs of every block (for predictors)")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_policy_flags(r)
+    r.set_defaults(fn=cmd_run)
+
+
+def cmd_run(a) -> int:
+    from .. import tasks
+    from ..runner import RunConfig, run
+
+    if a.task not in tasks.ALL_TASKS:
+        raise ValueError(f"unknown task {a.task!r}; expected one of {', '.join(tasks.ALL_TASKS)}")
+    if a.limit is not None and a.limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {a.limit}")
+    policy, dec, models = configs(a)
+    ids = task_ids(a.ids)
+    cfg = RunConfig(task=a.task, policy=policy, decode=dec, models=models, limit=a.limit, ids=ids,
+                    score=a.score, predictor=a.predictor)
+    summary = run(cfg, a.out, progress=not a.quiet, command=getattr(a, "command_line", None))
+    keys = ("task", "policy", "n_prompts", "pass_at_1", "tokens_per_s", "calls_per_token", "blocks_per_token",
+            "strict_token", "full_prefix", "skipped_rounds")
+    print(json.dumps({k: summary.get(k) for k in keys}))
+    return 0

@@ -1,0 +1,32 @@
+"""``vskip score``: score an EvalPlus-style samples file in the sandbox."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    s = subparsers.add_parser("score", help="score an EvalPlus-style samples file in the sandbox")
+    s.add_argument("--task", required=True)
+    s.add_argument("--samples", required=True, help="JSONL with task_id and completion (or solution)")
+    s.add_argument("--out", help="write per-sample results as JSON here")
+    s.set_defaults(fn=cmd_score)
+
+
+def cmd_score(a) -> int:
+    from ..scoring import score_samples_file
+
+    from ..files import FileError, check_writable_dir, write_json
+
+    if a.out:  # before scoring: results must not be lost to an unwritable --out
+        if Path(a.out).is_dir():
+            raise FileError(f"--out {a.out} is a directory; name a file")
+        check_writable_dir(Path(a.out).parent or Path("."), "directory of --out")
+    from ..runner import _check_sandbox
+
+    _check_sandbox(a.task)
+    res = score_samples_file(a.task, a.samples)
+    if a.out:
+        write_json(a.out, res)
+    print(f"{res['task']}: pass@1 = {res['pass_at_1']:.4f} ({sum(r['passed'] for r in res['results'])}/{res['n']}) sandbox={res['sandbox']}")
+    return 0

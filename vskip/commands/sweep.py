@@ -1,0 +1,105 @@
+"""``vskip sweep``: every configuration of a named grid, as resumable units of work."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from ..defaults import GAMMA, K_MIN, S_MAX, STEPS
+from .flags import add_block_flags, add_model_flags, model_config, task_ids
+
+#: the named grids of ``vskip sweep`` (``vskip.sweep.GRIDS`` holds them; a test keeps both equal)
+GRID_NAMES = ("table5", "kmin", "gates", "periodic", "transfer", "cpu-small", "cpu-kmin", "cpu-signals", "prefix")
+
+
+def _sweep_flags(s) -> None:
+    s.add_argument("--task", help="humaneval, mbpp, mbpp_plus, math500 or gsm8k")
+    s.add_argument("--grid", help=f"named grid: {', '.join(GRID_NAMES)}")
+    s.add_argument("--out", help="sweep directory: one run directory per configuration, and sweep.json")
+    s.add_argument("--list", action="store_true", help="print the grid's configurations and exit")
+    s.add_argument("--limit", type=int, help="first N prompts")
+    s.add_argument("--ids", help="comma-separated task ids")
+    w = s.add_argument_group("execution")
+    w.add_argument("--workers", type=int, default=1, help="worker processes, each loading the models once (default: 1)")
+    w.add_argument("--shards", type=int,
+                   help="shards of the prompts per configuration (default: 1 with one worker, else enough to keep "
+                        "all workers busy); a resumed sweep keeps the recorded value")
+    w.add_argument("--executor", choices=("local", "ray"), default="local", help="local processes or Ray tasks")
+    w.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
+    w.add_argument("--gpus-per-worker", type=float, default=0.0, help="Ray: GPUs reserved per worker (default: 0)")
+    w.add_argument("--score", action=argparse.BooleanOptionalAction, default=True, help="score by execution")
+    w.add_argument("--quiet", action="store_true", help="no progress bar")
+    g = s.add_argument_group("decoding (shared by every configuration)")
+    g.add_argument("--gamma", type=int, default=GAMMA, help=f"draft block length (default: {GAMMA}; the paper: 32)")
+    g.add_argument("--steps", type=int, default=STEPS, help=f"diffusion steps per block (default: {STEPS}; the paper: 2)")
+    add_block_flags(g)
+    g.add_argument("--k-min", type=int, default=K_MIN, help=f"k_min where the grid does not set it (default: {K_MIN})")
+    g.add_argument("--s-max", type=int, default=S_MAX, help=f"s_max where the grid does not set it (default: {S_MAX})")
+    g.add_argument("--max-new-tokens", type=int, default=512, help="output budget (default: 512)")
+    g.add_argument("--shadow", action=argparse.BooleanOptionalAction, default=True, help="shadow-verify skipped rounds")
+    g.add_argument("--predictor", help="trained survival predictors; without it marginal/conditional are skipped")
+    add_model_flags(s, threads_help="torch CPU threads per worker (default: cores / workers)")
+
+
+
+def register(subparsers) -> None:
+    s = subparsers.add_parser(
+        "sweep", help="run every configuration of a named grid (resumable)",
+        description="Run every configuration of a named grid as resumable units (configuration x shard of "
+                    "prompts) on local worker processes or Ray; one run directory per configuration under --out.",
+    )
+    _sweep_flags(s)
+    s.set_defaults(fn=cmd_sweep)
+
+
+
+def cmd_sweep(a) -> int:
+    from ..decode import DecodeConfig
+    from ..grids import GRIDS, grid
+    from ..sweep import plan, run_sweep
+
+    if not a.grid:
+        raise ValueError(f"--grid is required; expected one of {', '.join(GRIDS)}")
+    if a.list:
+        for pt in grid(a.grid, k_min=a.k_min, s_max=a.s_max):
+            note = "  (needs --predictor)" if pt.policy.learned else ""
+            print(f"{pt.name:40s} {pt.role}{note}")
+        return 0
+    if not a.task or not a.out:
+        raise ValueError("--task and --out are required")
+    if a.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {a.workers}")
+    if a.shards is not None and a.shards < 1:
+        raise ValueError(f"--shards must be >= 1, got {a.shards}")
+    if a.limit is not None and a.limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {a.limit}")
+    decode = DecodeConfig(gamma=a.gamma, max_new_tokens=a.max_new_tokens, shadow=a.shadow, task=a.task,
+                          gamma_max=a.gamma_max, min_match=a.min_match, trim=a.trim)
+    from ..files import check_writable_dir
+    from ..runtime import resolve_runtime
+
+    models = model_config(a)
+    resolve_runtime(models.device, models.dtype, models.threads, models.drafter_dtype, models.drafter_device,
+                    models.verifier_device, models.max_memory)  # checks them
+    ids = task_ids(a.ids)
+    check_writable_dir(a.out, "sweep directory")
+    if a.score:
+        from ..runner import _check_sandbox
+
+        _check_sandbox(a.task)
+    n_configs = len(grid(a.grid, k_min=a.k_min, s_max=a.s_max))
+    shards = a.shards or (1 if a.workers == 1 else max(1, math.ceil(a.workers / n_configs)))
+    p = plan(a.task, a.grid, decode, models, limit=a.limit, ids=ids, predictor=a.predictor, score=a.score,
+             shards=shards, k_min=a.k_min, s_max=a.s_max)
+    t0 = time.time()
+    summaries = run_sweep(p, Path(a.out), workers=a.workers, executor=a.executor, address=a.address,
+                          progress=not a.quiet, command=shlex.join(["vskip", *sys.argv[1:]]),
+                          gpus_per_worker=a.gpus_per_worker)
+    print(json.dumps({"out": str(a.out), "configs": len(summaries), "skipped": [n for n, _ in p.skipped],
+                      "seconds": round(time.time() - t0, 1)}))
+    return 0

@@ -50,7 +50,8 @@ def write_run(d: Path, policy: str, *, calls, blocks, seconds, passed, tokens=10
         run = {"task": task, "policy": pol, "decode": {"gamma": gamma, "max_new_tokens": 512, "shadow": True},
                "models": {"steps": 2, "verifier_cache": True}, "limit": None, "ids": list(IDS), "score": True,
                "predictor": None}
-        (d / "config.json").write_text(json.dumps({"run": run, "models": {"verifier": "v"}}))
+        command = f"vskip run --task {task} --policy {policy} --gamma {gamma} --out {d.name}"
+        (d / "config.json").write_text(json.dumps({"run": run, "models": {"verifier": "v"}, "command": command}))
     if summary:
         keep = {k: pol[k] for k in ("eta_b", "eta_c", "k_min", "s_max")} if policy in ("raw", "marginal", "conditional") else {}
         (d / "summary.json").write_text(json.dumps({"task": task, "policy": policy, **keep, "gamma": gamma,
@@ -196,7 +197,17 @@ def test_tables(sweep_dir, tmp_path):
     for f in rep.files:
         if f.endswith(".png") or f.endswith(".md") and f != "report.md":
             assert f in md, f
-    assert "vskip run --task humaneval --policy raw --eta-b 0.9 --eta-c 0.93 --k-min 6" in md
+    assert "vskip run --task humaneval --policy raw --gamma 16 --out raw_a" in md  # as recorded, not rebuilt
+
+
+def test_a_sweep_unit_shows_its_sweep_command_and_an_unrecorded_run_says_so(tmp_path):
+    from vskip.report.runs import load_run
+
+    unit = write_run(tmp_path / "s" / "raw_a", "raw", calls=4, blocks=6, seconds=0.8, passed=[True] * 4, config=False)
+    (tmp_path / "s" / "sweep.json").write_text(json.dumps({"command": "vskip sweep --grid cpu-small --out s"}))
+    assert load_run(unit).command() == "vskip sweep --grid cpu-small --out s  # configuration raw_a"
+    alone = write_run(tmp_path / "alone", "raw", calls=4, blocks=6, seconds=0.8, passed=[True] * 4, config=False)
+    assert load_run(alone).command() == "(not recorded)"
 
 
 # --------------------------------------------------------------------------- robustness

@@ -85,10 +85,11 @@ def read_json(path: Path | str, what: str = "JSON file"):
         raise FileError(f"{what} {path} is not valid JSON ({e})") from None
 
 
-def read_jsonl(path: Path | str, on_cut: Callable[[str], None] | None = None) -> list[dict]:
+def read_jsonl(path: Path | str, on_cut: Callable[[str], None] | None = None, partial: bool = False) -> list[dict]:
     """The rows of a JSONL file (none when it does not exist). A last line without its newline
     that does not parse was cut by a kill: it is dropped (``on_cut`` hears about it). Any other
-    line that is not a JSON object raises :class:`FileError` naming the file and line."""
+    line that is not a JSON object raises :class:`FileError` naming the file and line; with
+    ``partial``, it ends the reading instead, keeping the rows before it (``on_cut`` hears)."""
     path = Path(path)
     if not path.exists():
         return []
@@ -104,12 +105,18 @@ def read_jsonl(path: Path | str, on_cut: Callable[[str], None] | None = None) ->
         try:
             row = json.loads(line)
         except ValueError:
-            if i == len(lines) - 1:  # no newline after it: the write was cut
+            row = None
+            if i == len(lines) - 1 and not partial:  # no newline after it: the write was cut
                 if on_cut:
                     on_cut(f"{path}: dropped a cut last line")
                 continue
-            raise FileError(f"{path} line {i + 1} is not valid JSON") from None
+            if not partial:
+                raise FileError(f"{path} line {i + 1} is not valid JSON") from None
         if not isinstance(row, dict):
+            if partial:
+                if on_cut:
+                    on_cut(f"{path}: line {i + 1} is cut or invalid; read the {len(rows)} lines before it")
+                break
             raise FileError(f"{path} line {i + 1} is not a JSON object")
         rows.append(row)
     return rows

@@ -6,7 +6,7 @@ Plain numpy in, plain decisions out. This package never imports torch (a test ch
 from .blocks import BlockLength, block_length, verify_length
 from .acceptance import Verdict, committed_tokens, lenience_accept, strict_accept, topk_accept
 from .guards import GuardConfig, GuardContext, check_guards, invalid_scores, repetition
-from .schedule import DEFAULT_GATES, POLICIES, Decision, PolicyConfig, break_even_length, decide
+from .schedule import DEFAULT_GATES, POLICIES, Decision, PolicyConfig, break_even_length, decide, policy_params
 from .signals import LEARNED, SIGNALS, feasible_prefix, local_scores, prefix_scores, select_prefix
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "Verdict", "committed_tokens", "lenience_accept", "strict_accept", "topk_accept",
     "GuardConfig", "GuardContext", "check_guards", "invalid_scores", "repetition",
     "DEFAULT_GATES", "POLICIES", "Decision", "PolicyConfig", "break_even_length", "decide",
+    "policy_params",
     "SIGNALS", "LEARNED", "feasible_prefix", "local_scores", "prefix_scores", "select_prefix",
 ]
 

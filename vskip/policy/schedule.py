@@ -141,20 +141,18 @@ class PolicyConfig:
 
     def summary(self) -> dict:
         """The parameters that matter for this method (for file names and reports)."""
-        d: dict = {"policy": self.name}
-        if self.signal:
-            d |= {"eta_b": self.eta_b, "eta_c": self.eta_c, "k_min": self.k_min, "s_max": self.s_max}
-        elif self.name == "lenience":
-            d["lenience"] = self.lenience
-        elif self.name == "topk":
-            d["top_k"] = self.top_k
-        elif self.name == "periodic":
-            d |= {"period": self.period, "period_k": self.period_k, "s_max": self.s_max}
-        elif self.name == "prefix":
-            d |= {"lam": self.lam, "cost_ratio": self.cost_ratio, "s_max": self.s_max, "survival": self.survival}
-            if self.alpha is not None:
-                d["alpha"] = self.alpha
+        d = {"policy": self.name} | {k: getattr(self, k) for k in policy_params(self.name)}
+        if d.get("alpha", 0) is None:
+            del d["alpha"]
         return d
+
+
+def policy_params(name: str) -> tuple[str, ...]:
+    """The parameters that matter for method ``name``, as :meth:`PolicyConfig.summary` keys them."""
+    if name in SIGNALS:
+        return ("eta_b", "eta_c", "k_min", "s_max")
+    return {"lenience": ("lenience",), "topk": ("top_k",), "periodic": ("period", "period_k", "s_max"),
+            "prefix": ("lam", "cost_ratio", "s_max", "survival", "alpha")}.get(name, ())
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from ..policy import SIGNALS
+from ..policy import policy_params
+from ..files import FileError, read_json, read_jsonl
 from ..rundir import CONFIG, ROUNDS, SAMPLES, SUMMARY, SWEEP
 
 RUN_FILES = (SAMPLES, SUMMARY, CONFIG)
@@ -61,11 +61,7 @@ class Run:
         """The policy parameters that matter for this method (``PolicyConfig.summary()``)."""
         pol = self.run_cfg.get("policy") or {}
         s = self.summary or {}
-        m = self.method
-        keys = {"lenience": ("lenience",), "topk": ("top_k",), "periodic": ("period", "period_k", "s_max"),
-            "prefix": ("lam", "cost_ratio", "s_max", "survival", "alpha")}.get(
-            m, ("eta_b", "eta_c", "k_min", "s_max") if m in SIGNALS else ())
-        return {k: pol.get(k, s.get(k)) for k in keys}
+        return {k: pol.get(k, s.get(k)) for k in policy_params(self.method)}
 
     @property
     def gamma(self) -> int | None:
@@ -87,53 +83,23 @@ class Run:
         return None
 
     def command(self) -> str:
-        """The command that produced the run: recorded if the writer kept one, else rebuilt
-        from ``config.json``."""
+        """The command that produced the run, as recorded: its own, or its sweep's (with the
+        configuration's name)."""
         for key in ("command", "argv"):
             c = (self.config or {}).get(key)
             if c:
                 return c if isinstance(c, str) else shlex.join(c)
-        return rebuild_command(self.run_cfg, self.path) if self.run_cfg else "(no config.json)"
-
-
-def rebuild_command(rc: dict, out: Path) -> str:
-    """``vskip run`` flags equivalent to a run configuration as written in ``config.json``."""
-    pol, dec, mod = rc.get("policy") or {}, rc.get("decode") or {}, rc.get("models") or {}
-    name = pol.get("name", "?")
-    a = ["vskip", "run", "--task", str(rc.get("task")), "--policy", name]
-    flags = {"lenience": ("lenience",), "topk": ("top_k",), "periodic": ("period", "period_k", "s_max"),
-            "prefix": ("lam", "cost_ratio", "s_max", "survival", "alpha")}.get(
-        name, ("eta_b", "eta_c", "k_min", "s_max") if name in SIGNALS else ())
-    for k in flags:
-        if pol.get(k) is not None:
-            a += [f"--{k.replace('_', '-')}", f"{pol[k]:g}" if isinstance(pol[k], float) else str(pol[k])]
-    for k in ("gamma", "max_new_tokens"):
-        if dec.get(k) is not None:
-            a += [f"--{k.replace('_', '-')}", str(dec[k])]
-    if dec.get("shadow") is False:
-        a.append("--no-shadow")
-    for k in ("steps", "drafter", "verifier", "reveal", "device", "dtype", "threads"):
-        if mod.get(k) is not None and not (k == "steps" and mod[k] == 2):
-            a += [f"--{k}", str(mod[k])]
-    if mod.get("verifier_cache") is False:
-        a.append("--no-verifier-cache")
-    if rc.get("predictor"):
-        a += ["--predictor", str(rc["predictor"])]
-    if rc.get("limit") is not None:
-        a += ["--limit", str(rc["limit"])]
-    if rc.get("ids"):
-        a += ["--ids", ",".join(rc["ids"])]
-    if rc.get("score") is False:
-        a.append("--no-score")
-    return shlex.join(a + ["--out", str(out)])
+        if self.sweep and self.sweep.get("command"):
+            return f"{self.sweep['command']}  # configuration {self.path.name}"
+        return "(not recorded)"
 
 
 def _read_json(path: Path, notes: list[str]) -> dict | None:
     if not path.exists():
         return None
     try:
-        d = json.loads(path.read_text())
-    except (json.JSONDecodeError, OSError, UnicodeDecodeError) as e:
+        d = read_json(path)
+    except (FileError, OSError) as e:
         notes.append(f"{path.name} is unreadable ({type(e).__name__})")
         return None
     if not isinstance(d, dict):
@@ -143,25 +109,11 @@ def _read_json(path: Path, notes: list[str]) -> dict | None:
 
 
 def _read_jsonl(path: Path, notes: list[str]) -> list[dict]:
-    if not path.exists():
-        return []
-    rows = []
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
+        return read_jsonl(path, on_cut=notes.append, partial=True)
+    except (FileError, OSError) as e:
         notes.append(f"{path.name} is unreadable ({type(e).__name__})")
         return []
-    for i, line in enumerate(text.splitlines()):
-        if not line.strip():
-            continue
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            notes.append(f"{path.name}: line {i + 1} is cut or invalid; read the {len(rows)} lines before it")
-            break
-        if isinstance(r, dict):
-            rows.append(r)
-    return rows
 
 
 def find_run_dirs(paths: Sequence[Path], notes: list[str]) -> list[Path]:

@@ -147,6 +147,24 @@ def test_readers_name_the_file(tmp_path):
     assert read_jsonl(cut, on_cut=heard.append) == [{"a": 1}] and heard
 
 
+def test_a_partial_read_keeps_the_rows_before_a_bad_line_and_gzip_reads_alike(tmp_path):
+    import gzip
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"a": 1}\n[2]\n{"b": 3}\n')
+    heard = []
+    assert read_jsonl(bad, on_cut=heard.append, partial=True) == [{"a": 1}]
+    assert heard == [f"{bad}: line 2 is cut or invalid; read the 1 lines before it"]
+    with pytest.raises(FileError, match="line 2 is not a JSON object"):
+        read_jsonl(bad)
+    packed = tmp_path / "rows.jsonl.gz"
+    packed.write_bytes(gzip.compress(b'{"a": 1}\n{"b": 2}\n'))
+    assert read_jsonl(packed) == [{"a": 1}, {"b": 2}]
+    packed.write_bytes(b"not gzip")
+    with pytest.raises(FileError, match="not a readable gzip file"):
+        read_jsonl(packed)
+
+
 class _Killed(BaseException):
     """Stands in for SIGKILL: nothing after it runs, not even cleanup written as except Exception."""
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .files import write_atomic
+from .files import read_jsonl, write_atomic, write_jsonl
 
 #: the ``fast`` configuration (chosen on 11 HumanEval prompts; docs/results/speed.md)
 FAST = "strict+gamma=4+gamma_max=16+min_match=6+trim=0.5"
@@ -193,7 +193,7 @@ def run_compare(prompts, pair, variants, out: Path, shard: tuple[int, int] = (1,
     kept = read_rows(path)
     done = {(r["task_id"], r["config"]) for r in kept}
     # keep only whole rows, so that a line cut by a kill cannot swallow the next one
-    write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
+    write_jsonl(path, kept)
     mine = prompts[i - 1 :: n]
     if mine:
         longest = max(v.decode.blocks.longest for v in variants if not v.hf) if any(not v.hf for v in variants) else 1
@@ -217,21 +217,9 @@ def run_compare(prompts, pair, variants, out: Path, shard: tuple[int, int] = (1,
 
 
 def read_rows(path: Path) -> list[dict]:
-    """The whole rows of a shard file (``.jsonl``, or ``.jsonl.gz`` as archived)."""
-    rows = []
-    if path.exists():
-        if path.suffix == ".gz":
-            import gzip
-
-            text = gzip.decompress(path.read_bytes()).decode()
-        else:
-            text = path.read_text()
-        for line in text.splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line cut by a kill: that row is redone
-    return rows
+    """The whole rows of a shard file (``.jsonl``, or ``.jsonl.gz`` as archived); a last line cut
+    by a kill is dropped, and its row is redone."""
+    return read_jsonl(path)
 
 
 def _ratio_interval(N, T, N0, T0, reps: int = 2000, seed: int = 0) -> tuple[float, float]:

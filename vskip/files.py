@@ -86,7 +86,7 @@ def read_json(path: Path | str, what: str = "JSON file"):
 
 
 def read_jsonl(path: Path | str, on_cut: Callable[[str], None] | None = None, partial: bool = False) -> list[dict]:
-    """The rows of a JSONL file (none when it does not exist). A last line without its newline
+    """The rows of a JSONL file (``.jsonl.gz`` too; none when it does not exist). A last line without its newline
     that does not parse was cut by a kill: it is dropped (``on_cut`` hears about it). Any other
     line that is not a JSON object raises :class:`FileError` naming the file and line; with
     ``partial``, it ends the reading instead, keeping the rows before it (``on_cut`` hears)."""
@@ -94,9 +94,18 @@ def read_jsonl(path: Path | str, on_cut: Callable[[str], None] | None = None, pa
     if not path.exists():
         return []
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
+        if path.suffix == ".gz":
+            import gzip
+
+            raw = gzip.decompress(raw)
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise FileError(f"{path} is not UTF-8 text ({e})") from None
+    except (OSError, EOFError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise FileError(f"{path} is not a readable gzip file ({e})") from None
     lines = text.split("\n")
     rows = []
     for i, line in enumerate(lines):

@@ -36,7 +36,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .files import write_atomic
+from .files import read_jsonl, write_atomic
 from .features import FEATURE_NAMES
 from .policy import LEARNED
 
@@ -224,13 +224,10 @@ def _finished(run_dir: Path) -> set[str] | None:
     if not p.exists():
         return None
     ids = set()
-    for line in p.read_text().splitlines():
-        if not line.strip():
-            continue
-        try:
-            ids.add(json.loads(line)["task_id"])
-        except (json.JSONDecodeError, KeyError, TypeError):
+    for row in read_jsonl(p, partial=True):
+        if "task_id" not in row:
             break
+        ids.add(row["task_id"])
     return ids
 
 

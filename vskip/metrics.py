@@ -27,32 +27,66 @@ def agreement_from_rounds(rounds: Iterable[dict]) -> tuple[float, float, int]:
     return num / den, full / n, n
 
 
+def _total(samples: Sequence[dict], key: str, missing: list[str]):
+    """The sum of ``key`` over the samples; None (and ``key`` named in ``missing``) when a sample
+    lacks it."""
+    vals = [s.get(key) for s in samples]
+    if any(v is None for v in vals):
+        missing.append(key)
+        return None
+    return sum(vals)
+
+
+def _div(a, b):
+    return a / b if a is not None and b else None
+
+
+def _agreement(rounds: Sequence[dict], missing: list[str]) -> tuple[float | None, float | None, int]:
+    """:func:`agreement_from_rounds`, or None where the rounds cannot tell: rounds written without
+    the fields it needs, or relaxed rounds whose L nobody measured (no shadow verifier)."""
+    if any(k not in r for r in rounds for k in ("verified", "relaxed", "accepted")):
+        missing.append("relaxed/accepted round fields")
+        return None, None, 0
+    lacking = sum(1 for r in rounds if r["relaxed"] and r.get("L") is None)
+    st, fp, n = agreement_from_rounds(rounds)
+    if lacking:
+        missing.append(f"L on {lacking} relaxed rounds (no shadow verifier)")
+        if not n:
+            return None, None, 0
+    return st, fp, n
+
+
 def summarize(samples: Sequence[dict], rounds: Sequence[dict]) -> dict:
-    """The summary of one run: ΣN/ΣT throughput, calls and blocks per generated token, agreement,
-    pass@1 over scored samples, and the cost model of Eq. 7 (c_D, c_V, mean strict commit A)."""
-    N = sum(s["generated_tokens"] for s in samples)
-    T = sum(s["decode_seconds"] for s in samples)
-    calls = sum(s["verifier_calls"] for s in samples)
-    blocks = sum(s["draft_blocks"] for s in samples)
-    skipped = sum(s["skipped_rounds"] for s in samples)
-    scored = [s["passed"] for s in samples if s.get("passed") is not None]
-    strict_token, full_prefix, n_relaxed = agreement_from_rounds(rounds)
-    draft_s = sum(s.get("draft_seconds", 0.0) for s in samples)
-    verify_s = sum(s.get("verify_seconds", 0.0) for s in samples)
+    """The summary of one run: ΣN/ΣT throughput, calls and blocks per generated token, agreement
+    (Eqs. 1-2), pass@1 over scored samples, and the cost model of Eq. 7 (c_D, c_V, mean strict
+    commit A). Every aggregate of a run is computed here: the run's own ``summary.json``, a merged
+    sweep and the report. A total whose field some sample lacks is None, and ``missing`` (present
+    only then) names the fields that could not be found."""
+    missing: list[str] = []
+    N = _total(samples, "generated_tokens", missing)
+    T = _total(samples, "decode_seconds", missing)
+    calls = _total(samples, "verifier_calls", missing)
+    blocks = _total(samples, "draft_blocks", missing)
+    skipped = _total(samples, "skipped_rounds", missing)
+    draft_s = _total(samples, "draft_seconds", missing)
+    verify_s = _total(samples, "verify_seconds", missing)
     predict_s = sum(s.get("predict_seconds", 0.0) for s in samples)
-    verified = [r for r in rounds if r["verified"]]
+    scored = [s["passed"] for s in samples if s.get("passed") is not None]
+    strict_token, full_prefix, n_relaxed = _agreement(rounds, missing)
+    verified = [r for r in rounds if r.get("verified")]
     strict_commit = [r["committed"] for r in verified if r.get("gamma", 0) > 0]
-    return {
+    policy_s = max(0.0, T - draft_s - verify_s) if None not in (T, draft_s, verify_s) else None
+    out = {
         "n_prompts": len(samples),
         "pass_at_1": (sum(scored) / len(scored)) if scored else None,
         "n_scored": len(scored),
         "generated_tokens": N,
         "decode_seconds": T,
-        "tokens_per_s": N / T if T > 0 else None,
+        "tokens_per_s": N / T if N is not None and T else None,
         "verifier_calls": calls,
         "draft_blocks": blocks,
-        "calls_per_token": calls / N if N else None,
-        "blocks_per_token": blocks / N if N else None,
+        "calls_per_token": _div(calls, N),
+        "blocks_per_token": _div(blocks, N),
         "strict_token": strict_token,
         "full_prefix": full_prefix,
         "relaxed_rounds": n_relaxed,
@@ -61,15 +95,18 @@ def summarize(samples: Sequence[dict], rounds: Sequence[dict]) -> dict:
         "draft_seconds": draft_s,
         "verify_seconds": verify_s,
         "predict_seconds": predict_s,
-        "policy_seconds": max(0.0, T - draft_s - verify_s),
-        "policy_share": max(0.0, T - draft_s - verify_s) / T if T > 0 else None,
+        "policy_seconds": policy_s,
+        "policy_share": _div(policy_s, T),
         "shadow_seconds": sum(s.get("shadow_seconds", 0.0) for s in samples),
-        "c_D": draft_s / blocks if blocks else None,
-        "c_V": verify_s / calls if calls else None,
+        "c_D": _div(draft_s, blocks),
+        "c_V": _div(verify_s, calls),
         "A": sum(strict_commit) / len(strict_commit) if strict_commit else None,
         "mean_accepted": (sum(r["L"] for r in verified if r.get("L") is not None and r.get("gamma", 0) > 0)
                           / len(strict_commit)) if strict_commit else None,
     }
+    if missing:
+        out["missing"] = missing
+    return out
 
 
 def acceptance_histogram(rounds: Iterable[dict], gamma: int) -> list[int]:

@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..metrics import agreement_from_rounds
+from ..metrics import summarize
 from ..policy import break_even_length
 from .runs import SAMPLES, Run
 
@@ -35,47 +35,10 @@ class Metrics:
     missing: list[str]
 
 
-def _total(samples: list[dict], key: str, missing: list[str]):
-    vals = [s.get(key) for s in samples]
-    if any(v is None for v in vals):
-        missing.append(key)
-        return None
-    return sum(vals)
-
-
-def _div(a, b):
-    return a / b if a is not None and b else None
-
-
-def _agreement(rounds: list[dict], method: str | None, missing: list[str]):
-    """StrictToken and FullPrefix (Eqs. 1-2); rounds of writers without ``relaxed`` or
-    ``accepted`` fall back to the DESIGN §8 fields (a skipped round is relaxed, K its length)."""
-    if method in ("strict", "ar"):
-        return 1.0, 1.0
-    if not rounds:
-        return None, None
-    if all("relaxed" in r and "accepted" in r and "verified" in r for r in rounds):
-        lacking = sum(1 for r in rounds if r["relaxed"] and r.get("L") is None)
-        if lacking:
-            missing.append(f"L on {lacking} relaxed rounds (no shadow verifier)")
-        st, fp, n = agreement_from_rounds(rounds)
-        return (st, fp) if n or not lacking else (None, None)
-    if method in ("lenience", "topk"):
-        missing.append("relaxed/accepted round fields")
-        return None, None
-    missing.append("relaxed/accepted round fields (agreement from skipped rounds)")
-    pairs = [(r.get("K") or 0, r.get("L")) for r in rounds if r.get("verified") is False]
-    pairs = [(k, l) for k, l in pairs if k > 0 and l is not None]
-    if not pairs:
-        return 1.0, 1.0
-    return (sum(min(k, l) for k, l in pairs) / sum(k for k, _ in pairs),
-            sum(k <= l for k, l in pairs) / len(pairs))
-
-
 def compute_metrics(run: Run, ids: set[str] | None = None) -> Metrics:
     """Aggregates over the run's prompts, or over ``ids`` only (for comparisons on the prompts
-    two runs share). ΣN/ΣT throughput; calls and blocks per generated token (§5.1, A.8)."""
-    missing: list[str] = []
+    two runs share), by :func:`vskip.metrics.summarize`, the run's own summary: ΣN/ΣT
+    throughput, calls and blocks per generated token (§5.1, A.8), agreement (Eqs. 1-2)."""
     if not run.samples and run.summary:
         s = run.summary
         return Metrics(s.get("n_prompts") or 0, s.get("generated_tokens"), s.get("decode_seconds"),
@@ -85,24 +48,19 @@ def compute_metrics(run: Run, ids: set[str] | None = None) -> Metrics:
     samples = [s for s in run.samples if ids is None or s.get("task_id") in ids]
     keep = {s.get("task_id") for s in samples}
     rounds = [r for r in run.rounds if r.get("task_id") in keep]
-    N = _total(samples, "generated_tokens", missing)
-    T = _total(samples, "decode_seconds", missing)
-    calls = _total(samples, "verifier_calls", missing)
-    blocks = _total(samples, "draft_blocks", missing)
-    skipped = _total(samples, "skipped_rounds", missing)
-    draft_s = _total(samples, "draft_seconds", missing)
-    verify_s = _total(samples, "verify_seconds", missing)
-    passed = {s["task_id"]: bool(s["passed"]) for s in samples if s.get("passed") is not None and "task_id" in s}
-    st, fp = _agreement(rounds, run.method, missing)
-    verified = [r for r in rounds if r.get("verified") and (r.get("gamma") is None or r.get("gamma", 0) > 0)]
-    commits = [r["committed"] for r in verified if r.get("committed") is not None]
+    s = summarize(samples, rounds)
+    st, fp = s["strict_token"], s["full_prefix"]
+    if run.method in ("strict", "ar"):
+        st, fp = 1.0, 1.0  # by definition, whatever rounds were written
+    elif not rounds:
+        st, fp = None, None
+    passed = {x["task_id"]: bool(x["passed"]) for x in samples if x.get("passed") is not None and "task_id" in x}
     return Metrics(
-        n=len(samples), tokens=N, seconds=T, tokens_per_s=_div(N, T),
-        calls_per_token=_div(calls, N), blocks_per_token=_div(blocks, N),
+        n=len(samples), tokens=s["generated_tokens"], seconds=s["decode_seconds"], tokens_per_s=s["tokens_per_s"],
+        calls_per_token=s["calls_per_token"], blocks_per_token=s["blocks_per_token"],
         pass_at_1=(sum(passed.values()) / len(passed)) if passed else None, passed=passed,
-        strict_token=st, full_prefix=fp, skipped_rounds=skipped,
-        c_D=_div(draft_s, blocks), c_V=_div(verify_s, calls),
-        A=(sum(commits) / len(commits)) if commits else None, missing=missing,
+        strict_token=st, full_prefix=fp, skipped_rounds=s["skipped_rounds"], c_D=s["c_D"], c_V=s["c_V"],
+        A=s["A"], missing=s.get("missing", []),
     )
 
 

@@ -1,0 +1,39 @@
+"""The run aggregates of vskip.metrics.summarize, the one place they are computed."""
+
+import pytest
+
+from vskip.metrics import summarize
+
+
+def _sample(tid, **kw):
+    s = {"task_id": tid, "generated_tokens": 10, "decode_seconds": 2.0, "verifier_calls": 4, "draft_blocks": 5,
+         "skipped_rounds": 1, "draft_seconds": 0.5, "verify_seconds": 1.0, "passed": True}
+    return s | kw
+
+
+def _round(tid, verified, K, L, accepted, relaxed, committed, gamma=8):
+    return {"task_id": tid, "verified": verified, "K": K, "L": L, "accepted": accepted, "relaxed": relaxed,
+            "committed": committed, "gamma": gamma}
+
+
+def test_totals_ratios_and_agreement():
+    samples = [_sample("a"), _sample("b", passed=False)]
+    rounds = [_round("a", True, 0, 3, 3, False, 4), _round("a", False, 6, 4, 6, True, 6),
+              _round("b", True, 0, 7, 7, False, 8), _round("b", False, 4, 4, 4, True, 4)]
+    s = summarize(samples, rounds)
+    assert s["tokens_per_s"] == pytest.approx(20 / 4.0) and s["calls_per_token"] == pytest.approx(8 / 20)
+    assert s["c_D"] == pytest.approx(1.0 / 10) and s["c_V"] == pytest.approx(2.0 / 8)
+    assert s["pass_at_1"] == 0.5 and s["A"] == pytest.approx(6.0)
+    # Eq. 1: (min(6, 4) + min(4, 4)) / (6 + 4); Eq. 2: one of two skips is whole
+    assert s["strict_token"] == pytest.approx(0.8) and s["full_prefix"] == pytest.approx(0.5)
+    assert "missing" not in s
+
+
+def test_unknowns_are_none_and_named():
+    s = summarize([_sample("a", draft_seconds=None)], [_round("a", False, 6, None, 6, True, 6)])
+    assert s["c_D"] is None and s["policy_seconds"] is None and s["tokens_per_s"] == pytest.approx(5.0)
+    # skips nobody verified (no shadow verifier): agreement is unknown, not perfect
+    assert s["strict_token"] is None and s["full_prefix"] is None
+    assert "draft_seconds" in s["missing"] and any("no shadow verifier" in m for m in s["missing"])
+    s = summarize([_sample("a")], [{"task_id": "a", "verified": False, "K": 6, "L": 3, "committed": 6}])
+    assert s["strict_token"] is None and "relaxed/accepted round fields" in s["missing"]

@@ -24,19 +24,18 @@ from tqdm import tqdm
 
 from vskip import tasks
 from vskip.decode import DecodeConfig, decode, warmup
-from vskip.metrics import acceptance_histogram, survival_curve
+from vskip.metrics import acceptance_histogram, result_row, summarize, survival_curve
 from vskip.models.config import ModelConfig
 from vskip.models.load import open_pair
 from vskip.policy import PolicyConfig
 from vskip.prompting import encode_chat
 
 
-def measure(totals: dict, rounds: list[dict], gamma: int | None) -> dict:
-    """The figures of one configuration from its totals (tokens, seconds, calls, blocks, draft and
-    verify seconds) and its rounds (``L`` and ``gamma`` of each)."""
-    N, T, calls = totals["tokens"], totals["seconds"], totals["calls"]
-    res = {"tokens": int(N), "seconds": T, "tok_s": N / T, "tokens_per_call": N / calls,
-           "c_V_ms": 1000 * totals["verify"] / calls}
+def measure(s: dict, rounds: list[dict], gamma: int | None) -> dict:
+    """The figures of one configuration from its summary (:func:`vskip.metrics.summarize`) and its
+    rounds (``L`` and ``gamma`` of each)."""
+    res = {"tokens": int(s["generated_tokens"]), "seconds": s["decode_seconds"], "tok_s": s["tokens_per_s"],
+           "tokens_per_call": s["generated_tokens"] / s["verifier_calls"], "c_V_ms": 1000 * s["c_V"]}
     if gamma is not None:
         hist = acceptance_histogram(rounds, gamma)
         full = [x["L"] for x in rounds if x["gamma"] == gamma]
@@ -44,8 +43,8 @@ def measure(totals: dict, rounds: list[dict], gamma: int | None) -> dict:
             "mean_L": sum(full) / len(full),
             "histogram": hist,
             "p_L_ge": survival_curve(hist),
-            "c_D_ms": 1000 * totals["draft"] / totals["blocks"],
-            "c_D_over_c_V": (totals["draft"] / totals["blocks"]) / (totals["verify"] / calls),
+            "c_D_ms": 1000 * s["c_D"],
+            "c_D_over_c_V": s["c_D"] / s["c_V"],
         }
     return res
 
@@ -68,22 +67,16 @@ def from_runs(dirs: list[str], common: bool = False) -> tuple[dict, str, dict]:
         s = json.loads((d / "summary.json").read_text())
         pol, g = cfg["policy"]["name"], cfg["decode"]["gamma"]
         rounds = [json.loads(x) for x in (d / "rounds.jsonl").read_text().splitlines() if x.strip()]
-        totals = {"tokens": s["generated_tokens"], "seconds": s["decode_seconds"], "calls": s["verifier_calls"],
-                  "blocks": s["draft_blocks"], "draft": s["draft_seconds"], "verify": s["verify_seconds"]}
         if shared is not None:
             rounds = [r for r in rounds if r["task_id"] in shared]
-            mine = [r for r in _samples(d) if r["task_id"] in shared]
-            for k, f in (("tokens", "generated_tokens"), ("seconds", "decode_seconds"), ("calls", "verifier_calls"),
-                         ("blocks", "draft_blocks"), ("draft", "draft_seconds"), ("verify", "verify_seconds")):
-                totals[k] = sum(r[f] for r in mine)
-            s = {"n_prompts": len(mine)}
+            s = summarize([r for r in _samples(d) if r["task_id"] in shared], rounds)
         models = cfg["models"] or {}
         net = " network" if models.get("copy_prior") == "off" else ""  # --copy-prior off
         net += f" {models['drafter_dtype']} drafter" if models.get("drafter_dtype") not in (None, "auto") else ""
         name = "ar" if pol == "ar" else f"gamma={g}{net}"
         if name in results:
             raise SystemExit(f"bench_drafter: two runs would both be reported as {name!r}")
-        results[name] = measure(totals, rounds, None if pol == "ar" else g)
+        results[name] = measure(s, rounds, None if pol == "ar" else g)
         prompts.add(s["n_prompts"])
         mnt = cfg["decode"]["max_new_tokens"]
     head = f"prompts={'/'.join(map(str, sorted(prompts)))} max_new_tokens={mnt} from run directories"
@@ -128,15 +121,13 @@ def live(a, gammas) -> tuple[dict, str]:
     results = {}
     for name, g in [("ar", 1)] + [("strict", g) for g in gammas]:
         cfg = DecodeConfig(gamma=g, max_new_tokens=a.max_new_tokens, shadow=False)
-        t = dict.fromkeys(("tokens", "seconds", "calls", "blocks", "draft", "verify"), 0.0)
-        rounds = []
+        samples, rounds = [], []
         for ids in tqdm(prompts, desc=f"{name} gamma={g}", unit="prompt", file=sys.stderr):
             r = decode(ids, pair.drafter, pair.verifier, PolicyConfig(name=name), cfg)
-            for k, v in (("tokens", r.generated_tokens), ("seconds", r.decode_seconds), ("calls", r.verifier_calls),
-                         ("blocks", r.draft_blocks), ("draft", r.draft_seconds), ("verify", r.verify_seconds)):
-                t[k] += v
+            samples.append(result_row(r))
             rounds += [{"L": x.L, "gamma": x.gamma} for x in r.rounds]
-        results["ar" if name == "ar" else f"gamma={g}"] = measure(t, rounds, None if name == "ar" else g)
+        s = summarize(samples, [])
+        results["ar" if name == "ar" else f"gamma={g}"] = measure(s, rounds, None if name == "ar" else g)
     head = (f"prompts={len(prompts)} max_new_tokens={a.max_new_tokens} dtype={a.dtype} threads={a.threads} "
             f"drafter={pair.identity.get('drafter')}")
     settings = {"source": "decoded here", "task": "humaneval", "prompts": len(prompts), "gammas": gammas,

@@ -20,6 +20,7 @@ from tabulate import tabulate
 from vskip import tasks
 from vskip.decode import DecodeConfig, decode, warmup
 from vskip.models.config import ModelConfig
+from vskip.metrics import result_row, summarize
 from vskip.models.load import open_pair
 from vskip.policy import PolicyConfig
 from vskip.prompting import encode_chat
@@ -52,24 +53,19 @@ def main(argv=None) -> int:
     for name, cache, kw in CONFIGS:
         pair.verifier.set_cache(cache)
         policy = PolicyConfig.make(name, **kw)
-        N = T = calls = blocks = draft = verify = 0.0
-        outs = []
+        outs, samples = [], []
         for ids in prompts:
             r = decode(ids, pair.drafter, pair.verifier, policy, cfg)
             outs.append(r.tokens)
-            N += r.generated_tokens
-            T += r.decode_seconds
-            calls += r.verifier_calls
-            blocks += r.draft_blocks
-            draft += r.draft_seconds
-            verify += r.verify_seconds
+            samples.append(result_row(r))
+        s = summarize(samples, [])
         label = f"{name}{'' if cache else ' (no cache)'}{''.join(f' {k}={v}' for k, v in kw.items())}"
         outputs[label] = outs
         rows.append({
-            "config": label, "tokens": int(N), "seconds": T, "tok_s": N / T,
-            "calls_per_token": calls / N, "blocks_per_token": blocks / N,
-            "c_D_ms": 1000 * draft / blocks if blocks else None, "c_V_ms": 1000 * verify / calls,
-            "policy_share": (T - draft - verify) / T,
+            "config": label, "tokens": int(s["generated_tokens"]), "seconds": s["decode_seconds"],
+            "tok_s": s["tokens_per_s"], "calls_per_token": s["calls_per_token"],
+            "blocks_per_token": s["blocks_per_token"], "c_D_ms": 1000 * s["c_D"] if s["c_D"] is not None else None,
+            "c_V_ms": 1000 * s["c_V"], "policy_share": s["policy_share"],
         })
         print(f"done: {label}", file=sys.stderr)
     base = rows[0]["tok_s"]

@@ -20,9 +20,11 @@ def _run(d: Path, policy: str, gamma: int, L: list[int], copy_prior: str = "auto
            "decode": {"gamma": gamma, "max_new_tokens": 512}, "models": {"drafter": None, "copy_prior": copy_prior}}
     (d / "config.json").write_text(json.dumps({"run": run}))
     n = sum(L) + len(L)
+    blocks = len(L) if policy != "ar" else 0
     (d / "summary.json").write_text(json.dumps({
-        "generated_tokens": n, "decode_seconds": 2.0, "verifier_calls": len(L), "draft_blocks": len(L) if policy != "ar" else 0,
-        "draft_seconds": 0.5, "verify_seconds": 1.0, "n_prompts": 3}))
+        "generated_tokens": n, "decode_seconds": 2.0, "verifier_calls": len(L), "draft_blocks": blocks,
+        "draft_seconds": 0.5, "verify_seconds": 1.0, "n_prompts": 3, "tokens_per_s": n / 2.0,
+        "c_D": 0.5 / blocks if blocks else None, "c_V": 1.0 / len(L)}))
     (d / "rounds.jsonl").write_text("".join(json.dumps({"L": x, "gamma": gamma}) + "\n" for x in L))
 
 

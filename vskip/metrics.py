@@ -56,6 +56,16 @@ def _agreement(rounds: Sequence[dict], missing: list[str]) -> tuple[float | None
     return st, fp, n
 
 
+def result_row(res) -> dict:
+    """The per-prompt fields :func:`summarize` totals, from a :class:`vskip.decode.DecodeResult`
+    (as ``samples.jsonl`` holds them)."""
+    return {"generated_tokens": res.generated_tokens, "decode_seconds": res.decode_seconds,
+            "verifier_calls": res.verifier_calls, "draft_blocks": res.draft_blocks,
+            "skipped_rounds": res.skipped_rounds, "draft_seconds": res.draft_seconds,
+            "verify_seconds": res.verify_seconds, "predict_seconds": res.predict_seconds,
+            "shadow_seconds": res.shadow_seconds}
+
+
 def summarize(samples: Sequence[dict], rounds: Sequence[dict]) -> dict:
     """The summary of one run: ΣN/ΣT throughput, calls and blocks per generated token, agreement
     (Eqs. 1-2), pass@1 over scored samples, and the cost model of Eq. 7 (c_D, c_V, mean strict

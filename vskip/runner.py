@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .decode import DecodeConfig, decode, warmup
 from .files import DirLock, check_writable_dir, read_json, write_json, write_jsonl
-from .metrics import summarize
+from .metrics import result_row, summarize
 from .models.config import ModelConfig, model_defaults, with_defaults  # noqa: F401 - ModelConfig: re-exported
 from .policy import PolicyConfig
 
@@ -154,11 +154,7 @@ def _decode_prompts(cfg: RunConfig, out: Path, problems, pair, predictor, done: 
         rounds = [{"task_id": p.task_id, **asdict(r)} for r in res.rounds]
         sample = {
             "task_id": p.task_id, "completion": pair.tokenizer.decode(res.tokens, skip_special_tokens=True),
-            "passed": None, "generated_tokens": res.generated_tokens, "decode_seconds": res.decode_seconds,
-            "verifier_calls": res.verifier_calls, "draft_blocks": res.draft_blocks,
-            "skipped_rounds": res.skipped_rounds, "draft_seconds": res.draft_seconds,
-            "verify_seconds": res.verify_seconds, "predict_seconds": res.predict_seconds,
-            "shadow_seconds": res.shadow_seconds, "stop": res.stop, "prompt_tokens": len(prompts[p.task_id]),
+            "passed": None, **result_row(res), "stop": res.stop, "prompt_tokens": len(prompts[p.task_id]),
             "tokens": res.tokens, "rounds": len(rounds),
         }
         if res.traces:

@@ -79,7 +79,6 @@ def main(argv=None) -> int:
     from vskip.models.config import ModelConfig
     from vskip.models.load import open_pair
 
-    torch.set_num_threads(a.threads)
     cfg = json.loads((Path(a.train) / "config.json").read_text())["train"]
     pair = open_pair(ModelConfig(drafter=a.drafter, device="cpu", dtype="float32", drafter_dtype="float32",
                                  threads=a.threads, copy_prior="off"))

@@ -41,7 +41,7 @@ def _details(rows: list[Row], names: Sequence[str]) -> str:
     lines = []
     for n in (n for n in names if n in by):
         params = f" ({_params_str(by[n])})" if by[n].run.params else ""
-        lines.append(f"- `{n}`: {LABELS.get(by[n].method, by[n].method)}{params}")
+        lines.append(f"- `{n}`: {LABELS.get(by[n].policy, by[n].policy)}{params}")
     if not lines:
         return ""
     return "<details><summary>configurations</summary>\n\n" + "\n".join(lines) + "\n\n</details>\n"
@@ -49,7 +49,7 @@ def _details(rows: list[Row], names: Sequence[str]) -> str:
 
 def _sort_key(row: Row):
     order = {m: i for i, m in enumerate(("ar", "strict") + FRONTIER_METHODS)}
-    return (order.get(row.method, 99), *[-1 if row.p(k) is None else row.p(k) for k in PARAMS], row.name)
+    return (order.get(row.policy, 99), *[-1 if row.p(k) is None else row.p(k) for k in PARAMS], row.name)
 
 
 def build_report(paths: Sequence[Path], out: Path, k_min: int = K_MIN, n_boot: int = 10_000, seed: int = 0,
@@ -96,7 +96,7 @@ def _read_runs(paths: Sequence[Path], notes: list[str], warn) -> list[Run]:
     _labels(runs)
     for r in runs:
         notes += [f"{r.label}: {n}" for n in r.notes]
-    usable = [r for r in runs if r.task and r.method and (r.samples or r.summary)]
+    usable = [r for r in runs if r.task and r.policy and (r.samples or r.summary)]
     if not usable:
         for n in notes:
             warn(n)
@@ -106,8 +106,8 @@ def _read_runs(paths: Sequence[Path], notes: list[str], warn) -> list[Run]:
 
 def _compare_all(usable: list[Run], n_boot: int, seed: int, notes: list[str]) -> dict[tuple, list[Row]]:
     """Every run compared with its Strict SDD reference, grouped by (task, gamma)."""
-    strict_runs = [r for r in usable if r.method == "strict"]
-    ar_runs = {r.task: r for r in usable if r.method == "ar" and r.samples}
+    strict_runs = [r for r in usable if r.policy == "strict"]
+    ar_runs = {r.task: r for r in usable if r.policy == "ar" and r.samples}
     groups: dict[tuple, list[Row]] = {}
     for r in usable:
         ref = choose_reference(r, strict_runs)
@@ -157,7 +157,7 @@ def _group_sections(doc: _Doc, task, gamma, rows: list[Row], k_min: int, n_boot:
     """The tables and figures of one task at one gamma."""
     slug, title = _slug(task, gamma), f"{task}, gamma {gamma}"
     rows.sort(key=_sort_key)
-    strict = next((r for r in rows if r.method == "strict" and r.ref is r.run), None)
+    strict = next((r for r in rows if r.policy == "strict" and r.ref is r.run), None)
     doc.body += [f"## {title}", ""]
     if strict is None:
         doc.body += ["No Strict SDD run for this task: relative columns are empty.", ""]
@@ -186,15 +186,15 @@ def _group_sections(doc: _Doc, task, gamma, rows: list[Row], k_min: int, n_boot:
         "Observed points whose pass@1 equals (=) or is at least (≥) Strict SDD's on the same prompts."))
     doc.guarded(f"{title}: prefix vs raw", lambda: doc.table(
         "Prefix scheduler against raw confidence (beyond the paper)", versus_table(f"prefix_vs_raw_{slug}", rows, k_min),
-        rows, [r.name for r in rows if r.method in ("prefix", "raw")],
+        rows, [r.name for r in rows if r.policy in ("prefix", "raw")],
         "Each prefix-scheduler run against the raw-confidence runs (main grid) whose StrictToken is at least its "
         "own: their fewest relative calls and their best speedup. Observed points only; speed differences "
         "inside the timing noise are not resolved by this table."))
     doc.guarded(f"{title}: table 2", lambda: doc.table(
-        "Gate ablation (Table 2)", gate_table(f"table2_{slug}", rows), rows, [r.name for r in rows if r.method in SIGNALS]))
+        "Gate ablation (Table 2)", gate_table(f"table2_{slug}", rows), rows, [r.name for r in rows if r.policy in SIGNALS]))
     doc.guarded(f"{title}: table 3", lambda: doc.table(
         "Periodic skipping (Table 3)", periodic_table(f"table3_{slug}", rows, k_min), rows,
-        [r.name for r in rows if r.method in ("periodic", "raw")]))
+        [r.name for r in rows if r.policy in ("periodic", "raw")]))
     fams = doc.guarded(f"{title}: k_min families", lambda: kmin_families(rows)) or []
     for i, fam in enumerate(fams):
         doc.guarded(f"{title}: figure 5", lambda i=i, fam=fam: _kmin_figure(doc, i, fam, slug, title, rows))
@@ -221,7 +221,7 @@ def _frontier_figure(doc: _Doc, fig, fn, caption, slug, title, rows, strict, k_m
 
 def _kmin_figure(doc: _Doc, i: int, fam, slug, title, rows) -> None:
     p = doc.out / f"fig5_{slug}_{i}.png"
-    ftitle = f"{title}, {fam.method} eta_b={fam.key[0]:g} eta_c={fam.key[1]:g} s_max={fam.key[2]}"
+    ftitle = f"{title}, {fam.policy} eta_b={fam.key[0]:g} eta_c={fam.key[1]:g} s_max={fam.key[2]}"
     figure5(p, ftitle, fam)
     doc.files.append(p.name)
     verdict = {True: "agrees", False: "does not agree", None: "cannot be checked"}[fam.agrees]

@@ -50,7 +50,7 @@ def compute_metrics(run: Run, ids: set[str] | None = None) -> Metrics:
     rounds = [r for r in run.rounds if r.get("task_id") in keep]
     s = summarize(samples, rounds)
     st, fp = s["strict_token"], s["full_prefix"]
-    if run.method in ("strict", "ar"):
+    if run.policy in ("strict", "ar"):
         st, fp = 1.0, 1.0  # by definition, whatever rounds were written
     elif not rounds:
         st, fp = None, None
@@ -99,8 +99,8 @@ class Row:
         return self.run.label
 
     @property
-    def method(self) -> str | None:
-        return self.run.method
+    def policy(self) -> str | None:
+        return self.run.policy
 
     def p(self, key):
         return self.run.params.get(key)
@@ -109,7 +109,7 @@ class Row:
 def choose_reference(run: Run, strict_runs: list[Run]) -> Run | None:
     """The Strict SDD run of the same task, preferring the same gamma, then the most prompts in
     common with ``run``."""
-    if run.method == "strict":
+    if run.policy == "strict":
         return run
     same = [s for s in strict_runs if s.task == run.task]
     if not same:
@@ -233,7 +233,7 @@ def intervals(run: Run, ref: Run, ids: Sequence[str], n_boot: int, seed: int) ->
             stats["full_prefix"][sl] = np.where(sa["fp_den"] > 0, sa["fp_num"] / sa["fp_den"], 1.0)
     for k, v in stats.items():
         out[k] = _percentile(v)
-    if run.method in ("strict", "ar") or run is ref:  # exact by construction
+    if run.policy in ("strict", "ar") or run is ref:  # exact by construction
         out["strict_token"] = out["full_prefix"] = (1.0, 1.0)
     pa = {s["task_id"]: s.get("passed") for s in run.samples if "task_id" in s}
     pb = {s["task_id"]: s.get("passed") for s in ref.samples if "task_id" in s}

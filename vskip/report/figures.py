@@ -26,7 +26,7 @@ def frontiers(rows: list[Row], x: Callable, y: Callable, x_max: bool, y_max: boo
     with both coordinates known."""
     out = {}
     for m in FRONTIER_METHODS:
-        pts = [r for r in rows if r.method == m and in_main_grid(r, k_min) and x(r) is not None and y(r) is not None]
+        pts = [r for r in rows if r.policy == m and in_main_grid(r, k_min) and x(r) is not None and y(r) is not None]
         if pts:
             out[m] = list(zip(pts, pareto_front([x(r) for r in pts], [y(r) for r in pts], x_max, y_max)))
     return out
@@ -92,7 +92,7 @@ def figure5(path: Path, title: str, fam: KminFamily) -> None:
                                      ("relative draft blocks", lambda r: r.rel_blocks),
                                      ("tokens/s", lambda r: r.m.tokens_per_s))):
         pts = [(k, f(r)) for k, r in zip(ks, fam.rows) if f(r) is not None]
-        ax.plot([k for k, _ in pts], [v for _, v in pts], "-o", color=COLORS.get(fam.method, "C0"))
+        ax.plot([k for k, _ in pts], [v for _, v in pts], "-o", color=COLORS.get(fam.policy, "C0"))
         if fam.K_star is not None:
             ax.axvline(fam.K_star, color="k", ls="--", lw=1, label=f"K* = {fam.K_star:.2f} (Eq. 8)")
             ax.legend(fontsize=7)

@@ -52,7 +52,7 @@ class Run:
         return (self.summary or {}).get("task") or self.run_cfg.get("task")
 
     @property
-    def method(self) -> str | None:
+    def policy(self) -> str | None:
         s = self.summary or {}
         return s.get("policy") or (self.run_cfg.get("policy") or {}).get("name")
 
@@ -61,7 +61,7 @@ class Run:
         """The policy parameters that matter for this method (``PolicyConfig.summary()``)."""
         pol = self.run_cfg.get("policy") or {}
         s = self.summary or {}
-        return {k: pol.get(k, s.get(k)) for k in policy_params(self.method)}
+        return {k: pol.get(k, s.get(k)) for k in policy_params(self.policy)}
 
     @property
     def gamma(self) -> int | None:
@@ -163,7 +163,7 @@ def load_run(path: Path) -> Run:
         n.append("no rounds.jsonl: agreement and A are unknown")
     if run.task is None:
         n.append("the task is unknown (no summary.json or config.json names it)")
-    if run.method is None:
+    if run.policy is None:
         n.append("the policy is unknown")
     return run
 

@@ -56,7 +56,7 @@ def scheduler_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0) 
     out = []
     for row in rows:
         alpha = ((row.run.run_cfg.get("policy") or {}).get("alpha"))
-        if row.method != "prefix" or alpha is None or row.ref is None or row.ref is row.run:
+        if row.policy != "prefix" or alpha is None or row.ref is None or row.ref is row.run:
             continue
         ids = sorted(set(row.run.ids) & set(row.ref.ids))
         d = prompt_disagreement(row.run, ids) if ids else None

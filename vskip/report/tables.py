@@ -30,7 +30,7 @@ def pareto_front(xs: Sequence[float], ys: Sequence[float], x_max: bool = True, y
 def in_main_grid(row: Row, k_min: int) -> bool:
     """Frontier members: lenience, top-k, periodic, and signal runs at the main ``k_min`` with
     both gates on (the ``k_min`` diagnostic and the gate ablation are reported apart)."""
-    m = row.method
+    m = row.policy
     if m in ("lenience", "topk", "periodic"):
         return True
     if m in SIGNALS:
@@ -90,7 +90,7 @@ def runs_table(name: str, rows: list[Row]) -> Table:
     cols = ["config", "method", "parameters", "prompts", "pass@1", "Δpass@1 vs strict [95% CI]", "tokens/s",
             "speedup", "rel. calls", "rel. blocks", "StrictToken", "FullPrefix", "skipped rounds"]
     return Table(name, cols, [
-        [r.name, LABELS.get(r.method, r.method), _params_str(r), r.m.n, r.m.pass_at_1, _ci(r), r.m.tokens_per_s,
+        [r.name, LABELS.get(r.policy, r.policy), _params_str(r), r.m.n, r.m.pass_at_1, _ci(r), r.m.tokens_per_s,
          r.speedup, r.rel_calls, r.rel_blocks, r.m.strict_token, r.m.full_prefix, r.m.skipped_rounds]
         for r in rows])
 
@@ -126,18 +126,18 @@ def gate_table(name: str, rows: list[Row]) -> Table | None:
     variant = {"raw": "Geometric only", "conditional": "Product only", "marginal": "Prefix only"}
     out = []
     for full in rows:
-        if full.method not in SIGNALS or not (full.p("eta_b") and full.p("eta_c")):
+        if full.policy not in SIGNALS or not (full.p("eta_b") and full.p("eta_c")):
             continue
-        same = [r for r in rows if r.method == full.method and r.p("k_min") == full.p("k_min")
+        same = [r for r in rows if r.policy == full.policy and r.p("k_min") == full.p("k_min")
                 and r.p("s_max") == full.p("s_max")]
         local = [r for r in same if r.p("eta_b") == full.p("eta_b") and r.p("eta_c") == 0]
         other = [r for r in same if r.p("eta_b") == 0 and r.p("eta_c") == full.p("eta_c")]
-        at_default = (full.p("eta_b"), full.p("eta_c")) == DEFAULT_GATES[full.method]
+        at_default = (full.p("eta_b"), full.p("eta_c")) == DEFAULT_GATES[full.policy]
         if not (local and other) and not (at_default and (local or other)):
             continue  # a local-only run is the variant of one full setting, not of every eta_c
-        variants = [("Full", full)] + [("Local only", x) for x in local] + [(variant[full.method], x) for x in other]
+        variants = [("Full", full)] + [("Local only", x) for x in local] + [(variant[full.policy], x) for x in other]
         for label, r in variants:
-            out.append([LABELS[full.method], label, r.name, r.m.pass_at_1, r.m.tokens_per_s, r.rel_calls, r.rel_blocks])
+            out.append([LABELS[full.policy], label, r.name, r.m.pass_at_1, r.m.tokens_per_s, r.rel_calls, r.rel_blocks])
     if not out:
         return None
     return Table(name, ["signal", "policy", "config", "pass@1", "tokens/s", "rel. calls", "rel. blocks"], out)
@@ -146,10 +146,10 @@ def gate_table(name: str, rows: list[Row]) -> Table | None:
 def periodic_table(name: str, rows: list[Row], k_min: int) -> Table | None:
     """Table 3, with the run of the raw-confidence sweep (if any) that dominates each periodic
     setting in both pass@1 and relative calls."""
-    per = sorted((r for r in rows if r.method == "periodic"), key=lambda r: r.p("period") or 0)
+    per = sorted((r for r in rows if r.policy == "periodic"), key=lambda r: r.p("period") or 0)
     if not per:
         return None
-    raws = [r for r in rows if r.method == "raw" and in_main_grid(r, k_min) and r.pass_common is not None
+    raws = [r for r in rows if r.policy == "raw" and in_main_grid(r, k_min) and r.pass_common is not None
             and r.rel_calls is not None]
     out = []
     for r in per:
@@ -167,7 +167,7 @@ def matched_table(name: str, rows: list[Row], k_min: int) -> Table | None:
     same prompts: the one with the fewest calls and the fastest one."""
     out = []
     for m in FRONTIER_METHODS:
-        pts = [r for r in rows if r.method == m and in_main_grid(r, k_min) and r.pass_common is not None
+        pts = [r for r in rows if r.policy == m and in_main_grid(r, k_min) and r.pass_common is not None
                and r.ref_pass_common is not None and r.rel_calls is not None]
         if not pts:
             continue
@@ -190,13 +190,13 @@ def matched_table(name: str, rows: list[Row], k_min: int) -> Table | None:
                         "tokens/s", "strict tokens/s", "StrictToken", "FullPrefix"], out)
 
 
-def versus_table(name: str, rows: list[Row], k_min: int, method: str = "prefix", baseline: str = "raw") -> Table | None:
-    """Each ``method`` point against ``baseline``'s observed points of at least its StrictToken:
+def versus_table(name: str, rows: list[Row], k_min: int, policy: str = "prefix", baseline: str = "raw") -> Table | None:
+    """Each ``policy`` point against ``baseline``'s observed points of at least its StrictToken:
     the fewest relative calls and the highest speedup among them, and whether the point beats both
     (observed points only; no interpolation between them)."""
-    base = [r for r in rows if r.method == baseline and in_main_grid(r, k_min) and r.m.strict_token is not None
+    base = [r for r in rows if r.policy == baseline and in_main_grid(r, k_min) and r.m.strict_token is not None
             and r.rel_calls is not None]
-    pts = [r for r in rows if r.method == method and r.m.strict_token is not None and r.rel_calls is not None]
+    pts = [r for r in rows if r.policy == policy and r.m.strict_token is not None and r.rel_calls is not None]
     if not base or not pts:
         return None
     out = []
@@ -219,9 +219,9 @@ def versus_table(name: str, rows: list[Row], k_min: int, method: str = "prefix",
 
 
 def eq8_table(name: str, rows: list[Row]) -> Table | None:
-    out = [[r.name, LABELS.get(r.method, r.method), r.p("k_min"), None if r.m.c_D is None else 1e3 * r.m.c_D,
+    out = [[r.name, LABELS.get(r.policy, r.policy), r.p("k_min"), None if r.m.c_D is None else 1e3 * r.m.c_D,
             None if r.m.c_V is None else 1e3 * r.m.c_V, r.A, r.K_star, r.m.tokens_per_s]
-           for r in rows if r.method not in ("ar",)]
+           for r in rows if r.policy not in ("ar",)]
     if not out:
         return None
     return Table(name, ["config", "method", "k_min", "c_D (ms/block)", "c_V (ms/call)", "A (strict)", "K*", "tokens/s"],
@@ -230,7 +230,7 @@ def eq8_table(name: str, rows: list[Row]) -> Table | None:
 
 @dataclass
 class KminFamily:
-    method: str
+    policy: str
     key: tuple  # (eta_b, eta_c, s_max)
     rows: list[Row]
     K_star: float | None  # from the Strict SDD run's own c_D, c_V and A
@@ -255,8 +255,8 @@ def kmin_families(rows: list[Row]) -> list[KminFamily]:
     when ``K* < 1`` every skip pays and the prediction is the grid's smallest ``k_min``."""
     groups: dict[tuple, list[Row]] = {}
     for r in rows:
-        if r.method in SIGNALS and r.p("k_min") is not None and (r.p("eta_b") or 0) > 0 and (r.p("eta_c") or 0) > 0:
-            groups.setdefault((r.method, r.p("eta_b"), r.p("eta_c"), r.p("s_max")), []).append(r)
+        if r.policy in SIGNALS and r.p("k_min") is not None and (r.p("eta_b") or 0) > 0 and (r.p("eta_c") or 0) > 0:
+            groups.setdefault((r.policy, r.p("eta_b"), r.p("eta_c"), r.p("s_max")), []).append(r)
     fams = []
     for (m, *key), rs in groups.items():
         if len({r.p("k_min") for r in rs}) < 2:
@@ -280,7 +280,7 @@ def kmin_table(name: str, fams: list[KminFamily]) -> Table | None:
     out = []
     for f in fams:
         for r in f.rows:
-            out.append([LABELS[f.method], f"eta_b={f.key[0]:g}, eta_c={f.key[1]:g}, s_max={f.key[2]}", r.p("k_min"),
+            out.append([LABELS[f.policy], f"eta_b={f.key[0]:g}, eta_c={f.key[1]:g}, s_max={f.key[2]}", r.p("k_min"),
                         r.name, r.rel_calls, r.rel_blocks, r.m.tokens_per_s, r.m.pass_at_1, f.K_star, f.predicted,
                         f.best, f.agrees, f.above])
     if not out:
@@ -294,7 +294,7 @@ def table4(groups: dict, k_min: int) -> tuple[Table | None, list[str]]:
     thresholds, the main ``k_min``), one row per ``s_max``."""
     out, notes = [], []
     for (task, gamma), rows in groups.items():
-        strict = [r for r in rows if r.method == "strict"]
+        strict = [r for r in rows if r.policy == "strict"]
         if not strict:
             continue
         s = strict[0]
@@ -302,9 +302,9 @@ def table4(groups: dict, k_min: int) -> tuple[Table | None, list[str]]:
                     s.m.strict_token, s.name])
         for m in SIGNALS:
             eb, ec = DEFAULT_GATES[m]
-            hits = [r for r in rows if r.method == m and r.p("eta_b") == eb and r.p("eta_c") == ec
+            hits = [r for r in rows if r.policy == m and r.p("eta_b") == eb and r.p("eta_c") == ec
                     and r.p("k_min") == k_min]
-            if not hits and any(r.method == m for r in rows):
+            if not hits and any(r.policy == m for r in rows):
                 notes.append(f"Table 4, {task}: no {m} run at the fixed setting eta_b={eb}, eta_c={ec}, k_min={k_min}")
             for r in sorted(hits, key=lambda r: r.p("s_max") or 0):
                 out.append([task, gamma, LABELS[m], r.p("s_max"), r.m.pass_at_1, r.m.tokens_per_s, r.rel_calls,

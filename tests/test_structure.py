@@ -1,0 +1,106 @@
+"""The layout stays readable: no function in vskip/ over 80 lines, no module over 500, and no
+import cycle between vskip's modules, counting the imports made inside functions."""
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).parents[1] / "vskip"
+MAX_FUNCTION, MAX_MODULE = 80, 500
+
+
+def _modules() -> dict[str, tuple[Path, ast.Module]]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = (path, ast.parse(path.read_text(encoding="utf-8")))
+    return out
+
+
+def _imports(name: str, path: Path, tree: ast.Module, known: set[str]) -> set[str]:
+    """The vskip modules ``name`` imports anywhere in its body (a name imported from a package
+    counts as that submodule when it is one)."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                found.add(sub if sub in known else target)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return {m for m in found if m in known and m != name}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_function_is_longer_than_80_lines():
+    long = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1})"
+            for path, tree in _modules().values() for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION]
+    assert not long, long
+
+
+def test_no_module_is_longer_than_500_lines():
+    big = [f"{path.relative_to(PACKAGE.parent)} ({n})" for path, _ in _modules().values()
+           if (n := path.read_text(encoding="utf-8").count("\n")) > MAX_MODULE]
+    assert not big, big
+
+
+def test_no_import_cycle():
+    mods = _modules()
+    graph = {name: _imports(name, path, tree, set(mods)) for name, (path, tree) in mods.items()}
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_check_sees_a_cycle_hidden_inside_a_function():
+    a = ast.parse("def f():\n    from . import b\n")
+    b = ast.parse("from .a import x\n")
+    known = {"pkg.a", "pkg.b"}
+    graph = {"pkg.a": _imports("pkg.a", Path("a.py"), a, known), "pkg.b": _imports("pkg.b", Path("b.py"), b, known)}
+    assert _cycles(graph) == [["pkg.a", "pkg.b"]]
+
+
+def test_the_library_does_not_import_the_command_line():
+    mods = _modules()
+    for name, (path, tree) in mods.items():
+        if name.startswith(("vskip.commands", "vskip.cli", "vskip.__main__")):
+            continue
+        bad = {m for m in _imports(name, path, tree, set(mods)) if m.startswith(("vskip.commands", "vskip.cli"))}
+        assert not bad, (name, bad)

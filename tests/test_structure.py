@@ -17,12 +17,19 @@ def _modules() -> dict[str, tuple[Path, ast.Module]]:
     return out
 
 
+def _is_main_block(node: ast.stmt) -> bool:
+    """``if __name__ == "__main__":``, a script's entry point rather than a library import."""
+    return (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+            and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__")
+
+
 def _imports(name: str, path: Path, tree: ast.Module, known: set[str]) -> set[str]:
-    """The vskip modules ``name`` imports anywhere in its body (a name imported from a package
-    counts as that submodule when it is one)."""
+    """The vskip modules ``name`` imports anywhere in its body but a ``__main__`` block (a name
+    imported from a package counts as that submodule when it is one)."""
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     found = set()
-    for node in ast.walk(tree):
+    body = ast.Module(body=[n for n in tree.body if not _is_main_block(n)], type_ignores=[])
+    for node in ast.walk(body):
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package[: len(package) - node.level + 1]

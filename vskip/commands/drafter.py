@@ -1,5 +1,5 @@
-"""``vskip train-drafter``: the command that generates distillation data and trains the drafter.
-Kept apart from :mod:`vskip.distill.train` so that building the CLI imports no torch."""
+"""The drafter's commands: ``vskip generate-data`` (the verifier's answers to the training prompts),
+``vskip train-drafter`` and ``vskip fit-copy-prior``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 
 def register(subparsers) -> None:
+    _generate_data(subparsers)
     p = subparsers.add_parser(
         "train-drafter",
         help="generate self-distillation data and train the diffusion drafter (resumable)",
@@ -182,4 +183,73 @@ def _cmd_train(a) -> int:
                               slots=a.slots, threads=a.threads or 2, limit=a.limit)
     path = train(Path(a.data), Path(a.out), vdir, cfg)
     print(json.dumps({"drafter": str(path), **json.loads((path / "drafter.json").read_text())["meta"]["holdout"]}))
+    return 0
+
+
+def _generate_data(subparsers) -> None:
+    from ..distill.prompts import SOURCES
+
+    g = subparsers.add_parser(
+        "generate-data", help="the verifier's greedy answers to the training prompts (resumable shards)",
+        description="Answer every training prompt greedily with the verifier (continuous batching, the exact "
+        "greedy head) and store the answers as compact shards with their manifest, index.json. Rerun the "
+        "same command to resume; a kill loses at most the shards in flight.")
+    g.add_argument("--out", required=True, help="output directory (rerun with it to resume)")
+    g.add_argument("--prompts", help="prompt list (JSONL); default: OUT/prompts.jsonl when it exists, else the "
+                                     "built list")
+    g.add_argument("--sources", default=",".join(SOURCES), help=f"prompt sources (default: {','.join(SOURCES)})")
+    g.add_argument("--seed", type=int, default=0, help="seed of the built prompt list (default: 0)")
+    g.add_argument("--verifier", help="verifier directory (default: the embedded verifier)")
+    g.add_argument("--limit", type=int, help="only the first N prompts")
+    g.add_argument("--threads", type=int, default=2, help="torch CPU threads (default: 2)")
+    g.add_argument("--slots", type=int, default=64, help="answers decoded at once (default: 64)")
+    g.add_argument("--max-new-tokens", type=int, default=384, help="answer budget (default: 384)")
+    g.add_argument("--shard-size", type=int, default=256, help="prompts per shard (default: 256)")
+    g.add_argument("--check", type=int, default=0, metavar="N",
+                   help="only compare the engine with transformers' greedy generate on N prompts")
+    g.add_argument("--summary", metavar="FILE",
+                   help="only check OUT's shards against their hashes and write its totals (JSON) to FILE")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.set_defaults(fn=cmd_generate_data)
+
+
+def cmd_generate_data(a) -> int:
+    import sys
+    import time
+
+    from ..distill.generate import check_agreement, generate_distillation, resolve_prompts
+    from ..distill.prompts import count_by_source
+    from ..distill.shards import dataset_totals
+    from ..files import write_json
+
+    if a.summary:
+        summary = dataset_totals(Path(a.out))
+        Path(a.summary).parent.mkdir(parents=True, exist_ok=True)
+        write_json(Path(a.summary), summary)
+        print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=1))
+        return 0
+    if a.verifier:
+        verifier_dir = Path(a.verifier)
+    else:
+        from ..models.embedded import embedded_verifier_dir
+
+        verifier_dir = embedded_verifier_dir()
+    prompts = resolve_prompts(a.out, a.prompts, a.sources.split(","), a.seed)
+    if a.check:
+        from ..runtime import Runtime
+
+        Runtime(threads=a.threads).activate()
+        step = max(1, len(prompts) // a.check)
+        t = time.time()
+        report = check_agreement(verifier_dir, prompts[::step][: a.check], a.max_new_tokens, slots=a.slots)
+        report["seconds"] = round(time.time() - t, 1)
+        print(json.dumps(report, indent=1))
+        return 0
+    print(f"[distill] prompts: {count_by_source(prompts)}", file=sys.stderr, flush=True)
+    index = generate_distillation(
+        a.out, prompts, verifier_dir, max_new_tokens=a.max_new_tokens, slots=a.slots, threads=a.threads,
+        shard_size=a.shard_size, limit=a.limit, progress=not a.no_progress,
+        command=getattr(a, "command_line", None) or "vskip generate-data",
+    )
+    print(f"[distill] done: {len(index['shards'])} shard(s) in {a.out}", file=sys.stderr, flush=True)
     return 0

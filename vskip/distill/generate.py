@@ -28,18 +28,15 @@ format 1 (safetensors, int32) are still read.
 
 Run it in the background with, for example::
 
-    nohup python -m vskip.distill.generate --out datasets/distill --threads 2 \\
-        > gen.log 2>&1 &
+    nohup vskip generate-data --out datasets/distill --threads 2 > gen.log 2>&1 &
 
 and resume by running the same command again.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -355,73 +352,19 @@ def check_agreement(verifier_dir: Path, prompts: Sequence[TrainPrompt], max_new_
 # Command line
 
 
-def _resolve_prompts(args) -> list[TrainPrompt]:
-    if args.prompts:
-        return read_prompts(Path(args.prompts))
-    existing = Path(args.out) / PROMPTS_FILE
+def resolve_prompts(out: str | Path, prompts_file: str | None = None, sources: Sequence[str] = SOURCES,
+                    seed: int = 0) -> list[TrainPrompt]:
+    """The prompt list to answer: ``prompts_file`` when given, else the one ``out`` already holds,
+    else the list built from the offline packages."""
+    if prompts_file:
+        return read_prompts(Path(prompts_file))
+    existing = Path(out) / PROMPTS_FILE
     if existing.exists():
         return read_prompts(existing)
-    return build_prompts(tuple(args.sources.split(",")), seed=args.seed)
+    return build_prompts(tuple(sources), seed=seed)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m vskip.distill.generate",
-        description="Greedy answers of the verifier to the training prompts (resumable shards).",
-    )
-    ap.add_argument("--out", required=True, help="output directory (rerun with it to resume)")
-    ap.add_argument("--prompts", help="prompt list (JSONL); default: OUT/prompts.jsonl when it "
-                    "exists, else the built list")
-    ap.add_argument("--sources", default=",".join(SOURCES))
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--verifier", help="verifier directory; default: the embedded verifier")
-    ap.add_argument("--limit", type=int, default=None, help="only the first N prompts")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--slots", type=int, default=64, help="answers decoded at once (default: 64)")
-    ap.add_argument("--max-new-tokens", type=int, default=384)
-    ap.add_argument("--shard-size", type=int, default=256)
-    ap.add_argument("--check", type=int, default=0, metavar="N",
-                    help="only compare the engine with transformers' greedy generate on N prompts")
-    ap.add_argument("--summary", metavar="FILE",
-                    help="only check OUT's shards against their hashes and write its totals (JSON) to FILE")
-    ap.add_argument("--no-progress", action="store_true")
-    args = ap.parse_args(argv)
-    if args.summary:
-        summary = dataset_totals(Path(args.out))
-        Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.summary).write_text(json.dumps(summary, indent=1) + "\n")
-        print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=1))
-        return 0
+if __name__ == "__main__":  # the older spelling of `vskip generate-data`
+    from vskip.cli import main
 
-    if args.verifier:
-        verifier_dir = Path(args.verifier)
-    else:
-        from vskip.models.embedded import embedded_verifier_dir
-
-        verifier_dir = embedded_verifier_dir()
-    prompts = _resolve_prompts(args)
-    if args.check:
-        from vskip.runtime import Runtime
-
-        Runtime(threads=args.threads).activate()
-        step = max(1, len(prompts) // args.check)
-        t = time.time()
-        report = check_agreement(verifier_dir, prompts[::step][: args.check], args.max_new_tokens,
-                                 slots=args.slots)
-        report["seconds"] = round(time.time() - t, 1)
-        print(json.dumps(report, indent=1))
-        return 0
-    print(f"[distill] prompts: {count_by_source(prompts)}", file=sys.stderr, flush=True)
-    command = "python -m vskip.distill.generate " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    index = generate_distillation(
-        args.out, prompts, verifier_dir,
-        max_new_tokens=args.max_new_tokens, slots=args.slots, threads=args.threads,
-        shard_size=args.shard_size, limit=args.limit, progress=not args.no_progress, command=command,
-    )
-    print(f"[distill] done: {len(index['shards'])} shard(s) in {args.out}", file=sys.stderr,
-          flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(["generate-data", *sys.argv[1:]]))

@@ -241,6 +241,57 @@ def test_resume_after_sigkill_equals_an_unbroken_sweep(unbroken, tmp_path):
     assert_same_sweep(out, tmp_path, p.configs)
 
 
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (Linux /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_workers_end_when_their_sweep_is_killed(tmp_path):
+    """A sweep killed outright takes its workers with it: they do not go on with the queued units."""
+    script = (
+        "import sys; sys.path.insert(0, %r); sys.path.insert(0, %r)\n"
+        "import test_sweep as t\n"
+        "from vskip import sweep\n"
+        "sweep.run_sweep(t.make_plan(shards=2), %r, workers=2, pair_factory=t.slow_pair, progress=False)\n"
+    ) % (str(Path(__file__).parent), str(Path(__file__).parent.parent), str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    workers = []
+    try:
+        deadline = time.time() + 120
+        while sum(len(s) for s in _samples_written(tmp_path)) < 2:
+            assert proc.poll() is None, "the sweep ended before it could be killed"
+            assert time.time() < deadline
+            time.sleep(0.05)
+        workers = [c for c in _children(proc.pid) if _alive(c)]
+        os.kill(proc.pid, signal.SIGKILL)  # the sweep alone, not its process group
+        proc.wait()
+        deadline = time.time() + 15
+        while any(_alive(w) for w in workers) and time.time() < deadline:
+            time.sleep(0.1)
+        assert workers and not any(_alive(w) for w in workers)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def test_worker_processes_give_the_same_results(unbroken, tmp_path):
     out, p, _ = unbroken
     q = make_plan(shards=2)

@@ -65,8 +65,27 @@ def _run_unit(unit: Unit, cache: _PairCache) -> str | None:
 _WORKER: _PairCache | None = None
 
 
+def exit_with_parent(poll: float = 1.0) -> None:
+    """End this process when the process that started it is gone. A sweep killed outright (SIGKILL,
+    or SIGTERM without cleanup) leaves its pool's workers behind, and they would go on taking the
+    units still queued; a killed run resumes from what it wrote, so a worker may stop anywhere."""
+    import os
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(poll)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def _init_worker(factory, models: ModelConfig, need_drafter: bool) -> None:
     global _WORKER
+    exit_with_parent()
     _WORKER = _PairCache(factory, models, need_drafter)
 
 

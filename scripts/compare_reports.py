@@ -5,7 +5,7 @@ blocks, pass@1, agreement and A must come out the same; tokens/s and what is der
 (speedup, c_D, c_V, K*, the Eq. 8 prediction, the fastest pick) depend on the machine's load and
 cannot. Prints one line per table and every cell that differs; exits 1 when any does.
 
-    python scripts/compare_reports.py docs/results/harness runs/regen/harness
+    python scripts/compare_reports.py docs/results/harness REGENERATED [--common]
 """
 
 from __future__ import annotations
@@ -53,7 +53,9 @@ def _same(a: str, b: str, rel: float) -> bool:
     return (math.isnan(x) and math.isnan(y)) or math.isclose(x, y, rel_tol=rel, abs_tol=rel)
 
 
-def compare(old: Path, new: Path, rel: float = 1e-9) -> int:
+def compare(old: Path, new: Path, rel: float = 1e-9, common: bool = False) -> int:
+    """Print the comparison; 1 when a cell differs (with ``common``, rows or tables present in one
+    report only are listed but do not count)."""
     differ = 0
     names = sorted({p.name for p in old.glob("*.csv")} | {p.name for p in new.glob("*.csv")})
     if not names:
@@ -61,7 +63,7 @@ def compare(old: Path, new: Path, rel: float = 1e-9) -> int:
     for name in names:
         if not (old / name).exists() or not (new / name).exists():
             print(f"{name}: only in {old if (old / name).exists() else new}")
-            differ += 1
+            differ += not common
             continue
         cols_a, a = _rows(old / name)
         cols_b, b = _rows(new / name)
@@ -70,18 +72,20 @@ def compare(old: Path, new: Path, rel: float = 1e-9) -> int:
             differ += 1
             continue
         checked = [c for c in cols_a if c not in TIMED]
-        cells = []
+        cells, alone = [], []
         for key in sorted(set(a) | set(b)):
             if key not in a or key not in b:
-                cells.append(f"  row {key}: only in {old if key in a else new}")
+                alone.append(f"  row {key}: only in {old if key in a else new}")
                 continue
             cells += [f"  row {key}, {c}: {a[key][c]!r} against {b[key][c]!r}"
                       for c in checked if not _same(a[key][c], b[key][c], rel)]
-        status = "same" if not cells else f"{len(cells)} differences"
-        print(f"{name}: {len(a)} rows, {len(checked)} of {len(cols_a)} columns compared (the rest are timed): {status}")
-        if cells:
-            print("\n".join(cells))
-        differ += len(cells)
+        both = len(set(a) & set(b))
+        status = "same" if not cells else f"{len(cells)} cells differ"
+        print(f"{name}: {both} rows in both, {len(checked)} of {len(cols_a)} columns compared (the rest are "
+              f"timed): {status}")
+        for line in cells + alone:
+            print(line)
+        differ += len(cells) + (0 if common else len(alone))
     return 1 if differ else 0
 
 
@@ -90,11 +94,13 @@ def main(argv=None) -> int:
     ap.add_argument("old", type=Path, help="a report directory (the committed one)")
     ap.add_argument("new", type=Path, help="the same report regenerated")
     ap.add_argument("--rel", type=float, default=1e-9, help="relative tolerance of numbers (default: 1e-9)")
+    ap.add_argument("--common", action="store_true",
+                    help="compare the rows both reports hold; rows or tables of one only are listed, not counted")
     a = ap.parse_args(argv)
     for d in (a.old, a.new):
         if not d.is_dir():
             raise SystemExit(f"compare_reports: {d} is not a directory")
-    return compare(a.old, a.new, a.rel)
+    return compare(a.old, a.new, a.rel, a.common)
 
 
 if __name__ == "__main__":

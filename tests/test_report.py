@@ -427,3 +427,23 @@ def test_the_prefix_scheduler_against_raw_at_equal_agreement(tmp_path):
     b = next(line for line in md.splitlines() if line.startswith("| prefix_b"))
     assert "raw_hi" in a and a.endswith("fewer calls and faster |")
     assert "raw_lo" in b and b.endswith("neither |")
+
+
+def test_compare_reports_ignores_timing_and_catches_the_rest(tmp_path, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("compare_reports", Path(__file__).parents[1] / "scripts" / "compare_reports.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir()
+    new.mkdir()
+    head = "config,method,tokens/s,rel. calls\n"
+    (old / "runs_x.csv").write_text(head + "strict,Strict SDD,6.5,1.0\nraw_a,Raw,7.0,0.9\n")
+    (new / "runs_x.csv").write_text(head + "strict,Strict SDD,7.1,1.0\nraw_a,Raw,6.2,0.9\n")
+    assert mod.main([str(old), str(new)]) == 0  # only tokens/s differs: timing
+    (new / "runs_x.csv").write_text(head + "strict,Strict SDD,7.1,1.0\nraw_a,Raw,6.2,0.8\n")
+    assert mod.main([str(old), str(new)]) == 1
+    assert "('raw_a',), rel. calls: '0.9' against '0.8'" in capsys.readouterr().out
+    (new / "runs_x.csv").write_text(head + "strict,Strict SDD,7.1,1.0\n")
+    assert mod.main([str(old), str(new)]) == 1 and mod.main([str(old), str(new), "--common"]) == 0

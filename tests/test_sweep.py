@@ -218,15 +218,20 @@ def _samples_written(root: Path):
         yield [l for l in f.read_text().splitlines() if l.strip()]
 
 
-def test_resume_after_sigkill_equals_an_unbroken_sweep(unbroken, tmp_path):
-    out, p, _ = unbroken
+def _start_sweep(out: Path, workers: int) -> subprocess.Popen:
+    """A slow two-shard sweep in a process (and session) of its own, writing to ``out``."""
     script = (
         "import sys; sys.path.insert(0, %r); sys.path.insert(0, %r)\n"
         "import test_sweep as t\n"
         "from vskip import sweep\n"
-        "sweep.run_sweep(t.make_plan(shards=2), %r, pair_factory=t.slow_pair, progress=False)\n"
-    ) % (str(Path(__file__).parent), str(Path(__file__).parent.parent), str(tmp_path))
-    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+        "sweep.run_sweep(t.make_plan(shards=2), %r, workers=%d, pair_factory=t.slow_pair, progress=False)\n"
+    ) % (str(Path(__file__).parent), str(Path(__file__).parent.parent), str(out), workers)
+    return subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+
+
+def test_resume_after_sigkill_equals_an_unbroken_sweep(unbroken, tmp_path):
+    out, p, _ = unbroken
+    proc = _start_sweep(tmp_path, workers=1)
     try:
         deadline = time.time() + 60
         while sum(len(s) for s in _samples_written(tmp_path)) < 8:
@@ -264,13 +269,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 def test_workers_end_when_their_sweep_is_killed(tmp_path):
     """A sweep killed outright takes its workers with it: they do not go on with the queued units."""
-    script = (
-        "import sys; sys.path.insert(0, %r); sys.path.insert(0, %r)\n"
-        "import test_sweep as t\n"
-        "from vskip import sweep\n"
-        "sweep.run_sweep(t.make_plan(shards=2), %r, workers=2, pair_factory=t.slow_pair, progress=False)\n"
-    ) % (str(Path(__file__).parent), str(Path(__file__).parent.parent), str(tmp_path))
-    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    proc = _start_sweep(tmp_path, workers=2)
     workers = []
     try:
         deadline = time.time() + 120

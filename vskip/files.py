@@ -86,26 +86,26 @@ def read_json(path: Path | str, what: str = "JSON file"):
 
 
 def read_jsonl(path: Path | str, on_cut: Callable[[str], None] | None = None, partial: bool = False) -> list[dict]:
-    """The rows of a JSONL file (``.jsonl.gz`` too; none when it does not exist). A last line without its newline
-    that does not parse was cut by a kill: it is dropped (``on_cut`` hears about it). Any other
-    line that is not a JSON object raises :class:`FileError` naming the file and line; with
-    ``partial``, it ends the reading instead, keeping the rows before it (``on_cut`` hears)."""
+    """The rows of a JSONL file (``.jsonl.gz`` too; none when it does not exist). A last line
+    without its newline that does not parse was cut by a kill: it is dropped (``on_cut`` hears
+    about it). Any other line that is not a JSON object raises :class:`FileError` naming the file
+    and line; with ``partial``, it ends the reading instead, keeping the rows before it (``on_cut``
+    hears)."""
     path = Path(path)
     if not path.exists():
         return []
-    try:
-        raw = path.read_bytes()
-        if path.suffix == ".gz":
-            import gzip
+    raw = path.read_bytes()
+    if path.suffix == ".gz":
+        import gzip
 
+        try:
             raw = gzip.decompress(raw)
+        except (gzip.BadGzipFile, EOFError) as e:
+            raise FileError(f"{path} is not a readable gzip file ({e})") from None
+    try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise FileError(f"{path} is not UTF-8 text ({e})") from None
-    except (OSError, EOFError) as e:
-        if isinstance(e, FileNotFoundError):
-            raise
-        raise FileError(f"{path} is not a readable gzip file ({e})") from None
     lines = text.split("\n")
     rows = []
     for i, line in enumerate(lines):
@@ -115,19 +115,17 @@ def read_jsonl(path: Path | str, on_cut: Callable[[str], None] | None = None, pa
             row = json.loads(line)
         except ValueError:
             row = None
-            if i == len(lines) - 1 and not partial:  # no newline after it: the write was cut
-                if on_cut:
-                    on_cut(f"{path}: dropped a cut last line")
-                continue
-            if not partial:
-                raise FileError(f"{path} line {i + 1} is not valid JSON") from None
-        if not isinstance(row, dict):
-            if partial:
-                if on_cut:
-                    on_cut(f"{path}: line {i + 1} is cut or invalid; read the {len(rows)} lines before it")
-                break
-            raise FileError(f"{path} line {i + 1} is not a JSON object")
-        rows.append(row)
+        if isinstance(row, dict):
+            rows.append(row)
+        elif partial:
+            if on_cut:
+                on_cut(f"{path}: line {i + 1} is cut or invalid; read the {len(rows)} lines before it")
+            break
+        elif row is None and i == len(lines) - 1:  # no newline after it: the write was cut
+            if on_cut:
+                on_cut(f"{path}: dropped a cut last line")
+        else:
+            raise FileError(f"{path} line {i + 1} is " + ("not valid JSON" if row is None else "not a JSON object"))
     return rows
 
 

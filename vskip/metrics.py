@@ -92,7 +92,7 @@ def summarize(samples: Sequence[dict], rounds: Sequence[dict]) -> dict:
         "n_scored": len(scored),
         "generated_tokens": N,
         "decode_seconds": T,
-        "tokens_per_s": N / T if N is not None and T else None,
+        "tokens_per_s": _div(N, T),
         "verifier_calls": calls,
         "draft_blocks": blocks,
         "calls_per_token": _div(calls, N),

@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shlex
-import sys
 import time
 from pathlib import Path
 
@@ -98,7 +96,7 @@ def cmd_sweep(a) -> int:
              shards=shards, k_min=a.k_min, s_max=a.s_max)
     t0 = time.time()
     summaries = run_sweep(p, Path(a.out), workers=a.workers, executor=a.executor, address=a.address,
-                          progress=not a.quiet, command=shlex.join(["vskip", *sys.argv[1:]]),
+                          progress=not a.quiet, command=getattr(a, "command_line", None),
                           gpus_per_worker=a.gpus_per_worker)
     print(json.dumps({"out": str(a.out), "configs": len(summaries), "skipped": [n for n, _ in p.skipped],
                       "seconds": round(time.time() - t0, 1)}))

@@ -58,7 +58,7 @@ def compute_metrics(run: Run, ids: set[str] | None = None) -> Metrics:
     return Metrics(
         n=len(samples), tokens=s["generated_tokens"], seconds=s["decode_seconds"], tokens_per_s=s["tokens_per_s"],
         calls_per_token=s["calls_per_token"], blocks_per_token=s["blocks_per_token"],
-        pass_at_1=(sum(passed.values()) / len(passed)) if passed else None, passed=passed,
+        pass_at_1=s["pass_at_1"], passed=passed,
         strict_token=st, full_prefix=fp, skipped_rounds=s["skipped_rounds"], c_D=s["c_D"], c_V=s["c_V"],
         A=s["A"], missing=s.get("missing", []),
     )

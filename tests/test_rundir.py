@@ -200,3 +200,28 @@ def test_the_command_line_is_recorded_and_shown_by_the_report(tmp_path):
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["command"] == "vskip run --task humaneval --policy strict --out r"
     assert load_run(out).command() == cfg["command"]  # not rebuilt from the configuration
+
+
+def test_every_sample_names_the_machine_its_clocks_were_read_on(tmp_path):
+    """A run resumed elsewhere mixes machines; the report says so, and says when a run was timed
+    on other machines than its Strict SDD reference."""
+    from vskip import report
+    from vskip.report.runs import load_run
+    from vskip.runtime import machine_id
+
+    strict, raw = tmp_path / "strict", tmp_path / "raw"
+    runner.run(_cfg("strict"), strict, progress=False, pair=fake_pair(None, True))
+    runner.run(_cfg("raw"), raw, progress=False, pair=fake_pair(None, True))
+    host = json.loads((strict / "config.json").read_text())["machine"]
+    assert host["cpu"] and host["cores"] >= 1 and isinstance(host["isa"], list)
+    samples = read_jsonl(strict / "samples.jsonl")
+    assert {s["machine"] for s in samples} == {machine_id(host)}
+    assert not [n for n in load_run(strict).notes if "machines" in n]
+    # the raw run finished its last prompt on another machine
+    rows = read_jsonl(raw / "samples.jsonl")
+    rows[-1]["machine"] = "0123456789ab"
+    (raw / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert any("timed on 2 machines" in n for n in load_run(raw).notes)
+    rep = report.build_report([strict, raw], tmp_path / "rep", n_boot=50, warn=lambda m: None)
+    assert any("raw: timed on other machines than its reference strict" in n for n in rep.notes)
+    assert not any(n.startswith("strict: timed on") for n in rep.notes)

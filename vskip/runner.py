@@ -19,6 +19,7 @@ from .files import DirLock, check_writable_dir, read_json, write_json, write_jso
 from .metrics import result_row, summarize
 from .models.config import ModelConfig, model_defaults, with_defaults  # noqa: F401 - ModelConfig: re-exported
 from .policy import PolicyConfig
+from .runtime import machine, machine_id
 
 from .rundir import CONFIG, ROUNDS, SAMPLES, SUMMARY, append_lines, read_rows, resume_state  # noqa: F401
 
@@ -89,9 +90,11 @@ def _run_locked(cfg: RunConfig, out: Path, problems, progress: bool, pair, comma
 
     m = cfg.models
     pair, runtime, predictor = _models(cfg, problems, pair)
+    host = machine(runtime)
     write_json(out / CONFIG, {"run": cfg_json, "models": pair.identity, "runtime": asdict(runtime),
-                              "versions": package_versions(), **({"command": command} if command else {})})
-    _decode_prompts(cfg, out, problems, pair, predictor, done, progress)
+                              "machine": host, "versions": package_versions(),
+                              **({"command": command} if command else {})})
+    _decode_prompts(cfg, out, problems, pair, predictor, done, progress, machine_id(host))
     samples = [done[p.task_id] for p in problems]
     scoring_note = None
     if cfg.score:
@@ -134,9 +137,11 @@ def _models(cfg: RunConfig, problems, pair):
     return pair, runtime, predictor
 
 
-def _decode_prompts(cfg: RunConfig, out: Path, problems, pair, predictor, done: dict, progress: bool) -> None:
+def _decode_prompts(cfg: RunConfig, out: Path, problems, pair, predictor, done: dict, progress: bool,
+                    host: str | None = None) -> None:
     """Decode every prompt not yet ``done``, appending its rounds, then its sample (which vouches
-    for them: a kill in between leaves rounds without a sample, which the resume drops)."""
+    for them: a kill in between leaves rounds without a sample, which the resume drops). A sample
+    names the ``machine`` its clocks were read on, since a resumed run may finish elsewhere."""
     from tqdm import tqdm
 
     from . import tasks
@@ -155,7 +160,7 @@ def _decode_prompts(cfg: RunConfig, out: Path, problems, pair, predictor, done: 
         sample = {
             "task_id": p.task_id, "completion": pair.tokenizer.decode(res.tokens, skip_special_tokens=True),
             "passed": None, **result_row(res), "stop": res.stop, "prompt_tokens": len(prompts[p.task_id]),
-            "tokens": res.tokens, "rounds": len(rounds),
+            "tokens": res.tokens, "rounds": len(rounds), "machine": host,
         }
         if res.traces:
             from .traces import append_traces  # noqa: PLC0415 - only for --trace runs

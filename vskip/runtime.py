@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 _SYNC = None
 
@@ -106,6 +107,44 @@ def native_bf16(device: str) -> bool:
         return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
     except AttributeError:  # older torch: assume not
         return False
+
+
+#: CPU features that change what a model call costs (vector width, native bfloat16, matrix tiles)
+_ISA = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def machine(runtime: "Runtime | None" = None) -> dict:
+    """What the clocks of a run were read on: the CPU model, its cores, the instruction-set
+    features that change a model call's cost, and the GPUs the run uses. Two runs timed on
+    different machines cannot be compared by their tokens/s."""
+    import os
+    import platform
+
+    cpu, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                cpu = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    except OSError:
+        pass
+    out = {"cpu": cpu, "cores": os.cpu_count(), "isa": [f for f in _ISA if f in flags]}
+    gpus = runtime.cuda_indices() if isinstance(runtime, Runtime) else []
+    if gpus:
+        import torch
+
+        out["gpus"] = [torch.cuda.get_device_name(i) for i in gpus]
+    return out
+
+
+def machine_id(info: dict) -> str:
+    """A short, stable name for :func:`machine`'s record (12 hex digits of its sha256)."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(info, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def _check_device(device: str, flag: str) -> str:

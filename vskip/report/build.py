@@ -123,6 +123,9 @@ def _compare_all(usable: list[Run], n_boot: int, seed: int, notes: list[str]) ->
             notes.append(f"{r.label}: no prompts in common with its Strict SDD reference {ref.label}")
         elif row.common < max(row.m.n, 1) or (ref.samples and row.common < len(ref.ids)):
             notes.append(f"{r.label}: compared with {ref.label} on the {row.common} prompts both ran")
+        if ref is not None and r is not ref and r.machines and ref.machines and r.machines != ref.machines:
+            notes.append(f"{r.label}: timed on other machines than its reference {ref.label}: its tokens/s ratio "
+                         "compares machines as well as methods")
         if ref is not None and ref.gamma != r.gamma:
             notes.append(f"{r.label}: its reference {ref.label} used gamma {ref.gamma}, not {r.gamma}")
         lost = [k for k in row.m.missing if k not in (SAMPLES,)]

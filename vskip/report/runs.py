@@ -72,6 +72,11 @@ class Run:
         return [s["task_id"] for s in self.samples if "task_id" in s]
 
     @property
+    def machines(self) -> set[str]:
+        """The machines its prompts were timed on (empty for runs that predate the record)."""
+        return {s["machine"] for s in self.samples if s.get("machine")}
+
+    @property
     def expected(self) -> int | None:
         """How many prompts the run was asked for, where that is known."""
         if self.sweep and self.sweep.get("selection"):
@@ -161,6 +166,8 @@ def load_run(path: Path) -> Run:
         n.append(f"unfinished: {done} prompts")
     if run.samples and not run.rounds:
         n.append("no rounds.jsonl: agreement and A are unknown")
+    if len(run.machines) > 1:
+        n.append(f"timed on {len(run.machines)} machines ({', '.join(sorted(run.machines))}): its tokens/s mixes them")
     if run.task is None:
         n.append("the task is unknown (no summary.json or config.json names it)")
     if run.policy is None:

@@ -27,7 +27,7 @@ def test_parse_variant():
                 "strict+steps=0", "strict+gamma=0", "strict+trim=2"):
         with pytest.raises(ValueError):
             compare.parse_variant(bad, BASE, 1)
-    with pytest.raises(ValueError, match="does not load trained predictors"):
+    with pytest.raises(ValueError, match="give --predictor DIR"):
         compare.parse_variant("marginal", BASE, 1)
 
 
@@ -65,6 +65,15 @@ def test_rows_pair_every_prompt_and_resume(tmp_path):
     acc = [x for r in rows if r["config"] == "strict" for x in r["accepted"]]
     assert s["configs"]["strict"]["p_L_ge1"] == pytest.approx(sum(x >= 1 for x in acc) / len(acc))
     assert "× ar" in compare.format_summary(s)
+    # every row names the machine it was timed on; a prompt whose rows were timed on two machines
+    # is counted, and the printed summary says the ratios are not paired there
+    assert len(s["machines"]) == 1 and "prompts_split_across_machines" not in s
+    assert "machines" not in compare.summarize_comparison([{k: v for k, v in r.items() if k != "machine"}
+                                                          for r in rows])
+    moved = [dict(r, machine="0123456789ab") if r["task_id"] == "t0" and r["config"] == "ar" else r for r in rows]
+    s2 = compare.summarize_comparison(moved)
+    assert s2["prompts_split_across_machines"] == 1 and len(s2["machines"]) == 2
+    assert "1 prompts have configurations timed on different machines" in compare.format_summary(s2)
 
 
 def test_summary_reports_where_outputs_diverge():
@@ -108,3 +117,93 @@ def test_an_out_directory_refuses_rows_made_otherwise(tmp_path):
     (out / "settings.json").write_text("{broken")
     with pytest.raises(ValueError, match="settings file"):
         compare.claim(out, record())
+
+
+def test_a_policy_configuration_takes_its_own_parameters_and_the_commands():
+    v = compare.parse_variant("raw+eta_b=0.7+eta_c=0.7+k_min=3", BASE, 1)
+    p = v.policy_config()
+    assert (p.name, p.eta_b, p.eta_c, p.k_min) == ("raw", 0.7, 0.7, 3) and v.cache is None
+    # only what differs from the policy's defaults is recorded, so old records still match
+    assert dict(v.params) == {"eta_b": 0.7, "eta_c": 0.7, "k_min": 3}
+    assert compare.parse_variant("raw", BASE, 1).params == ()
+    # the command's flags are the starting point; the entry's own parameters win; ar and strict have none
+    flags = {"k_min": 3, "eta_b": 0.8}
+    assert compare.parse_variant("raw+eta_b=0.6", BASE, 1, None, flags).policy_config().eta_b == 0.6
+    assert compare.parse_variant("raw", BASE, 1, None, flags).policy_config().k_min == 3
+    assert compare.parse_variant("strict", BASE, 1, None, flags).params == ()
+    v = compare.parse_variant("prefix+lam=0.7+cost_ratio=0.3+cache=off", BASE, 1)
+    assert (v.policy_config().lam, v.policy_config().cost_ratio, v.cache) == (0.7, 0.3, False)
+    assert compare.parse_variant("ar+cache=off", BASE, 1).cache is False
+    v = compare.parse_variant("prefix+alpha=0.05", BASE, 1, "pred")
+    assert v.policy_config().survival == "model" and v.policy_config().learned
+    assert compare.parse_variant("marginal+eta_m=0.9", BASE, 1, "pred").policy_config().eta_c == 0.9
+    for bad, needle in (("prefix+alpha=0.05", "give --predictor"), ("strict+eta_b=0.5", "no parameters"),
+                        ("raw+eta_b=2", "eta_b"), ("raw+cache=maybe", "on or off"), ("raw+k_min=x", "bad value"),
+                        ("raw+alpha=0.1", "prefix"), ("raw+bogus=1", "bad setting")):
+        with pytest.raises(ValueError, match=needle):
+            compare.parse_variant(bad, BASE, 1)
+
+
+class CacheVerifier(FakeVerifier):
+    """Records the cache switches; decoding checks the switch is on or off as asked."""
+
+    def __init__(self):
+        super().__init__()
+        self.use_cache, self.switches, self.seen = True, [], set()
+
+    def set_cache(self, on):
+        self.use_cache = on
+        self.switches.append(on)
+
+    def score(self, seq, block, shadow=False):
+        self.seen.add(self.use_cache)
+        return super().score(seq, block, shadow)
+
+
+def test_repeats_rotate_and_give_each_repeats_ratio(tmp_path):
+    prompts = [(f"t{i}", [7, 3, 9, i + 2]) for i in range(4)]
+    variants = [compare.parse_variant(s, BASE, 1) for s in ("ar", "strict", "strict+cache=off")]
+    pair = SimpleNamespace(drafter=FakeDrafter(0.3, 2), verifier=CacheVerifier())
+    path = compare.run_compare(prompts, pair, variants, tmp_path, progress=False, repeats=2)
+    rows = compare.read_rows(path)
+    assert sorted((r["task_id"], r["config"], r["repeat"]) for r in rows) == sorted(
+        (t, v.name, q) for t, _ in prompts for v in variants for q in range(2))
+    # the first configuration moves on at every repeat of every prompt
+    assert [rows[3 * k]["config"] for k in range(4)] == ["ar", "strict", "strict+cache=off", "ar"]
+    # the cache is switched off for that configuration only, and back on after it
+    assert pair.verifier.seen == {True, False} and pair.verifier.switches == [False, True] * 8
+    s = compare.summarize_comparison(rows)
+    assert s["repeats"] == 2 and s["n_prompts"] == 4
+    for name in ("strict", "strict+cache=off"):
+        d = s["configs"][name]
+        assert d["same_as_ar"] == 4 and len(d["ratio_by_repeat"]) == 2
+        assert min(d["ratio_by_repeat"]) <= d["ratio_vs_ar"] <= max(d["ratio_by_repeat"])
+    assert "× ar by repeat" in compare.format_summary(s)
+    # a prompt missing one repeat of one configuration is left out of the summary
+    partial = [r for r in rows if not (r["task_id"] == "t3" and r["config"] == "strict" and r["repeat"] == 1)]
+    assert compare.summarize_comparison(partial)["n_prompts"] == 3
+    # resume: nothing is decoded again
+    before = len(pair.verifier.switches)
+    compare.run_compare(prompts, pair, variants, tmp_path, progress=False, repeats=2)
+    assert len(pair.verifier.switches) == before and len(compare.read_rows(path)) == 24
+    with pytest.raises(ValueError, match="no cache switch"):
+        compare.run_compare(prompts, SimpleNamespace(drafter=FakeDrafter(0.3, 2), verifier=FakeVerifier()), variants,
+                            tmp_path / "plain", progress=False)
+
+
+def test_a_learned_configuration_reads_its_predictor(tmp_path, monkeypatch):
+    import vskip.predictor
+
+    asked, scored = [], []
+
+    class Half:
+        def scores(self, block, features, task_id=None):
+            scored.append(task_id)
+            return [0.999] * len(block.tokens)
+
+    monkeypatch.setattr(vskip.predictor, "load_predictor", lambda d, kind, runtime=None: asked.append((d, kind)) or Half())
+    variants = [compare.parse_variant(s, BASE, 1, "pred") for s in ("ar", "marginal+eta_m=0.5+k_min=1", "strict")]
+    path = compare.run_compare([("t0", [7, 3, 9, 2])], _pair(), variants, tmp_path, progress=False, predictor="pred")
+    assert asked == [("pred", "marginal")] and set(scored) == {"t0"}
+    rows = {r["config"]: r for r in compare.read_rows(path)}
+    assert rows["marginal+eta_m=0.5+k_min=1"]["skipped"] > 0 and rows["strict"]["skipped"] == 0

@@ -7,14 +7,19 @@ configuration is measured and checked against. Configurations (``--configs``):
 
 - a policy name (``strict``, ``raw``, ...) with the command's settings, or with some of them
   changed: ``strict+gamma=4+gamma_max=16+min_match=6+trim=0.5+steps=2`` (block length per
-  round and trimming: :mod:`vskip.policy.blocks`; ``steps``: reveal steps of the drafter);
+  round and trimming: :mod:`vskip.policy.blocks`; ``steps``: reveal steps of the drafter), the
+  policy's own parameters (``raw+eta_b=0.7+eta_c=0.7+k_min=3``, ``prefix+lam=0.7``; a learned
+  signal, ``marginal+eta_m=0.9`` or ``prefix+survival=model+alpha=0.05``, reads ``--predictor``),
+  and ``cache=off`` (the verifier recomputes the whole sequence every call, as the paper timed it);
 - ``fast``: Strict SDD with the opt-in settings that were fastest on the embedded pair (short
   base blocks, long ones after a copy match, only the confident prefix verified; :data:`FAST`);
 - ``hf``: transformers' greedy ``generate`` on the same model object;
 - ``lookupN``: transformers' prompt-lookup assisted generation with ``prompt_lookup_num_tokens=N``.
 
-Rows go to ``OUT/shard-I-of-N.jsonl``, one per (prompt, configuration), so several processes
-(``--shard I/N``) can split the prompts and a killed comparison resumes. The summary gives
+Rows go to ``OUT/shard-I-of-N.jsonl``, one per (prompt, configuration, repeat), so several
+processes (``--shard I/N``) can split the prompts and a killed comparison resumes. With
+``--repeats R`` every prompt is decoded R times by every configuration, the order rotating again at
+each repeat; the summary pools the repeats and gives each repeat's ratio, their spread. The summary gives
 tokens/s as ΣN/ΣT, the ratio to ``ar`` with a 95% bootstrap interval over prompts, how many
 outputs equal ``ar`` and where the others first differ, tokens per verifier call, c_D/c_V and
 the share of decode time outside model forwards.
@@ -37,6 +42,14 @@ FAST = "strict+gamma=4+gamma_max=16+min_match=6+trim=0.5"
 
 #: settings a configuration may change, and how to read them
 _KEYS = {"gamma": int, "gamma_max": int, "min_match": int, "trim": float, "steps": int}
+#: a policy's own parameters (:class:`vskip.policy.PolicyConfig`), and how to read them
+_POLICY_KEYS = {"eta_b": float, "eta_c": float, "eta_m": float, "epsilon": float, "k_min": int, "s_max": int,
+                "lenience": float, "top_k": int, "period": int, "period_k": int, "lam": float, "cost_ratio": float,
+                "alpha": float, "survival": str}
+_SWITCH = {"on": True, "off": False}
+#: the command's policy flags every policy configuration starts from
+POLICY_FLAGS = ("eta_b", "eta_c", "eta_m", "epsilon", "k_min", "s_max", "lenience", "top_k", "period", "period_k",
+                "lam", "cost_ratio", "alpha")
 
 
 @dataclass(frozen=True)
@@ -49,15 +62,26 @@ class Variant:
     decode: object = None
     steps: int | None = None
     lookup: int | None = None
+    params: tuple = ()  # (key, value) pairs of the policy's own parameters
+    cache: bool | None = None  # the verifier's KV cache; None: as the pair was loaded
 
     @property
     def hf(self) -> bool:
         return self.policy is None
 
+    def policy_config(self):
+        from .policy import PolicyConfig
 
-def parse_variant(spec: str, base, steps: int):
-    """The :class:`Variant` of a ``--configs`` entry; ``base`` is the command's DecodeConfig."""
-    from .policy import LEARNED, POLICIES
+        return PolicyConfig.make(self.policy, **dict(self.params))
+
+
+def parse_variant(spec: str, base, steps: int, predictor: str | None = None, flags: dict | None = None):
+    """The :class:`Variant` of a ``--configs`` entry; ``base`` is the command's DecodeConfig,
+    ``flags`` its policy flags (:data:`POLICY_FLAGS`, overridden by the entry's own) and
+    ``predictor`` the ``--predictor`` directory that learned signals read."""
+    from dataclasses import fields
+
+    from .policy import POLICIES, PolicyConfig
 
     spec = spec.strip()
     if spec == "fast":
@@ -72,21 +96,40 @@ def parse_variant(spec: str, base, steps: int):
     name, *pairs = spec.split("+")
     if name not in POLICIES:
         raise ValueError(f"unknown configuration {spec!r}; expected POLICY[+key=value...], hf or lookupN")
-    if name in LEARNED:
-        raise ValueError(f"compare does not load trained predictors; run {name} with `vskip run` or `vskip sweep`")
-    kw = {}
+    kw, params, cache = {}, {}, None
     for pair in pairs:
         key, _, value = pair.partition("=")
-        if key not in _KEYS or not value:
-            raise ValueError(f"bad setting {pair!r} in {spec!r}; expected key=value with key in {', '.join(_KEYS)}")
+        read = _KEYS.get(key) or _POLICY_KEYS.get(key) or (_SWITCH.get if key == "cache" else None)
+        if read is None or not value:
+            raise ValueError(f"bad setting {pair!r} in {spec!r}; expected key=value with key in "
+                             f"{', '.join([*_KEYS, *_POLICY_KEYS, 'cache'])}")
         try:
-            kw[key] = _KEYS[key](value)
+            v = read(value)
         except ValueError:
-            raise ValueError(f"bad value in {pair!r} of {spec!r}") from None
+            v = None
+        if v is None:
+            raise ValueError(f"bad value in {pair!r} of {spec!r}" + (" (on or off)" if key == "cache" else ""))
+        if key == "cache":
+            cache = v
+        else:
+            (kw if key in _KEYS else params)[key] = v
     s = kw.pop("steps", steps)
     if s < 1:
         raise ValueError(f"steps must be >= 1 in {spec!r}")
-    return Variant(spec, policy=name, decode=replace(base, **kw), steps=s)
+    if name in ("ar", "strict") and params:
+        raise ValueError(f"{spec!r}: {name} has no parameters to set")
+    # the parameters that differ from the policy's defaults, whichever way they were given
+    ask = {k: v for k, v in (flags or {}).items() if name not in ("ar", "strict")} | params
+    if ask.get("alpha") is not None and "survival" not in ask:
+        ask["survival"] = "model"
+    p, default = PolicyConfig.make(name, **ask), PolicyConfig.make(name)  # the policy's own checks
+    changed = {f.name: getattr(p, f.name) for f in fields(p)
+               if f.name not in ("name", "guards") and getattr(p, f.name) != getattr(default, f.name)}
+    v = Variant(spec, policy=name, decode=replace(base, **kw), steps=s, params=tuple(sorted(changed.items())),
+                cache=cache)
+    if p.learned and not predictor:
+        raise ValueError(f"{spec!r} reads a trained {p.predictor_kind} predictor: give --predictor DIR")
+    return v
 
 
 def _digest(tokens) -> str:
@@ -112,14 +155,17 @@ def _hf_generate(pair, ids, max_new: int, lookup: int | None):
 
 
 
-def settings_record(task: str, max_new: int, runtime, models, variants) -> dict:
+def settings_record(task: str, max_new: int, runtime, models, variants, predictor: str | None = None) -> dict:
     """What rows of a comparison directory depend on: the settings every configuration shares
     (``fixed``) and each configuration's own."""
     from dataclasses import asdict
 
     configs = {v.name: {"policy": v.policy, "lookup": v.lookup, "steps": v.steps,
-                        "decode": asdict(v.decode) if v.decode is not None else None} for v in variants}
-    return {"fixed": {"task": task, "max_new_tokens": max_new, "runtime": asdict(runtime), "models": asdict(models)},
+                        "decode": asdict(v.decode) if v.decode is not None else None,
+                        **({"params": dict(v.params)} if v.params else {}),
+                        **({"cache": v.cache} if v.cache is not None else {})} for v in variants}
+    return {"fixed": {"task": task, "max_new_tokens": max_new, "runtime": asdict(runtime), "models": asdict(models),
+                      **({"predictor": str(predictor)} if predictor else {})},
             "configs": configs}
 
 
@@ -163,56 +209,87 @@ def claim(out: Path, record: dict) -> None:
     write_atomic(path, json.dumps(record, indent=1))
 
 
-def _decode_row(pair, v: Variant, ids, tid) -> tuple[dict, list[int]]:
+def _decode_row(pair, v: Variant, ids, tid, predictor=None) -> tuple[dict, list[int]]:
     from .decode import decode
-    from .policy import PolicyConfig
 
     drafter = pair.drafter
     if drafter is not None and v.steps != getattr(drafter, "steps", v.steps):
         drafter = copy.copy(drafter)  # same model and prior, another number of reveal steps
         drafter.steps = v.steps
-    policy = PolicyConfig.make(v.policy)
-    r = decode(ids, drafter if policy.uses_drafter else None, pair.verifier, policy, v.decode, task_id=tid)
+    policy = v.policy_config()
+    before = getattr(pair.verifier, "use_cache", None)
+    if v.cache is not None:
+        if not hasattr(pair.verifier, "set_cache"):
+            raise ValueError(f"{v.name}: this verifier has no cache switch")
+        pair.verifier.set_cache(v.cache)
+    try:
+        r = decode(ids, drafter if policy.uses_drafter else None, pair.verifier, policy, v.decode, predictor,
+                   task_id=tid)
+    finally:
+        if v.cache is not None:
+            pair.verifier.set_cache(before)
     row = {"seconds": r.decode_seconds, "calls": r.verifier_calls, "blocks": r.draft_blocks,
            "draft_seconds": r.draft_seconds, "verify_seconds": r.verify_seconds,
            "skipped": r.skipped_rounds, "accepted": [x.accepted for x in r.rounds if x.verified and x.gamma]}
     return row, r.tokens
 
 
+def _predictors(pair, variants, directory: str | None) -> dict:
+    """The trained predictor of each learned variant, by variant name (loaded once per kind)."""
+    from .predictor import load_predictor
+
+    kinds, out = {}, {}
+    for v in variants:
+        kind = None if v.hf else v.policy_config().predictor_kind
+        if kind is not None:
+            if kind not in kinds:
+                kinds[kind] = load_predictor(directory, kind, getattr(pair, "runtime", None))
+            out[v.name] = kinds[kind]
+    return out
+
+
 def run_compare(prompts, pair, variants, out: Path, shard: tuple[int, int] = (1, 1), max_new: int = 512,
-                progress: bool = True) -> Path:
-    """Decode ``prompts`` [(task_id, ids)] (this shard's share) with every variant; returns the
-    shard's row file. Rows already there are kept (resume)."""
+                progress: bool = True, repeats: int = 1, predictor: str | None = None) -> Path:
+    """Decode ``prompts`` [(task_id, ids)] (this shard's share) ``repeats`` times with every
+    variant; returns the shard's row file. Rows already there are kept (resume)."""
     from tqdm import tqdm
 
     from .decode import warmup
+    from .runtime import machine, machine_id
 
+    if repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {repeats}")
     i, n = shard
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"shard-{i}-of-{n}.jsonl"
     kept = read_rows(path)
-    done = {(r["task_id"], r["config"]) for r in kept}
+    done = {(r["task_id"], r["config"], r.get("repeat", 0)) for r in kept}
     # keep only whole rows, so that a line cut by a kill cannot swallow the next one
     write_jsonl(path, kept)
     mine = prompts[i - 1 :: n]
+    host = machine_id(machine(getattr(pair, "runtime", None)))
+    learned = _predictors(pair, variants, predictor)
     if mine:
         longest = max(v.decode.blocks.longest for v in variants if not v.hf) if any(not v.hf for v in variants) else 1
         warmup(pair.drafter, pair.verifier, mine[0][1], longest)
     with open(path, "a") as f:
         for k, (tid, ids) in enumerate(tqdm(mine, desc=f"compare {i}/{n}", unit="prompt", disable=not progress,
                                             file=sys.stderr)):
-            for v in variants[k % len(variants):] + variants[: k % len(variants)]:
-                if (tid, v.name) in done:
-                    continue
-                if v.hf:
-                    tokens, seconds = _hf_generate(pair, ids, max_new, v.lookup)
-                    row = {"seconds": seconds}
-                else:
-                    row, tokens = _decode_row(pair, v, ids, tid)
-                row = {"task_id": tid, "config": v.name, "prompt_tokens": len(ids), **row,
-                       "tokens": len(tokens), "digest": _digest(tokens), "output": [int(t) for t in tokens]}
-                f.write(json.dumps(row) + "\n")
-                f.flush()
+            for rep in range(repeats):
+                first = (k * repeats + rep) % len(variants)
+                for v in variants[first:] + variants[:first]:
+                    if (tid, v.name, rep) in done:
+                        continue
+                    if v.hf:
+                        tokens, seconds = _hf_generate(pair, ids, max_new, v.lookup)
+                        row = {"seconds": seconds}
+                    else:
+                        row, tokens = _decode_row(pair, v, ids, tid, learned.get(v.name))
+                    row = {"task_id": tid, "config": v.name, "repeat": rep, "machine": host,
+                           "prompt_tokens": len(ids), **row, "tokens": len(tokens), "digest": _digest(tokens),
+                           "output": [int(t) for t in tokens]}
+                    f.write(json.dumps(row) + "\n")
+                    f.flush()
     return path
 
 
@@ -243,44 +320,70 @@ def rows_of(directory: Path) -> list[dict]:
     return [r for f in files for r in read_rows(f)]
 
 
+def _totals(res: dict, common: list[str], reps) -> tuple[np.ndarray, np.ndarray]:
+    """Per prompt, the tokens and seconds summed over the repeats ``reps``."""
+    N = np.array([sum(res[t][q]["tokens"] for q in reps) for t in common], float)
+    T = np.array([sum(res[t][q]["seconds"] for q in reps) for t in common], float)
+    return N, T
+
+
 def summarize_comparison(rows: list[dict]) -> dict:
-    """Per configuration, over the prompts every configuration finished."""
-    by: dict[str, dict[str, dict]] = {}
+    """Per configuration, over the prompts every configuration finished in every repeat. Outputs
+    are checked on the first repeat; speed pools the repeats (ΣN/ΣT), and ``ratio_by_repeat``
+    gives each repeat's ratio to ``ar``: their spread is the timing noise."""
+    by: dict[str, dict[str, dict[int, dict]]] = {}
     for r in rows:
-        by.setdefault(r["config"], {})[r["task_id"]] = r
+        by.setdefault(r["config"], {}).setdefault(r["task_id"], {})[r.get("repeat", 0)] = r
     if "ar" not in by:
         raise ValueError("the comparison has no ar rows to measure against")
-    common = sorted(set.intersection(*(set(v) for v in by.values())))
-    ar = by["ar"]
-    N0 = np.array([ar[t]["tokens"] for t in common], float)
-    T0 = np.array([ar[t]["seconds"] for t in common], float)
-    out = {"n_prompts": len(common), "configs": {}}
+    n_rep = 1 + max(r.get("repeat", 0) for r in rows)
+    common = sorted(t for t in set.intersection(*(set(v) for v in by.values()))
+                    if all(len(by[c][t]) == n_rep for c in by))
+    ar = {t: by["ar"][t][0] for t in common}
+    N0, T0 = _totals(by["ar"], common, range(n_rep))
+    out = {"n_prompts": len(common), **({"repeats": n_rep} if n_rep > 1 else {}), "configs": {}}
     for name, res in by.items():
-        rs = [res[t] for t in common]
-        N = np.array([r["tokens"] for r in rs], float)
-        T = np.array([r["seconds"] for r in rs], float)
+        rs = [res[t][0] for t in common]
+        every = [res[t][q] for t in common for q in range(n_rep)]
+        N, T = _totals(res, common, range(n_rep))
         same = sum(r["digest"] == ar[t]["digest"] for r, t in zip(rs, common))
         div = [_first_divergence(r["output"], ar[t]["output"]) for r, t in zip(rs, common)
                if r["digest"] != ar[t]["digest"] and "output" in r and "output" in ar[t]]
-        d = {"tokens": int(N.sum()), "seconds": float(T.sum()), "tokens_per_s": float(N.sum() / T.sum()),
-             "ratio_vs_ar": float((N.sum() / T.sum()) / (N0.sum() / T0.sum())),
+        d = {"tokens": int(sum(r["tokens"] for r in rs)), "seconds": float(T.sum()),
+             "tokens_per_s": float(N.sum() / T.sum()), "ratio_vs_ar": float((N.sum() / T.sum()) / (N0.sum() / T0.sum())),
              "ratio_ci95": _ratio_interval(N, T, N0, T0), "same_as_ar": same,
              "first_divergence": {"n": len(div), "median": float(np.median(div)) if div else None,
                                   "min": int(min(div)) if div else None}}
+        if n_rep > 1:
+            per = [(_totals(res, common, [q]), _totals(by["ar"], common, [q])) for q in range(n_rep)]
+            d["ratio_by_repeat"] = [float((n.sum() / t.sum()) / (n0.sum() / t0.sum())) for (n, t), (n0, t0) in per]
         if rs and "calls" in rs[0]:
-            calls = sum(r["calls"] for r in rs)
-            blocks = sum(r["blocks"] for r in rs)
-            draft = sum(r["draft_seconds"] for r in rs)
-            verify = sum(r["verify_seconds"] for r in rs)
-            d |= {"tokens_per_call": float(N.sum() / calls), "calls_per_token": float(calls / N.sum()),
-                  "c_V_ms": 1000 * verify / calls, "outside_forwards": float((T.sum() - draft - verify) / T.sum())}
-            if blocks:
-                acc = [x for r in rs for x in r["accepted"]]
-                d |= {"mean_L": float(np.mean(acc)) if acc else None,
-                      "p_L_ge1": float(np.mean(np.asarray(acc) >= 1)) if acc else None, "c_D_ms": 1000 * draft / blocks,
-                      "c_D_over_c_V": (draft / blocks) / (verify / calls), "blocks_per_token": float(blocks / N.sum())}
+            d |= _cost_figures(every, N.sum(), T.sum())
         out["configs"][name] = d
+    hosts = sorted({r["machine"] for r in rows if r.get("machine")})
+    if hosts:  # rows written before rows named their machine have no such key
+        out["machines"] = hosts
+        split = [t for t in common if len({x.get("machine") for c in by for x in by[c][t].values()}) > 1]
+        if split:
+            out["prompts_split_across_machines"] = len(split)
     return out
+
+
+def _cost_figures(rs: list[dict], n: float, seconds: float) -> dict:
+    """Tokens per call, the costs of a draft and a verification, and L, over the rows ``rs``
+    (``n`` tokens in ``seconds``)."""
+    calls = sum(r["calls"] for r in rs)
+    blocks = sum(r["blocks"] for r in rs)
+    draft = sum(r["draft_seconds"] for r in rs)
+    verify = sum(r["verify_seconds"] for r in rs)
+    d = {"tokens_per_call": float(n / calls), "calls_per_token": float(calls / n),
+         "c_V_ms": 1000 * verify / calls, "outside_forwards": float((seconds - draft - verify) / seconds)}
+    if blocks:
+        acc = [x for r in rs for x in r["accepted"]]
+        d |= {"mean_L": float(np.mean(acc)) if acc else None,
+              "p_L_ge1": float(np.mean(np.asarray(acc) >= 1)) if acc else None, "c_D_ms": 1000 * draft / blocks,
+              "c_D_over_c_V": (draft / blocks) / (verify / calls), "blocks_per_token": float(blocks / n)}
+    return d
 
 
 def format_summary(s: dict) -> str:
@@ -295,5 +398,14 @@ def format_summary(s: dict) -> str:
         rows.append([name, d["tokens"], f(d["tokens_per_s"], ".2f"), f(d["ratio_vs_ar"], ".3f"), f"[{lo:.3f}, {hi:.3f}]",
                      f"{d['same_as_ar']}/{s['n_prompts']}", f(d.get("tokens_per_call"), ".2f"),
                      f(d.get("c_D_over_c_V"), ".3f"), f(d.get("outside_forwards"), ".1%")])
-    return tabulate(rows, headers=["config", "tokens", "tok/s", "× ar", "95% CI (prompts)", "= ar", "tokens/call",
-                                   "c_D/c_V", "outside forwards"], tablefmt="github")
+    table = tabulate(rows, headers=["config", "tokens", "tok/s", "× ar", "95% CI (prompts)", "= ar", "tokens/call",
+                                    "c_D/c_V", "outside forwards"], tablefmt="github")
+    if s.get("repeats", 1) > 1:
+        table += f"\n\nEach prompt decoded {s['repeats']} times by every configuration; × ar by repeat:\n"
+        table += "\n".join(f"- {name}: " + ", ".join(f"{x:.3f}" for x in d["ratio_by_repeat"])
+                            for name, d in s["configs"].items() if name != "ar")
+    if len(s.get("machines", [])) > 1:
+        split = s.get("prompts_split_across_machines", 0)
+        table += (f"\n\nTimed on {len(s['machines'])} machines ({', '.join(s['machines'])}); {split} prompts have "
+                  "configurations timed on different machines, so their speed ratios are not paired.")
+    return table

@@ -15,8 +15,13 @@ def register(subparsers) -> None:
     c.add_argument("--ids", help="comma-separated task ids")
     c.add_argument("--configs", default="ar,strict,fast",
                    help="comma-separated: ar, a policy name with this command's settings, POLICY+key=value+... "
-                        "(keys: gamma, gamma_max, min_match, trim, steps), fast (Strict SDD with "
+                        "(keys: gamma, gamma_max, min_match, trim, steps; the policy's own: eta_b, eta_c, eta_m, "
+                        "epsilon, k_min, s_max, lenience, top_k, period, period_k, lam, cost_ratio, alpha, "
+                        "survival; cache=on|off for the verifier's KV cache), fast (Strict SDD with "
                         "--gamma 4 --gamma-max 16 --min-match 6 --trim 0.5), hf, lookupN (default: ar,strict,fast)")
+    c.add_argument("--repeats", type=int, default=1,
+                   help="decode every prompt this many times with every configuration, in rotating order; the "
+                        "summary gives each repeat's ratio to ar (default: 1)")
     c.add_argument("--out", help="keep the rows here (resumable; shards of several processes add up)")
     c.add_argument("--summary", action="store_true", help="only summarise the rows already in --out (no model)")
     c.add_argument("--shard", default="1/1", help="I/N: this process takes prompts I, I+N, ... (default: 1/1)")
@@ -46,8 +51,14 @@ def cmd_compare(a) -> int:
         assert len(shard) == 2 and 1 <= shard[0] <= shard[1]
     except (ValueError, AssertionError):
         raise ValueError(f"--shard must be I/N with 1 <= I <= N, got {a.shard!r}") from None
+    if a.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {a.repeats}")
     _, dec, models = configs(a, "strict")
-    variants = [compare.parse_variant(s, dec, models.steps) for s in a.configs.split(",") if s.strip()]
+    flags = {k: getattr(a, k) for k in compare.POLICY_FLAGS if getattr(a, k, None) is not None}
+    variants = [compare.parse_variant(s, dec, models.steps, a.predictor, flags) for s in a.configs.split(",")
+                if s.strip()]
+    if a.predictor and not Path(a.predictor).is_dir():
+        raise ValueError(f"--predictor {a.predictor} is not a directory")
     if not any(v.name == "ar" for v in variants):
         raise ValueError("--configs must include ar, the reference every configuration is measured against")
     ids = task_ids(a.ids)
@@ -60,14 +71,16 @@ def cmd_compare(a) -> int:
 
     n = check_prompt_fits(models.verifier, [(p.task_id, tasks.user_prompt(p)) for p in problems], dec.max_new_tokens)
     if a.out:  # before any model loads: refuse an --out whose rows were made otherwise
-        compare.claim(Path(a.out), compare.settings_record(a.task, dec.max_new_tokens, runtime, models, variants))
+        compare.claim(Path(a.out), compare.settings_record(a.task, dec.max_new_tokens, runtime, models, variants,
+                                                           a.predictor))
     gamma = max([dec.gamma] + [v.decode.gamma_max or v.decode.gamma for v in variants if v.decode is not None])
     pair = open_pair(models, need_drafter=any(v.policy not in (None, "ar") for v in variants),
                      budget=(n, dec.max_new_tokens, gamma))
     prompts = [(p.task_id, encode_chat(pair.tokenizer, tasks.user_prompt(p))) for p in problems]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(a.out) if a.out else Path(tmp)
-        compare.run_compare(prompts, pair, variants, out, shard, dec.max_new_tokens, progress=not a.quiet)
+        compare.run_compare(prompts, pair, variants, out, shard, dec.max_new_tokens, progress=not a.quiet,
+                            repeats=a.repeats, predictor=a.predictor)
         return _print_comparison(compare, out, Path(a.out) if a.out else None,
                                  f"{a.task}, {dec.max_new_tokens} new tokens at most, verifier {runtime.dtype}, "
                                  f"drafter {runtime.drafter_dtype}")

@@ -311,6 +311,8 @@ def load_pair(
               f"to equal ar token for token (use --dtype float32 for that)", file=sys.stderr)
     if need_drafter and drafter not in (None, "", "default", EMBEDDED_DRAFTER) and not Path(drafter).exists():
         raise FileNotFoundError(f"drafter path {drafter} does not exist")
+    if need_drafter and copy_prior not in (None, "off", "none", "auto") and not Path(copy_prior).exists():
+        raise FileNotFoundError(f"copy prior {copy_prior} does not exist")  # before any weights load
     vdir = resolve_verifier_dir(verifier)
     plan = plan_pair(runtime, vdir, _drafter_dir(drafter) if need_drafter else None, use_cache, budget)
     ver, tok = load_verifier(vdir, runtime, use_cache, device_map=plan.verifier_map)

@@ -137,6 +137,16 @@ def test_kmin_gates_periodic_grids():
         sweep.grid("nope")
 
 
+def test_the_full_grid_is_the_two_cpu_grids_with_what_the_verdicts_need_first():
+    full = [pt.name for pt in sweep.grid("full")]
+    both = {pt.name for g in ("cpu-signals", "prefix") for pt in sweep.grid(g)}
+    assert sorted(full) == sorted(both) and len(full) == len(both) == 18
+    assert full[:4] == ["strict", "prefix_model_a0.01_measured_s64", "prefix_model_a0.02_measured_s64",
+                        "prefix_model_a0.05_measured_s64"]
+    assert full[-2:] == ["prefix_model_a0.1_measured_s64", "prefix_model_a0.2_measured_s64"]
+    assert {n.split("_")[0] for n in full[4:13]} == {"raw", "marginal", "conditional"}
+
+
 def test_config_names():
     from vskip.policy import PolicyConfig
 
@@ -211,6 +221,33 @@ def test_resume_after_a_crash_equals_an_unbroken_sweep(unbroken, tmp_path, shard
     assert done == kill_at  # nothing after the crash was lost except the prompt in flight
     sweep.run_sweep(q, tmp_path, pair_factory=fake_pair, progress=False)
     assert_same_sweep(out, tmp_path, p.configs)
+
+
+def test_a_sweep_resumes_elsewhere_from_its_report_archive(unbroken, tmp_path, monkeypatch):
+    """What a commit keeps of an unfinished sweep (the report's runs.tar.xz) is enough for a fresh
+    clone to finish it with the same results."""
+    import tarfile
+
+    from vskip import report
+    from vskip.report.build import archive_runs
+
+    out, p, _ = unbroken
+    here, there = tmp_path / "here", tmp_path / "there"
+    here.mkdir(), there.mkdir()
+    monkeypatch.chdir(here)
+    CrashingTokenizer.budget[0] = 13
+    with pytest.raises(ValueError, match="units failed"):
+        sweep.run_sweep(make_plan(), Path("sw"), pair_factory=crashing_pair, progress=False)
+    rep = report.build_report([Path("sw")], Path("rep"), n_boot=50, warn=lambda m: None)
+    archive_runs(rep, Path("rep") / "runs.tar.xz")
+    with tarfile.open(here / "rep" / "runs.tar.xz") as tar:
+        names = tar.getnames()
+        assert "sw/sweep.json" in names and not any(n.startswith("/") for n in names)
+        tar.extractall(there, filter="data")
+    monkeypatch.chdir(there)
+    assert sum(map(len, _samples_written(Path("sw")))) == 13
+    sweep.run_sweep(make_plan(), Path("sw"), pair_factory=fake_pair, progress=False)
+    assert_same_sweep(out, there / "sw", p.configs)
 
 
 def _samples_written(root: Path):

@@ -156,6 +156,18 @@ def _prefix(s_max: int) -> list[GridPoint]:
     return pts
 
 
+def _full(s_max: int) -> list[GridPoint]:
+    """The full-scale evidence (docs/results/full.md): the cpu-signals and prefix grids together,
+    in the order the verdicts need them, so that a sweep stopped early has the most useful part:
+    Strict SDD, the promise at the three risks asked for, the paper's three signals, then the
+    confidence product and the two loosest risks."""
+    sig, pre = _cpu_signals(s_max), _prefix(s_max)
+    model = [pt for pt in pre if pt.policy.survival == "model"]
+    first, last = [pt for pt in model if pt.policy.alpha <= 0.05], [pt for pt in model if pt.policy.alpha > 0.05]
+    product = [pt for pt in pre if pt.policy.name == "prefix" and pt.policy.survival != "model"]
+    return sig[:1] + first + sig[1:] + product + last
+
+
 #: Named grids: a short description and a builder taking (k_min, s_max).
 GRIDS: dict[str, tuple[str, Callable[[int, int], list[GridPoint]]]] = {
     "table5": ("A.6 Table 5: every method's grid and Strict SDD", _table5),
@@ -172,6 +184,8 @@ GRIDS: dict[str, tuple[str, Callable[[int, int], list[GridPoint]]]] = {
                     lambda k, s: _cpu_signals(s)),
     "prefix": ("beyond the paper: the prefix scheduler's model at alpha 0.01..0.2, its confidence product at "
                "lam 0.9/0.7/0.5, and Strict SDD", lambda k, s: _prefix(s)),
+    "full": ("full scale: cpu-signals and prefix together, Strict SDD and the promise at alpha <= 0.05 first",
+             lambda k, s: _full(s)),
 }
 
 

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The paper's verdicts and the prefix scheduler at full scale (docs/results/full.md): HumanEval
+# (164) and MBPP (first 200 test prompts), 256 new tokens, the shipped drafter and defaults. The
+# work is cut into pieces that each end in files a commit keeps, so that a fresh clone on another
+# machine resumes where the last piece stopped:
+#
+#   bash scripts/fullscale.sh unpack   # restore the committed run directories under runs/full
+#   bash scripts/fullscale.sh traces   # Strict SDD traces of both tasks (runs/full/traces; large, not committed)
+#   bash scripts/fullscale.sh train    # marginal, conditional and prefix models, 5 folds -> $A/predictors
+#   bash scripts/fullscale.sh sweep    # the grid `full` (cpu-signals and prefix) on both tasks, until UNTIL
+#   bash scripts/fullscale.sh pack     # the report and its runs.tar.xz (every run, finished or not) -> $A/report
+#
+# UNTIL (a time `date -d` reads, say 08:40) stops the sweep there: each task's run in flight loses
+# at most the prompt it was decoding, and the next `unpack` + `sweep` goes on from it. A
+# configuration resumed on another machine mixes timings; every sample names its machine and the
+# report says so. R (runs/full) is where runs go; A (docs/results/full) what is committed; MNT
+# (256), HE (164) and MBPP (200) the budget and the prompts of each task; GRID (full) the sweep's
+# grid, whose order puts what the verdicts need first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VSKIP=${VSKIP:-.venv/bin/vskip}
+R=${R:-runs/full}
+A=${A:-docs/results/full}
+MNT=${MNT:-256}
+TASKS=("humaneval ${HE:-164}" "mbpp ${MBPP:-200}")
+GRID=${GRID:-full}
+# the drafter's dtype pinned: `auto` is bfloat16 on a CPU with AVX512-BF16 or AMX and float32 without,
+# and one run resumed on both kinds of machine would mix two drafters' confidences
+PIN="--drafter-dtype float32"
+
+unpack() {
+  # files already here are newer than the archive's: keep them
+  if [ -f "$A/report/runs.tar.xz" ]; then tar -xJf "$A/report/runs.tar.xz" --skip-old-files; fi
+}
+
+traces() {  # one process per task, one thread each
+  for t in "${TASKS[@]}"; do
+    set -- $t
+    $VSKIP run --task "$1" --limit "$2" --policy strict --trace --max-new-tokens "$MNT" --threads 1 $PIN --quiet \
+      --out "$R/traces/$1" &
+  done
+  wait
+}
+
+train() {
+  local traces=("$R/traces/humaneval" "$R/traces/mbpp")
+  for kind in marginal conditional; do
+    [ -f "$A/predictors/$kind/manifest.json" ] || \
+      $VSKIP train-predictor --kind "$kind" --traces "${traces[@]}" --out "$A/predictors" --threads 2 --quiet
+  done
+  # two calibration folds of about 146 prompts: conformal risk control at alpha needs 1/alpha - 1 of them
+  [ -f "$A/predictors/prefix/manifest.json" ] || \
+    $VSKIP train-predictor --kind prefix --traces "${traces[@]}" --out "$A/predictors" --calibration-folds 2 \
+      --threads 2 --quiet
+  $VSKIP diagnose "${traces[@]}" --predictors "$A/predictors" --out "$A/diagnose"
+}
+
+sweep() {  # both tasks side by side, one worker and one thread each, until UNTIL
+  local left=864000 pids=() rc=0 r
+  [ -n "${UNTIL:-}" ] && left=$(( $(date -d "$UNTIL" +%s) - $(date +%s) ))
+  if [ "$left" -le 60 ]; then echo "fullscale: $UNTIL has passed" >&2; return 0; fi
+  for t in "${TASKS[@]}"; do
+    set -- $t
+    timeout -s TERM "$left" $VSKIP sweep --task "$1" --limit "$2" --grid "$GRID" --predictor "$A/predictors" \
+      --max-new-tokens "$MNT" --workers 1 --threads 1 $PIN --quiet --out "$R/sweeps/$1" &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do
+    wait "$pid" || { r=$?; [ "$r" -eq 124 ] || rc=$r; }
+  done
+  return "$rc"
+}
+
+pack() {
+  local runs=()
+  for t in "${TASKS[@]}"; do
+    set -- $t
+    if [ -d "$R/sweeps/$1" ]; then runs+=("$R/sweeps/$1"); fi
+  done
+  $VSKIP report "${runs[@]}" --archive --out "$A/report"
+}
+
+case "${1:-}" in
+  unpack) unpack ;;
+  traces) traces ;;
+  train) train ;;
+  sweep) sweep ;;
+  pack) pack ;;
+  *) echo "usage: $0 unpack|traces|train|sweep|pack" >&2; exit 2 ;;
+esac

@@ -8,6 +8,7 @@
 #   bash scripts/fullscale.sh traces   # Strict SDD traces of both tasks (runs/full/traces; large, not committed)
 #   bash scripts/fullscale.sh train    # marginal, conditional and prefix models, 5 folds -> $A/predictors
 #   bash scripts/fullscale.sh sweep    # the grid `full` (cpu-signals and prefix) on both tasks, until UNTIL
+#   bash scripts/fullscale.sh onpolicy # one on-policy round of the prefix model, its alphas swept again
 #   bash scripts/fullscale.sh pack     # the report and its runs.tar.xz (every run, finished or not) -> $A/report
 #
 # UNTIL (a time `date -d` reads, say 08:40) stops the sweep there: each task's run in flight loses
@@ -28,9 +29,32 @@ GRID=${GRID:-full}
 # and one run resumed on both kinds of machine would mix two drafters' confidences
 PIN="--drafter-dtype float32"
 
-unpack() {
+unonpolicy() {  # one DAgger-style round: decode with the prefix model, retrain it on those blocks too, sweep it
+  local pids=()
+  for t in "${TASKS[@]}"; do
+    set -- $t
+    $VSKIP run --task "$1" --limit "$2" --policy prefix --predictor "$A/predictors" --alpha 0.05 --trace \
+      --max-new-tokens "$MNT" --threads 1 $PIN --quiet --out "$R/onpolicy1/$1" &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid"; done
+  [ -f "$A/predictors-round1/prefix/manifest.json" ] || \
+    $VSKIP train-predictor --kind prefix --traces "$R/traces/humaneval" "$R/traces/mbpp" \
+      --on-policy "$R/onpolicy1/humaneval" "$R/onpolicy1/mbpp" --out "$A/predictors-round1" \
+      --calibration-folds 2 --threads 2 --quiet
+  for t in "${TASKS[@]}"; do
+    set -- $t
+    $VSKIP sweep --task "$1" --limit "$2" --grid prefix --predictor "$A/predictors-round1" \
+      --max-new-tokens "$MNT" --workers 2 --threads 1 $PIN --quiet --out "$R/sweeps-round1/$1"
+  done
+}
+
+pack() {
   # files already here are newer than the archive's: keep them
-  if [ -f "$A/report/runs.tar.xz" ]; then tar -xJf "$A/report/runs.tar.xz" --skip-old-files; fi
+  local f
+  for f in "$A/report/runs.tar.xz" "$A/report-round1/runs.tar.xz"; do
+    if [ -f "$f" ]; then tar -xJf "$f" --skip-old-files; fi
+  done
 }
 
 traces() {  # one process per task, one thread each
@@ -44,6 +68,9 @@ traces() {  # one process per task, one thread each
 
 train() {
   local traces=("$R/traces/humaneval" "$R/traces/mbpp")
+  for t in humaneval mbpp; do  # what the traces were made with, and their Strict SDD summary
+    mkdir -p "$A/traces/$t" && cp "$R/traces/$t/config.json" "$R/traces/$t/summary.json" "$A/traces/$t/"
+  done
   for kind in marginal conditional; do
     [ -f "$A/predictors/$kind/manifest.json" ] || \
       $VSKIP train-predictor --kind "$kind" --traces "${traces[@]}" --out "$A/predictors" --threads 2 --quiet
@@ -78,6 +105,12 @@ pack() {
     if [ -d "$R/sweeps/$1" ]; then runs+=("$R/sweeps/$1"); fi
   done
   $VSKIP report "${runs[@]}" --archive --out "$A/report"
+  runs=()
+  for t in "${TASKS[@]}"; do
+    set -- $t
+    if [ -d "$R/sweeps-round1/$1" ]; then runs+=("$R/sweeps-round1/$1"); fi
+  done
+  if [ "${#runs[@]}" -gt 0 ]; then $VSKIP report "${runs[@]}" --archive --out "$A/report-round1"; fi
 }
 
 case "${1:-}" in
@@ -85,6 +118,7 @@ case "${1:-}" in
   traces) traces ;;
   train) train ;;
   sweep) sweep ;;
+  onpolicy) onpolicy ;;
   pack) pack ;;
-  *) echo "usage: $0 unpack|traces|train|sweep|pack" >&2; exit 2 ;;
+  *) echo "usage: $0 unpack|traces|train|sweep|onpolicy|pack" >&2; exit 2 ;;
 esac

@@ -19,7 +19,7 @@ configuration is measured and checked against. Configurations (``--configs``):
 Rows go to ``OUT/shard-I-of-N.jsonl``, one per (prompt, configuration, repeat), so several
 processes (``--shard I/N``) can split the prompts and a killed comparison resumes. With
 ``--repeats R`` every prompt is decoded R times by every configuration, the order rotating again at
-each repeat; the summary pools the repeats and gives each repeat's ratio, their spread. The summary gives
+each repeat; the summary pools the repeats and gives each repeat's ratio, their spread. It gives
 tokens/s as ΣN/ΣT, the ratio to ``ar`` with a 95% bootstrap interval over prompts, how many
 outputs equal ``ar`` and where the others first differ, tokens per verifier call, c_D/c_V and
 the share of decode time outside model forwards.
@@ -217,7 +217,7 @@ def _decode_row(pair, v: Variant, ids, tid, predictor=None) -> tuple[dict, list[
         drafter = copy.copy(drafter)  # same model and prior, another number of reveal steps
         drafter.steps = v.steps
     policy = v.policy_config()
-    before = getattr(pair.verifier, "use_cache", None)
+    before = getattr(pair.verifier, "use_cache", True)
     if v.cache is not None:
         if not hasattr(pair.verifier, "set_cache"):
             raise ValueError(f"{v.name}: this verifier has no cache switch")

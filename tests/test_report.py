@@ -328,7 +328,8 @@ def test_intervals_and_the_second_quality_axis(sweep_dir, tmp_path):
     from vskip.report.compare import clopper_pearson_upper
 
     ar = write_run(sweep_dir / "ar", "ar", calls=10, blocks=0, seconds=2.0, passed=[True, True, False, True])
-    for d, toks in ((ar, [[1, 2]] * 4), (sweep_dir / "raw_a", [[1, 2], [1, 3], [1, 2], [9]])):
+    for d, toks in ((ar, [[1, 2]] * 4), (sweep_dir / "strict", [[1, 2], [1, 2], [1, 2], [9]]),
+                    (sweep_dir / "raw_a", [[1, 2], [1, 3], [1, 2], [9]])):
         lines = [json.loads(x) for x in (d / "samples.jsonl").read_text().splitlines()]
         for s, t in zip(lines, toks):
             s["tokens"] = t
@@ -343,6 +344,7 @@ def test_intervals_and_the_second_quality_axis(sweep_dir, tmp_path):
     assert iv["rel_calls"][0] <= a.rel_calls <= iv["rel_calls"][1]
     assert iv["strict_token"][0] <= a.m.strict_token <= iv["strict_token"][1]
     assert a.equal_ar == (2, 4)
+    assert a.equal_strict == (3, 4) and rows["strict"].equal_strict == (4, 4)  # against Strict SDD's tokens
     assert rows["strict"].intervals["strict_token"] == (1.0, 1.0)
     text = (tmp_path / "out" / "intervals_humaneval_g16.md").read_text()
     assert "raw_a" in text and "2/4" in text

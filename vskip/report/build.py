@@ -116,6 +116,8 @@ def _compare_all(usable: list[Run], n_boot: int, seed: int, notes: list[str]) ->
             continue
         if r.task in ar_runs and r.samples:
             row.equal_ar = equal_outputs(r, ar_runs[r.task])
+        if ref is not None and r.samples:
+            row.equal_strict = equal_outputs(r, ref)
         if ref is None:
             notes.append(f"{r.label}: no Strict SDD run of {r.task}: relative metrics, matched quality and the "
                          "bootstrap are not available")
@@ -173,7 +175,8 @@ def _group_sections(doc: _Doc, task, gamma, rows: list[Row], k_min: int, n_boot:
         "Intervals", intervals_table(f"intervals_{slug}", rows), rows, names,
         f"Paired percentile bootstrap over prompts ({n_boot} resamples; each replicate resamples the prompts "
         "both runs hold, the same for both). `= ar`: prompts whose generated tokens equal the `ar` run's, "
-        "exactly. `discordant`: prompts where the run and Strict SDD differ in pass/fail; `|Δpass@1| ≤` is "
+        "exactly; `= strict`: the same against the Strict SDD run (with a float32 verifier Strict SDD "
+        "commits the verifier's own tokens, so this is `= ar` where no `ar` run was made). `discordant`: prompts where the run and Strict SDD differ in pass/fail; `|Δpass@1| ≤` is "
         "the exact (Clopper-Pearson) 95% upper bound on their share, which bounds the pass@1 difference "
         "also where every outcome coincides and the bootstrap interval collapses to [0, 0]: identical "
         "outcomes on n prompts are not evidence of a difference smaller than that bound."))

@@ -93,6 +93,7 @@ class Row:
     K_star: float | None = None
     intervals: dict | None = None  # paired bootstrap intervals over prompts (see :func:`intervals`)
     equal_ar: tuple[int, int] | None = None  # (prompts whose output equals ar's, prompts compared)
+    equal_strict: tuple[int, int] | None = None  # the same against its Strict SDD reference
 
     @property
     def name(self) -> str:

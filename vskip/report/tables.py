@@ -108,15 +108,17 @@ def intervals_table(name: str, rows: list[Row]) -> Table | None:
     if not rs:
         return None
     cols = ["config", "prompts", "rel. calls [95% CI]", "rel. blocks [95% CI]", "StrictToken [95% CI]",
-            "FullPrefix [95% CI]", "= ar", "Δpass@1 [95% CI]", "discordant", "|Δpass@1| ≤ (95%)"]
+            "FullPrefix [95% CI]", "= ar", "= strict", "Δpass@1 [95% CI]", "discordant", "|Δpass@1| ≤ (95%)"]
     out = []
     for r in rs:
         iv = r.intervals
         eq = f"{r.equal_ar[0]}/{r.equal_ar[1]}" if r.equal_ar else None
+        eq_s = f"{r.equal_strict[0]}/{r.equal_strict[1]}" if r.equal_strict else None
         disc = f"{iv['discordant']}/{iv['pass_scored']}" if "discordant" in iv else None
         out.append([r.name, iv["prompts"], _interval(r.rel_calls, iv.get("rel_calls")),
                     _interval(r.rel_blocks, iv.get("rel_blocks")), _interval(r.m.strict_token, iv.get("strict_token")),
-                    _interval(r.m.full_prefix, iv.get("full_prefix")), eq, _ci(r), disc, iv.get("delta_pass_bound")])
+                    _interval(r.m.full_prefix, iv.get("full_prefix")), eq, eq_s, _ci(r), disc,
+                    iv.get("delta_pass_bound")])
     return Table(name, cols, out)
 
 

@@ -140,10 +140,12 @@ def test_kmin_gates_periodic_grids():
 def test_the_full_grid_is_the_two_cpu_grids_with_what_the_verdicts_need_first():
     full = [pt.name for pt in sweep.grid("full")]
     both = {pt.name for g in ("cpu-signals", "prefix") for pt in sweep.grid(g)}
-    assert sorted(full) == sorted(both) and len(full) == len(both) == 18
+    kmin = ["raw_eb0.70_ec0.70_k0_s64", "raw_eb0.70_ec0.70_k6_s64"]
+    assert sorted(full) == sorted(both | set(kmin)) and len(full) == len(both) + 2 == 20
+    assert full[-2:] == kmin and "raw_eb0.70_ec0.70_k3_s64" in full
     assert full[:4] == ["strict", "prefix_model_a0.01_measured_s64", "prefix_model_a0.02_measured_s64",
                         "prefix_model_a0.05_measured_s64"]
-    assert full[-2:] == ["prefix_model_a0.1_measured_s64", "prefix_model_a0.2_measured_s64"]
+    assert full[-4:-2] == ["prefix_model_a0.1_measured_s64", "prefix_model_a0.2_measured_s64"]
     assert {n.split("_")[0] for n in full[4:13]} == {"raw", "marginal", "conditional"}
 
 

@@ -160,12 +160,14 @@ def _full(s_max: int) -> list[GridPoint]:
     """The full-scale evidence (docs/results/full.md): the cpu-signals and prefix grids together,
     in the order the verdicts need them, so that a sweep stopped early has the most useful part:
     Strict SDD, the promise at the three risks asked for, the paper's three signals, then the
-    confidence product and the two loosest risks."""
+    confidence product, the two loosest risks, and raw (0.70, 0.70) at the other k_min of the
+    paper's values that a block of 8 allows (0 and 6; 3 is among the signals) for Eq. 8."""
     sig, pre = _cpu_signals(s_max), _prefix(s_max)
     model = [pt for pt in pre if pt.policy.survival == "model"]
     first, last = [pt for pt in model if pt.policy.alpha <= 0.05], [pt for pt in model if pt.policy.alpha > 0.05]
     product = [pt for pt in pre if pt.policy.name == "prefix" and pt.policy.survival != "model"]
-    return sig[:1] + first + sig[1:] + product + last
+    kmin = [pt for pt in _kmin((0, 6), 0.70, 0.70, s_max) if pt.policy.name == "raw"]
+    return sig[:1] + first + sig[1:] + product + last + kmin
 
 
 #: Named grids: a short description and a builder taking (k_min, s_max).
@@ -184,7 +186,8 @@ GRIDS: dict[str, tuple[str, Callable[[int, int], list[GridPoint]]]] = {
                     lambda k, s: _cpu_signals(s)),
     "prefix": ("beyond the paper: the prefix scheduler's model at alpha 0.01..0.2, its confidence product at "
                "lam 0.9/0.7/0.5, and Strict SDD", lambda k, s: _prefix(s)),
-    "full": ("full scale: cpu-signals and prefix together, Strict SDD and the promise at alpha <= 0.05 first",
+    "full": ("full scale: cpu-signals, prefix and raw (0.70, 0.70) at k_min 0 and 6; Strict SDD and the "
+             "promise at alpha <= 0.05 first",
              lambda k, s: _full(s)),
 }
 

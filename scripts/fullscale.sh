@@ -8,6 +8,7 @@
 #   bash scripts/fullscale.sh traces   # Strict SDD traces of both tasks (runs/full/traces; large, not committed)
 #   bash scripts/fullscale.sh train    # marginal, conditional and prefix models, 5 folds -> $A/predictors
 #   bash scripts/fullscale.sh sweep    # the grid `full` (cpu-signals and prefix) on both tasks, until UNTIL
+#   bash scripts/fullscale.sh timing   # KEY points on every 4th prompt, paired: 3 repeats with the cache, 1 without
 #   bash scripts/fullscale.sh onpolicy # one on-policy round of the prefix model, its alphas swept again
 #   bash scripts/fullscale.sh pack     # the report and its runs.tar.xz (every run, finished or not) -> $A/report
 #
@@ -28,8 +29,34 @@ GRID=${GRID:-full}
 # the drafter's dtype pinned: `auto` is bfloat16 on a CPU with AVX512-BF16 or AMX and float32 without,
 # and one run resumed on both kinds of machine would mix two drafters' confidences
 PIN="--drafter-dtype float32"
+PY=${PY:-.venv/bin/python}
+# the points the timing piece repeats: the reference, Strict SDD, the promise, each signal, the product
+KEY=${KEY:-ar,strict,prefix+survival=model+alpha=0.05,raw+eta_b=0.7+eta_c=0.7+k_min=3,marginal+eta_m=0.7+k_min=3,conditional+eta_b=0.7+eta_c=0.7+k_min=3,prefix+lam=0.7}
 
-unonpolicy() {  # one DAgger-style round: decode with the prefix model, retrain it on those blocks too, sweep it
+unevery4th() {  # $1 task, $2 prompts: every fourth of the selected prompts, as --ids
+  $PY -c "from vskip import tasks; print(','.join(p.task_id for p in tasks.load_task('$1', limit=$2)[::4]))"
+}
+
+timing() {  # the key points timed again, paired per prompt: 3 interleaved repeats with the cache, 1 without
+  local ids kind cache repeats pids
+  for kind in cache nocache; do
+    if [ "$kind" = cache ]; then cache=--verifier-cache; repeats=3; else cache=--no-verifier-cache; repeats=1; fi
+    for t in "${TASKS[@]}"; do
+      set -- $t
+      ids=$(every4th "$1" "$2")
+      pids=()
+      for i in 1 2; do
+        $VSKIP compare --task "$1" --ids "$ids" --max-new-tokens "$MNT" --threads 1 $PIN $cache --no-shadow \
+          --repeats "$repeats" --predictor "$A/predictors" --configs "$KEY" --shard "$i/2" --quiet \
+          --out "$R/timing/$1-$kind" > /dev/null &
+        pids+=($!)
+      done
+      for pid in "${pids[@]}"; do wait "$pid"; done
+    done
+  done
+}
+
+onpolicy() {  # one DAgger-style round: decode with the prefix model, retrain it on those blocks too, sweep it
   local pids=()
   for t in "${TASKS[@]}"; do
     set -- $t
@@ -54,6 +81,13 @@ pack() {
   local f
   for f in "$A/report/runs.tar.xz" "$A/report-round1/runs.tar.xz"; do
     if [ -f "$f" ]; then tar -xJf "$f" --skip-old-files; fi
+  done
+  for f in "$A"/timing/*/shard-*.jsonl.gz; do  # timing rows: a resumed comparison appends to them
+    [ -f "$f" ] || continue
+    local d="$R/timing/$(basename "$(dirname "$f")")"
+    mkdir -p "$d"
+    [ -f "$d/settings.json" ] || cp "$(dirname "$f")/settings.json" "$d/"
+    [ -f "$d/$(basename "$f" .gz)" ] || gunzip -c "$f" > "$d/$(basename "$f" .gz)"
   done
 }
 
@@ -99,7 +133,14 @@ sweep() {  # both tasks side by side, one worker and one thread each, until UNTI
 }
 
 pack() {
-  local runs=()
+  local runs=() d
+  for d in "$R"/timing/*/; do  # the timing rows, compressed, and their summary
+    [ -f "$d/settings.json" ] || continue
+    mkdir -p "$A/timing/$(basename "$d")"
+    cp "$d/settings.json" "$A/timing/$(basename "$d")/"
+    for f in "$d"/shard-*.jsonl; do gzip -9nc "$f" > "$A/timing/$(basename "$d")/$(basename "$f").gz"; done
+    $VSKIP compare --summary --out "$A/timing/$(basename "$d")" > /dev/null
+  done
   for t in "${TASKS[@]}"; do
     set -- $t
     if [ -d "$R/sweeps/$1" ]; then runs+=("$R/sweeps/$1"); fi
@@ -118,7 +159,8 @@ case "${1:-}" in
   traces) traces ;;
   train) train ;;
   sweep) sweep ;;
+  timing) timing ;;
   onpolicy) onpolicy ;;
   pack) pack ;;
-  *) echo "usage: $0 unpack|traces|train|sweep|onpolicy|pack" >&2; exit 2 ;;
+  *) echo "usage: $0 unpack|traces|train|sweep|timing|onpolicy|pack" >&2; exit 2 ;;
 esac

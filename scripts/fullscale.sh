@@ -145,13 +145,13 @@ pack() {
     set -- $t
     if [ -d "$R/sweeps/$1" ]; then runs+=("$R/sweeps/$1"); fi
   done
-  $VSKIP report "${runs[@]}" --archive --out "$A/report"
+  $VSKIP report "${runs[@]}" --frontier-k-min 3 --archive --out "$A/report"  # the signals' k_min in grid full
   runs=()
   for t in "${TASKS[@]}"; do
     set -- $t
     if [ -d "$R/sweeps-round1/$1" ]; then runs+=("$R/sweeps-round1/$1"); fi
   done
-  if [ "${#runs[@]}" -gt 0 ]; then $VSKIP report "${runs[@]}" --archive --out "$A/report-round1"; fi
+  if [ "${#runs[@]}" -gt 0 ]; then $VSKIP report "${runs[@]}" --frontier-k-min 3 --archive --out "$A/report-round1"; fi
 }
 
 case "${1:-}" in

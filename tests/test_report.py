@@ -405,6 +405,11 @@ def test_the_promised_agreement_of_prefix_runs(tmp_path):
     assert a["relative_calls"] == pytest.approx(0.8) and a["tokens_per_s_ratio"] == pytest.approx(1.25)
     assert a["tokens_per_s_ratio_ci95"] == pytest.approx([1.25, 1.25]) and a["n_prompts"] == 4
     assert "Promised agreement" in (tmp_path / "out" / "report.md").read_text()
+    # both kinds of prefix run are drawn as frontiers of their own, each with every one of its runs
+    rows = next(iter(rep.rows.values()))
+    fr = report.frontiers(rows, lambda r: r.rel_calls, lambda r: r.m.strict_token, False, True, k_min=6)
+    assert {r.name for r, _ in fr["prefix-model"]} == {"prefix_a", "prefix_b"}
+    assert {r.name for r, _ in fr["prefix"]} == {"prefix_lam"}
     write_run(tmp_path / "t" / "strict", "strict", calls=5, blocks=5, seconds=1.0, passed=[True] * 4)
     build([tmp_path / "t"], tmp_path / "out2")
     assert not (tmp_path / "out2" / "scheduler.json").exists()

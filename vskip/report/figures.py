@@ -7,7 +7,7 @@ from typing import Callable
 
 from .compare import Row
 from .runs import COLORS, FRONTIER_METHODS, LABELS
-from .tables import KminFamily, in_main_grid, pareto_front
+from .tables import KminFamily, frontier_method, in_main_grid, pareto_front
 
 # --------------------------------------------------------------------------- figures
 
@@ -26,7 +26,8 @@ def frontiers(rows: list[Row], x: Callable, y: Callable, x_max: bool, y_max: boo
     with both coordinates known."""
     out = {}
     for m in FRONTIER_METHODS:
-        pts = [r for r in rows if r.policy == m and in_main_grid(r, k_min) and x(r) is not None and y(r) is not None]
+        pts = [r for r in rows if frontier_method(r) == m and in_main_grid(r, k_min) and x(r) is not None
+               and y(r) is not None]
         if pts:
             out[m] = list(zip(pts, pareto_front([x(r) for r in pts], [y(r) for r in pts], x_max, y_max)))
     return out

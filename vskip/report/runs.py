@@ -16,11 +16,13 @@ LABELS = {
     "ar": "AR (verifier alone)", "strict": "Strict SDD", "lenience": "Lenience", "topk": "Top-k",
     "periodic": "Periodic", "raw": "Raw confidence", "marginal": "Marginal survival",
     "conditional": "Conditional survival", "prefix": "Prefix (cost-aware)",
+    "prefix-model": "Prefix model (promised agreement)",
 }
-#: Methods drawn as frontiers (Figures 1 and 4), in legend order.
-FRONTIER_METHODS = ("raw", "marginal", "conditional", "prefix", "lenience", "topk", "periodic")
+#: Methods drawn as frontiers (Figures 1 and 4), in legend order; ``prefix-model`` is the prefix
+#: scheduler reading its trained survival model, ``prefix`` the one reading the confidences' product.
+FRONTIER_METHODS = ("raw", "marginal", "conditional", "prefix", "prefix-model", "lenience", "topk", "periodic")
 COLORS = {"raw": "C0", "marginal": "C1", "conditional": "C2", "lenience": "C3", "topk": "C4", "periodic": "C5",
-          "prefix": "C6"}
+          "prefix": "C6", "prefix-model": "C7"}
 PARAMS = ("eta_b", "eta_c", "k_min", "s_max", "lenience", "top_k", "period", "period_k")
 TIMING_FIELDS = ("decode_seconds", "draft_seconds", "verify_seconds")
 

@@ -27,11 +27,20 @@ def pareto_front(xs: Sequence[float], ys: Sequence[float], x_max: bool = True, y
     return out
 
 
+def frontier_method(row: Row) -> str | None:
+    """The frontier a run belongs to: its policy, with the prefix scheduler split by what it reads
+    (``prefix-model``: its trained survival model; ``prefix``: the confidences' product)."""
+    if row.policy == "prefix" and row.p("survival") == "model":
+        return "prefix-model"
+    return row.policy
+
+
 def in_main_grid(row: Row, k_min: int) -> bool:
-    """Frontier members: lenience, top-k, periodic, and signal runs at the main ``k_min`` with
-    both gates on (the ``k_min`` diagnostic and the gate ablation are reported apart)."""
+    """Frontier members: lenience, top-k, periodic, the prefix scheduler (it has no ``k_min``), and
+    signal runs at the main ``k_min`` with both gates on (the ``k_min`` diagnostic and the gate
+    ablation are reported apart)."""
     m = row.policy
-    if m in ("lenience", "topk", "periodic"):
+    if m in ("lenience", "topk", "periodic", "prefix"):
         return True
     if m in SIGNALS:
         eb, ec = row.p("eta_b"), row.p("eta_c")
@@ -169,7 +178,7 @@ def matched_table(name: str, rows: list[Row], k_min: int) -> Table | None:
     same prompts: the one with the fewest calls and the fastest one."""
     out = []
     for m in FRONTIER_METHODS:
-        pts = [r for r in rows if r.policy == m and in_main_grid(r, k_min) and r.pass_common is not None
+        pts = [r for r in rows if frontier_method(r) == m and in_main_grid(r, k_min) and r.pass_common is not None
                and r.ref_pass_common is not None and r.rel_calls is not None]
         if not pts:
             continue

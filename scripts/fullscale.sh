@@ -33,50 +33,7 @@ PY=${PY:-.venv/bin/python}
 # the points the timing piece repeats: the reference, Strict SDD, the promise, each signal, the product
 KEY=${KEY:-ar,strict,prefix+survival=model+alpha=0.05,raw+eta_b=0.7+eta_c=0.7+k_min=3,marginal+eta_m=0.7+k_min=3,conditional+eta_b=0.7+eta_c=0.7+k_min=3,prefix+lam=0.7}
 
-unevery4th() {  # $1 task, $2 prompts: every fourth of the selected prompts, as --ids
-  $PY -c "from vskip import tasks; print(','.join(p.task_id for p in tasks.load_task('$1', limit=$2)[::4]))"
-}
-
-timing() {  # the key points timed again, paired per prompt: 3 interleaved repeats with the cache, 1 without
-  local ids kind cache repeats pids
-  for kind in cache nocache; do
-    if [ "$kind" = cache ]; then cache=--verifier-cache; repeats=3; else cache=--no-verifier-cache; repeats=1; fi
-    for t in "${TASKS[@]}"; do
-      set -- $t
-      ids=$(every4th "$1" "$2")
-      pids=()
-      for i in 1 2; do
-        $VSKIP compare --task "$1" --ids "$ids" --max-new-tokens "$MNT" --threads 1 $PIN $cache --no-shadow \
-          --repeats "$repeats" --predictor "$A/predictors" --configs "$KEY" --shard "$i/2" --quiet \
-          --out "$R/timing/$1-$kind" > /dev/null &
-        pids+=($!)
-      done
-      for pid in "${pids[@]}"; do wait "$pid"; done
-    done
-  done
-}
-
-onpolicy() {  # one DAgger-style round: decode with the prefix model, retrain it on those blocks too, sweep it
-  local pids=()
-  for t in "${TASKS[@]}"; do
-    set -- $t
-    $VSKIP run --task "$1" --limit "$2" --policy prefix --predictor "$A/predictors" --alpha 0.05 --trace \
-      --max-new-tokens "$MNT" --threads 1 $PIN --quiet --out "$R/onpolicy1/$1" &
-    pids+=($!)
-  done
-  for pid in "${pids[@]}"; do wait "$pid"; done
-  [ -f "$A/predictors-round1/prefix/manifest.json" ] || \
-    $VSKIP train-predictor --kind prefix --traces "$R/traces/humaneval" "$R/traces/mbpp" \
-      --on-policy "$R/onpolicy1/humaneval" "$R/onpolicy1/mbpp" --out "$A/predictors-round1" \
-      --calibration-folds 2 --threads 2 --quiet
-  for t in "${TASKS[@]}"; do
-    set -- $t
-    $VSKIP sweep --task "$1" --limit "$2" --grid prefix --predictor "$A/predictors-round1" \
-      --max-new-tokens "$MNT" --workers 2 --threads 1 $PIN --quiet --out "$R/sweeps-round1/$1"
-  done
-}
-
-pack() {
+unpack() {
   # files already here are newer than the archive's: keep them
   local f
   for f in "$A/report/runs.tar.xz" "$A/report-round1/runs.tar.xz"; do
@@ -132,6 +89,49 @@ sweep() {  # both tasks side by side, one worker and one thread each, until UNTI
   return "$rc"
 }
 
+every4th() {  # $1 task, $2 prompts: every fourth of the selected prompts, as --ids
+  $PY -c "from vskip import tasks; print(','.join(p.task_id for p in tasks.load_task('$1', limit=$2)[::4]))"
+}
+
+timing() {  # the key points timed again, paired per prompt: 3 interleaved repeats with the cache, 1 without
+  local ids kind cache repeats pids
+  for kind in cache nocache; do
+    if [ "$kind" = cache ]; then cache=--verifier-cache; repeats=3; else cache=--no-verifier-cache; repeats=1; fi
+    for t in "${TASKS[@]}"; do
+      set -- $t
+      ids=$(every4th "$1" "$2")
+      pids=()
+      for i in 1 2; do
+        $VSKIP compare --task "$1" --ids "$ids" --max-new-tokens "$MNT" --threads 1 $PIN $cache --no-shadow \
+          --repeats "$repeats" --predictor "$A/predictors" --configs "$KEY" --shard "$i/2" --quiet \
+          --out "$R/timing/$1-$kind" > /dev/null &
+        pids+=($!)
+      done
+      for pid in "${pids[@]}"; do wait "$pid"; done
+    done
+  done
+}
+
+onpolicy() {  # one DAgger-style round: decode with the prefix model, retrain it on those blocks too, sweep it
+  local pids=()
+  for t in "${TASKS[@]}"; do
+    set -- $t
+    $VSKIP run --task "$1" --limit "$2" --policy prefix --predictor "$A/predictors" --alpha 0.05 --trace \
+      --max-new-tokens "$MNT" --threads 1 $PIN --quiet --out "$R/onpolicy1/$1" &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid"; done
+  [ -f "$A/predictors-round1/prefix/manifest.json" ] || \
+    $VSKIP train-predictor --kind prefix --traces "$R/traces/humaneval" "$R/traces/mbpp" \
+      --on-policy "$R/onpolicy1/humaneval" "$R/onpolicy1/mbpp" --out "$A/predictors-round1" \
+      --calibration-folds 2 --threads 2 --quiet
+  for t in "${TASKS[@]}"; do
+    set -- $t
+    $VSKIP sweep --task "$1" --limit "$2" --grid prefix --predictor "$A/predictors-round1" \
+      --max-new-tokens "$MNT" --workers 2 --threads 1 $PIN --quiet --out "$R/sweeps-round1/$1"
+  done
+}
+
 pack() {
   local runs=() d
   for d in "$R"/timing/*/; do  # the timing rows, compressed, and their summary
@@ -145,7 +145,9 @@ pack() {
     set -- $t
     if [ -d "$R/sweeps/$1" ]; then runs+=("$R/sweeps/$1"); fi
   done
-  $VSKIP report "${runs[@]}" --frontier-k-min 3 --archive --out "$A/report"  # the signals' k_min in grid full
+  if [ "${#runs[@]}" -gt 0 ]; then  # the signals' k_min in grid full is 3
+    $VSKIP report "${runs[@]}" --frontier-k-min 3 --archive --out "$A/report"
+  fi
   runs=()
   for t in "${TASKS[@]}"; do
     set -- $t

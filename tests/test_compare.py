@@ -207,3 +207,14 @@ def test_a_learned_configuration_reads_its_predictor(tmp_path, monkeypatch):
     assert asked == [("pred", "marginal")] and set(scored) == {"t0"}
     rows = {r["config"]: r for r in compare.read_rows(path)}
     assert rows["marginal+eta_m=0.5+k_min=1"]["skipped"] > 0 and rows["strict"]["skipped"] == 0
+
+
+def test_a_shard_without_prompts_ends_at_once(tmp_path, capsys, monkeypatch):
+    """More shards than prompts: the idle shard says so and exits 0 before any model loads."""
+    import vskip.models.load
+    from vskip.cli import main
+
+    monkeypatch.setattr(vskip.models.load, "open_pair", lambda *a, **k: pytest.fail("a model was loaded"))
+    rc = main(["compare", "--task", "humaneval", "--ids", "HumanEval/0", "--configs", "ar,strict",
+               "--shard", "2/2", "--out", str(tmp_path / "c"), "--quiet"])
+    assert rc == 0 and "shard 2/2 has no prompts of the 1 selected" in capsys.readouterr().out

@@ -65,6 +65,9 @@ def cmd_compare(a) -> int:
     problems = tasks.load_task(a.task, limit=a.limit, ids=list(ids) if ids else None)
     if not problems:
         raise ValueError(f"no prompts selected from {a.task}")
+    if not problems[shard[0] - 1 :: shard[1]]:  # more shards than prompts: nothing to do here
+        print(f"shard {shard[0]}/{shard[1]} has no prompts of the {len(problems)} selected")
+        return 0
     runtime = resolve_runtime(models.device, models.dtype, models.threads, models.drafter_dtype,
                               models.drafter_device, models.verifier_device, models.max_memory)
     from ..models.load import check_prompt_fits

@@ -132,28 +132,33 @@ onpolicy() {  # one DAgger-style round: decode with the prefix model, retrain it
   done
 }
 
+task_dirs() {  # $1 under $R: the task directories that exist
+  local t
+  for t in "${TASKS[@]}"; do
+    set -- "$1" $t
+    if [ -d "$R/$1/$2" ]; then echo "$R/$1/$2"; fi
+  done
+}
+
 pack() {
-  local runs=() d
+  local d f out runs
   for d in "$R"/timing/*/; do  # the timing rows, compressed, and their summary
     [ -f "$d/settings.json" ] || continue
-    mkdir -p "$A/timing/$(basename "$d")"
-    cp "$d/settings.json" "$A/timing/$(basename "$d")/"
-    for f in "$d"/shard-*.jsonl; do gzip -9nc "$f" > "$A/timing/$(basename "$d")/$(basename "$f").gz"; done
-    $VSKIP compare --summary --out "$A/timing/$(basename "$d")" > /dev/null
+    out="$A/timing/$(basename "$d")"
+    mkdir -p "$out"
+    cp "$d/settings.json" "$out/"
+    for f in "$d"/shard-*.jsonl; do
+      gzip -9nc "$f" > "$out/.tmp.gz" && mv "$out/.tmp.gz" "$out/$(basename "$f").gz"
+    done
+    $VSKIP compare --summary --out "$out" > /dev/null
   done
-  for t in "${TASKS[@]}"; do
-    set -- $t
-    if [ -d "$R/sweeps/$1" ]; then runs+=("$R/sweeps/$1"); fi
+  # the signals' k_min in grid full is 3
+  for d in sweeps sweeps-round1; do
+    mapfile -t runs < <(task_dirs "$d")
+    if [ "${#runs[@]}" -gt 0 ]; then
+      $VSKIP report "${runs[@]}" --frontier-k-min 3 --archive --out "$A/report${d#sweeps}"
+    fi
   done
-  if [ "${#runs[@]}" -gt 0 ]; then  # the signals' k_min in grid full is 3
-    $VSKIP report "${runs[@]}" --frontier-k-min 3 --archive --out "$A/report"
-  fi
-  runs=()
-  for t in "${TASKS[@]}"; do
-    set -- $t
-    if [ -d "$R/sweeps-round1/$1" ]; then runs+=("$R/sweeps-round1/$1"); fi
-  done
-  if [ "${#runs[@]}" -gt 0 ]; then $VSKIP report "${runs[@]}" --frontier-k-min 3 --archive --out "$A/report-round1"; fi
 }
 
 case "${1:-}" in

@@ -47,9 +47,8 @@ _POLICY_KEYS = {"eta_b": float, "eta_c": float, "eta_m": float, "epsilon": float
                 "lenience": float, "top_k": int, "period": int, "period_k": int, "lam": float, "cost_ratio": float,
                 "alpha": float, "survival": str}
 _SWITCH = {"on": True, "off": False}
-#: the command's policy flags every policy configuration starts from
-POLICY_FLAGS = ("eta_b", "eta_c", "eta_m", "epsilon", "k_min", "s_max", "lenience", "top_k", "period", "period_k",
-                "lam", "cost_ratio", "alpha")
+#: the command's policy flags every policy configuration starts from (``survival`` is no flag)
+POLICY_FLAGS = tuple(k for k in _POLICY_KEYS if k != "survival")
 
 
 @dataclass(frozen=True)

@@ -432,8 +432,18 @@ def test_the_prefix_scheduler_against_raw_at_equal_agreement(tmp_path):
     md = (tmp_path / "out" / "prefix_vs_raw_humaneval_g16.md").read_text()
     a = next(line for line in md.splitlines() if line.startswith("| prefix_a"))
     b = next(line for line in md.splitlines() if line.startswith("| prefix_b"))
-    assert "raw_hi" in a and a.endswith("fewer calls and faster |")
-    assert "raw_lo" in b and b.endswith("neither |")
+    assert "raw_hi" in a and a.endswith("fewer calls, faster |")
+    assert "0.7500 [0.7500, 0.7500]" in a  # 3 calls per 10 tokens over raw_hi's 4, on every prompt
+    assert "raw_lo" in b and b.endswith("more calls, slower |")
+    # the same calls on average but not on every prompt: the interval holds 1, the verdict says so
+    lines = [json.loads(x) for x in (root / "prefix_a" / "samples.jsonl").read_text().splitlines()]
+    for s, c, t in zip(lines, (2, 6, 2, 6), (0.5, 1.3, 0.5, 1.3)):
+        s["verifier_calls"], s["decode_seconds"] = c, t
+    (root / "prefix_a" / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in lines))
+    build([root], tmp_path / "out2")
+    md = (tmp_path / "out2" / "prefix_vs_raw_humaneval_g16.md").read_text()
+    a = next(line for line in md.splitlines() if line.startswith("| prefix_a"))
+    assert a.endswith("calls unresolved, speed unresolved |"), a
 
 
 def test_compare_reports_ignores_timing_and_catches_the_rest(tmp_path, capsys):

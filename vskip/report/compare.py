@@ -247,6 +247,35 @@ def intervals(run: Run, ref: Run, ids: Sequence[str], n_boot: int, seed: int) ->
     return out
 
 
+def ratio_ci(run: Run, other: Run, ids: Sequence[str], num: str, den: str, n_boot: int,
+             seed: int) -> tuple[float, tuple[float, float] | None] | None:
+    """(Σnum/Σden)_run / (Σnum/Σden)_other over the prompts ``ids`` both hold, with a paired
+    percentile bootstrap over them: ``num``/``den`` name sample fields, ``verifier_calls`` over
+    ``generated_tokens`` for calls per token, ``generated_tokens`` over ``decode_seconds`` for
+    tokens/s. None when a sample lacks a field. The interval covers the choice of prompts only:
+    two runs timed at different moments also differ by the machine's drift, which it does not see."""
+    if not ids:
+        return None
+
+    def cols(r):
+        by = {s["task_id"]: s for s in r.samples if "task_id" in s}
+        vals = [(by[i].get(num), by[i].get(den)) for i in ids]
+        if any(a is None or b is None for a, b in vals):
+            return None
+        return np.asarray(vals, np.float64).T
+
+    a, b = cols(run), cols(other)
+    if a is None or b is None:
+        return None
+    with np.errstate(invalid="ignore", divide="ignore"):
+        point = float((a[0].sum() / a[1].sum()) / (b[0].sum() / b[1].sum()))
+        if n_boot <= 0:
+            return point, None
+        idx = np.random.default_rng(seed).integers(0, len(ids), size=(n_boot, len(ids)))
+        v = (a[0][idx].sum(1) / a[1][idx].sum(1)) / (b[0][idx].sum(1) / b[1][idx].sum(1))
+    return point, _percentile(v)
+
+
 def clopper_pearson_upper(k: int, n: int, level: float = 0.95) -> float:
     """One-sided upper confidence bound on a binomial share from ``k`` of ``n`` (exact)."""
     from scipy.stats import beta

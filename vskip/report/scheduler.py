@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .compare import Row, _percentile
+from .compare import Row, _percentile, ratio_ci
 
 #: the fields of every entry of ``scheduler.json``
 FIELDS = ("task", "gamma", "config", "alpha", "realised_disagreement", "realised_disagreement_ci95",
@@ -35,20 +35,6 @@ def prompt_disagreement(run, ids: Sequence[str]) -> np.ndarray | None:
             wrong[r["task_id"]] += max(0, r["K"] - r["L"])
     n = {s["task_id"]: s.get("generated_tokens") or 0 for s in run.samples if "task_id" in s}
     return np.array([wrong[i] / n[i] if n.get(i) else 0.0 for i in ids], np.float64)
-
-
-def _speed_ratio_ci(run, ref, ids: Sequence[str], n_boot: int, seed: int):
-    """Paired bootstrap over prompts of (ΣN/ΣT)_run / (ΣN/ΣT)_ref."""
-    def cols(r):
-        by = {s["task_id"]: s for s in r.samples}
-        return (np.array([by[i]["generated_tokens"] for i in ids], np.float64),
-                np.array([by[i]["decode_seconds"] for i in ids], np.float64))
-
-    (na, ta), (nb, tb) = cols(run), cols(ref)
-    idx = np.random.default_rng(seed).integers(0, len(ids), size=(n_boot, len(ids)))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        v = (na[idx].sum(1) / ta[idx].sum(1)) / (nb[idx].sum(1) / tb[idx].sum(1))
-    return _percentile(v)
 
 
 def scheduler_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0) -> list[dict]:
@@ -70,7 +56,8 @@ def scheduler_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0) 
             "realised_disagreement_upper95": float(np.quantile(boot, 0.95)),
             "within_alpha": bool(d.mean() <= alpha), "relative_calls": row.rel_calls,
             "relative_calls_ci95": iv.get("rel_calls"), "tokens_per_s_ratio": row.speedup,
-            "tokens_per_s_ratio_ci95": _speed_ratio_ci(row.run, row.ref, ids, n_boot, seed),
+            "tokens_per_s_ratio_ci95": (ratio_ci(row.run, row.ref, ids, "generated_tokens", "decode_seconds",
+                                                n_boot, seed) or (None, None))[1],
             "n_prompts": len(ids),
         })
     return sorted(out, key=lambda e: (str(e["task"]), e["gamma"] or 0, e["alpha"]))

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..policy import DEFAULT_GATES, SIGNALS, break_even_length
-from .compare import Row, metrics_of
+from .compare import Row, metrics_of, ratio_ci
 from .runs import FRONTIER_METHODS, LABELS
 
 # --------------------------------------------------------------------------- frontiers
@@ -201,10 +201,26 @@ def matched_table(name: str, rows: list[Row], k_min: int) -> Table | None:
                         "tokens/s", "strict tokens/s", "StrictToken", "FullPrefix"], out)
 
 
-def versus_table(name: str, rows: list[Row], k_min: int, policy: str = "prefix", baseline: str = "raw") -> Table | None:
-    """Each ``policy`` point against ``baseline``'s observed points of at least its StrictToken:
-    the fewest relative calls and the highest speedup among them, and whether the point beats both
-    (observed points only; no interpolation between them)."""
+def _side(r: Row, other: Row, num: str, den: str, n_boot: int, seed: int, less: str, more: str, same: str):
+    """``r`` against ``other`` on the prompts both hold: the ratio with its paired interval, and
+    ``less``/``more`` where the interval lies below/above 1, ``same`` where it holds 1."""
+    ids = sorted(set(r.run.ids) & set(other.run.ids))
+    got = ratio_ci(r.run, other.run, ids, num, den, n_boot, seed) if r.run.samples and other.run.samples else None
+    if got is None:
+        return None, same
+    point, ci = got
+    if ci is None:
+        return _fmt(point), same
+    return _interval(point, ci), less if ci[1] < 1 else more if ci[0] > 1 else same
+
+
+def versus_table(name: str, rows: list[Row], k_min: int, policy: str = "prefix", baseline: str = "raw",
+                 n_boot: int = 10_000, seed: int = 0) -> Table | None:
+    """Each ``policy`` point against ``baseline``'s observed points of at least its StrictToken
+    (main grid): the one with the fewest relative calls and the one with the highest speedup, and
+    the point's calls per token and tokens/s over theirs on the prompts both ran, with paired
+    bootstrap intervals. A difference whose interval holds 1 is unresolved (observed points only;
+    no interpolation between them)."""
     base = [r for r in rows if r.policy == baseline and in_main_grid(r, k_min) and r.m.strict_token is not None
             and r.rel_calls is not None]
     pts = [r for r in rows if r.policy == policy and r.m.strict_token is not None and r.rel_calls is not None]
@@ -214,19 +230,20 @@ def versus_table(name: str, rows: list[Row], k_min: int, policy: str = "prefix",
     for r in sorted(pts, key=lambda r: -r.m.strict_token):
         peers = [b for b in base if b.m.strict_token >= r.m.strict_token - 1e-12]
         if not peers:
-            out.append([r.name, r.m.strict_token, r.rel_calls, r.speedup] + [None] * 4
+            out.append([r.name, r.m.strict_token, r.rel_calls, r.speedup] + [None] * 6
                        + [f"no {baseline} point agrees as much"])
             continue
         calls = min(peers, key=lambda b: b.rel_calls)
         fast = max(peers, key=lambda b: b.speedup or 0)
-        fewer = r.rel_calls < calls.rel_calls
-        faster = r.speedup is not None and fast.speedup is not None and r.speedup > fast.speedup
-        out.append([r.name, r.m.strict_token, r.rel_calls, r.speedup, calls.rel_calls, calls.name, fast.speedup,
-                    fast.name, {(True, True): "fewer calls and faster", (True, False): "fewer calls, not faster",
-                                (False, True): "faster, not fewer calls"}.get((fewer, faster), "neither")])
+        c_ratio, c_word = _side(r, calls, "verifier_calls", "generated_tokens", n_boot, seed,
+                                "fewer calls", "more calls", "calls unresolved")
+        s_ratio, s_word = _side(r, fast, "generated_tokens", "decode_seconds", n_boot, seed,
+                                "slower", "faster", "speed unresolved")
+        out.append([r.name, r.m.strict_token, r.rel_calls, r.speedup, calls.name, calls.rel_calls, c_ratio,
+                    fast.name, fast.speedup, s_ratio, f"{c_word}, {s_word}"])
     return Table(name, ["config", "StrictToken", "rel. calls", "speedup", f"{baseline}: fewest calls at ≥ StrictToken",
-                        f"{baseline} config", f"{baseline}: best speedup at ≥ StrictToken", f"{baseline} config ",
-                        "verdict"], out)
+                        "its rel. calls", "calls per token / its [95% CI]", f"{baseline}: fastest at ≥ StrictToken",
+                        "its speedup", "tokens/s / its [95% CI]", "verdict"], out)
 
 
 def eq8_table(name: str, rows: list[Row]) -> Table | None:

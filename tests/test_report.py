@@ -428,7 +428,16 @@ def test_the_prefix_scheduler_against_raw_at_equal_agreement(tmp_path):
     # prefix B: StrictToken 0.5 at 0.8 calls, slower: beaten by raw_lo
     write_run(root / "prefix_b", "prefix", calls=4, blocks=6, seconds=0.95, passed=T, relaxed=[(4, 2)],
               params={"lam": 0.5})
+    # the learned signals against raw too (H1), main grid only: a k_min-diagnostic run is left out
+    write_run(root / "marg_a", "marginal", calls=5, blocks=6, seconds=1.0, passed=T, relaxed=[(6, 6)])
+    write_run(root / "marg_k0", "marginal", calls=3, blocks=6, seconds=0.7, passed=T, relaxed=[(6, 6)],
+              params={"k_min": 0})
     build([root], tmp_path / "out")
+    md = (tmp_path / "out" / "marginal_vs_raw_humaneval_g16.md").read_text()
+    assert "marg_k0" not in md
+    m = next(line for line in md.splitlines() if line.startswith("| marg_a"))
+    assert "raw_hi" in m and m.endswith("more calls, slower |")
+    assert "Marginal survival against raw confidence (H1)" in (tmp_path / "out" / "report.md").read_text()
     md = (tmp_path / "out" / "prefix_vs_raw_humaneval_g16.md").read_text()
     a = next(line for line in md.splitlines() if line.startswith("| prefix_a"))
     b = next(line for line in md.splitlines() if line.startswith("| prefix_b"))

@@ -190,16 +190,19 @@ def _group_sections(doc: _Doc, task, gamma, rows: list[Row], k_min: int, n_boot:
         "Matched quality (§5.2)", matched_table(f"matched_{slug}", rows, k_min), rows,
         [r.name for r in rows if in_main_grid(r, k_min)],
         "Observed points whose pass@1 equals (=) or is at least (≥) Strict SDD's on the same prompts."))
-    doc.guarded(f"{title}: prefix vs raw", lambda: doc.table(
-        "Prefix scheduler against raw confidence (beyond the paper)", versus_table(f"prefix_vs_raw_{slug}", rows, k_min,
-                                                                   n_boot=n_boot),
-        rows, [r.name for r in rows if r.policy in ("prefix", "raw")],
-        "Each prefix-scheduler run against the raw-confidence runs (main grid) whose StrictToken is at least its "
-        "own: the one with the fewest relative calls and the fastest one, and the run's calls per token and "
-        f"tokens/s over theirs on the prompts both ran, with paired percentile bootstrap intervals ({n_boot} "
-        "resamples). A ratio whose interval holds 1 is unresolved. Observed points only. The tokens/s interval "
-        "covers the choice of prompts, not the machine's drift between two runs timed at different moments: "
-        "a speed verdict from one timing of each run is weaker than the calls verdict."))
+    for policy, what in (("marginal", "Marginal survival against raw confidence (H1)"),
+                         ("conditional", "Conditional survival against raw confidence (H1)"),
+                         ("prefix", "Prefix scheduler against raw confidence (beyond the paper)")):
+        doc.guarded(f"{title}: {policy} vs raw", lambda policy=policy, what=what: doc.table(
+            what, versus_table(f"{policy}_vs_raw_{slug}", rows, k_min, policy=policy, n_boot=n_boot),
+            rows, [r.name for r in rows if r.policy in (policy, "raw")],
+            f"Each {LABELS[policy].lower()} run (main grid) against the raw-confidence runs (main grid) whose "
+            "StrictToken is at least its own: the one with the fewest relative calls and the fastest one, and the "
+            f"run's calls per token and tokens/s over theirs on the prompts both ran, with paired percentile "
+            f"bootstrap intervals ({n_boot} resamples). A ratio whose interval holds 1 is unresolved. Observed "
+            "points only. The tokens/s interval covers the choice of prompts, not the machine's drift between "
+            "two runs timed at different moments: a speed verdict from one timing of each run is weaker than "
+            "the calls verdict."))
     doc.guarded(f"{title}: table 2", lambda: doc.table(
         "Gate ablation (Table 2)", gate_table(f"table2_{slug}", rows), rows, [r.name for r in rows if r.policy in SIGNALS]))
     doc.guarded(f"{title}: table 3", lambda: doc.table(

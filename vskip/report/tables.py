@@ -217,13 +217,14 @@ def _side(r: Row, other: Row, num: str, den: str, n_boot: int, seed: int, less: 
 def versus_table(name: str, rows: list[Row], k_min: int, policy: str = "prefix", baseline: str = "raw",
                  n_boot: int = 10_000, seed: int = 0) -> Table | None:
     """Each ``policy`` point against ``baseline``'s observed points of at least its StrictToken
-    (main grid): the one with the fewest relative calls and the one with the highest speedup, and
+    (both in the main grid): the one with the fewest relative calls and the one with the highest speedup, and
     the point's calls per token and tokens/s over theirs on the prompts both ran, with paired
     bootstrap intervals. A difference whose interval holds 1 is unresolved (observed points only;
     no interpolation between them)."""
     base = [r for r in rows if r.policy == baseline and in_main_grid(r, k_min) and r.m.strict_token is not None
             and r.rel_calls is not None]
-    pts = [r for r in rows if r.policy == policy and r.m.strict_token is not None and r.rel_calls is not None]
+    pts = [r for r in rows if r.policy == policy and in_main_grid(r, k_min) and r.m.strict_token is not None
+           and r.rel_calls is not None]
     if not base or not pts:
         return None
     out = []

@@ -8,12 +8,15 @@
 #   bash scripts/fullscale.sh traces   # Strict SDD traces of both tasks (runs/full/traces; large, not committed)
 #   bash scripts/fullscale.sh train    # marginal, conditional and prefix models, 5 folds -> $A/predictors
 #   bash scripts/fullscale.sh sweep    # the grid `full` (cpu-signals and prefix) on both tasks, until UNTIL
-#   bash scripts/fullscale.sh timing   # KEY points on every 4th prompt, paired: 3 repeats with the cache, 1 without
-#   bash scripts/fullscale.sh onpolicy # one on-policy round of the prefix model, its alphas swept again
-#   bash scripts/fullscale.sh pack     # the report and its runs.tar.xz (every run, finished or not) -> $A/report
+#   bash scripts/fullscale.sh timing   # KEY on every 4th prompt, 3 repeats with the cache; NOCACHE_KEY on every 8th, without
+#   bash scripts/fullscale.sh onpolicy # one on-policy round: traces (again, if missing), decode with the model, retrain
+#   bash scripts/fullscale.sh onpolicy-sweep  # the retrained model at alpha 0.01, 0.02, 0.05 (grid `promise`)
+#   bash scripts/fullscale.sh pack     # the reports and their runs.tar.xz (every run, finished or not) -> $A/report*
 #
-# UNTIL (a time `date -d` reads, say 08:40) stops the sweep there: each task's run in flight loses
-# at most the prompt it was decoding, and the next `unpack` + `sweep` goes on from it. A
+# UNTIL (a time `date -d` reads, say 08:40) stops sweep, timing, onpolicy and onpolicy-sweep there:
+# each process in flight loses at most the prompt it was decoding, and the next `unpack` and the
+# same step go on from it. `onpolicy` must finish on the machine it started on: its traces (150 MB
+# a task) are not committed, so a fresh machine makes them again (the same tokens: it checks). A
 # configuration resumed on another machine mixes timings; every sample names its machine and the
 # report says so. R (runs/full) is where runs go; A (docs/results/full) what is committed; MNT
 # (256), HE (164) and MBPP (200) the budget and the prompts of each task; GRID (full) the sweep's
@@ -32,6 +35,21 @@ PIN="--drafter-dtype float32"
 PY=${PY:-.venv/bin/python}
 # the points the timing piece repeats: the reference, Strict SDD, the promise, each signal, the product
 KEY=${KEY:-ar,strict,prefix+survival=model+alpha=0.05,raw+eta_b=0.7+eta_c=0.7+k_min=3,marginal+eta_m=0.7+k_min=3,conditional+eta_b=0.7+eta_c=0.7+k_min=3,prefix+lam=0.7}
+# the points timed without the verifier's cache, as the paper timed, on every 8th prompt: a call that
+# recomputes the whole sequence costs several cached ones here, and `ar` without its cache is the dearest
+NOCACHE_KEY=${NOCACHE_KEY:-ar,strict,prefix+survival=model+alpha=0.05,raw+eta_b=0.7+eta_c=0.7+k_min=3}
+
+left() {  # seconds until UNTIL (ten days without it)
+  if [ -n "${UNTIL:-}" ]; then echo $(( $(date -d "$UNTIL" +%s) - $(date +%s) )); else echo 864000; fi
+}
+
+waitall() {  # wait for the given pids; a timeout (124) at UNTIL is not a failure
+  local pid r rc=0
+  for pid in "$@"; do
+    wait "$pid" || { r=$?; [ "$r" -eq 124 ] || rc=$r; }
+  done
+  return "$rc"
+}
 
 unpack() {
   # files already here are newer than the archive's: keep them
@@ -73,75 +91,109 @@ train() {
   $VSKIP diagnose "${traces[@]}" --predictors "$A/predictors" --out "$A/diagnose"
 }
 
-sweep() {  # both tasks side by side, one worker and one thread each, until UNTIL
-  local left=864000 pids=() rc=0 r
-  [ -n "${UNTIL:-}" ] && left=$(( $(date -d "$UNTIL" +%s) - $(date +%s) ))
-  if [ "$left" -le 60 ]; then echo "fullscale: $UNTIL has passed" >&2; return 0; fi
+sweep_both() {  # $1 grid, $2 predictors, $3 sweeps directory, $4 suffix of each task's directory: both tasks side by side
+  local n pids=()
+  n=$(left)
+  if [ "$n" -le 60 ]; then echo "fullscale: $UNTIL has passed" >&2; return 0; fi
   for t in "${TASKS[@]}"; do
-    set -- $t
-    timeout -s TERM "$left" $VSKIP sweep --task "$1" --limit "$2" --grid "$GRID" --predictor "$A/predictors" \
-      --max-new-tokens "$MNT" --workers 1 --threads 1 $PIN --quiet --out "$R/sweeps/$1" &
+    set -- "$@" $t
+    timeout -s TERM "$n" $VSKIP sweep --task "$5" --limit "$6" --grid "$1" --predictor "$2" \
+      --max-new-tokens "$MNT" --workers 1 --threads 1 $PIN --quiet --out "$R/$3/$5$4" &
     pids+=($!)
+    set -- "$1" "$2" "$3" "$4"
   done
-  for pid in "${pids[@]}"; do
-    wait "$pid" || { r=$?; [ "$r" -eq 124 ] || rc=$r; }
-  done
-  return "$rc"
+  waitall "${pids[@]}"
 }
 
-every4th() {  # $1 task, $2 prompts: every fourth of the selected prompts, as --ids
-  $PY -c "from vskip import tasks; print(','.join(p.task_id for p in tasks.load_task('$1', limit=$2)[::4]))"
+sweep() {  # the grid on both tasks, one worker and one thread each, until UNTIL
+  sweep_both "$GRID" "$A/predictors" sweeps ""
+}
+
+every() {  # $1 task, $2 prompts, $3 n: every n-th of the selected prompts, as --ids
+  $PY -c "from vskip import tasks; print(','.join(p.task_id for p in tasks.load_task('$1', limit=$2)[::$3]))"
 }
 
 timing() {  # the key points timed again, paired per prompt: 3 interleaved repeats with the cache, 1 without
-  local ids kind cache repeats pids
+  local ids kind cache repeats nth configs n pids
   for kind in cache nocache; do
-    if [ "$kind" = cache ]; then cache=--verifier-cache; repeats=3; else cache=--no-verifier-cache; repeats=1; fi
+    if [ "$kind" = cache ]; then
+      cache=--verifier-cache repeats=3 nth=4 configs=$KEY
+    else
+      cache=--no-verifier-cache repeats=1 nth=8 configs=$NOCACHE_KEY
+    fi
     for t in "${TASKS[@]}"; do
       set -- $t
-      ids=$(every4th "$1" "$2")
+      ids=$(every "$1" "$2" "$nth")
+      n=$(left)
+      if [ "$n" -le 60 ]; then echo "fullscale: $UNTIL has passed" >&2; return 0; fi
       pids=()
       for i in 1 2; do
-        $VSKIP compare --task "$1" --ids "$ids" --max-new-tokens "$MNT" --threads 1 $PIN $cache --no-shadow \
-          --repeats "$repeats" --predictor "$A/predictors" --configs "$KEY" --shard "$i/2" --quiet \
-          --out "$R/timing/$1-$kind" > /dev/null &
+        timeout -s TERM "$n" $VSKIP compare --task "$1" --ids "$ids" --max-new-tokens "$MNT" --threads 1 $PIN \
+          $cache --no-shadow --repeats "$repeats" --predictor "$A/predictors" --configs "$configs" --shard "$i/2" \
+          --quiet --out "$R/timing/$1-$kind" > /dev/null &
         pids+=($!)
       done
-      for pid in "${pids[@]}"; do wait "$pid"; done
+      waitall "${pids[@]}"
     done
   done
 }
 
-onpolicy() {  # one DAgger-style round: decode with the prefix model, retrain it on those blocks too, sweep it
-  local pids=()
+same_strict() {  # $1 task: the traced run committed what the committed traces' summary says
+  $PY - "$R/traces/$1/summary.json" "$A/traces/$1/summary.json" <<'PY'
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:])
+keys = ("n_prompts", "generated_tokens", "verifier_calls", "draft_blocks", "pass_at_1")
+if any(a[k] != b[k] for k in keys):
+    sys.exit(f"fullscale: the traces made here differ from the committed ones: {[(k, a[k], b[k]) for k in keys]}")
+PY
+}
+
+onpolicy() {  # one DAgger-style round: decode with the prefix model, retrain it on those blocks too
+  local n pids=() t
+  n=$(left)
+  for t in humaneval mbpp; do
+    if [ ! -f "$R/traces/$t/summary.json" ]; then
+      echo "fullscale: no traces here: making them again (a fresh machine)" >&2
+      timeout -s TERM "$n" bash "$0" traces || return 0
+      break
+    fi
+  done
+  for t in humaneval mbpp; do same_strict "$t"; done
+  n=$(left)
   for t in "${TASKS[@]}"; do
     set -- $t
-    $VSKIP run --task "$1" --limit "$2" --policy prefix --predictor "$A/predictors" --alpha 0.05 --trace \
-      --max-new-tokens "$MNT" --threads 1 $PIN --quiet --out "$R/onpolicy1/$1" &
+    timeout -s TERM "$n" $VSKIP run --task "$1" --limit "$2" --policy prefix --predictor "$A/predictors" --alpha 0.05 \
+      --trace --max-new-tokens "$MNT" --threads 1 $PIN --quiet --out "$R/onpolicy1/$1" &
     pids+=($!)
   done
-  for pid in "${pids[@]}"; do wait "$pid"; done
+  waitall "${pids[@]}"
+  for t in humaneval mbpp; do
+    [ -f "$R/onpolicy1/$t/summary.json" ] || { echo "fullscale: the on-policy run of $t is unfinished" >&2; return 0; }
+  done
   [ -f "$A/predictors-round1/prefix/manifest.json" ] || \
     $VSKIP train-predictor --kind prefix --traces "$R/traces/humaneval" "$R/traces/mbpp" \
       --on-policy "$R/onpolicy1/humaneval" "$R/onpolicy1/mbpp" --out "$A/predictors-round1" \
       --calibration-folds 2 --threads 2 --quiet
-  for t in "${TASKS[@]}"; do
-    set -- $t
-    $VSKIP sweep --task "$1" --limit "$2" --grid prefix --predictor "$A/predictors-round1" \
-      --max-new-tokens "$MNT" --workers 2 --threads 1 $PIN --quiet --out "$R/sweeps-round1/$1"
+  for t in humaneval mbpp; do  # what the on-policy runs were, beside the retrained model
+    mkdir -p "$A/onpolicy1/$t" && cp "$R/onpolicy1/$t/config.json" "$R/onpolicy1/$t/summary.json" "$A/onpolicy1/$t/"
   done
 }
 
-task_dirs() {  # $1 under $R: the task directories that exist
+onpolicy_sweep() {  # the retrained model at the promised alphas, both tasks, until UNTIL
+  [ -f "$A/predictors-round1/prefix/manifest.json" ] || { echo "fullscale: run onpolicy first" >&2; return 2; }
+  sweep_both promise "$A/predictors-round1" sweeps-round1 -round1
+}
+
+task_dirs() {  # $1 under $R, $2 suffix: the task directories that exist
   local t
   for t in "${TASKS[@]}"; do
-    set -- "$1" $t
-    if [ -d "$R/$1/$2" ]; then echo "$R/$1/$2"; fi
+    set -- "$1" "${2:-}" $t
+    if [ -d "$R/$1/$3$2" ]; then echo "$R/$1/$3$2"; fi
   done
 }
 
 pack() {
-  local d f out runs
+  local d f out runs t
   for d in "$R"/timing/*/; do  # the timing rows, compressed, and their summary
     [ -f "$d/settings.json" ] || continue
     out="$A/timing/$(basename "$d")"
@@ -153,12 +205,21 @@ pack() {
     $VSKIP compare --summary --out "$out" > /dev/null
   done
   # the signals' k_min in grid full is 3
-  for d in sweeps sweeps-round1; do
-    mapfile -t runs < <(task_dirs "$d")
-    if [ "${#runs[@]}" -gt 0 ]; then
-      $VSKIP report "${runs[@]}" --frontier-k-min 3 --archive --out "$A/report${d#sweeps}"
-    fi
-  done
+  mapfile -t runs < <(task_dirs sweeps)
+  if [ "${#runs[@]}" -gt 0 ]; then
+    $VSKIP report "${runs[@]}" --frontier-k-min 3 --archive --out "$A/report"
+  fi
+  # round 1 beside the runs it is measured against: Strict SDD and round 0 at the same alphas
+  mapfile -t runs < <(task_dirs sweeps-round1 -round1)
+  if [ "${#runs[@]}" -gt 0 ]; then
+    for t in "${TASKS[@]}"; do
+      set -- $t
+      for d in strict prefix_model_a0.01_measured_s64 prefix_model_a0.02_measured_s64 prefix_model_a0.05_measured_s64; do
+        if [ -d "$R/sweeps/$1/$d" ]; then runs+=("$R/sweeps/$1/$d"); fi
+      done
+    done
+    $VSKIP report "${runs[@]}" --frontier-k-min 3 --archive --out "$A/report-round1"
+  fi
 }
 
 case "${1:-}" in
@@ -168,6 +229,7 @@ case "${1:-}" in
   sweep) sweep ;;
   timing) timing ;;
   onpolicy) onpolicy ;;
+  onpolicy-sweep) onpolicy_sweep ;;
   pack) pack ;;
-  *) echo "usage: $0 unpack|traces|train|sweep|timing|onpolicy|pack" >&2; exit 2 ;;
+  *) echo "usage: $0 unpack|traces|train|sweep|timing|onpolicy|onpolicy-sweep|pack" >&2; exit 2 ;;
 esac

@@ -13,7 +13,7 @@ from .flags import add_block_flags, add_model_flags, model_config, task_ids
 
 #: the named grids of ``vskip sweep`` (``vskip.sweep.GRIDS`` holds them; a test keeps both equal)
 GRID_NAMES = ("table5", "kmin", "gates", "periodic", "transfer", "cpu-small", "cpu-kmin", "cpu-signals", "prefix",
-              "full")
+              "promise", "full")
 
 
 def _sweep_flags(s) -> None:

@@ -208,6 +208,8 @@ pack() {
   mapfile -t runs < <(task_dirs sweeps)
   if [ "${#runs[@]}" -gt 0 ]; then
     $VSKIP report "${runs[@]}" --frontier-k-min 3 --archive --out "$A/report"
+    # the promise per alpha where docs/results/scheduler.md reads it
+    if [ -f "$A/report/scheduler.json" ]; then cp "$A/report/scheduler.json" "$(dirname "$A")/scheduler.json"; fi
   fi
   # round 1 beside the runs it is measured against: Strict SDD and round 0 at the same alphas
   mapfile -t runs < <(task_dirs sweeps-round1 -round1)

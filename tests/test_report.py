@@ -415,6 +415,30 @@ def test_the_promised_agreement_of_prefix_runs(tmp_path):
     assert not (tmp_path / "out2" / "scheduler.json").exists()
 
 
+def test_the_promise_over_the_tasks_it_was_calibrated_on(tmp_path):
+    """The same alpha run on two tasks with one predictor: a row per task and one over both, with a
+    verdict that tells a resolved excess from one inside the interval."""
+    for task, relaxed in (("humaneval", [(6, 6), (6, 5)]), ("mbpp", [(6, 6)])):
+        root = tmp_path / task
+        write_run(root / "strict", "strict", calls=5, blocks=5, seconds=1.0, passed=[True] * 4, task=task)
+        write_run(root / "prefix_a", "prefix", calls=4, blocks=6, seconds=0.8, passed=[True] * 4, task=task,
+                  relaxed=relaxed, params={"survival": "model", "alpha": 0.05, "lam": 0.9})
+    build([tmp_path / "humaneval", tmp_path / "mbpp"], tmp_path / "out")
+    entries = {e["task"]: e for e in json.loads((tmp_path / "out" / "scheduler.json").read_text())}
+    assert set(entries) == {"humaneval", "mbpp", "humaneval+mbpp"}
+    he, both = entries["humaneval"], entries["humaneval+mbpp"]
+    assert he["realised_disagreement"] == pytest.approx(0.1) and he["verdict"] == "exceeded"  # every prompt: 1 of 10
+    assert entries["mbpp"]["verdict"] == "within"
+    assert both["n_prompts"] == 8 and both["realised_disagreement"] == pytest.approx(0.05)
+    assert both["verdict"] == "within" and both["relative_calls"] == pytest.approx(0.8)
+    lo, hi = both["realised_disagreement_ci95"]
+    assert lo < 0.05 < hi
+    # one prompt of HumanEval over alpha, the rest at 0: above alpha, yet the interval holds it
+    from vskip.report.scheduler import verdict
+
+    assert verdict(0.06, (0.01, 0.12), 0.05) == "above, unresolved" and verdict(0.06, (0.055, 0.07), 0.05) == "exceeded"
+
+
 def test_the_prefix_scheduler_against_raw_at_equal_agreement(tmp_path):
     root = tmp_path / "s"
     T = [True] * 4

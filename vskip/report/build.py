@@ -262,10 +262,12 @@ def _table4_section(doc: _Doc, groups, k_min: int) -> None:
 def _scheduler_section(doc: _Doc, groups: dict, n_boot: int, seed: int) -> None:
     """The promised agreement of ``--policy prefix --alpha`` runs (beyond the paper), also as
     ``scheduler.json``."""
-    from .scheduler import FIELDS, scheduler_entries
+    from .scheduler import FIELDS, pooled_entries, scheduler_entries
 
     entries = doc.guarded("promised agreement", lambda: [e for rows in groups.values()
                                                          for e in scheduler_entries(rows, n_boot, seed)]) or []
+    entries += doc.guarded("promised agreement, tasks pooled", lambda: pooled_entries(
+        [r for rows in groups.values() for r in rows], n_boot, seed)) or []
     if not entries:
         return
     (doc.out / "scheduler.json").write_text(json.dumps(entries, indent=1) + "\n")
@@ -279,7 +281,11 @@ def _scheduler_section(doc: _Doc, groups: dict, n_boot: int, seed: int) -> None:
                  "the shadow verifier's L, over generated tokens, averaged over prompts) with a percentile "
                  f"bootstrap over prompts ({n_boot} resamples), against the promise alpha; verifier calls per token "
                  "and tokens/s relative to Strict SDD on the same prompts (paired bootstrap). The promise holds in "
-                 "expectation over prompts exchangeable with the calibration prompts.", "",
+                 "expectation over prompts exchangeable with the calibration prompts. `verdict`: `within` where the "
+                 "realised mean is at most alpha, `exceeded` where its whole interval lies above alpha, `above, "
+                 "unresolved` between. A configuration run on several tasks with the same predictor also gets a row "
+                 "over their prompts together (`task` joined by +): where the model was calibrated on those tasks "
+                 "pooled, that is the population the promise is about, and one task alone is not covered by it.", "",
                  t.markdown(), "", "Files: `scheduler.json`, `scheduler.md`, `scheduler.csv`.", ""]
 
 

@@ -20,8 +20,16 @@ from .compare import Row, _percentile, ratio_ci
 
 #: the fields of every entry of ``scheduler.json``
 FIELDS = ("task", "gamma", "config", "alpha", "realised_disagreement", "realised_disagreement_ci95",
-          "realised_disagreement_upper95", "within_alpha", "relative_calls", "relative_calls_ci95",
+          "realised_disagreement_upper95", "within_alpha", "verdict", "relative_calls", "relative_calls_ci95",
           "tokens_per_s_ratio", "tokens_per_s_ratio_ci95", "n_prompts")
+
+
+def verdict(mean: float, ci: tuple[float, float] | None, alpha: float) -> str:
+    """``within`` where the realised mean is at most ``alpha``; above it, ``exceeded`` where the
+    whole interval lies above ``alpha`` and ``above, unresolved`` where it still holds ``alpha``."""
+    if mean <= alpha:
+        return "within"
+    return "exceeded" if ci is not None and ci[0] > alpha else "above, unresolved"
 
 
 def prompt_disagreement(run, ids: Sequence[str]) -> np.ndarray | None:
@@ -54,10 +62,63 @@ def scheduler_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0) 
             "task": row.run.task, "gamma": row.run.gamma, "config": row.name, "alpha": alpha,
             "realised_disagreement": float(d.mean()), "realised_disagreement_ci95": _percentile(boot),
             "realised_disagreement_upper95": float(np.quantile(boot, 0.95)),
-            "within_alpha": bool(d.mean() <= alpha), "relative_calls": row.rel_calls,
+            "within_alpha": bool(d.mean() <= alpha), "verdict": verdict(float(d.mean()), _percentile(boot), alpha),
+            "relative_calls": row.rel_calls,
             "relative_calls_ci95": iv.get("rel_calls"), "tokens_per_s_ratio": row.speedup,
             "tokens_per_s_ratio_ci95": (ratio_ci(row.run, row.ref, ids, "generated_tokens", "decode_seconds",
                                                 n_boot, seed) or (None, None))[1],
             "n_prompts": len(ids),
         })
     return sorted(out, key=lambda e: (str(e["task"]), e["gamma"] or 0, e["alpha"]))
+
+
+def _sums(run, ids: Sequence[str], num: str, den: str) -> np.ndarray:
+    by = {s["task_id"]: s for s in run.samples if "task_id" in s}
+    return np.array([[by[i][num] for i in ids], [by[i][den] for i in ids]], np.float64)
+
+
+def pooled_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0) -> list[dict]:
+    """One entry per prefix configuration run on several tasks with the same predictor and gamma:
+    the same quantities over the prompts of every task together, each against its own task's
+    Strict SDD run. Where the model was calibrated on the prompts of those tasks pooled, this is
+    the population the promise is about; a single task is a part of it that the promise does not
+    cover by itself."""
+    groups: dict[tuple, list[Row]] = {}
+    for row in rows:
+        cfg = row.run.run_cfg
+        alpha = (cfg.get("policy") or {}).get("alpha")
+        if row.policy != "prefix" or alpha is None or row.ref is None or row.ref is row.run:
+            continue
+        groups.setdefault((row.run.path.name, row.run.gamma, alpha, str(cfg.get("predictor"))), []).append(row)
+    out = []
+    for (name, gamma, alpha, _), rs in sorted(groups.items(), key=lambda kv: (kv[0][1] or 0, kv[0][2], kv[0][0])):
+        if len({r.run.task for r in rs}) != len(rs) or len(rs) < 2:
+            continue
+        parts = [(r, sorted(set(r.run.ids) & set(r.ref.ids))) for r in rs]
+        ds = [prompt_disagreement(r.run, ids) for r, ids in parts]
+        if any(d is None for d in ds) or not all(ids for _, ids in parts):
+            continue
+        d = np.concatenate(ds)
+        n = len(d)
+        idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+        boot = d[idx].mean(1)
+        ratios = {}
+        for key, num, den in (("calls", "verifier_calls", "generated_tokens"),
+                              ("speed", "generated_tokens", "decode_seconds")):
+            a = np.concatenate([_sums(r.run, ids, num, den) for r, ids in parts], axis=1)
+            b = np.concatenate([_sums(r.ref, ids, num, den) for r, ids in parts], axis=1)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                point = (a[0].sum() / a[1].sum()) / (b[0].sum() / b[1].sum())
+                v = (a[0][idx].sum(1) / a[1][idx].sum(1)) / (b[0][idx].sum(1) / b[1][idx].sum(1))
+            ratios[key] = (float(point), _percentile(v))
+        ci = _percentile(boot)
+        out.append({
+            "task": "+".join(sorted(str(r.run.task) for r in rs)), "gamma": gamma, "config": name, "alpha": alpha,
+            "realised_disagreement": float(d.mean()), "realised_disagreement_ci95": ci,
+            "realised_disagreement_upper95": float(np.quantile(boot, 0.95)),
+            "within_alpha": bool(d.mean() <= alpha), "verdict": verdict(float(d.mean()), ci, alpha),
+            "relative_calls": ratios["calls"][0], "relative_calls_ci95": ratios["calls"][1],
+            "tokens_per_s_ratio": ratios["speed"][0], "tokens_per_s_ratio_ci95": ratios["speed"][1],
+            "n_prompts": n,
+        })
+    return out

@@ -431,6 +431,8 @@ def test_the_promise_over_the_tasks_it_was_calibrated_on(tmp_path):
     assert entries["mbpp"]["verdict"] == "within"
     assert both["n_prompts"] == 8 and both["realised_disagreement"] == pytest.approx(0.05)
     assert both["verdict"] == "within" and both["relative_calls"] == pytest.approx(0.8)
+    assert (he["skips"], he["wrong_skip_share"], he["mean_skip"]) == (8, 0.5, 6.0)  # (6, 6) and (6, 5) per prompt
+    assert (both["skips"], both["wrong_skip_share"]) == (12, pytest.approx(4 / 12))
     lo, hi = both["realised_disagreement_ci95"]
     assert lo < 0.05 < hi
     # one prompt of HumanEval over alpha, the rest at 0: above alpha, yet the interval holds it

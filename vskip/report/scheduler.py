@@ -21,7 +21,21 @@ from .compare import Row, _percentile, ratio_ci
 #: the fields of every entry of ``scheduler.json``
 FIELDS = ("task", "gamma", "config", "alpha", "realised_disagreement", "realised_disagreement_ci95",
           "realised_disagreement_upper95", "within_alpha", "verdict", "relative_calls", "relative_calls_ci95",
-          "tokens_per_s_ratio", "tokens_per_s_ratio_ci95", "n_prompts")
+          "tokens_per_s_ratio", "tokens_per_s_ratio_ci95", "n_prompts", "skips", "wrong_skip_share", "mean_skip")
+
+
+def skip_stats(runs_ids) -> dict:
+    """Over the skipped rounds of (run, ids) pairs: how many, the share that commits a token beyond
+    the shadow verifier's ``L``, and the mean skip length ``K``."""
+    ks, wrong = [], 0
+    for run, ids in runs_ids:
+        keep = set(ids)
+        for r in run.rounds:
+            if r.get("task_id") in keep and not r.get("verified", True) and r.get("K", 0) > 0:
+                ks.append(r["K"])
+                wrong += r.get("L") is not None and r["L"] < r["K"]
+    return {"skips": len(ks), "wrong_skip_share": wrong / len(ks) if ks else None,
+            "mean_skip": float(np.mean(ks)) if ks else None}
 
 
 def verdict(mean: float, ci: tuple[float, float] | None, alpha: float) -> str:
@@ -67,7 +81,7 @@ def scheduler_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0) 
             "relative_calls_ci95": iv.get("rel_calls"), "tokens_per_s_ratio": row.speedup,
             "tokens_per_s_ratio_ci95": (ratio_ci(row.run, row.ref, ids, "generated_tokens", "decode_seconds",
                                                 n_boot, seed) or (None, None))[1],
-            "n_prompts": len(ids),
+            "n_prompts": len(ids), **skip_stats([(row.run, ids)]),
         })
     return sorted(out, key=lambda e: (str(e["task"]), e["gamma"] or 0, e["alpha"]))
 
@@ -119,6 +133,6 @@ def pooled_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0) -> 
             "within_alpha": bool(d.mean() <= alpha), "verdict": verdict(float(d.mean()), ci, alpha),
             "relative_calls": ratios["calls"][0], "relative_calls_ci95": ratios["calls"][1],
             "tokens_per_s_ratio": ratios["speed"][0], "tokens_per_s_ratio_ci95": ratios["speed"][1],
-            "n_prompts": n,
+            "n_prompts": n, **skip_stats([(r.run, ids) for r, ids in parts]),
         })
     return out

@@ -247,6 +247,29 @@ def intervals(run: Run, ref: Run, ids: Sequence[str], n_boot: int, seed: int) ->
     return out
 
 
+def sample_sums(run: Run, ids: Sequence[str], num: str, den: str) -> np.ndarray | None:
+    """[2, len(ids)]: the sample fields ``num`` and ``den`` of each prompt of ``ids`` (None when a
+    sample lacks one)."""
+    by = {s["task_id"]: s for s in run.samples if "task_id" in s}
+    vals = [(by[i].get(num), by[i].get(den)) for i in ids]
+    if any(a is None or b is None for a, b in vals):
+        return None
+    return np.asarray(vals, np.float64).reshape(len(ids), 2).T
+
+
+def paired_ratio(a: np.ndarray, b: np.ndarray, n_boot: int,
+                 seed: int) -> tuple[float, tuple[float, float] | None]:
+    """(Σa[0]/Σa[1]) / (Σb[0]/Σb[1]) over paired prompts (columns), with a percentile bootstrap
+    that resamples the same prompts for both (no interval when ``n_boot`` is 0)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        point = float((a[0].sum() / a[1].sum()) / (b[0].sum() / b[1].sum()))
+        if n_boot <= 0:
+            return point, None
+        idx = np.random.default_rng(seed).integers(0, a.shape[1], size=(n_boot, a.shape[1]))
+        v = (a[0][idx].sum(1) / a[1][idx].sum(1)) / (b[0][idx].sum(1) / b[1][idx].sum(1))
+    return point, _percentile(v)
+
+
 def ratio_ci(run: Run, other: Run, ids: Sequence[str], num: str, den: str, n_boot: int,
              seed: int) -> tuple[float, tuple[float, float] | None] | None:
     """(Σnum/Σden)_run / (Σnum/Σden)_other over the prompts ``ids`` both hold, with a paired
@@ -256,24 +279,10 @@ def ratio_ci(run: Run, other: Run, ids: Sequence[str], num: str, den: str, n_boo
     two runs timed at different moments also differ by the machine's drift, which it does not see."""
     if not ids:
         return None
-
-    def cols(r):
-        by = {s["task_id"]: s for s in r.samples if "task_id" in s}
-        vals = [(by[i].get(num), by[i].get(den)) for i in ids]
-        if any(a is None or b is None for a, b in vals):
-            return None
-        return np.asarray(vals, np.float64).T
-
-    a, b = cols(run), cols(other)
+    a, b = sample_sums(run, ids, num, den), sample_sums(other, ids, num, den)
     if a is None or b is None:
         return None
-    with np.errstate(invalid="ignore", divide="ignore"):
-        point = float((a[0].sum() / a[1].sum()) / (b[0].sum() / b[1].sum()))
-        if n_boot <= 0:
-            return point, None
-        idx = np.random.default_rng(seed).integers(0, len(ids), size=(n_boot, len(ids)))
-        v = (a[0][idx].sum(1) / a[1][idx].sum(1)) / (b[0][idx].sum(1) / b[1][idx].sum(1))
-    return point, _percentile(v)
+    return paired_ratio(a, b, n_boot, seed)
 
 
 def clopper_pearson_upper(k: int, n: int, level: float = 0.95) -> float:

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .compare import Row, _percentile, ratio_ci
+from .compare import Row, _percentile, paired_ratio, ratio_ci, sample_sums
 
 #: the fields of every entry of ``scheduler.json``
 FIELDS = ("task", "gamma", "config", "alpha", "realised_disagreement", "realised_disagreement_ci95",
@@ -86,11 +86,6 @@ def scheduler_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0) 
     return sorted(out, key=lambda e: (str(e["task"]), e["gamma"] or 0, e["alpha"]))
 
 
-def _sums(run, ids: Sequence[str], num: str, den: str) -> np.ndarray:
-    by = {s["task_id"]: s for s in run.samples if "task_id" in s}
-    return np.array([[by[i][num] for i in ids], [by[i][den] for i in ids]], np.float64)
-
-
 def pooled_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0) -> list[dict]:
     """One entry per prefix configuration run on several tasks with the same predictor and gamma:
     the same quantities over the prompts of every task together, each against its own task's
@@ -114,17 +109,14 @@ def pooled_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0) -> 
             continue
         d = np.concatenate(ds)
         n = len(d)
-        idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
-        boot = d[idx].mean(1)
+        boot = d[np.random.default_rng(seed).integers(0, n, size=(n_boot, n))].mean(1)
         ratios = {}
         for key, num, den in (("calls", "verifier_calls", "generated_tokens"),
                               ("speed", "generated_tokens", "decode_seconds")):
-            a = np.concatenate([_sums(r.run, ids, num, den) for r, ids in parts], axis=1)
-            b = np.concatenate([_sums(r.ref, ids, num, den) for r, ids in parts], axis=1)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                point = (a[0].sum() / a[1].sum()) / (b[0].sum() / b[1].sum())
-                v = (a[0][idx].sum(1) / a[1][idx].sum(1)) / (b[0][idx].sum(1) / b[1][idx].sum(1))
-            ratios[key] = (float(point), _percentile(v))
+            a = [sample_sums(r.run, ids, num, den) for r, ids in parts]
+            b = [sample_sums(r.ref, ids, num, den) for r, ids in parts]
+            ratios[key] = ((None, None) if any(x is None for x in a + b) else
+                           paired_ratio(np.concatenate(a, axis=1), np.concatenate(b, axis=1), n_boot, seed))
         ci = _percentile(boot)
         out.append({
             "task": "+".join(sorted(str(r.run.task) for r in rs)), "gamma": gamma, "config": name, "alpha": alpha,

@@ -10,6 +10,7 @@
 #   bash scripts/fullscale.sh sweep    # the grid `full` (cpu-signals and prefix) on both tasks, until UNTIL
 #   bash scripts/fullscale.sh timing   # KEY on every 4th prompt, 3 repeats with the cache; NOCACHE_KEY on every 8th, without
 #   bash scripts/fullscale.sh onpolicy # one on-policy round: traces (again, if missing), decode with the model, retrain
+#   bash scripts/fullscale.sh onpolicy-check  # offline, same machine: thresholds replayed on the on-policy blocks
 #   bash scripts/fullscale.sh onpolicy-sweep  # the retrained model at alpha 0.01, 0.02, 0.05 (grid `promise`)
 #   bash scripts/fullscale.sh pack     # the reports and their runs.tar.xz (every run, finished or not) -> $A/report*
 #
@@ -170,13 +171,29 @@ onpolicy() {  # one DAgger-style round: decode with the prefix model, retrain it
   for t in humaneval mbpp; do
     [ -f "$R/onpolicy1/$t/summary.json" ] || { echo "fullscale: the on-policy run of $t is unfinished" >&2; return 0; }
   done
+  # round 1: trained on both kinds of block, its thresholds calibrated on the on-policy ones, the kind
+  # the policy meets after its own skips (docs/results/scheduler.md says why)
   [ -f "$A/predictors-round1/prefix/manifest.json" ] || \
     $VSKIP train-predictor --kind prefix --traces "$R/traces/humaneval" "$R/traces/mbpp" \
-      --on-policy "$R/onpolicy1/humaneval" "$R/onpolicy1/mbpp" --out "$A/predictors-round1" \
+      --on-policy "$R/onpolicy1/humaneval" "$R/onpolicy1/mbpp" --calibrate-on on-policy --out "$A/predictors-round1" \
       --calibration-folds 2 --threads 2 --quiet
   for t in humaneval mbpp; do  # what the on-policy runs were, beside the retrained model
     mkdir -p "$A/onpolicy1/$t" && cp "$R/onpolicy1/$t/config.json" "$R/onpolicy1/$t/summary.json" "$A/onpolicy1/$t/"
   done
+}
+
+onpolicy_check() {  # offline, on the machine that holds the traces: does each threshold hold on on-policy blocks?
+  local st=("$R/traces/humaneval" "$R/traces/mbpp") on=("$R/onpolicy1/humaneval" "$R/onpolicy1/mbpp") t
+  for t in "${on[@]}"; do [ -f "$t/summary.json" ] || { echo "fullscale: run onpolicy first" >&2; return 2; }; done
+  # round 0 replayed on the Strict SDD blocks (piece 1's diagnostics, the replay added) and on the on-policy ones
+  $VSKIP diagnose "${st[@]}" --predictors "$A/predictors" --out "$A/diagnose"
+  $VSKIP diagnose "${on[@]}" --predictors "$A/predictors" --out "$A/diagnose-onpolicy1"
+  # round 1 calibrated on Strict SDD blocks instead (the same training; not committed), beside round 1
+  [ -f "$R/predictors-round1-strictcal/prefix/manifest.json" ] || \
+    $VSKIP train-predictor --kind prefix --traces "${st[@]}" --on-policy "${on[@]}" --calibrate-on strict \
+      --out "$R/predictors-round1-strictcal" --calibration-folds 2 --threads 2 --quiet
+  $VSKIP diagnose "${on[@]}" --predictors "$A/predictors-round1" --out "$A/diagnose-onpolicy1-round1"
+  $VSKIP diagnose "${on[@]}" --predictors "$R/predictors-round1-strictcal" --out "$A/diagnose-onpolicy1-round1-strictcal"
 }
 
 onpolicy_sweep() {  # the retrained model at the promised alphas, both tasks, until UNTIL
@@ -231,7 +248,8 @@ case "${1:-}" in
   sweep) sweep ;;
   timing) timing ;;
   onpolicy) onpolicy ;;
+  onpolicy-check) onpolicy_check ;;
   onpolicy-sweep) onpolicy_sweep ;;
   pack) pack ;;
-  *) echo "usage: $0 unpack|traces|train|sweep|timing|onpolicy|onpolicy-sweep|pack" >&2; exit 2 ;;
+  *) echo "usage: $0 unpack|traces|train|sweep|timing|onpolicy|onpolicy-check|onpolicy-sweep|pack" >&2; exit 2 ;;
 esac

@@ -176,7 +176,7 @@ def test_diagnose_raw_only(tmp_path):
               "permutation.png", "proposition1.png", "bce.csv"):
         assert (out / f).exists(), f
     s = json.loads((out / "diagnose.json").read_text())
-    assert [p["signal"] for p in s["permutation"]] == ["raw"] and s["bce"] == {}
+    assert [p["signal"] for p in s["permutation"]] == ["raw"] and s["bce"] == {} and s["promise"] == []
     assert "Permutation diagnostic" in (out / "diagnose.md").read_text()
 
 
@@ -199,6 +199,11 @@ def test_diagnose_with_predictors(tmp_path):
     S = load_prefix_predictor(tmp_path / "pred").score_traces(ts)
     assert s["permutation"][3]["original"] == pytest.approx(float((S >= 0.9).sum(1).mean()))
     assert (tmp_path / "d" / "bce.png").exists()
+    # the prefix model's thresholds replayed: 2 calibration prompts per fold keep no alpha here, so nothing skips
+    assert [r["alpha"] for r in s["promise"]] == [0.01, 0.02, 0.05]
+    assert all(r["replayed_loss"] == 0.0 and r["skipped_blocks"] == 0 and r["n_prompts"] == 10 for r in s["promise"])
+    assert "The promise replayed" in (tmp_path / "d" / "diagnose.md").read_text()
+    assert (tmp_path / "d" / "promise.csv").read_text().splitlines()[0].startswith("alpha,replayed_loss")
     with pytest.raises(ValueError, match="no marginal, conditional or prefix predictor"):
         diagnose([tmp_path / "run"], tmp_path / "e", predictors=tmp_path / "run")
 

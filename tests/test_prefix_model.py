@@ -219,6 +219,83 @@ def test_the_prefix_policy_reads_the_model_and_its_calibrated_threshold(tmp_path
                            "--out", str(tmp_path / "p3"), "--device", "cpu", "--quiet"])
     with pytest.raises(ValueError, match="--policy prefix"):
         a.fn(a)
+    # calibrated on the on-policy blocks instead: the same model, the thresholds from other blocks
+    a = parser.parse_args(["train-predictor", "--kind", "prefix", "--traces", str(runs), "--on-policy", str(onp),
+                           "--calibrate-on", "on-policy", "--out", str(tmp_path / "p4"), "--epochs", "1", "--hidden",
+                           "8", "--device", "cpu", "--quiet"])
+    assert a.fn(a) == 0
+    man4 = json.loads((tmp_path / "p4" / "prefix" / "manifest.json").read_text())
+    assert man4["calibrate_on"] == "on-policy" and man["calibrate_on"] == "strict"
+    a = parser.parse_args(["train-predictor", "--kind", "prefix", "--traces", str(runs), "--calibrate-on", "on-policy",
+                           "--out", str(tmp_path / "p5"), "--device", "cpu", "--quiet"])
+    with pytest.raises(ValueError, match="needs --on-policy"):
+        a.fn(a)
+
+
+def _shifted(ts, drop=2):
+    """The same blocks with every accepted length cut by ``drop``: blocks that look alike but fail
+    earlier, as blocks drafted after wrong skips may."""
+    from dataclasses import replace
+
+    return replace(ts, L=np.maximum(ts.L - drop, 0))
+
+
+def test_calibrating_on_policy_blocks_raises_the_threshold_where_they_fail_earlier(tmp_path):
+    from vskip.policy.prefix import risk_curve
+    from vskip.predictor import load_predictor
+    from vskip.prefix_model import block_inputs, train_prefix_predictor
+
+    torch.set_num_threads(1)
+    ts = _traces()
+    onp = _shifted(ts)
+    cfg = PrefixTrainConfig(epochs=3, hidden=8)
+    train_prefix_predictor(ts, cfg, tmp_path / "s", progress=False, on_policy=onp)
+    train_prefix_predictor(ts, cfg, tmp_path / "o", progress=False, on_policy=onp, calibrate_on="on-policy")
+    ps, po = load_predictor(tmp_path / "s", "prefix"), load_predictor(tmp_path / "o", "prefix")
+    S = ps.score_traces(ts)
+    assert np.allclose(S, po.score_traces(ts))  # one model: only the calibration blocks differ
+    for rs, ro in zip(ps._rots, po._rots):
+        cal = [(survival(ro.model, ro.mean, ro.std, block_inputs(ts, ts.blocks_of([p]))), onp.L[ts.blocks_of([p])])
+               for p in ro.rotation.cal]  # each rotation's own model replayed on the on-policy L
+        assert np.allclose(risk_curve(cal, ro.grid), ro.risk, atol=1e-6)
+        assert np.all(ro.risk >= rs.risk - 1e-12)
+    lam_s = [lam for _, _, lam in ps.thresholds(0.3)]
+    lam_o = [lam for _, _, lam in po.thresholds(0.3)]
+    assert all(o >= s for s, o in zip(lam_s, lam_o)) and lam_o != lam_s
+    with pytest.raises(ValueError, match="on-policy traces"):
+        train_prefix_predictor(ts, cfg, tmp_path / "x", progress=False, calibrate_on="on-policy")
+
+
+def test_the_promise_replayed_on_new_blocks_and_on_shifted_ones(tmp_path):
+    """Each prompt's blocks replayed at its own rotation's threshold: the mean of the per-prompt
+    losses, zero where the fold is too small for alpha, and broken on blocks that fail earlier than
+    the calibration's."""
+    from dataclasses import replace
+
+    from vskip.calibrate import replay_promise
+    from vskip.policy.prefix import prompt_loss
+    from vskip.predictor import load_predictor
+    from vskip.prefix_model import train_prefix_predictor
+
+    torch.set_num_threads(1)
+    ts = _traces()
+    train_prefix_predictor(ts, PrefixTrainConfig(epochs=4, hidden=16), tmp_path, progress=False)
+    pp = load_predictor(tmp_path, "prefix")
+    rows = replay_promise(pp, ts, (0.05, 0.3), n_boot=500)
+    assert rows[0]["replayed_loss"] == 0.0 and rows[0]["skipped_blocks"] == 0  # 8 prompts per fold: never skip
+    S = pp.score_traces(ts)
+    want = np.mean([prompt_loss(S[ts.prompt == i], ts.L[ts.prompt == i], pp.threshold(p, 0.3))
+                    for i, p in enumerate(ts.prompt_ids)])
+    r = rows[1]
+    assert r["n_prompts"] == 40 and r["replayed_loss"] == pytest.approx(want) and r["skipped_blocks"] > 0
+    assert r["replayed_loss_ci95"][0] <= r["replayed_loss"] <= r["replayed_loss_ci95"][1]
+    assert r["verdict"] == ("within" if want <= 0.3 else "above, unresolved" if r["replayed_loss_ci95"][0] <= 0.3
+                            else "exceeded")
+    worse = replay_promise(pp, _shifted(ts, drop=8), (0.3,), n_boot=500)[0]
+    assert worse["verdict"] == "exceeded" and worse["wrong_skip_share"] == 1.0
+    # a prompt in no test fold of the model is left out
+    other = replace(ts, prompt_ids=["MBPP/1"] + ts.prompt_ids[1:])
+    assert replay_promise(pp, other, (0.3,), n_boot=10)[0]["n_prompts"] == 39
 
 
 def test_alpha_needs_the_prefix_model():

@@ -36,3 +36,46 @@ def calibrate_traces(trace_dirs, alpha: float, step: float = 0.005) -> tuple[Cal
               "blocks": int(ts.n_blocks), "gamma": ts.gamma, "traces": [str(t) for t in trace_dirs],
               "policies": list(ts.policies)}
     return cal, record
+
+
+def replay_promise(pred, ts, alphas=(0.01, 0.02, 0.05), n_boot: int = 10_000, seed: int = 0) -> list[dict]:
+    """Each rotation's calibrated threshold replayed on the traced blocks of the prompts it tests.
+
+    Per prompt and ``alpha``: :func:`vskip.policy.prefix.prompt_loss` of the held-out survival
+    (:meth:`PrefixPredictor.score_traces`) at the threshold the prompt's own rotation calibrated.
+    On Strict SDD traces of new prompts its mean estimates what the promise bounds. On traces decoded
+    while a scheduler skipped (shadow-verified), it shows whether the threshold still holds on
+    blocks drafted after skips, which the calibration never replayed. Prompts in no test fold of
+    ``pred`` are left out. The interval is a percentile bootstrap over prompts."""
+    from .policy.prefix import prompt_loss, skip_lengths
+    from .report.scheduler import promise_fields
+
+    S = pred.score_traces(ts)
+    prompts = []
+    for i, pid in enumerate(ts.prompt_ids):
+        sel = ts.prompt == i
+        try:
+            pred.rotation_of(pid)
+        except ValueError:
+            continue
+        if sel.any():
+            prompts.append((pid, S[sel], ts.L[sel]))
+    if not prompts:
+        raise ValueError("no traced prompt lies in a test fold of the prefix model")
+    rows = []
+    for alpha in alphas:
+        loss, blocks, skips, wrong, skipped = [], 0, 0, 0, 0
+        for pid, s, L in prompts:
+            lam = pred.threshold(pid, alpha)
+            loss.append(prompt_loss(s, L, lam))
+            K = skip_lengths(s, lam)
+            blocks += len(L)
+            skips += int((K > 0).sum())
+            wrong += int((K > L).sum())
+            skipped += int(K.sum())
+        f = promise_fields(np.asarray(loss), alpha, n_boot, seed)
+        rows.append({"alpha": float(alpha), "replayed_loss": f["mean"], "replayed_loss_ci95": f["ci95"],
+                     "verdict": f["verdict"], "n_prompts": len(prompts), "blocks": blocks,
+                     "skipped_blocks": skips, "wrong_skip_share": wrong / skips if skips else None,
+                     "mean_skip": skipped / skips if skips else None})
+    return rows

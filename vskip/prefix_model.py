@@ -199,13 +199,15 @@ def _training_blocks(ts, on_policy, ids) -> tuple[np.ndarray, np.ndarray]:
 
 
 def train_prefix_predictor(ts, cfg: PrefixTrainConfig, out, calibration_folds: int = 1, progress: bool = True,
-                           on_policy=None) -> dict:
+                           on_policy=None, calibrate_on: str = "strict") -> dict:
     """Train and calibrate the rotations of the prefix model on Strict SDD traces ``ts``; writes
     ``out/prefix/rotation_<r>.safetensors`` and ``manifest.json`` (last) and returns the manifest.
 
     ``on_policy``: traces decoded while a prefix scheduler skipped (shadow-verified, so every block
-    has its L), added to each rotation's training prompts only (DAgger-style rounds). Epoch choice
-    and calibration stay on Strict SDD blocks: the promise is agreement with Strict SDD."""
+    has its L), added to each rotation's training prompts (DAgger-style rounds). The epoch is chosen
+    on Strict SDD blocks. ``calibrate_on``: ``strict`` calibrates each threshold on the calibration
+    prompts' Strict SDD blocks; ``on-policy`` on their on-policy blocks, the kind the policy meets
+    after its own skips, where the losses still count tokens beyond the shadow verifier's ``L``."""
     from pathlib import Path
 
     from tqdm import tqdm
@@ -214,6 +216,10 @@ def train_prefix_predictor(ts, cfg: PrefixTrainConfig, out, calibration_folds: i
     from .policy.prefix import GRID, risk_curve
     from .traces import FOLD_SEED, N_FOLDS, folds
 
+    if calibrate_on not in ("strict", "on-policy"):
+        raise ValueError(f"calibrate_on must be strict or on-policy, got {calibrate_on!r}")
+    if calibrate_on == "on-policy" and on_policy is None:
+        raise ValueError("calibrating on on-policy blocks needs on-policy traces")
     if on_policy is not None and (on_policy.gamma != ts.gamma or on_policy.d_model != ts.d_model):
         raise ValueError(f"the on-policy traces (gamma {on_policy.gamma}, d_model {on_policy.d_model}) do not match "
                          f"the Strict SDD traces (gamma {ts.gamma}, d_model {ts.d_model})")
@@ -228,7 +234,7 @@ def train_prefix_predictor(ts, cfg: PrefixTrainConfig, out, calibration_folds: i
         if not len(L) or not st.any():
             raise ValueError(f"rotation {rot.index} has no training or epoch-choice blocks; trace more prompts")
         model, mean, std = train_prefix_model(X, L, cfg, block_inputs(ts, st), ts.L[st])
-        cal = _calibration_prompts(ts, model, mean, std, rot.cal)
+        cal = _calibration_prompts(ts if calibrate_on == "strict" else on_policy, model, mean, std, rot.cal)
         if not cal:
             raise ValueError(f"rotation {rot.index} has no calibration blocks; trace more prompts")
         risk = risk_curve(cal, GRID)
@@ -241,7 +247,8 @@ def train_prefix_predictor(ts, cfg: PrefixTrainConfig, out, calibration_folds: i
                         "n_train_blocks": int(len(L)),
                         "stop_nll": nll(model, mean, std, block_inputs(ts, st), ts.L[st])})
     manifest = {"format": FORMAT, "kind": KIND, "gamma": ts.gamma, "d_model": ts.d_model,
-                "train": asdict(cfg), "calibration_folds": calibration_folds, "fold_seed": FOLD_SEED,
+                "train": asdict(cfg), "calibration_folds": calibration_folds, "calibrate_on": calibrate_on,
+                "fold_seed": FOLD_SEED,
                 "folds": [list(f) for f in fl], "traces": list(ts.runs),
                 "on_policy_traces": [] if on_policy is None else list(on_policy.runs), "n_prompts": len(ts.prompt_ids),
                 "n_blocks": ts.n_blocks, "dropped_short_blocks": ts.dropped_short, "rotations": entries}

@@ -34,6 +34,10 @@ def _train_predictor(subparsers) -> None:
     p.add_argument("--on-policy", nargs="+", metavar="RUN_DIR",
                    help="prefix: traces of `vskip run --policy prefix --trace` (shadow-verified skips) added to each "
                         "rotation's training prompts (DAgger-style rounds)")
+    p.add_argument("--calibrate-on", choices=("strict", "on-policy"), default="strict",
+                   help="prefix: the blocks each rotation's threshold is calibrated on: the calibration prompts' "
+                        "Strict SDD blocks (default), or their --on-policy blocks, drafted after the scheduler's "
+                        "own skips as the policy meets them online")
     p.add_argument("--calibration-folds", type=int, default=1,
                    help="prefix: folds that calibrate each rotation's threshold (default: 1; conformal risk "
                         "control at alpha needs at least 1/alpha - 1 calibration prompts)")
@@ -70,6 +74,8 @@ def cmd_train_predictor(a) -> int:
     ts = load_traces(a.traces)
     if a.on_policy and a.kind != "prefix":
         raise ValueError("--on-policy traces train the prefix model only (--kind prefix)")
+    if a.calibrate_on == "on-policy" and not a.on_policy:
+        raise ValueError("--calibrate-on on-policy needs --on-policy traces")
     if a.kind == "prefix":
         from ..prefix_model import train_prefix_predictor
 
@@ -79,7 +85,8 @@ def cmd_train_predictor(a) -> int:
                 if run_policy(run) != "prefix":
                     raise ValueError(f"--on-policy takes runs of --policy prefix --trace; {run} is not one")
             on_policy = load_traces(a.on_policy)
-        man = train_prefix_predictor(ts, cfg, a.out, a.calibration_folds, progress=not a.quiet, on_policy=on_policy)
+        man = train_prefix_predictor(ts, cfg, a.out, a.calibration_folds, progress=not a.quiet, on_policy=on_policy,
+                                     calibrate_on=a.calibrate_on)
         fit = {"stop_nll": [round(e["stop_nll"], 4) for e in man["rotations"]],
                "calibration_prompts": [e["n_cal_prompts"] for e in man["rotations"]]}
     else:
@@ -102,6 +109,9 @@ def _diagnose(subparsers) -> None:
     p.add_argument("--out", required=True, help="output directory for figures, tables and diagnose.md")
     p.add_argument("--repetitions", type=int, default=100, help="permutations (default: 100)")
     p.add_argument("--seed", type=int, default=0, help="seed of the permutations and simulation (default: 0)")
+    p.add_argument("--alpha", type=float, nargs="+", default=[0.01, 0.02, 0.05],
+                   help="prefix model: the risks whose calibrated thresholds are replayed on the traces "
+                        "(default: 0.01 0.02 0.05)")
     p.add_argument("--device", help="device for scoring with the predictors (default: cuda when available)")
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.set_defaults(fn=cmd_diagnose)
@@ -114,7 +124,9 @@ def cmd_diagnose(a) -> int:
 
     runtime = resolve_runtime(a.device, None, a.threads)
     runtime.activate()
-    cfg = DiagnoseConfig(repetitions=a.repetitions, seed=a.seed)
+    if any(not 0 < x < 1 for x in a.alpha):
+        raise ValueError(f"--alpha must lie in (0, 1), got {a.alpha}")
+    cfg = DiagnoseConfig(repetitions=a.repetitions, seed=a.seed, alphas=tuple(a.alpha))
     s = diagnose(a.traces, a.out, predictors=a.predictors, cfg=cfg, runtime=runtime)
     print(json.dumps({"out": str(Path(a.out) / "diagnose.md"), "blocks": s["blocks"], "bce": s["bce"],
                       "permutation": {p["signal"]: [round(p["original"], 3), round(p["permuted_mean"], 3)]

@@ -46,6 +46,23 @@ def verdict(mean: float, ci: tuple[float, float] | None, alpha: float) -> str:
     return "exceeded" if ci is not None and ci[0] > alpha else "above, unresolved"
 
 
+def promise_fields(d: np.ndarray, alpha: float, n_boot: int = 10_000, seed: int = 0) -> dict:
+    """The mean of per-prompt losses ``d`` against ``alpha``: ``mean``, its percentile bootstrap
+    interval over prompts (``ci95``), the bootstrap's 95th percentile (``upper95``) and the
+    :func:`verdict`."""
+    d = np.asarray(d, np.float64)
+    boot = d[np.random.default_rng(seed).integers(0, len(d), size=(n_boot, len(d)))].mean(1)
+    m, ci = float(d.mean()), _percentile(boot)
+    return {"mean": m, "ci95": ci, "upper95": float(np.quantile(boot, 0.95)), "verdict": verdict(m, ci, alpha)}
+
+
+def _realised(d: np.ndarray, alpha: float, n_boot: int, seed: int) -> dict:
+    f = promise_fields(d, alpha, n_boot, seed)
+    return {"realised_disagreement": f["mean"], "realised_disagreement_ci95": f["ci95"],
+            "realised_disagreement_upper95": f["upper95"], "within_alpha": bool(f["mean"] <= alpha),
+            "verdict": f["verdict"]}
+
+
 def prompt_disagreement(run, ids: Sequence[str]) -> np.ndarray | None:
     """Per prompt of ``ids``: drafted tokens committed beyond the shadow verifier's ``L`` over
     generated tokens (None when a skipped round has no shadow ``L``)."""
@@ -70,14 +87,10 @@ def scheduler_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0) 
         d = prompt_disagreement(row.run, ids) if ids else None
         if d is None:
             continue
-        boot = d[np.random.default_rng(seed).integers(0, len(ids), size=(n_boot, len(ids)))].mean(1)
         iv = row.intervals or {}
         out.append({
             "task": row.run.task, "gamma": row.run.gamma, "config": row.name, "alpha": alpha,
-            "realised_disagreement": float(d.mean()), "realised_disagreement_ci95": _percentile(boot),
-            "realised_disagreement_upper95": float(np.quantile(boot, 0.95)),
-            "within_alpha": bool(d.mean() <= alpha), "verdict": verdict(float(d.mean()), _percentile(boot), alpha),
-            "relative_calls": row.rel_calls,
+            **_realised(d, alpha, n_boot, seed), "relative_calls": row.rel_calls,
             "relative_calls_ci95": iv.get("rel_calls"), "tokens_per_s_ratio": row.speedup,
             "tokens_per_s_ratio_ci95": (ratio_ci(row.run, row.ref, ids, "generated_tokens", "decode_seconds",
                                                 n_boot, seed) or (None, None))[1],
@@ -108,8 +121,6 @@ def pooled_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0) -> 
         if any(d is None for d in ds) or not all(ids for _, ids in parts):
             continue
         d = np.concatenate(ds)
-        n = len(d)
-        boot = d[np.random.default_rng(seed).integers(0, n, size=(n_boot, n))].mean(1)
         ratios = {}
         for key, num, den in (("calls", "verifier_calls", "generated_tokens"),
                               ("speed", "generated_tokens", "decode_seconds")):
@@ -117,14 +128,10 @@ def pooled_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0) -> 
             b = [sample_sums(r.ref, ids, num, den) for r, ids in parts]
             ratios[key] = ((None, None) if any(x is None for x in a + b) else
                            paired_ratio(np.concatenate(a, axis=1), np.concatenate(b, axis=1), n_boot, seed))
-        ci = _percentile(boot)
         out.append({
             "task": "+".join(sorted(str(r.run.task) for r in rs)), "gamma": gamma, "config": name, "alpha": alpha,
-            "realised_disagreement": float(d.mean()), "realised_disagreement_ci95": ci,
-            "realised_disagreement_upper95": float(np.quantile(boot, 0.95)),
-            "within_alpha": bool(d.mean() <= alpha), "verdict": verdict(float(d.mean()), ci, alpha),
-            "relative_calls": ratios["calls"][0], "relative_calls_ci95": ratios["calls"][1],
+            **_realised(d, alpha, n_boot, seed), "relative_calls": ratios["calls"][0], "relative_calls_ci95": ratios["calls"][1],
             "tokens_per_s_ratio": ratios["speed"][0], "tokens_per_s_ratio_ci95": ratios["speed"][1],
-            "n_prompts": n, **skip_stats([(r.run, ids) for r, ids in parts]),
+            "n_prompts": len(d), **skip_stats([(r.run, ids) for r, ids in parts]),
         })
     return out

@@ -186,14 +186,15 @@ onpolicy_check() {  # offline, on the machine that holds the traces: does each t
   local st=("$R/traces/humaneval" "$R/traces/mbpp") on=("$R/onpolicy1/humaneval" "$R/onpolicy1/mbpp") t
   for t in "${on[@]}"; do [ -f "$t/summary.json" ] || { echo "fullscale: run onpolicy first" >&2; return 2; }; done
   # round 0 replayed on the Strict SDD blocks (piece 1's diagnostics, the replay added) and on the on-policy ones
-  $VSKIP diagnose "${st[@]}" --predictors "$A/predictors" --out "$A/diagnose"
-  $VSKIP diagnose "${on[@]}" --predictors "$A/predictors" --out "$A/diagnose-onpolicy1"
+  $VSKIP diagnose "${st[@]}" --predictors "$A/predictors" --out "$A/diagnose" --threads 1
+  $VSKIP diagnose "${on[@]}" --predictors "$A/predictors" --out "$A/diagnose-onpolicy1" --threads 1
   # round 1 calibrated on Strict SDD blocks instead (the same training; not committed), beside round 1
   [ -f "$R/predictors-round1-strictcal/prefix/manifest.json" ] || \
     $VSKIP train-predictor --kind prefix --traces "${st[@]}" --on-policy "${on[@]}" --calibrate-on strict \
       --out "$R/predictors-round1-strictcal" --calibration-folds 2 --threads 2 --quiet
-  $VSKIP diagnose "${on[@]}" --predictors "$A/predictors-round1" --out "$A/diagnose-onpolicy1-round1"
-  $VSKIP diagnose "${on[@]}" --predictors "$R/predictors-round1-strictcal" --out "$A/diagnose-onpolicy1-round1-strictcal"
+  $VSKIP diagnose "${on[@]}" --predictors "$A/predictors-round1" --out "$A/diagnose-onpolicy1-round1" --threads 1
+  $VSKIP diagnose "${on[@]}" --predictors "$R/predictors-round1-strictcal" --out "$A/diagnose-onpolicy1-round1-strictcal" \
+    --threads 1
 }
 
 onpolicy_sweep() {  # the retrained model at the promised alphas, both tasks, until UNTIL

@@ -147,8 +147,9 @@ def test_the_full_grid_is_the_two_cpu_grids_with_what_the_verdicts_need_first():
                         "prefix_model_a0.05_measured_s64"]
     assert full[-4:-2] == ["prefix_model_a0.1_measured_s64", "prefix_model_a0.2_measured_s64"]
     assert {n.split("_")[0] for n in full[4:13]} == {"raw", "marginal", "conditional"}
-    # an on-policy round sweeps the promise again under the same names, which its report pairs with round 0
-    assert [pt.name for pt in sweep.grid("promise")] == full[1:4]
+    # an on-policy round sweeps the promise again under the same names, which its report pairs with round 0,
+    # the largest alpha first
+    assert [pt.name for pt in sweep.grid("promise")] == full[3:0:-1]
 
 
 def test_config_names():

@@ -186,9 +186,10 @@ GRIDS: dict[str, tuple[str, Callable[[int, int], list[GridPoint]]]] = {
                     lambda k, s: _cpu_signals(s)),
     "prefix": ("beyond the paper: the prefix scheduler's model at alpha 0.01..0.2, its confidence product at "
                "lam 0.9/0.7/0.5, and Strict SDD", lambda k, s: _prefix(s)),
-    "promise": ("beyond the paper: the prefix scheduler's model at the promised alpha 0.01, 0.02 and 0.05 only "
-                "(an on-policy round's retrained model)",
-                lambda k, s: [pt for pt in _prefix(s) if pt.policy.survival == "model" and pt.policy.alpha <= 0.05]),
+    "promise": ("beyond the paper: the prefix scheduler's model at the promised alpha 0.05, 0.02 and 0.01 only "
+                "(an on-policy round's retrained model; the largest risk, where round 0 broke its promise, first)",
+                lambda k, s: sorted((pt for pt in _prefix(s) if pt.policy.survival == "model" and pt.policy.alpha <= 0.05),
+                                    key=lambda pt: -pt.policy.alpha)),
     "full": ("full scale: cpu-signals, prefix and raw (0.70, 0.70) at k_min 0 and 6; Strict SDD and the "
              "promise at alpha <= 0.05 first",
              lambda k, s: _full(s)),

@@ -17,7 +17,7 @@ IDS = ["HumanEval/0", "HumanEval/1", "HumanEval/2", "HumanEval/3"]
 
 def write_run(d: Path, policy: str, *, calls, blocks, seconds, passed, tokens=10, commit=2.0, task="humaneval",
               gamma=16, params=None, ids=IDS, relaxed=(), summary=True, config=True, drop_sample=(), drop_round=(),
-              draft_share=0.25, verify_share=0.6):
+              draft_share=0.25, verify_share=0.6, predictor=None):
     """A run directory as vskip writes it: per prompt ``tokens`` generated, ``calls`` verifier
     calls, ``blocks`` draft blocks, ``seconds`` of decoding, and rounds whose strict rounds each
     commit ``commit`` tokens; ``relaxed``: (K, L) of skipped rounds added to every prompt."""
@@ -49,7 +49,7 @@ def write_run(d: Path, policy: str, *, calls, blocks, seconds, passed, tokens=10
     if config:
         run = {"task": task, "policy": pol, "decode": {"gamma": gamma, "max_new_tokens": 512, "shadow": True},
                "models": {"steps": 2, "verifier_cache": True}, "limit": None, "ids": list(IDS), "score": True,
-               "predictor": None}
+               "predictor": predictor}
         command = f"vskip run --task {task} --policy {policy} --gamma {gamma} --out {d.name}"
         (d / "config.json").write_text(json.dumps({"run": run, "models": {"verifier": "v"}, "command": command}))
     if summary:
@@ -422,10 +422,22 @@ def test_the_promise_over_the_tasks_it_was_calibrated_on(tmp_path):
         root = tmp_path / task
         write_run(root / "strict", "strict", calls=5, blocks=5, seconds=1.0, passed=[True] * 4, task=task)
         write_run(root / "prefix_a", "prefix", calls=4, blocks=6, seconds=0.8, passed=[True] * 4, task=task,
-                  relaxed=relaxed, params={"survival": "model", "alpha": 0.05, "lam": 0.9})
+                  relaxed=relaxed, params={"survival": "model", "alpha": 0.05, "lam": 0.9}, predictor="p0")
+        # an on-policy round: the same configuration with another predictor, in a directory of its own
+        write_run(tmp_path / f"{task}-round1" / "prefix_a", "prefix", calls=5, blocks=6, seconds=0.9,
+                  passed=[True] * 4, task=task, relaxed=[(6, 6)],
+                  params={"survival": "model", "alpha": 0.05, "lam": 0.9}, predictor="p1")
     build([tmp_path / "humaneval", tmp_path / "mbpp"], tmp_path / "out")
     entries = {e["task"]: e for e in json.loads((tmp_path / "out" / "scheduler.json").read_text())}
     assert set(entries) == {"humaneval", "mbpp", "humaneval+mbpp"}
+    assert {e["predictor"] for e in entries.values()} == {"p0"}
+    # with round 1 beside it: a pooled row per predictor, each saying which it is
+    build([tmp_path / "humaneval", tmp_path / "mbpp", tmp_path / "humaneval-round1" / "prefix_a",
+           tmp_path / "mbpp-round1" / "prefix_a"], tmp_path / "out1")
+    pooled = {e["predictor"]: e for e in json.loads((tmp_path / "out1" / "scheduler.json").read_text())
+              if e["task"] == "humaneval+mbpp"}
+    assert set(pooled) == {"p0", "p1"} and pooled["p1"]["realised_disagreement"] == 0.0
+    assert pooled["p0"]["realised_disagreement"] == pytest.approx(0.05)
     he, both = entries["humaneval"], entries["humaneval+mbpp"]
     assert he["realised_disagreement"] == pytest.approx(0.1) and he["verdict"] == "exceeded"  # every prompt: 1 of 10
     assert entries["mbpp"]["verdict"] == "within"

@@ -286,6 +286,7 @@ def _scheduler_section(doc: _Doc, groups: dict, n_boot: int, seed: int) -> None:
                  "unresolved` between. A configuration run on several tasks with the same predictor also gets a row "
                  "over their prompts together (`task` joined by +): where the model was calibrated on those tasks "
                  "pooled, that is the population the promise is about, and one task alone is not covered by it. "
+                 "`predictor`: the model the run read (an on-policy round's beside round 0). "
                  "`skips`, `wrong_skip_share`, `mean_skip`: the skipped rounds, the share of them that commits a "
                  "token beyond L, and their mean length.", "",
                  t.markdown(), "", "Files: `scheduler.json`, `scheduler.md`, `scheduler.csv`.", ""]

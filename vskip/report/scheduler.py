@@ -19,7 +19,7 @@ import numpy as np
 from .compare import Row, _percentile, paired_ratio, ratio_ci, sample_sums
 
 #: the fields of every entry of ``scheduler.json``
-FIELDS = ("task", "gamma", "config", "alpha", "realised_disagreement", "realised_disagreement_ci95",
+FIELDS = ("task", "gamma", "config", "predictor", "alpha", "realised_disagreement", "realised_disagreement_ci95",
           "realised_disagreement_upper95", "within_alpha", "verdict", "relative_calls", "relative_calls_ci95",
           "tokens_per_s_ratio", "tokens_per_s_ratio_ci95", "n_prompts", "skips", "wrong_skip_share", "mean_skip")
 
@@ -89,7 +89,8 @@ def scheduler_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0) 
             continue
         iv = row.intervals or {}
         out.append({
-            "task": row.run.task, "gamma": row.run.gamma, "config": row.name, "alpha": alpha,
+            "task": row.run.task, "gamma": row.run.gamma, "config": row.name,
+            "predictor": row.run.run_cfg.get("predictor"), "alpha": alpha,
             **_realised(d, alpha, n_boot, seed), "relative_calls": row.rel_calls,
             "relative_calls_ci95": iv.get("rel_calls"), "tokens_per_s_ratio": row.speedup,
             "tokens_per_s_ratio_ci95": (ratio_ci(row.run, row.ref, ids, "generated_tokens", "decode_seconds",
@@ -113,7 +114,7 @@ def pooled_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0) -> 
             continue
         groups.setdefault((row.run.path.name, row.run.gamma, alpha, str(cfg.get("predictor"))), []).append(row)
     out = []
-    for (name, gamma, alpha, _), rs in sorted(groups.items(), key=lambda kv: (kv[0][1] or 0, kv[0][2], kv[0][0])):
+    for (name, gamma, alpha, _), rs in sorted(groups.items(), key=lambda kv: (kv[0][1] or 0, kv[0][2], kv[0][0], kv[0][3])):
         if len({r.run.task for r in rs}) != len(rs) or len(rs) < 2:
             continue
         parts = [(r, sorted(set(r.run.ids) & set(r.ref.ids))) for r in rs]
@@ -129,7 +130,8 @@ def pooled_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0) -> 
             ratios[key] = ((None, None) if any(x is None for x in a + b) else
                            paired_ratio(np.concatenate(a, axis=1), np.concatenate(b, axis=1), n_boot, seed))
         out.append({
-            "task": "+".join(sorted(str(r.run.task) for r in rs)), "gamma": gamma, "config": name, "alpha": alpha,
+            "task": "+".join(sorted(str(r.run.task) for r in rs)), "gamma": gamma, "config": name,
+            "predictor": rs[0].run.run_cfg.get("predictor"), "alpha": alpha,
             **_realised(d, alpha, n_boot, seed), "relative_calls": ratios["calls"][0], "relative_calls_ci95": ratios["calls"][1],
             "tokens_per_s_ratio": ratios["speed"][0], "tokens_per_s_ratio_ci95": ratios["speed"][1],
             "n_prompts": len(d), **skip_stats([(r.run, ids) for r, ids in parts]),

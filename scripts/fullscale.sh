@@ -11,7 +11,8 @@
 #   bash scripts/fullscale.sh timing   # KEY on every 4th prompt, 3 repeats with the cache; NOCACHE_KEY on every 8th, without
 #   bash scripts/fullscale.sh onpolicy # one on-policy round: traces (again, if missing), decode with the model, retrain
 #   bash scripts/fullscale.sh onpolicy-check  # offline, same machine: thresholds replayed on the on-policy blocks
-#   bash scripts/fullscale.sh onpolicy-sweep  # the retrained model at alpha 0.01, 0.02, 0.05 (grid `promise`)
+#   bash scripts/fullscale.sh onpolicy-sweep  # the retrained model at alpha 0.05, 0.02, 0.01 (grid `promise`)
+#   ROUND=2 bash scripts/fullscale.sh onpolicy ...  # the next round: decode with round 1, retrain on both rounds
 #   bash scripts/fullscale.sh pack     # the reports and their runs.tar.xz (every run, finished or not) -> $A/report*
 #
 # UNTIL (a time `date -d` reads, say 08:40) stops sweep, timing, onpolicy and onpolicy-sweep there:
@@ -21,7 +22,11 @@
 # configuration resumed on another machine mixes timings; every sample names its machine and the
 # report says so. R (runs/full) is where runs go; A (docs/results/full) what is committed; MNT
 # (256), HE (164) and MBPP (200) the budget and the prompts of each task; GRID (full) the sweep's
-# grid, whose order puts what the verdicts need first.
+# grid, whose order puts what the verdicts need first; ROUND (1) the on-policy round the onpolicy
+# steps make or read. Round r decodes with round r-1's model at alpha 0.05 (round 0: the model trained
+# on Strict SDD traces alone), trains on the Strict SDD blocks and on every round's on-policy blocks so
+# far, and calibrates on round r's own, the blocks of the newest model's policy. The on-policy traces
+# are not committed either, so every round after the first runs on the machine that made the earlier.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VSKIP=${VSKIP:-.venv/bin/vskip}
@@ -30,6 +35,7 @@ A=${A:-docs/results/full}
 MNT=${MNT:-256}
 TASKS=("humaneval ${HE:-164}" "mbpp ${MBPP:-200}")
 GRID=${GRID:-full}
+ROUND=${ROUND:-1}
 # the drafter's dtype pinned: `auto` is bfloat16 on a CPU with AVX512-BF16 or AMX and float32 without,
 # and one run resumed on both kinds of machine would mix two drafters' confidences
 PIN="--drafter-dtype float32"
@@ -55,7 +61,7 @@ waitall() {  # wait for the given pids; a timeout (124) at UNTIL is not a failur
 unpack() {
   # files already here are newer than the archive's: keep them
   local f
-  for f in "$A/report/runs.tar.xz" "$A/report-round1/runs.tar.xz"; do
+  for f in "$A/report/runs.tar.xz" "$A"/report-round*/runs.tar.xz; do
     if [ -f "$f" ]; then tar -xJf "$f" --skip-old-files; fi
   done
   for f in "$A"/timing/*/shard-*.jsonl.gz; do  # timing rows: a resumed comparison appends to them
@@ -89,7 +95,8 @@ train() {
   [ -f "$A/predictors/prefix/manifest.json" ] || \
     $VSKIP train-predictor --kind prefix --traces "${traces[@]}" --out "$A/predictors" --calibration-folds 2 \
       --threads 2 --quiet
-  $VSKIP diagnose "${traces[@]}" --predictors "$A/predictors" --out "$A/diagnose"
+  # one thread, as onpolicy-check runs it: the same sums in the same order, the same digits
+  $VSKIP diagnose "${traces[@]}" --predictors "$A/predictors" --out "$A/diagnose" --threads 1
 }
 
 sweep_both() {  # $1 grid, $2 predictors, $3 sweeps directory, $4 suffix of each task's directory: both tasks side by side
@@ -149,8 +156,21 @@ if any(a[k] != b[k] for k in keys):
 PY
 }
 
-onpolicy() {  # one DAgger-style round: decode with the prefix model, retrain it on those blocks too
-  local n pids=() t
+model_of() {  # $1 round: the prefix model of that round (round 0: trained on Strict SDD traces alone)
+  if [ "$1" -le 0 ]; then echo "$A/predictors"; else echo "$A/predictors-round$1"; fi
+}
+
+onpolicy() {  # one DAgger-style round: decode with the last round's model, retrain on every round's blocks
+  local n pids=() t i prev model onp=()
+  prev=$(model_of $((ROUND - 1)))
+  [ -f "$prev/prefix/manifest.json" ] || { echo "fullscale: no model of round $((ROUND - 1)) ($prev)" >&2; return 2; }
+  for i in $(seq 1 $((ROUND - 1))); do
+    for t in humaneval mbpp; do
+      [ -f "$R/onpolicy$i/$t/summary.json" ] || {
+        echo "fullscale: round $ROUND trains on round $i's blocks too, which are not here: every round runs on one machine" >&2
+        return 2; }
+    done
+  done
   n=$(left)
   for t in humaneval mbpp; do
     if [ ! -f "$R/traces/$t/summary.json" ]; then
@@ -163,43 +183,55 @@ onpolicy() {  # one DAgger-style round: decode with the prefix model, retrain it
   n=$(left)
   for t in "${TASKS[@]}"; do
     set -- $t
-    timeout -s TERM "$n" $VSKIP run --task "$1" --limit "$2" --policy prefix --predictor "$A/predictors" --alpha 0.05 \
-      --trace --max-new-tokens "$MNT" --threads 1 $PIN --quiet --out "$R/onpolicy1/$1" &
+    timeout -s TERM "$n" $VSKIP run --task "$1" --limit "$2" --policy prefix --predictor "$prev" --alpha 0.05 \
+      --trace --max-new-tokens "$MNT" --threads 1 $PIN --quiet --out "$R/onpolicy$ROUND/$1" &
     pids+=($!)
   done
   waitall "${pids[@]}"
   for t in humaneval mbpp; do
-    [ -f "$R/onpolicy1/$t/summary.json" ] || { echo "fullscale: the on-policy run of $t is unfinished" >&2; return 0; }
+    [ -f "$R/onpolicy$ROUND/$t/summary.json" ] || { echo "fullscale: the on-policy run of $t is unfinished" >&2; return 0; }
   done
-  # round 1: trained on both kinds of block, its thresholds calibrated on the on-policy ones, the kind
-  # the policy meets after its own skips (docs/results/scheduler.md says why)
-  [ -f "$A/predictors-round1/prefix/manifest.json" ] || \
-    $VSKIP train-predictor --kind prefix --traces "$R/traces/humaneval" "$R/traces/mbpp" \
-      --on-policy "$R/onpolicy1/humaneval" "$R/onpolicy1/mbpp" --calibrate-on on-policy --out "$A/predictors-round1" \
-      --calibration-folds 2 --threads 2 --quiet
+  # trained on every kind of block so far, its thresholds calibrated on this round's on-policy blocks,
+  # the kind the policy meets after its own skips (docs/results/scheduler.md says why)
+  for i in $(seq 1 "$ROUND"); do onp+=(--on-policy "$R/onpolicy$i/humaneval" "$R/onpolicy$i/mbpp"); done
+  model=$(model_of "$ROUND")
+  [ -f "$model/prefix/manifest.json" ] || \
+    $VSKIP train-predictor --kind prefix --traces "$R/traces/humaneval" "$R/traces/mbpp" "${onp[@]}" \
+      --calibrate-on on-policy --out "$model" --calibration-folds 2 --threads 2 --quiet
   for t in humaneval mbpp; do  # what the on-policy runs were, beside the retrained model
-    mkdir -p "$A/onpolicy1/$t" && cp "$R/onpolicy1/$t/config.json" "$R/onpolicy1/$t/summary.json" "$A/onpolicy1/$t/"
+    mkdir -p "$A/onpolicy$ROUND/$t" && cp "$R/onpolicy$ROUND/$t/config.json" "$R/onpolicy$ROUND/$t/summary.json" \
+      "$A/onpolicy$ROUND/$t/"
   done
 }
 
 onpolicy_check() {  # offline, on the machine that holds the traces: does each threshold hold on on-policy blocks?
-  local st=("$R/traces/humaneval" "$R/traces/mbpp") on=("$R/onpolicy1/humaneval" "$R/onpolicy1/mbpp") t
+  local st=("$R/traces/humaneval" "$R/traces/mbpp") on=("$R/onpolicy$ROUND/humaneval" "$R/onpolicy$ROUND/mbpp") t
+  local prev=$((ROUND - 1))
   for t in "${on[@]}"; do [ -f "$t/summary.json" ] || { echo "fullscale: run onpolicy first" >&2; return 2; }; done
-  # round 0 replayed on the Strict SDD blocks (piece 1's diagnostics, the replay added) and on the on-policy ones
-  $VSKIP diagnose "${st[@]}" --predictors "$A/predictors" --out "$A/diagnose" --threads 1
-  $VSKIP diagnose "${on[@]}" --predictors "$A/predictors" --out "$A/diagnose-onpolicy1" --threads 1
-  # round 1 calibrated on Strict SDD blocks instead (the same training; not committed), beside round 1
-  [ -f "$R/predictors-round1-strictcal/prefix/manifest.json" ] || \
-    $VSKIP train-predictor --kind prefix --traces "${st[@]}" --on-policy "${on[@]}" --calibrate-on strict \
-      --out "$R/predictors-round1-strictcal" --calibration-folds 2 --threads 2 --quiet
-  $VSKIP diagnose "${on[@]}" --predictors "$A/predictors-round1" --out "$A/diagnose-onpolicy1-round1" --threads 1
-  $VSKIP diagnose "${on[@]}" --predictors "$R/predictors-round1-strictcal" --out "$A/diagnose-onpolicy1-round1-strictcal" \
-    --threads 1
+  if [ "$ROUND" -eq 1 ]; then
+    # round 0 replayed on the Strict SDD blocks (piece 1's diagnostics, the replay added) and on the on-policy ones
+    $VSKIP diagnose "${st[@]}" --predictors "$A/predictors" --out "$A/diagnose" --threads 1
+    $VSKIP diagnose "${on[@]}" --predictors "$A/predictors" --out "$A/diagnose-onpolicy1" --threads 1
+    # round 1 calibrated on Strict SDD blocks instead (the same training; not committed), beside round 1
+    [ -f "$R/predictors-round1-strictcal/prefix/manifest.json" ] || \
+      $VSKIP train-predictor --kind prefix --traces "${st[@]}" --on-policy "${on[@]}" --calibrate-on strict \
+        --out "$R/predictors-round1-strictcal" --calibration-folds 2 --threads 2 --quiet
+    $VSKIP diagnose "${on[@]}" --predictors "$A/predictors-round1" --out "$A/diagnose-onpolicy1-round1" --threads 1
+    $VSKIP diagnose "${on[@]}" --predictors "$R/predictors-round1-strictcal" \
+      --out "$A/diagnose-onpolicy1-round1-strictcal" --threads 1
+  else
+    # the last round's model on the blocks of its own policy (what it promised online), and this round's
+    $VSKIP diagnose "${on[@]}" --predictors "$(model_of "$prev")" --out "$A/diagnose-onpolicy$ROUND-round$prev" --threads 1
+    $VSKIP diagnose "${on[@]}" --predictors "$(model_of "$ROUND")" --out "$A/diagnose-onpolicy$ROUND-round$ROUND" \
+      --threads 1
+  fi
 }
 
 onpolicy_sweep() {  # the retrained model at the promised alphas, both tasks, until UNTIL
-  [ -f "$A/predictors-round1/prefix/manifest.json" ] || { echo "fullscale: run onpolicy first" >&2; return 2; }
-  sweep_both promise "$A/predictors-round1" sweeps-round1 -round1
+  local model
+  model=$(model_of "$ROUND")
+  [ -f "$model/prefix/manifest.json" ] || { echo "fullscale: run onpolicy first" >&2; return 2; }
+  sweep_both promise "$model" "sweeps-round$ROUND" "-round$ROUND"
 }
 
 task_dirs() {  # $1 under $R, $2 suffix: the task directories that exist
@@ -229,17 +261,25 @@ pack() {
     # the promise per alpha where docs/results/scheduler.md reads it
     if [ -f "$A/report/scheduler.json" ]; then cp "$A/report/scheduler.json" "$(dirname "$A")/scheduler.json"; fi
   fi
-  # round 1 beside the runs it is measured against: Strict SDD and round 0 at the same alphas
-  mapfile -t runs < <(task_dirs sweeps-round1 -round1)
-  if [ "${#runs[@]}" -gt 0 ]; then
+  # each on-policy round beside the runs it is measured against: Strict SDD, round 0 and the earlier
+  # rounds at the same alphas
+  local r i alphas=(prefix_model_a0.01_measured_s64 prefix_model_a0.02_measured_s64 prefix_model_a0.05_measured_s64)
+  for r in $(seq 1 9); do
+    mapfile -t runs < <(task_dirs "sweeps-round$r" "-round$r")
+    [ "${#runs[@]}" -gt 0 ] || break
     for t in "${TASKS[@]}"; do
       set -- $t
-      for d in strict prefix_model_a0.01_measured_s64 prefix_model_a0.02_measured_s64 prefix_model_a0.05_measured_s64; do
+      for d in strict "${alphas[@]}"; do
         if [ -d "$R/sweeps/$1/$d" ]; then runs+=("$R/sweeps/$1/$d"); fi
       done
+      for i in $(seq 1 $((r - 1))); do
+        for d in "${alphas[@]}"; do
+          if [ -d "$R/sweeps-round$i/$1-round$i/$d" ]; then runs+=("$R/sweeps-round$i/$1-round$i/$d"); fi
+        done
+      done
     done
-    $VSKIP report "${runs[@]}" --frontier-k-min 3 --archive --out "$A/report-round1"
-  fi
+    $VSKIP report "${runs[@]}" --frontier-k-min 3 --archive --out "$A/report-round$r"
+  done
 }
 
 case "${1:-}" in

@@ -203,7 +203,9 @@ def test_diagnose_with_predictors(tmp_path):
     assert [r["alpha"] for r in s["promise"]] == [0.01, 0.02, 0.05]
     assert all(r["replayed_loss"] == 0.0 and r["skipped_blocks"] == 0 and r["n_prompts"] == 10 for r in s["promise"])
     assert "The promise replayed" in (tmp_path / "d" / "diagnose.md").read_text()
-    assert (tmp_path / "d" / "promise.csv").read_text().splitlines()[0].startswith("alpha,replayed_loss")
+    lines = (tmp_path / "d" / "promise.csv").read_text().splitlines()
+    assert lines[0].startswith("alpha,replayed_loss") and lines[0].endswith(",thresholds")
+    assert lines[1].endswith(",never;never;never;never;never")  # each rotation's lam: none kept at alpha 0.01
     with pytest.raises(ValueError, match="no marginal, conditional or prefix predictor"):
         diagnose([tmp_path / "run"], tmp_path / "e", predictors=tmp_path / "run")
 

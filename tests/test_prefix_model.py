@@ -2,6 +2,8 @@
 features and on the previous position's: its survival is monotone, it beats the position-only
 curve held out, and the fold protocol scores every block with a model that never saw its prompt."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -226,6 +228,16 @@ def test_the_prefix_policy_reads_the_model_and_its_calibrated_threshold(tmp_path
     assert a.fn(a) == 0
     man4 = json.loads((tmp_path / "p4" / "prefix" / "manifest.json").read_text())
     assert man4["calibrate_on"] == "on-policy" and man["calibrate_on"] == "strict"
+    assert man4["calibration_traces"] == [str(onp)] and man["calibration_traces"] == [str(runs)]
+    # a second round: the option once per round, every round's blocks trained on
+    a = parser.parse_args(["train-predictor", "--kind", "prefix", "--traces", str(runs), "--on-policy", str(onp),
+                           "--on-policy", str(onp), "--calibrate-on", "on-policy", "--out", str(tmp_path / "p6"),
+                           "--epochs", "1", "--hidden", "8", "--device", "cpu", "--quiet"])
+    assert a.fn(a) == 0
+    man6 = json.loads((tmp_path / "p6" / "prefix" / "manifest.json").read_text())
+    assert man6["on_policy_rounds"] == [[str(onp)], [str(onp)]] and man4["on_policy_rounds"] == [[str(onp)]]
+    assert all(2 * e4["n_train_blocks"] - e1["n_train_blocks"] == e6["n_train_blocks"]
+               for e1, e4, e6 in zip(man1["rotations"], man4["rotations"], man6["rotations"]))
     a = parser.parse_args(["train-predictor", "--kind", "prefix", "--traces", str(runs), "--calibrate-on", "on-policy",
                            "--out", str(tmp_path / "p5"), "--device", "cpu", "--quiet"])
     with pytest.raises(ValueError, match="needs --on-policy"):
@@ -264,6 +276,18 @@ def test_calibrating_on_policy_blocks_raises_the_threshold_where_they_fail_earli
     assert all(o >= s for s, o in zip(lam_s, lam_o)) and lam_o != lam_s
     with pytest.raises(ValueError, match="on-policy traces"):
         train_prefix_predictor(ts, cfg, tmp_path / "x", progress=False, calibrate_on="on-policy")
+    # two rounds, oldest first: trained on both, calibrated on the last one's blocks only
+    later = _shifted(ts, drop=4)
+    man = train_prefix_predictor(ts, cfg, tmp_path / "r2", progress=False, on_policy=[onp, later],
+                                 calibrate_on="on-policy")
+    p2 = load_predictor(tmp_path / "r2", "prefix")
+    for r in p2._rots:
+        cal = [(survival(r.model, r.mean, r.std, block_inputs(ts, ts.blocks_of([p]))), later.L[ts.blocks_of([p])])
+               for p in r.rotation.cal]
+        assert np.allclose(risk_curve(cal, r.grid), r.risk, atol=1e-6)
+    one = json.loads((tmp_path / "o" / "prefix" / "manifest.json").read_text())
+    assert all(e2["n_train_blocks"] > e1["n_train_blocks"] for e1, e2 in zip(one["rotations"], man["rotations"]))
+    assert len(man["on_policy_rounds"]) == 2
 
 
 def test_the_promise_replayed_on_new_blocks_and_on_shifted_ones(tmp_path):
@@ -288,6 +312,9 @@ def test_the_promise_replayed_on_new_blocks_and_on_shifted_ones(tmp_path):
                     for i, p in enumerate(ts.prompt_ids)])
     r = rows[1]
     assert r["n_prompts"] == 40 and r["replayed_loss"] == pytest.approx(want) and r["skipped_blocks"] > 0
+    # the thresholds replayed, one per rotation: none at 0.05 (too few calibration prompts), each rotation's at 0.3
+    assert rows[0]["thresholds"] == [None] * 5
+    assert r["thresholds"] == [lam for _, _, lam in pp.thresholds(0.3)]
     assert r["replayed_loss_ci95"][0] <= r["replayed_loss"] <= r["replayed_loss_ci95"][1]
     assert r["verdict"] == ("within" if want <= 0.3 else "above, unresolved" if r["replayed_loss_ci95"][0] <= 0.3
                             else "exceeded")

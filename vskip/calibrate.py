@@ -46,7 +46,8 @@ def replay_promise(pred, ts, alphas=(0.01, 0.02, 0.05), n_boot: int = 10_000, se
     On Strict SDD traces of new prompts its mean estimates what the promise bounds. On traces decoded
     while a scheduler skipped (shadow-verified), it shows whether the threshold still holds on
     blocks drafted after skips, which the calibration never replayed. Prompts in no test fold of
-    ``pred`` are left out. The interval is a percentile bootstrap over prompts."""
+    ``pred`` are left out. The interval is a percentile bootstrap over prompts. Each row also gives
+    the ``thresholds`` replayed, one per rotation (``None``: too few calibration prompts, no skip)."""
     from .policy.prefix import prompt_loss, skip_lengths
     from .report.scheduler import promise_fields
 
@@ -74,7 +75,8 @@ def replay_promise(pred, ts, alphas=(0.01, 0.02, 0.05), n_boot: int = 10_000, se
             wrong += int((K > L).sum())
             skipped += int(K.sum())
         f = promise_fields(np.asarray(loss), alpha, n_boot, seed)
-        rows.append({"alpha": float(alpha), "replayed_loss": f["mean"], "replayed_loss_ci95": f["ci95"],
+        lams = [None if lam == float("inf") else float(lam) for _, _, lam in pred.thresholds(alpha)]
+        rows.append({"alpha": float(alpha), "thresholds": lams, "replayed_loss": f["mean"], "replayed_loss_ci95": f["ci95"],
                      "verdict": f["verdict"], "n_prompts": len(prompts), "blocks": blocks,
                      "skipped_blocks": skips, "wrong_skip_share": wrong / skips if skips else None,
                      "mean_skip": skipped / skips if skips else None})

@@ -218,6 +218,11 @@ def _md_table(headers: Sequence[str], rows: Sequence[Sequence]) -> str:
     return "\n".join(lines)
 
 
+def _lams(lams: Sequence) -> str:
+    """Per-rotation thresholds as one cell: ``;``-separated, ``never`` where a rotation skips nothing."""
+    return ";".join("never" if lam is None else f"{lam:g}" for lam in lams)
+
+
 def _write_csv(path: Path, headers: Sequence[str], rows: Sequence[Sequence]) -> None:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
@@ -334,10 +339,10 @@ def diagnose(trace_dirs: Sequence[str | Path], out: str | Path, predictors: str 
 
         promise = replay_promise(kinds["prefix"], ts, cfg.alphas, seed=cfg.seed)
         _write_csv(out / "promise.csv", ["alpha", "replayed_loss", "ci95_lo", "ci95_hi", "verdict", "n_prompts",
-                                         "blocks", "skipped_blocks", "wrong_skip_share", "mean_skip"],
+                                         "blocks", "skipped_blocks", "wrong_skip_share", "mean_skip", "thresholds"],
                    [[r["alpha"], r["replayed_loss"], *(r["replayed_loss_ci95"] or (None, None)), r["verdict"],
-                     r["n_prompts"], r["blocks"], r["skipped_blocks"], r["wrong_skip_share"], r["mean_skip"]]
-                    for r in promise])
+                     r["n_prompts"], r["blocks"], r["skipped_blocks"], r["wrong_skip_share"], r["mean_skip"],
+                     _lams(r["thresholds"])] for r in promise])
 
     perm_head, perm_rows = _write_tables(out, g, bces, aurocs, perms, p1)
     figures = _plots(out, g, bces, aurocs, perms, p1)
@@ -463,9 +468,10 @@ def _markdown(s: dict, ts: TraceSet, bces: dict, aurocs: dict, perm_head, perm_r
                   "shows whether the thresholds hold on blocks drafted after skips. The policy online skips a "
                   "subset of these blocks (it waits for `K*`).", "",
                   _md_table(["alpha", "replayed loss", "95% interval", "verdict", "prompts", "blocks",
-                             "skipped blocks", "wrong-skip share", "mean skip"],
+                             "skipped blocks", "wrong-skip share", "mean skip", "lam per rotation"],
                             [[r["alpha"], r["replayed_loss"], ci(r), r["verdict"], r["n_prompts"], r["blocks"],
                               r["skipped_blocks"], float("nan") if r["wrong_skip_share"] is None else r["wrong_skip_share"],
-                              float("nan") if r["mean_skip"] is None else r["mean_skip"]] for r in s["promise"]]),
+                              float("nan") if r["mean_skip"] is None else r["mean_skip"],
+                              _lams(r["thresholds"]).replace(";", ", ")] for r in s["promise"]]),
                   "", "Rows: `promise.csv`.", ""]
     return "\n".join(parts)

@@ -191,10 +191,10 @@ def _calibration_prompts(ts, model, mean, std, ids) -> list[tuple[np.ndarray, np
     return out
 
 
-def _training_blocks(ts, on_policy, ids) -> tuple[np.ndarray, np.ndarray]:
-    """(inputs, L) of the blocks of prompts ``ids`` in the Strict SDD traces and, when given, in the
+def _training_blocks(ts, rounds, ids) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, L) of the blocks of prompts ``ids`` in the Strict SDD traces and in each round's
     on-policy traces (decoded while the scheduler skipped, L from the shadow verifier)."""
-    parts = [(t, t.blocks_of(ids)) for t in (ts, on_policy) if t is not None]
+    parts = [(t, t.blocks_of(ids)) for t in (ts, *rounds)]
     return (np.concatenate([block_inputs(t, sel) for t, sel in parts]), np.concatenate([t.L[sel] for t, sel in parts]))
 
 
@@ -204,10 +204,12 @@ def train_prefix_predictor(ts, cfg: PrefixTrainConfig, out, calibration_folds: i
     ``out/prefix/rotation_<r>.safetensors`` and ``manifest.json`` (last) and returns the manifest.
 
     ``on_policy``: traces decoded while a prefix scheduler skipped (shadow-verified, so every block
-    has its L), added to each rotation's training prompts (DAgger-style rounds). The epoch is chosen
-    on Strict SDD blocks. ``calibrate_on``: ``strict`` calibrates each threshold on the calibration
-    prompts' Strict SDD blocks; ``on-policy`` on their on-policy blocks, the kind the policy meets
-    after its own skips, where the losses still count tokens beyond the shadow verifier's ``L``."""
+    has its L), added to each rotation's training prompts (DAgger-style rounds): one trace set, or
+    one per round, oldest first, which are aggregated. The epoch is chosen on Strict SDD blocks.
+    ``calibrate_on``: ``strict`` calibrates each threshold on the calibration prompts' Strict SDD
+    blocks; ``on-policy`` on their on-policy blocks of the last round, the kind the newest model's
+    policy meets after its own skips, where the losses still count tokens beyond the shadow
+    verifier's ``L``."""
     from pathlib import Path
 
     from tqdm import tqdm
@@ -218,23 +220,25 @@ def train_prefix_predictor(ts, cfg: PrefixTrainConfig, out, calibration_folds: i
 
     if calibrate_on not in ("strict", "on-policy"):
         raise ValueError(f"calibrate_on must be strict or on-policy, got {calibrate_on!r}")
-    if calibrate_on == "on-policy" and on_policy is None:
+    rounds = [] if on_policy is None else [on_policy] if hasattr(on_policy, "gamma") else list(on_policy)
+    if calibrate_on == "on-policy" and not rounds:
         raise ValueError("calibrating on on-policy blocks needs on-policy traces")
-    if on_policy is not None and (on_policy.gamma != ts.gamma or on_policy.d_model != ts.d_model):
-        raise ValueError(f"the on-policy traces (gamma {on_policy.gamma}, d_model {on_policy.d_model}) do not match "
-                         f"the Strict SDD traces (gamma {ts.gamma}, d_model {ts.d_model})")
+    for onp in rounds:
+        if onp.gamma != ts.gamma or onp.d_model != ts.d_model:
+            raise ValueError(f"the on-policy traces (gamma {onp.gamma}, d_model {onp.d_model}) do not match "
+                             f"the Strict SDD traces (gamma {ts.gamma}, d_model {ts.d_model})")
     kdir = Path(out) / KIND
     kdir.mkdir(parents=True, exist_ok=True)
     fl = folds(ts.prompt_ids, seed=FOLD_SEED, k=N_FOLDS)
     entries = []
     for rot in tqdm(prefix_rotations(fl, calibration_folds, cfg.seed), desc="train prefix", unit="rotation",
                     disable=not progress):
-        X, L = _training_blocks(ts, on_policy, rot.train)
+        X, L = _training_blocks(ts, rounds, rot.train)
         st = ts.blocks_of(rot.stop)
         if not len(L) or not st.any():
             raise ValueError(f"rotation {rot.index} has no training or epoch-choice blocks; trace more prompts")
         model, mean, std = train_prefix_model(X, L, cfg, block_inputs(ts, st), ts.L[st])
-        cal = _calibration_prompts(ts if calibrate_on == "strict" else on_policy, model, mean, std, rot.cal)
+        cal = _calibration_prompts(ts if calibrate_on == "strict" else rounds[-1], model, mean, std, rot.cal)
         if not cal:
             raise ValueError(f"rotation {rot.index} has no calibration blocks; trace more prompts")
         risk = risk_curve(cal, GRID)
@@ -250,7 +254,10 @@ def train_prefix_predictor(ts, cfg: PrefixTrainConfig, out, calibration_folds: i
                 "train": asdict(cfg), "calibration_folds": calibration_folds, "calibrate_on": calibrate_on,
                 "fold_seed": FOLD_SEED,
                 "folds": [list(f) for f in fl], "traces": list(ts.runs),
-                "on_policy_traces": [] if on_policy is None else list(on_policy.runs), "n_prompts": len(ts.prompt_ids),
+                "on_policy_traces": [r for onp in rounds for r in onp.runs],
+                "on_policy_rounds": [list(onp.runs) for onp in rounds],
+                "calibration_traces": list((ts if calibrate_on == "strict" else rounds[-1]).runs),
+                "n_prompts": len(ts.prompt_ids),
                 "n_blocks": ts.n_blocks, "dropped_short_blocks": ts.dropped_short, "rotations": entries}
     write_json(kdir / MANIFEST, manifest, indent=1)
     return manifest

@@ -31,13 +31,14 @@ def _train_predictor(subparsers) -> None:
     p.add_argument("--out", required=True, help="predictor directory (checkpoints go to OUT/KIND/)")
     p.add_argument("--epochs", type=int, help="training epochs (default: 15; prefix: 30)")
     p.add_argument("--hidden", type=int, default=64, help="prefix: width of the GRU (default: 64)")
-    p.add_argument("--on-policy", nargs="+", metavar="RUN_DIR",
+    p.add_argument("--on-policy", nargs="+", action="append", metavar="RUN_DIR",
                    help="prefix: traces of `vskip run --policy prefix --trace` (shadow-verified skips) added to each "
-                        "rotation's training prompts (DAgger-style rounds)")
+                        "rotation's training prompts (DAgger-style rounds); repeat the option once per round, oldest "
+                        "first, to train on every round's blocks")
     p.add_argument("--calibrate-on", choices=("strict", "on-policy"), default="strict",
                    help="prefix: the blocks each rotation's threshold is calibrated on: the calibration prompts' "
-                        "Strict SDD blocks (default), or their --on-policy blocks, drafted after the scheduler's "
-                        "own skips as the policy meets them online")
+                        "Strict SDD blocks (default), or their --on-policy blocks of the last round, drafted after "
+                        "the scheduler's own skips as the policy meets them online")
     p.add_argument("--calibration-folds", type=int, default=1,
                    help="prefix: folds that calibrate each rotation's threshold (default: 1; conformal risk "
                         "control at alpha needs at least 1/alpha - 1 calibration prompts)")
@@ -79,12 +80,12 @@ def cmd_train_predictor(a) -> int:
     if a.kind == "prefix":
         from ..prefix_model import train_prefix_predictor
 
-        on_policy = None
-        if a.on_policy:
-            for run in a.on_policy:
+        on_policy = []
+        for group in a.on_policy or []:  # one trace set per round
+            for run in group:
                 if run_policy(run) != "prefix":
                     raise ValueError(f"--on-policy takes runs of --policy prefix --trace; {run} is not one")
-            on_policy = load_traces(a.on_policy)
+            on_policy.append(load_traces(group))
         man = train_prefix_predictor(ts, cfg, a.out, a.calibration_folds, progress=not a.quiet, on_policy=on_policy,
                                      calibrate_on=a.calibrate_on)
         fit = {"stop_nll": [round(e["stop_nll"], 4) for e in man["rotations"]],

@@ -1,0 +1,98 @@
+"""scripts/fullscale.sh's on-policy rounds, with a stub in place of vskip that records each command
+and writes the files the real one would: which model each round decodes with, which blocks it
+trains and calibrates on, where it writes, and what the reports put side by side."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+SCRIPT = ROOT / "scripts" / "fullscale.sh"
+
+STUB = """#!/usr/bin/env bash
+echo "$*" >> "$STUB_LOG"
+out=""
+prev=""
+for a in "$@"; do
+  if [ "$prev" = "--out" ]; then out="$a"; fi
+  prev="$a"
+done
+case "$1" in
+  run) mkdir -p "$out" && echo '{"n_prompts": 1}' > "$out/summary.json" && echo '{}' > "$out/config.json" ;;
+  train-predictor) mkdir -p "$out/prefix" && echo '{}' > "$out/prefix/manifest.json" ;;
+esac
+"""
+
+
+@pytest.fixture
+def env(tmp_path):
+    stub = tmp_path / "vskip"
+    stub.write_text(STUB)
+    stub.chmod(stub.stat().st_mode | stat.S_IEXEC)
+    R, A = tmp_path / "runs", tmp_path / "results"
+    strict = {"n_prompts": 2, "generated_tokens": 10, "verifier_calls": 4, "draft_blocks": 4, "pass_at_1": 0.5}
+    for t in ("humaneval", "mbpp"):
+        for d in (R / "traces" / t, A / "traces" / t):
+            d.mkdir(parents=True)
+            (d / "summary.json").write_text(json.dumps(strict))
+    (A / "predictors" / "prefix").mkdir(parents=True)
+    (A / "predictors" / "prefix" / "manifest.json").write_text("{}")
+    e = {**os.environ, "VSKIP": str(stub), "PY": sys.executable, "R": str(R), "A": str(A),
+         "STUB_LOG": str(tmp_path / "log"), "HE": "2", "MBPP": "2"}
+    return e, R, A, tmp_path / "log"
+
+
+def _step(env, step, round_=1):
+    e = {**env, "ROUND": str(round_)}
+    return subprocess.run(["bash", str(SCRIPT), step], env=e, capture_output=True, text=True, timeout=60)
+
+
+def _calls(log, verb):  # the two tasks run side by side: their order within a step is either
+    return [line.split() for line in log.read_text().splitlines() if line.startswith(verb + " ")]
+
+
+def test_each_round_decodes_with_the_last_model_and_trains_on_every_round(env):
+    e, R, A, log = env
+    assert _step(e, "onpolicy", 2).returncode == 2  # round 2 needs round 1's model and blocks
+    p = _step(e, "onpolicy", 1)
+    assert p.returncode == 0, p.stderr
+    p = _step(e, "onpolicy", 2)
+    assert p.returncode == 0, p.stderr
+    runs = _calls(log, "run")
+    assert [r[r.index("--predictor") + 1] for r in runs] == [f"{A}/predictors"] * 2 + [f"{A}/predictors-round1"] * 2
+    assert sorted(r[r.index("--out") + 1] for r in runs[2:]) == [f"{R}/onpolicy2/humaneval", f"{R}/onpolicy2/mbpp"]
+    train = _calls(log, "train-predictor")[-1]
+    assert " ".join(train[train.index("--on-policy"):train.index("--calibrate-on")]) == (
+        f"--on-policy {R}/onpolicy1/humaneval {R}/onpolicy1/mbpp --on-policy {R}/onpolicy2/humaneval {R}/onpolicy2/mbpp")
+    assert train[train.index("--calibrate-on") + 1] == "on-policy" and train[train.index("--out") + 1] == f"{A}/predictors-round2"
+    assert (A / "onpolicy2" / "mbpp" / "summary.json").exists()
+
+    # round 2 offline: round 1 and round 2 replayed on round 2's blocks; online: round 2's model
+    assert _step(e, "onpolicy-check", 2).returncode == 0
+    diag = [d[d.index("--out") + 1] for d in _calls(log, "diagnose")]
+    assert diag == [f"{A}/diagnose-onpolicy2-round1", f"{A}/diagnose-onpolicy2-round2"]
+    assert _step(e, "onpolicy-sweep", 2).returncode == 0
+    sweeps = _calls(log, "sweep")
+    assert {s[s.index("--predictor") + 1] for s in sweeps} == {f"{A}/predictors-round2"}
+    assert sorted(s[s.index("--out") + 1] for s in sweeps) == [f"{R}/sweeps-round2/humaneval-round2",
+                                                              f"{R}/sweeps-round2/mbpp-round2"]
+
+
+def test_pack_sets_each_round_beside_strict_round_0_and_the_earlier_rounds(env):
+    e, R, A, log = env
+    a = "prefix_model_a0.05_measured_s64"
+    for d in ("sweeps/humaneval/strict", f"sweeps/humaneval/{a}", f"sweeps-round1/humaneval-round1/{a}",
+              f"sweeps-round2/humaneval-round2/{a}"):
+        (R / d).mkdir(parents=True)
+    p = _step(e, "pack")
+    assert p.returncode == 0, p.stderr
+    reports = {r[r.index("--out") + 1]: r[1:r.index("--frontier-k-min")] for r in _calls(log, "report")}
+    assert reports[f"{A}/report-round1"] == [f"{R}/sweeps-round1/humaneval-round1", f"{R}/sweeps/humaneval/strict",
+                                              f"{R}/sweeps/humaneval/{a}"]
+    assert reports[f"{A}/report-round2"] == [f"{R}/sweeps-round2/humaneval-round2", f"{R}/sweeps/humaneval/strict",
+                                              f"{R}/sweeps/humaneval/{a}", f"{R}/sweeps-round1/humaneval-round1/{a}"]

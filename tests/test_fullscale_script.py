@@ -96,3 +96,15 @@ def test_pack_sets_each_round_beside_strict_round_0_and_the_earlier_rounds(env):
                                               f"{R}/sweeps/humaneval/{a}"]
     assert reports[f"{A}/report-round2"] == [f"{R}/sweeps-round2/humaneval-round2", f"{R}/sweeps/humaneval/strict",
                                               f"{R}/sweeps/humaneval/{a}", f"{R}/sweeps-round1/humaneval-round1/{a}"]
+
+
+def test_timing_times_every_key_point_with_the_cache_and_humaneval_without(env):
+    e, R, A, log = env
+    p = _step(e, "timing")
+    assert p.returncode == 0, p.stderr
+    outs = sorted(c[c.index("--out") + 1] for c in _calls(log, "compare"))
+    assert outs == sorted([f"{R}/timing/humaneval-cache"] * 2 + [f"{R}/timing/mbpp-cache"] * 2
+                          + [f"{R}/timing/humaneval-nocache"] * 2)
+    nocache = [c for c in _calls(log, "compare") if "--no-verifier-cache" in c]
+    assert {c[c.index("--ids") + 1] for c in nocache} == {"HumanEval/0"}  # every 8th of the first 2 prompts
+    assert all(c[c.index("--repeats") + 1] == "3" for c in _calls(log, "compare") if "--verifier-cache" in c)

@@ -41,11 +41,13 @@ ROUND=${ROUND:-1}
 # and one run resumed on both kinds of machine would mix two drafters' confidences
 PIN="--drafter-dtype float32"
 PY=${PY:-.venv/bin/python}
-# the points the timing piece repeats: the reference, Strict SDD, the promise, each signal, the product
-KEY=${KEY:-ar,strict,prefix+survival=model+alpha=0.05,raw+eta_b=0.7+eta_c=0.7+k_min=3,marginal+eta_m=0.7+k_min=3,conditional+eta_b=0.7+eta_c=0.7+k_min=3,prefix+lam=0.7}
+# the points the timing piece repeats: the reference, Strict SDD, the promise at 0.05 and 0.02 (the
+# model trained on Strict SDD traces) and at 0.05 after two on-policy rounds, and each signal
+ROUND2="prefix+survival=model+alpha=0.05+predictor=$A/predictors-round2"
+KEY=${KEY:-ar,strict,prefix+survival=model+alpha=0.05,prefix+survival=model+alpha=0.02,$ROUND2,raw+eta_b=0.7+eta_c=0.7+k_min=3,marginal+eta_m=0.7+k_min=3,conditional+eta_b=0.7+eta_c=0.7+k_min=3}
 # the points timed without the verifier's cache, as the paper timed, on every 8th prompt: a call that
 # recomputes the whole sequence costs several cached ones here, and `ar` without its cache is the dearest
-NOCACHE_KEY=${NOCACHE_KEY:-ar,strict,prefix+survival=model+alpha=0.05,raw+eta_b=0.7+eta_c=0.7+k_min=3}
+NOCACHE_KEY=${NOCACHE_KEY:-ar,strict,$ROUND2,raw+eta_b=0.7+eta_c=0.7+k_min=3}
 # ... on the task the paper timed (an hour of the machine a task)
 NOCACHE_TASKS=${NOCACHE_TASKS:-humaneval}
 
@@ -258,10 +260,16 @@ pack() {
     done
     $VSKIP compare --summary --out "$out" > /dev/null
   done
+  # the repeated timings, committed: the reports set each promise's timed speed beside its single timing
+  local timed=()
+  for d in "$A"/timing/*/; do
+    if [ -f "$d/settings.json" ]; then timed+=("${d%/}"); fi
+  done
+  if [ "${#timed[@]}" -gt 0 ]; then timed=(--timing "${timed[@]}"); fi
   # the signals' k_min in grid full is 3
   mapfile -t runs < <(task_dirs sweeps)
   if [ "${#runs[@]}" -gt 0 ]; then
-    $VSKIP report "${runs[@]}" --frontier-k-min 3 --archive --out "$A/report"
+    $VSKIP report "${runs[@]}" --frontier-k-min 3 "${timed[@]}" --archive --out "$A/report"
     # the promise per alpha where docs/results/scheduler.md reads it
     if [ -f "$A/report/scheduler.json" ]; then cp "$A/report/scheduler.json" "$(dirname "$A")/scheduler.json"; fi
   fi
@@ -282,7 +290,7 @@ pack() {
         done
       done
     done
-    $VSKIP report "${runs[@]}" --frontier-k-min 3 --archive --out "$A/report-round$r"
+    $VSKIP report "${runs[@]}" --frontier-k-min 3 "${timed[@]}" --archive --out "$A/report-round$r"
   done
 }
 

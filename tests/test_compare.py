@@ -88,6 +88,32 @@ def test_summary_reports_where_outputs_diverge():
     s = compare.summarize_comparison(rows)["configs"]["x"]
     assert s["same_as_ar"] == 1 and s["first_divergence"] == {"n": 1, "median": 2.0, "min": 2}
     assert s["ratio_vs_ar"] == pytest.approx(2.0)
+
+
+def test_every_configuration_is_set_against_every_other():
+    """`pairwise[a][b]`: a's ΣN/ΣT over b's on the same prompts, with its interval and each
+    repeat's ratio; the printed table adds × strict where Strict SDD is in the comparison."""
+    rows = []
+    for t, n in (("a", 40), ("b", 20), ("c", 30)):
+        for q in range(2):
+            for name, sec in (("ar", 4.0), ("strict", 2.0), ("x", 1.0 + q)):  # x: twice strict's speed, then 2/3
+                rows.append({"task_id": t, "config": name, "repeat": q, "tokens": n, "seconds": sec * n / 10,
+                             "digest": "d", "output": [1]})
+    s = compare.summarize_comparison(rows)
+    pw = s["pairwise"]
+    assert set(pw) == {"ar", "strict", "x"} and set(pw["x"]) == {"ar", "strict"}
+    assert pw["strict"]["ar"]["ratio"] == pytest.approx(s["configs"]["strict"]["ratio_vs_ar"]) == pytest.approx(2.0)
+    assert pw["x"]["strict"]["by_repeat"] == pytest.approx([2.0, 1.0])
+    assert pw["x"]["strict"]["ratio"] == pytest.approx((180 / 27) / (180 / 36))  # pooled over repeats: 4/3
+    assert pw["x"]["strict"]["ratio"] * pw["strict"]["x"]["ratio"] == pytest.approx(1.0)
+    lo, hi = pw["x"]["strict"]["ci95"]
+    assert lo == pytest.approx(hi) == pytest.approx(4 / 3)  # every prompt has the same ratio
+    text = compare.format_summary(s)
+    assert "× strict" in text and "- x: 2.000, 1.000" in text.split("× strict by repeat:")[1]
+    no_strict = compare.summarize_comparison([r for r in rows if r["config"] != "strict"])
+    assert "× strict" not in compare.format_summary(no_strict)
+    old = {k: v for k, v in s.items() if k != "pairwise"}  # a summary written before pairs existed
+    assert "× strict" not in compare.format_summary(old)
     with pytest.raises(ValueError):
         compare.summarize_comparison([r for r in rows if r["config"] == "x"])
 
@@ -207,6 +233,45 @@ def test_a_learned_configuration_reads_its_predictor(tmp_path, monkeypatch):
     assert asked == [("pred", "marginal")] and set(scored) == {"t0"}
     rows = {r["config"]: r for r in compare.read_rows(path)}
     assert rows["marginal+eta_m=0.5+k_min=1"]["skipped"] > 0 and rows["strict"]["skipped"] == 0
+
+
+def test_a_configuration_may_name_its_own_predictor(tmp_path, monkeypatch):
+    """Two rounds of one model side by side: `predictor=DIR` in a configuration loads that directory
+    for it alone; the others read --predictor, each (kind, directory) loaded once, and the settings
+    record which directory each configuration read."""
+    import vskip.predictor
+
+    class Sure:
+        def __init__(self, q):
+            self.q = q
+
+        def scores(self, block, features, task_id=None):
+            return [self.q] * len(block.tokens)
+
+        def threshold(self, task_id, alpha):
+            return 0.5
+
+    asked = []
+    monkeypatch.setattr(vskip.predictor, "load_predictor",
+                        lambda d, kind, runtime=None: asked.append((d, kind)) or Sure(0.999 if d == "pred" else 0.0))
+    specs = ("ar", "prefix+alpha=0.05", "prefix+alpha=0.05+predictor=round2", "prefix+alpha=0.02+predictor=round2")
+    variants = [compare.parse_variant(s, BASE, 1, "pred") for s in specs]
+    assert [v.predictor for v in variants] == [None, None, "round2", "round2"]
+    assert variants[1].params == variants[2].params  # the same policy; only the model differs
+    path = compare.run_compare([("t0", [7, 3, 9, 2])], _pair(), variants, tmp_path, progress=False, predictor="pred")
+    assert asked == [("pred", "prefix"), ("round2", "prefix")]
+    rows = {r["config"]: r for r in compare.read_rows(path)}
+    assert rows[specs[1]]["skipped"] > 0 and rows[specs[2]]["skipped"] == rows[specs[3]]["skipped"] == 0
+    from vskip.runner import ModelConfig
+
+    rec = compare.settings_record("humaneval", 24, ModelConfig(), ModelConfig(), variants, "pred")
+    assert rec["configs"][specs[2]]["predictor"] == "round2" and "predictor" not in rec["configs"][specs[1]]
+    # without --predictor, every learned configuration must name its own
+    assert compare.parse_variant(specs[2], BASE, 1).predictor == "round2"
+    for bad, needle in ((specs[1], "give --predictor"), ("raw+predictor=round2", "reads none"),
+                        ("prefix+alpha=0.05+predictor=", "bad setting")):
+        with pytest.raises(ValueError, match=needle):
+            compare.parse_variant(bad, BASE, 1)
 
 
 def test_a_shard_without_prompts_ends_at_once(tmp_path, capsys, monkeypatch):

@@ -96,6 +96,19 @@ def test_pack_sets_each_round_beside_strict_round_0_and_the_earlier_rounds(env):
                                               f"{R}/sweeps/humaneval/{a}"]
     assert reports[f"{A}/report-round2"] == [f"{R}/sweeps-round2/humaneval-round2", f"{R}/sweeps/humaneval/strict",
                                               f"{R}/sweeps/humaneval/{a}", f"{R}/sweeps-round1/humaneval-round1/{a}"]
+    assert not any("--timing" in r for r in _calls(log, "report"))
+    # with the repeated timings: compressed into A, and every report reads them from there
+    t = R / "timing" / "humaneval-cache"
+    t.mkdir(parents=True)
+    (t / "settings.json").write_text("{}")
+    (t / "shard-1-of-2.jsonl").write_text("{}\n")
+    log.write_text("")
+    p = _step(e, "pack")
+    assert p.returncode == 0, p.stderr
+    assert (A / "timing" / "humaneval-cache" / "shard-1-of-2.jsonl.gz").exists()
+    reports = _calls(log, "report")
+    assert len(reports) == 3
+    assert all(r[r.index("--timing") + 1:r.index("--archive")] == [f"{A}/timing/humaneval-cache"] for r in reports)
 
 
 def test_timing_times_every_key_point_with_the_cache_and_humaneval_without(env):
@@ -108,3 +121,8 @@ def test_timing_times_every_key_point_with_the_cache_and_humaneval_without(env):
     nocache = [c for c in _calls(log, "compare") if "--no-verifier-cache" in c]
     assert {c[c.index("--ids") + 1] for c in nocache} == {"HumanEval/0"}  # every 8th of the first 2 prompts
     assert all(c[c.index("--repeats") + 1] == "3" for c in _calls(log, "compare") if "--verifier-cache" in c)
+    # the model of the second on-policy round is timed beside the first one's, both with and without the cache
+    configs = [c[c.index("--configs") + 1].split(",") for c in _calls(log, "compare")]
+    assert all(f"prefix+survival=model+alpha=0.05+predictor={A}/predictors-round2" in k for k in configs)
+    assert all("prefix+survival=model+alpha=0.02" in k for k, c in zip(configs, _calls(log, "compare"))
+               if "--verifier-cache" in c)

@@ -145,6 +145,50 @@ def test_a_run_says_which_folds_cannot_keep_alpha(tmp_path, capsys):
     assert "needs at least 19 calibration prompts" in err and "fold 0 has 8" in err
     note_thresholds(pp, 0.5)
     assert "never skipped" not in capsys.readouterr().err
+    # what a run's config.json keeps of it: no rotation skips at 0.05, each its own lam at 0.5
+    from vskip.predictor import threshold_record
+
+    assert threshold_record(pp, None) is None
+    rec = threshold_record(pp, 0.05)
+    assert rec["alpha"] == 0.05 and [r["lam"] for r in rec["rotations"]] == [None] * 5
+    assert [r["n_calibration"] for r in rec["rotations"]] == [n for _, n, _ in pp.thresholds(0.05)]
+    assert [r["lam"] for r in threshold_record(pp, 0.5)["rotations"]] == [lam for _, _, lam in pp.thresholds(0.5)]
+
+
+def test_a_run_records_the_thresholds_it_decoded_with(tmp_path):
+    """`vskip run --policy prefix --alpha A` writes each rotation's calibrated lam into config.json,
+    so the promise a run kept can be read from the run itself; a resume rewrites the same record."""
+    from fakes import trace_run
+    from test_sweep import IDS, fake_pair
+    from vskip import runner
+    from vskip.decode import DecodeConfig
+    from vskip.files import read_json
+    from vskip.policy import PolicyConfig
+    from vskip.predictor import load_predictor
+    from vskip.prefix_model import train_prefix_predictor
+    from vskip.runner import ModelConfig, RunConfig
+
+    torch.set_num_threads(1)
+    trace_run(tmp_path / "strict", 15)
+    from vskip.traces import load_traces
+
+    train_prefix_predictor(load_traces(tmp_path / "strict"), PrefixTrainConfig(epochs=1, hidden=8), tmp_path / "p",
+                           progress=False)
+    pp = load_predictor(tmp_path / "p", "prefix")
+    cfg = RunConfig(task="humaneval", policy=PolicyConfig(name="prefix", survival="model", alpha=0.5, cost_ratio=0.05),
+                    decode=DecodeConfig(gamma=8, max_new_tokens=24, task="humaneval"), models=ModelConfig(), ids=IDS,
+                    score=False, predictor=str(tmp_path / "p"))
+    runner.run(cfg, tmp_path / "r", progress=False, pair=fake_pair(None, True))
+    rec = read_json(tmp_path / "r" / "config.json", "run configuration")["thresholds"]
+    assert rec["alpha"] == 0.5
+    assert [(r["rotation"], r["n_calibration"], r["lam"]) for r in rec["rotations"]] == pp.thresholds(0.5)
+    runner.run(cfg, tmp_path / "r", progress=False, pair=fake_pair(None, True))  # a resume keeps it
+    assert read_json(tmp_path / "r" / "config.json", "run configuration")["thresholds"] == rec
+    strict = RunConfig(task="humaneval", policy=PolicyConfig(name="strict"),
+                       decode=DecodeConfig(gamma=8, max_new_tokens=24, task="humaneval"), models=ModelConfig(),
+                       ids=IDS, score=False)
+    runner.run(strict, tmp_path / "s", progress=False, pair=fake_pair(None, True))
+    assert "thresholds" not in read_json(tmp_path / "s" / "config.json", "run configuration")
 
 
 def test_the_prefix_policy_reads_the_model_and_its_calibrated_threshold(tmp_path):
@@ -221,14 +265,15 @@ def test_the_prefix_policy_reads_the_model_and_its_calibrated_threshold(tmp_path
                            "--out", str(tmp_path / "p3"), "--device", "cpu", "--quiet"])
     with pytest.raises(ValueError, match="--policy prefix"):
         a.fn(a)
-    # calibrated on the on-policy blocks instead: the same model, the thresholds from other blocks
+    # with --on-policy the thresholds are calibrated on the on-policy blocks unless told otherwise;
+    # --calibrate-on strict keeps the same model and takes them from the Strict SDD blocks
     a = parser.parse_args(["train-predictor", "--kind", "prefix", "--traces", str(runs), "--on-policy", str(onp),
-                           "--calibrate-on", "on-policy", "--out", str(tmp_path / "p4"), "--epochs", "1", "--hidden",
+                           "--calibrate-on", "strict", "--out", str(tmp_path / "p4"), "--epochs", "1", "--hidden",
                            "8", "--device", "cpu", "--quiet"])
     assert a.fn(a) == 0
     man4 = json.loads((tmp_path / "p4" / "prefix" / "manifest.json").read_text())
-    assert man4["calibrate_on"] == "on-policy" and man["calibrate_on"] == "strict"
-    assert man4["calibration_traces"] == [str(onp)] and man["calibration_traces"] == [str(runs)]
+    assert man["calibrate_on"] == "on-policy" and man4["calibrate_on"] == "strict" and man1["calibrate_on"] == "strict"
+    assert man["calibration_traces"] == [str(onp)] and man4["calibration_traces"] == [str(runs)]
     # a second round: the option once per round, every round's blocks trained on
     a = parser.parse_args(["train-predictor", "--kind", "prefix", "--traces", str(runs), "--on-policy", str(onp),
                            "--on-policy", str(onp), "--calibrate-on", "on-policy", "--out", str(tmp_path / "p6"),

@@ -10,7 +10,10 @@ configuration is measured and checked against. Configurations (``--configs``):
   round and trimming: :mod:`vskip.policy.blocks`; ``steps``: reveal steps of the drafter), the
   policy's own parameters (``raw+eta_b=0.7+eta_c=0.7+k_min=3``, ``prefix+lam=0.7``; a learned
   signal, ``marginal+eta_m=0.9`` or ``prefix+survival=model+alpha=0.05``, reads ``--predictor``),
-  and ``cache=off`` (the verifier recomputes the whole sequence every call, as the paper timed it);
+  ``cache=off`` (the verifier recomputes the whole sequence every call, as the paper timed it), and
+  ``predictor=DIR`` (this configuration's trained predictor instead of ``--predictor``, so that two
+  models, say two on-policy rounds, are timed side by side; a DIR with ``+``, ``=`` or ``,`` cannot
+  be named here);
 - ``fast``: Strict SDD with the opt-in settings that were fastest on the embedded pair (short
   base blocks, long ones after a copy match, only the confident prefix verified; :data:`FAST`);
 - ``hf``: transformers' greedy ``generate`` on the same model object;
@@ -63,6 +66,7 @@ class Variant:
     lookup: int | None = None
     params: tuple = ()  # (key, value) pairs of the policy's own parameters
     cache: bool | None = None  # the verifier's KV cache; None: as the pair was loaded
+    predictor: str | None = None  # this configuration's predictor directory; None: the command's
 
     @property
     def hf(self) -> bool:
@@ -95,13 +99,16 @@ def parse_variant(spec: str, base, steps: int, predictor: str | None = None, fla
     name, *pairs = spec.split("+")
     if name not in POLICIES:
         raise ValueError(f"unknown configuration {spec!r}; expected POLICY[+key=value...], hf or lookupN")
-    kw, params, cache = {}, {}, None
+    kw, params, cache, own = {}, {}, None, None
     for pair in pairs:
         key, _, value = pair.partition("=")
+        if key == "predictor" and value:
+            own = value
+            continue
         read = _KEYS.get(key) or _POLICY_KEYS.get(key) or (_SWITCH.get if key == "cache" else None)
         if read is None or not value:
             raise ValueError(f"bad setting {pair!r} in {spec!r}; expected key=value with key in "
-                             f"{', '.join([*_KEYS, *_POLICY_KEYS, 'cache'])}")
+                             f"{', '.join([*_KEYS, *_POLICY_KEYS, 'cache', 'predictor'])}")
         try:
             v = read(value)
         except ValueError:
@@ -124,9 +131,11 @@ def parse_variant(spec: str, base, steps: int, predictor: str | None = None, fla
     p, default = PolicyConfig.make(name, **ask), PolicyConfig.make(name)  # the policy's own checks
     changed = {f.name: getattr(p, f.name) for f in fields(p)
                if f.name not in ("name", "guards") and getattr(p, f.name) != getattr(default, f.name)}
+    if own is not None and not p.learned:
+        raise ValueError(f"{spec!r}: predictor= is for a learned signal, and {name} reads none")
     v = Variant(spec, policy=name, decode=replace(base, **kw), steps=s, params=tuple(sorted(changed.items())),
-                cache=cache)
-    if p.learned and not predictor:
+                cache=cache, predictor=own)
+    if p.learned and not (own or predictor):
         raise ValueError(f"{spec!r} reads a trained {p.predictor_kind} predictor: give --predictor DIR")
     return v
 
@@ -162,7 +171,8 @@ def settings_record(task: str, max_new: int, runtime, models, variants, predicto
     configs = {v.name: {"policy": v.policy, "lookup": v.lookup, "steps": v.steps,
                         "decode": asdict(v.decode) if v.decode is not None else None,
                         **({"params": dict(v.params)} if v.params else {}),
-                        **({"cache": v.cache} if v.cache is not None else {})} for v in variants}
+                        **({"cache": v.cache} if v.cache is not None else {}),
+                        **({"predictor": v.predictor} if v.predictor else {})} for v in variants}
     return {"fixed": {"task": task, "max_new_tokens": max_new, "runtime": asdict(runtime), "models": asdict(models),
                       **({"predictor": str(predictor)} if predictor else {})},
             "configs": configs}
@@ -234,16 +244,18 @@ def _decode_row(pair, v: Variant, ids, tid, predictor=None) -> tuple[dict, list[
 
 
 def _predictors(pair, variants, directory: str | None) -> dict:
-    """The trained predictor of each learned variant, by variant name (loaded once per kind)."""
+    """The trained predictor of each learned variant, by variant name (loaded once per kind and
+    directory: the variant's own ``predictor=``, else ``directory``)."""
     from .predictor import load_predictor
 
-    kinds, out = {}, {}
+    loaded, out = {}, {}
     for v in variants:
         kind = None if v.hf else v.policy_config().predictor_kind
         if kind is not None:
-            if kind not in kinds:
-                kinds[kind] = load_predictor(directory, kind, getattr(pair, "runtime", None))
-            out[v.name] = kinds[kind]
+            key = (kind, v.predictor or directory)
+            if key not in loaded:
+                loaded[key] = load_predictor(key[1], kind, getattr(pair, "runtime", None))
+            out[v.name] = loaded[key]
     return out
 
 
@@ -329,7 +341,8 @@ def _totals(res: dict, common: list[str], reps) -> tuple[np.ndarray, np.ndarray]
 def summarize_comparison(rows: list[dict]) -> dict:
     """Per configuration, over the prompts every configuration finished in every repeat. Outputs
     are checked on the first repeat; speed pools the repeats (ΣN/ΣT), and ``ratio_by_repeat``
-    gives each repeat's ratio to ``ar``: their spread is the timing noise."""
+    gives each repeat's ratio to ``ar``: their spread is the timing noise. ``pairwise[a][b]`` sets
+    every configuration against every other the same way (ratio, interval, ratio by repeat)."""
     by: dict[str, dict[str, dict[int, dict]]] = {}
     for r in rows:
         by.setdefault(r["config"], {}).setdefault(r["task_id"], {})[r.get("repeat", 0)] = r
@@ -359,6 +372,9 @@ def summarize_comparison(rows: list[dict]) -> dict:
         if rs and "calls" in rs[0]:
             d |= _cost_figures(every, N.sum(), T.sum())
         out["configs"][name] = d
+    # every configuration against every other, paired per prompt: (ΣN/ΣT) of the row over that of the column
+    tot = {name: _totals(res, common, range(n_rep)) for name, res in by.items()}
+    out["pairwise"] = {a: {b: _pair(by[a], by[b], common, n_rep) for b in by if b != a} for a in by}
     hosts = sorted({r["machine"] for r in rows if r.get("machine")})
     if hosts:  # rows written before rows named their machine have no such key
         out["machines"] = hosts
@@ -366,6 +382,17 @@ def summarize_comparison(rows: list[dict]) -> dict:
         if split:
             out["prompts_split_across_machines"] = len(split)
     return out
+
+
+def _pair(res: dict, ref: dict, common: list[str], n_rep: int) -> dict:
+    """(ΣN/ΣT) of ``res`` over that of ``ref`` on the prompts ``common``, its 95% bootstrap
+    interval over prompts, and, with several repeats, each repeat's ratio."""
+    (N, T), (N0, T0) = _totals(res, common, range(n_rep)), _totals(ref, common, range(n_rep))
+    d = {"ratio": float((N.sum() / T.sum()) / (N0.sum() / T0.sum())), "ci95": _ratio_interval(N, T, N0, T0)}
+    if n_rep > 1:
+        per = [(_totals(res, common, [q]), _totals(ref, common, [q])) for q in range(n_rep)]
+        d["by_repeat"] = [float((n.sum() / t.sum()) / (n0.sum() / t0.sum())) for (n, t), (n0, t0) in per]
+    return d
 
 
 def _cost_figures(rs: list[dict], n: float, seconds: float) -> dict:
@@ -391,18 +418,27 @@ def format_summary(s: dict) -> str:
     def f(x, fmt):
         return "–" if x is None else format(x, fmt)
 
+    # against Strict SDD as well, where the comparison has it (summaries written before had no pairs)
+    vs = {a: p["strict"] for a, p in s.get("pairwise", {}).items() if "strict" in p}
     rows = []
     for name, d in s["configs"].items():
         lo, hi = d["ratio_ci95"]
-        rows.append([name, d["tokens"], f(d["tokens_per_s"], ".2f"), f(d["ratio_vs_ar"], ".3f"), f"[{lo:.3f}, {hi:.3f}]",
-                     f"{d['same_as_ar']}/{s['n_prompts']}", f(d.get("tokens_per_call"), ".2f"),
-                     f(d.get("c_D_over_c_V"), ".3f"), f(d.get("outside_forwards"), ".1%")])
-    table = tabulate(rows, headers=["config", "tokens", "tok/s", "× ar", "95% CI (prompts)", "= ar", "tokens/call",
-                                    "c_D/c_V", "outside forwards"], tablefmt="github")
+        row = [name, d["tokens"], f(d["tokens_per_s"], ".2f"), f(d["ratio_vs_ar"], ".3f"), f"[{lo:.3f}, {hi:.3f}]"]
+        if vs:
+            v = vs.get(name)
+            row += ["–", "–"] if v is None else [f"{v['ratio']:.3f}", f"[{v['ci95'][0]:.3f}, {v['ci95'][1]:.3f}]"]
+        rows.append(row + [f"{d['same_as_ar']}/{s['n_prompts']}", f(d.get("tokens_per_call"), ".2f"),
+                           f(d.get("c_D_over_c_V"), ".3f"), f(d.get("outside_forwards"), ".1%")])
+    table = tabulate(rows, headers=["config", "tokens", "tok/s", "× ar", "95% CI (prompts)",
+                                    *(["× strict", "95% CI"] if vs else []), "= ar", "tokens/call", "c_D/c_V",
+                                    "outside forwards"], tablefmt="github")
     if s.get("repeats", 1) > 1:
         table += f"\n\nEach prompt decoded {s['repeats']} times by every configuration; × ar by repeat:\n"
         table += "\n".join(f"- {name}: " + ", ".join(f"{x:.3f}" for x in d["ratio_by_repeat"])
                             for name, d in s["configs"].items() if name != "ar")
+        if vs:
+            table += "\n\n× strict by repeat:\n" + "\n".join(
+                f"- {name}: " + ", ".join(f"{x:.3f}" for x in v["by_repeat"]) for name, v in vs.items() if "by_repeat" in v)
     if len(s.get("machines", [])) > 1:
         split = s.get("prompts_split_across_machines", 0)
         table += (f"\n\nTimed on {len(s['machines'])} machines ({', '.join(s['machines'])}); {split} prompts have "

@@ -325,6 +325,16 @@ def note_thresholds(predictor, alpha: float | None) -> None:
               + f", so {'its' if len(short) == 1 else 'their'} prompts are never skipped", file=sys.stderr)
 
 
+def threshold_record(predictor, alpha: float | None) -> dict | None:
+    """The calibrated thresholds a run decodes with, for its ``config.json``: ``alpha`` and, per
+    rotation, its calibration prompts and ``lam`` (``None`` where the rotation never skips)."""
+    if alpha is None or not hasattr(predictor, "thresholds"):
+        return None
+    return {"alpha": alpha, "rotations": [
+        {"rotation": r, "n_calibration": n, "lam": None if lam == float("inf") else lam}
+        for r, n, lam in predictor.thresholds(alpha)]}
+
+
 def load_predictor(path: str | Path | None, kind: str, runtime=None):
     """The trained predictor of ``kind`` under ``path`` (the ``--out`` of train-predictor): the
     five rotations of a marginal or conditional MLP, or of a prefix survival model."""

@@ -91,8 +91,14 @@ def _run_locked(cfg: RunConfig, out: Path, problems, progress: bool, pair, comma
     m = cfg.models
     pair, runtime, predictor = _models(cfg, problems, pair)
     host = machine(runtime)
+    lam = None
+    if predictor is not None:
+        from .predictor import threshold_record  # noqa: PLC0415 - optional component
+
+        lam = threshold_record(predictor, cfg.policy.alpha)
     write_json(out / CONFIG, {"run": cfg_json, "models": pair.identity, "runtime": asdict(runtime),
                               "machine": host, "versions": package_versions(),
+                              **({"thresholds": lam} if lam else {}),
                               **({"command": command} if command else {})})
     _decode_prompts(cfg, out, problems, pair, predictor, done, progress, machine_id(host))
     samples = [done[p.task_id] for p in problems]

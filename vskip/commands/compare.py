@@ -17,7 +17,8 @@ def register(subparsers) -> None:
                    help="comma-separated: ar, a policy name with this command's settings, POLICY+key=value+... "
                         "(keys: gamma, gamma_max, min_match, trim, steps; the policy's own: eta_b, eta_c, eta_m, "
                         "epsilon, k_min, s_max, lenience, top_k, period, period_k, lam, cost_ratio, alpha, "
-                        "survival; cache=on|off for the verifier's KV cache), fast (Strict SDD with "
+                        "survival; cache=on|off for the verifier's KV cache; predictor=DIR for a learned signal's own "
+                        "model instead of --predictor's), fast (Strict SDD with "
                         "--gamma 4 --gamma-max 16 --min-match 6 --trim 0.5), hf, lookupN (default: ar,strict,fast)")
     c.add_argument("--repeats", type=int, default=1,
                    help="decode every prompt this many times with every configuration, in rotating order; the "
@@ -59,6 +60,9 @@ def cmd_compare(a) -> int:
                 if s.strip()]
     if a.predictor and not Path(a.predictor).is_dir():
         raise ValueError(f"--predictor {a.predictor} is not a directory")
+    for v in variants:
+        if v.predictor and not Path(v.predictor).is_dir():
+            raise ValueError(f"{v.name}: predictor {v.predictor} is not a directory")
     if not any(v.name == "ar" for v in variants):
         raise ValueError("--configs must include ar, the reference every configuration is measured against")
     ids = task_ids(a.ids)

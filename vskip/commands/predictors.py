@@ -35,10 +35,11 @@ def _train_predictor(subparsers) -> None:
                    help="prefix: traces of `vskip run --policy prefix --trace` (shadow-verified skips) added to each "
                         "rotation's training prompts (DAgger-style rounds); repeat the option once per round, oldest "
                         "first, to train on every round's blocks")
-    p.add_argument("--calibrate-on", choices=("strict", "on-policy"), default="strict",
+    p.add_argument("--calibrate-on", choices=("strict", "on-policy"),
                    help="prefix: the blocks each rotation's threshold is calibrated on: the calibration prompts' "
-                        "Strict SDD blocks (default), or their --on-policy blocks of the last round, drafted after "
-                        "the scheduler's own skips as the policy meets them online")
+                        "Strict SDD blocks, or their --on-policy blocks of the last round, drafted after the "
+                        "scheduler's own skips as the policy meets them online (default: on-policy where "
+                        "--on-policy is given, strict otherwise)")
     p.add_argument("--calibration-folds", type=int, default=1,
                    help="prefix: folds that calibrate each rotation's threshold (default: 1; conformal risk "
                         "control at alpha needs at least 1/alpha - 1 calibration prompts)")
@@ -75,6 +76,8 @@ def cmd_train_predictor(a) -> int:
     ts = load_traces(a.traces)
     if a.on_policy and a.kind != "prefix":
         raise ValueError("--on-policy traces train the prefix model only (--kind prefix)")
+    if a.calibrate_on is None:  # thresholds calibrated on Strict SDD blocks broke the promise online
+        a.calibrate_on = "on-policy" if a.on_policy else "strict"
     if a.calibrate_on == "on-policy" and not a.on_policy:
         raise ValueError("--calibrate-on on-policy needs --on-policy traces")
     if a.kind == "prefix":

@@ -21,6 +21,10 @@ def register(subparsers) -> None:
                    help=f"the k_min of the signal runs drawn as frontiers (default: {K_MIN})")
     r.add_argument("--bootstrap", type=int, default=10_000, help="paired bootstrap resamples (default: 10000)")
     r.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
+    r.add_argument("--timing", nargs="+", metavar="COMPARE_DIR", default=[],
+                   help="`vskip compare --repeats` directories: the promise's runs also get their tokens/s against "
+                        "Strict SDD from the configuration there that decodes as they did (interleaved, repeated, "
+                        "paired per prompt), beside the run's own single timing")
     r.add_argument("--archive", action="store_true",
                    help="also write OUT/runs.tar.xz: the run files behind the report (configs, samples, rounds, "
                         "summaries; no traces), so it can be regenerated from what is committed")
@@ -33,8 +37,11 @@ def cmd_report(a) -> int:
 
     if a.bootstrap < 1:
         raise ValueError(f"--bootstrap must be >= 1, got {a.bootstrap}")
+    for d in a.timing:
+        if not (Path(d) / "settings.json").is_file():
+            raise ValueError(f"--timing {d} is not a comparison directory (no settings.json)")
     rep = build_report([Path(p) for p in a.dirs], Path(a.out), k_min=a.k_min, n_boot=a.bootstrap, seed=a.seed,
-                       command=getattr(a, "command_line", None))
+                       command=getattr(a, "command_line", None), timing=[Path(d) for d in a.timing])
     if getattr(a, "archive", False):
         rep.files.append(archive_runs(rep, Path(a.out) / ARCHIVE).name)
     print(json.dumps({"report": str(rep.path), "files": len(rep.files), "notes": len(rep.notes)}))

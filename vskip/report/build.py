@@ -53,7 +53,8 @@ def _sort_key(row: Row):
 
 
 def build_report(paths: Sequence[Path], out: Path, k_min: int = K_MIN, n_boot: int = 10_000, seed: int = 0,
-                 warn: Callable[[str], None] | None = None, command: str | None = None) -> Report:
+                 warn: Callable[[str], None] | None = None, command: str | None = None,
+                 timing: Sequence[Path] = ()) -> Report:
     """Read the runs under ``paths`` and write tables, figures and ``report.md`` into ``out``.
     ``command``: the command line that made the report, recorded at its top."""
     warn = warn or (lambda msg: print(f"vskip report: {msg}", file=sys.stderr))
@@ -73,7 +74,7 @@ def build_report(paths: Sequence[Path], out: Path, k_min: int = K_MIN, n_boot: i
     for (task, gamma), rows in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), kv[0][1] or 0)):
         _group_sections(doc, task, gamma, rows, k_min, n_boot)
     _table4_section(doc, groups, k_min)
-    _scheduler_section(doc, groups, n_boot, seed)
+    _scheduler_section(doc, groups, n_boot, seed, timing)
     doc.body += ["## Runs and commands", ""]
     for rows in groups.values():
         for r in rows:
@@ -259,15 +260,17 @@ def _table4_section(doc: _Doc, groups, k_min: int) -> None:
         doc.body += ["## Across tasks (Table 4)", "", table.markdown(), "", "Files: `table4.md`, `table4.csv`.", ""]
 
 
-def _scheduler_section(doc: _Doc, groups: dict, n_boot: int, seed: int) -> None:
+def _scheduler_section(doc: _Doc, groups: dict, n_boot: int, seed: int, timing: Sequence[Path] = ()) -> None:
     """The promised agreement of ``--policy prefix --alpha`` runs (beyond the paper), also as
-    ``scheduler.json``."""
+    ``scheduler.json``; with ``timing`` (comparison directories), each run's repeated timing too."""
     from .scheduler import FIELDS, pooled_entries, scheduler_entries
+    from .timing import load_timings
 
+    timings = doc.guarded("repeated timings", lambda: load_timings(timing)) or []
     entries = doc.guarded("promised agreement", lambda: [e for rows in groups.values()
-                                                         for e in scheduler_entries(rows, n_boot, seed)]) or []
+                                                         for e in scheduler_entries(rows, n_boot, seed, timings)]) or []
     entries += doc.guarded("promised agreement, tasks pooled", lambda: pooled_entries(
-        [r for rows in groups.values() for r in rows], n_boot, seed)) or []
+        [r for rows in groups.values() for r in rows], n_boot, seed, timings)) or []
     if not entries:
         return
     (doc.out / "scheduler.json").write_text(json.dumps(entries, indent=1) + "\n")
@@ -288,7 +291,10 @@ def _scheduler_section(doc: _Doc, groups: dict, n_boot: int, seed: int) -> None:
                  "pooled, that is the population the promise is about, and one task alone is not covered by it. "
                  "`predictor`: the model the run read (an on-policy round's beside round 0). "
                  "`skips`, `wrong_skip_share`, `mean_skip`: the skipped rounds, the share of them that commits a "
-                 "token beyond L, and their mean length.", "",
+                 "token beyond L, and their mean length. `tokens_per_s_ratio` is the run's single timing against "
+                 "Strict SDD's, taken at another moment; `timed_tokens_per_s_ratio`, where the report was given "
+                 "`--timing`, is the same configuration timed again beside Strict SDD (interleaved, repeated, "
+                 "paired per prompt) on the `timed_prompts` that comparison decoded.", "",
                  t.markdown(), "", "Files: `scheduler.json`, `scheduler.md`, `scheduler.csv`.", ""]
 
 

@@ -21,7 +21,16 @@ from .compare import Row, _percentile, paired_ratio, ratio_ci, sample_sums
 #: the fields of every entry of ``scheduler.json``
 FIELDS = ("task", "gamma", "config", "predictor", "alpha", "realised_disagreement", "realised_disagreement_ci95",
           "realised_disagreement_upper95", "within_alpha", "verdict", "relative_calls", "relative_calls_ci95",
-          "tokens_per_s_ratio", "tokens_per_s_ratio_ci95", "n_prompts", "skips", "wrong_skip_share", "mean_skip")
+          "tokens_per_s_ratio", "tokens_per_s_ratio_ci95", "timed_tokens_per_s_ratio", "timed_tokens_per_s_ratio_ci95",
+          "timed_prompts", "n_prompts", "skips", "wrong_skip_share", "mean_skip")
+#: what a run without a repeated timing has in their place
+_UNTIMED = {"timed_tokens_per_s_ratio": None, "timed_tokens_per_s_ratio_ci95": None, "timed_prompts": None}
+
+
+def _timed(run_cfgs, timings) -> dict:
+    from .timing import timed_fields
+
+    return {**_UNTIMED, **(timed_fields(run_cfgs, timings) if timings else {})}
 
 
 def skip_stats(runs_ids) -> dict:
@@ -76,8 +85,9 @@ def prompt_disagreement(run, ids: Sequence[str]) -> np.ndarray | None:
     return np.array([wrong[i] / n[i] if n.get(i) else 0.0 for i in ids], np.float64)
 
 
-def scheduler_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0) -> list[dict]:
-    """One entry per prefix run with a calibrated ``alpha`` and a Strict SDD reference."""
+def scheduler_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0, timings=()) -> list[dict]:
+    """One entry per prefix run with a calibrated ``alpha`` and a Strict SDD reference; with
+    ``timings`` (:mod:`vskip.report.timing`), its repeated timing where one matches."""
     out = []
     for row in rows:
         alpha = ((row.run.run_cfg.get("policy") or {}).get("alpha"))
@@ -95,12 +105,12 @@ def scheduler_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0) 
             "relative_calls_ci95": iv.get("rel_calls"), "tokens_per_s_ratio": row.speedup,
             "tokens_per_s_ratio_ci95": (ratio_ci(row.run, row.ref, ids, "generated_tokens", "decode_seconds",
                                                 n_boot, seed) or (None, None))[1],
-            "n_prompts": len(ids), **skip_stats([(row.run, ids)]),
+            **_timed([row.run.run_cfg], timings), "n_prompts": len(ids), **skip_stats([(row.run, ids)]),
         })
     return sorted(out, key=lambda e: (str(e["task"]), e["gamma"] or 0, e["alpha"]))
 
 
-def pooled_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0) -> list[dict]:
+def pooled_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0, timings=()) -> list[dict]:
     """One entry per prefix configuration run on several tasks with the same predictor and gamma:
     the same quantities over the prompts of every task together, each against its own task's
     Strict SDD run. Where the model was calibrated on the prompts of those tasks pooled, this is
@@ -134,6 +144,6 @@ def pooled_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0) -> 
             "predictor": rs[0].run.run_cfg.get("predictor"), "alpha": alpha,
             **_realised(d, alpha, n_boot, seed), "relative_calls": ratios["calls"][0], "relative_calls_ci95": ratios["calls"][1],
             "tokens_per_s_ratio": ratios["speed"][0], "tokens_per_s_ratio_ci95": ratios["speed"][1],
-            "n_prompts": len(d), **skip_stats([(r.run, ids) for r, ids in parts]),
+            **_timed([r.run.run_cfg for r in rs], timings), "n_prompts": len(d), **skip_stats([(r.run, ids) for r, ids in parts]),
         })
     return out

@@ -41,13 +41,13 @@ ROUND=${ROUND:-1}
 # and one run resumed on both kinds of machine would mix two drafters' confidences
 PIN="--drafter-dtype float32"
 PY=${PY:-.venv/bin/python}
-# the points the timing piece repeats: the reference, Strict SDD, the promise at 0.05 and 0.02 (the
-# model trained on Strict SDD traces) and at 0.05 after two on-policy rounds, and each signal
-ROUND2="prefix+survival=model+alpha=0.05+predictor=$A/predictors-round2"
-KEY=${KEY:-ar,strict,prefix+survival=model+alpha=0.05,prefix+survival=model+alpha=0.02,$ROUND2,raw+eta_b=0.7+eta_c=0.7+k_min=3,marginal+eta_m=0.7+k_min=3,conditional+eta_b=0.7+eta_c=0.7+k_min=3}
+# the points the timing piece repeats: the reference, Strict SDD, the promise at each alpha with the
+# model of the second on-policy round (the scheduler as the study ends it), and each signal
+ROUND2="prefix+survival=model+predictor=$A/predictors-round2+alpha"
+KEY=${KEY:-ar,strict,$ROUND2=0.05,$ROUND2=0.02,$ROUND2=0.01,raw+eta_b=0.7+eta_c=0.7+k_min=3,marginal+eta_m=0.7+k_min=3,conditional+eta_b=0.7+eta_c=0.7+k_min=3}
 # the points timed without the verifier's cache, as the paper timed, on every 8th prompt: a call that
 # recomputes the whole sequence costs several cached ones here, and `ar` without its cache is the dearest
-NOCACHE_KEY=${NOCACHE_KEY:-ar,strict,$ROUND2,raw+eta_b=0.7+eta_c=0.7+k_min=3}
+NOCACHE_KEY=${NOCACHE_KEY:-ar,strict,$ROUND2=0.05,raw+eta_b=0.7+eta_c=0.7+k_min=3}
 # ... on the task the paper timed (an hour of the machine a task)
 NOCACHE_TASKS=${NOCACHE_TASKS:-humaneval}
 

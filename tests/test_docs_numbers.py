@@ -37,12 +37,6 @@ LEGACY = {
     "engine.md": {"0.206", "0.581", "0.645", "115.5", "116.5", "119.7", "14.48", "14.58", "17.29", "2.86",
                   "239.2", "25.07", "30.4", "39.8", "460.8", "57.8", "5.18", "50.9", "52.2", "53.2", "61.1", "61.6",
                   "8.54", "8.77", "9.24"},
-    # the first drafter: the copy prior's held-out replay and a tried-and-dropped variant printed by
-    # benchmarks/replay_copy.py, break-even ratios computed from the table's costs, training logs
-    # Strict SDD's first run, replaced by the second, which the report holds
-    "harness.md": {"6.06"},
-    "drafter.md": {"1.546", "1.560", "2.169", "2.176", "2.185", "2.188", "2.475", "2.48", "2.77", "3.29", "3.91",
-                   "4.410", "4.413", "4.77", "48.7", "67.7"},
 }
 
 

@@ -403,6 +403,8 @@ def test_the_promised_agreement_of_prefix_runs(tmp_path):
     assert a["realised_disagreement"] == pytest.approx(0.1) and not a["within_alpha"]
     assert b["realised_disagreement"] == 0.0 and b["within_alpha"] and b["realised_disagreement_ci95"] == [0.0, 0.0]
     assert a["relative_calls"] == pytest.approx(0.8) and a["tokens_per_s_ratio"] == pytest.approx(1.25)
+    # Eq. 7 at Strict SDD's costs (c_D 0.05 s, c_V 0.12 s): 5 blocks and 5 calls, 0.85 s, against 6 and 4, 0.78 s
+    assert a["eq7_tokens_per_s_ratio"] == pytest.approx(0.85 / 0.78) and a["eq7_tokens_per_s_ratio_ci95"][0] == pytest.approx(0.85 / 0.78)
     assert a["tokens_per_s_ratio_ci95"] == pytest.approx([1.25, 1.25]) and a["n_prompts"] == 4
     assert "Promised agreement" in (tmp_path / "out" / "report.md").read_text()
     # both kinds of prefix run are drawn as frontiers of their own, each with every one of its runs
@@ -443,6 +445,7 @@ def test_the_promise_over_the_tasks_it_was_calibrated_on(tmp_path):
     assert entries["mbpp"]["verdict"] == "within"
     assert both["n_prompts"] == 8 and both["realised_disagreement"] == pytest.approx(0.05)
     assert both["verdict"] == "within" and both["relative_calls"] == pytest.approx(0.8)
+    assert both["eq7_tokens_per_s_ratio"] == pytest.approx(0.85 / 0.78)  # both tasks alike
     assert (he["skips"], he["wrong_skip_share"], he["mean_skip"]) == (8, 0.5, 6.0)  # (6, 6) and (6, 5) per prompt
     assert (both["skips"], both["wrong_skip_share"]) == (12, pytest.approx(4 / 12))
     lo, hi = both["realised_disagreement_ci95"]
@@ -474,14 +477,29 @@ def test_the_prefix_scheduler_against_raw_at_equal_agreement(tmp_path):
     md = (tmp_path / "out" / "marginal_vs_raw_humaneval_g16.md").read_text()
     assert "marg_k0" not in md
     m = next(line for line in md.splitlines() if line.startswith("| marg_a"))
-    assert "raw_hi" in m and m.endswith("more calls, slower |")
+    assert "raw_hi" in m and m.endswith("more calls, slower; Eq. 7: slower |")
+    # Eq. 7 at Strict SDD's costs (c_D 0.05 s, c_V 0.12 s): 6 blocks and 5 calls against 6 and 4
+    assert "0.8667 [0.8667, 0.8667]" in m
     assert "Marginal survival against raw confidence (H1)" in (tmp_path / "out" / "report.md").read_text()
     md = (tmp_path / "out" / "prefix_vs_raw_humaneval_g16.md").read_text()
     a = next(line for line in md.splitlines() if line.startswith("| prefix_a"))
     b = next(line for line in md.splitlines() if line.startswith("| prefix_b"))
-    assert "raw_hi" in a and a.endswith("fewer calls, faster |")
+    assert "raw_hi" in a and a.endswith("fewer calls, faster; Eq. 7: faster |")
     assert "0.7500 [0.7500, 0.7500]" in a  # 3 calls per 10 tokens over raw_hi's 4, on every prompt
-    assert "raw_lo" in b and b.endswith("more calls, slower |")
+    assert "1.1818 [1.1818, 1.1818]" in a  # 0.78 s over 0.66 s under Eq. 7
+    assert "raw_lo" in b and b.endswith("more calls, slower; Eq. 7: slower |")
+    # per generated token instead: prefix_b commits 2 wrong tokens of 10 and raw_lo 3, so only raw_hi
+    # (none wrong) disagrees at most as much, and prefix_b makes as many calls as it
+    md = (tmp_path / "out" / "prefix_vs_raw_disagreement_humaneval_g16.md").read_text()
+    assert "≤ disagreement" in md.splitlines()[0]
+    b = next(line for line in md.splitlines() if line.startswith("| prefix_b"))
+    assert b.startswith("| prefix_b | 0.2000 | 0.8000 |") and "raw_lo" not in b and "raw_hi" in b
+    assert "1.0000 [1.0000, 1.0000]" in b and b.endswith("calls unresolved, slower; Eq. 7: unresolved |"), b
+    runs = (tmp_path / "out" / "runs_humaneval_g16.md").read_text()
+    assert "| 0.3000 |" in next(line for line in runs.splitlines() if line.startswith("| raw_lo"))
+    iv = (tmp_path / "out" / "intervals_humaneval_g16.md").read_text()
+    raw_hi = next(line for line in iv.splitlines() if line.startswith("| raw_hi"))
+    assert "1.0897 [1.0897, 1.0897]" in raw_hi  # 0.85 s of Strict SDD under Eq. 7 over 0.78 s
     # the same calls on average but not on every prompt: the interval holds 1, the verdict says so
     lines = [json.loads(x) for x in (root / "prefix_a" / "samples.jsonl").read_text().splitlines()]
     for s, c, t in zip(lines, (2, 6, 2, 6), (0.5, 1.3, 0.5, 1.3)):
@@ -490,7 +508,7 @@ def test_the_prefix_scheduler_against_raw_at_equal_agreement(tmp_path):
     build([root], tmp_path / "out2")
     md = (tmp_path / "out2" / "prefix_vs_raw_humaneval_g16.md").read_text()
     a = next(line for line in md.splitlines() if line.startswith("| prefix_a"))
-    assert a.endswith("calls unresolved, speed unresolved |"), a
+    assert a.endswith("calls unresolved, speed unresolved; Eq. 7: unresolved |"), a
 
 
 def test_compare_reports_ignores_timing_and_catches_the_rest(tmp_path, capsys):

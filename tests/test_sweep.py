@@ -142,11 +142,12 @@ def test_the_full_grid_is_the_two_cpu_grids_with_what_the_verdicts_need_first():
     both = {pt.name for g in ("cpu-signals", "prefix") for pt in sweep.grid(g)}
     kmin = ["raw_eb0.70_ec0.70_k0_s64", "raw_eb0.70_ec0.70_k6_s64"]
     assert sorted(full) == sorted(both | set(kmin)) and len(full) == len(both) + 2 == 20
-    assert full[-2:] == kmin and "raw_eb0.70_ec0.70_k3_s64" in full
+    assert full[13:15] == kmin and "raw_eb0.70_ec0.70_k3_s64" in full
     assert full[:4] == ["strict", "prefix_model_a0.01_measured_s64", "prefix_model_a0.02_measured_s64",
                         "prefix_model_a0.05_measured_s64"]
-    assert full[-4:-2] == ["prefix_model_a0.1_measured_s64", "prefix_model_a0.2_measured_s64"]
+    assert full[15:17] == ["prefix_model_a0.1_measured_s64", "prefix_model_a0.2_measured_s64"]
     assert {n.split("_")[0] for n in full[4:13]} == {"raw", "marginal", "conditional"}
+    assert {n.split("_")[0] for n in full[17:]} == {"prefix"} and len(full[17:]) == 3  # the product, last
     # an on-policy round sweeps the promise again under the same names, which its report pairs with round 0,
     # the largest alpha first
     assert [pt.name for pt in sweep.grid("promise")] == full[3:0:-1]

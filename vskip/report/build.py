@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 from ..defaults import K_MIN
 from ..policy import SIGNALS
 from .compare import Row, choose_reference, compare, equal_outputs
-from .figures import figure1, figure4, figure5
+from .figures import figure1, figure4, figure5, figure_disagreement
 from .runs import FRONTIER_METHODS, LABELS, PARAMS, SAMPLES, Run, _labels, find_run_dirs, load_run
 from .tables import (Table, _fmt, _params_str, eq8_table, gate_table, in_main_grid, intervals_table, kmin_families,
                      kmin_table, matched_table, periodic_table, runs_table, table4, versus_table)
@@ -180,10 +180,16 @@ def _group_sections(doc: _Doc, task, gamma, rows: list[Row], k_min: int, n_boot:
         "commits the verifier's own tokens, so this is `= ar` where no `ar` run was made). `discordant`: prompts where the run and Strict SDD differ in pass/fail; `|Δpass@1| ≤` is "
         "the exact (Clopper-Pearson) 95% upper bound on their share, which bounds the pass@1 difference "
         "also where every outcome coincides and the bootstrap interval collapses to [0, 0]: identical "
-        "outcomes on n prompts are not evidence of a difference smaller than that bound."))
+        "outcomes on n prompts are not evidence of a difference smaller than that bound. `speedup, Eq. 7`: "
+        "tokens/s over Strict SDD's with both runs' decode time rebuilt by Eq. 7 from their draft blocks and "
+        "verifier calls at Strict SDD's measured c_D and c_V (plus a learned predictor's own seconds): what the "
+        "counts imply, free of the machine's drift between runs; it leaves out that a verification after a "
+        "skip also reads the skipped tokens, which flatters skipping a little."))
     for fig, fn, caption in (
         ("fig1", figure1, "Strict token agreement vs tokens/s (Figure 1)"),
         ("fig4", figure4, "pass@1 and strict token agreement vs relative verifier calls (Figure 4)"),
+        ("figd", figure_disagreement, "Relative calls and Eq. 7 speedup vs disagreement per generated token "
+                                      "(beyond the paper)"),
     ):
         doc.guarded(f"{title}: {fig}", lambda fig=fig, fn=fn, caption=caption: _frontier_figure(
             doc, fig, fn, caption, slug, title, rows, strict, k_min))
@@ -203,7 +209,19 @@ def _group_sections(doc: _Doc, task, gamma, rows: list[Row], k_min: int, n_boot:
             f"bootstrap intervals ({n_boot} resamples). A ratio whose interval holds 1 is unresolved. Observed "
             "points only. The tokens/s interval covers the choice of prompts, not the machine's drift between "
             "two runs timed at different moments: a speed verdict from one timing of each run is weaker than "
-            "the calls verdict."))
+            "the calls verdict. `Eq. 7` sets the run against the raw run fastest under Eq. 7 at Strict SDD's "
+            "costs (see Intervals), which drift does not touch."))
+    doc.guarded(f"{title}: prefix vs raw by disagreement", lambda: doc.table(
+        "Prefix scheduler against raw confidence at equal disagreement (beyond the paper)",
+        versus_table(f"prefix_vs_raw_disagreement_{slug}", rows, k_min, policy="prefix", n_boot=n_boot,
+                     axis="disagreement"),
+        rows, [r.name for r in rows if r.policy in ("prefix", "raw")],
+        "As above, with agreement measured per generated token instead of per skipped token: `disagreement` "
+        "is the share of a prompt's generated tokens committed beyond the shadow verifier's L, averaged over "
+        "prompts (what the prefix scheduler's alpha bounds), and the raw runs set against each prefix run are "
+        "those that disagree at most as much. StrictToken (Eq. 1) divides by the tokens skipped, so a policy "
+        "that skips more tokens at the same precision keeps its StrictToken while its output departs further "
+        "from Strict SDD's; the two axes can rank the same runs differently."))
     doc.guarded(f"{title}: table 2", lambda: doc.table(
         "Gate ablation (Table 2)", gate_table(f"table2_{slug}", rows), rows, [r.name for r in rows if r.policy in SIGNALS]))
     doc.guarded(f"{title}: table 3", lambda: doc.table(

@@ -94,6 +94,14 @@ class Row:
     intervals: dict | None = None  # paired bootstrap intervals over prompts (see :func:`intervals`)
     equal_ar: tuple[int, int] | None = None  # (prompts whose output equals ar's, prompts compared)
     equal_strict: tuple[int, int] | None = None  # the same against its Strict SDD reference
+    #: tokens/s over the reference's under Eq. 7 at the reference's own c_D and c_V (see :func:`eq7_ratio`),
+    #: with its paired interval over prompts
+    eq7_speedup: float | None = None
+    eq7_ci: tuple[float, float] | None = None
+    #: the share of generated tokens committed beyond the shadow verifier's L, averaged over the prompts
+    #: both runs hold (the quantity the prefix scheduler's alpha bounds), with its bootstrap interval
+    disagreement: float | None = None
+    disagreement_ci: tuple[float, float] | None = None
 
     @property
     def name(self) -> str:
@@ -158,10 +166,30 @@ def compare(run: Run, ref: Run | None, n_boot: int, seed: int) -> Row:
             row.ref_pass_common = sum(b.passed[i] for i in both) / len(both)
     if run.samples and ref.samples and n_boot > 0:
         row.intervals = intervals(run, ref, sorted(set(run.ids) & set(ref.ids)), n_boot, seed)
+    if run.samples and ref.samples:
+        row.disagreement, row.disagreement_ci = _disagreement(run, sorted(set(run.ids) & set(ref.ids)), n_boot, seed)
+    if run.samples and ref.samples and run.policy != "ar":
+        got = eq7_ratio(run, ref, sorted(set(run.ids) & set(ref.ids)), ref, n_boot, seed)
+        if got is not None:
+            row.eq7_speedup, row.eq7_ci = got
     row.A = metrics_of(ref).A
     if row.A is not None and row.m.c_D is not None and row.m.c_V is not None and row.m.c_D + row.m.c_V > 0:
         row.K_star = break_even_length(row.A, row.m.c_D, row.m.c_V)
     return row
+
+
+def _disagreement(run: Run, ids: Sequence[str], n_boot: int, seed: int):
+    """(mean, interval) over ``ids`` of each prompt's share of tokens committed beyond the shadow
+    verifier's L; (None, None) where a skipped round has no shadow L."""
+    from .scheduler import prompt_disagreement
+
+    d = prompt_disagreement(run, ids) if ids else None
+    if d is None:
+        return None, None
+    if n_boot <= 0:
+        return float(d.mean()), None
+    boot = d[np.random.default_rng(seed).integers(0, len(d), size=(n_boot, len(d)))].mean(1)
+    return float(d.mean()), _percentile(boot)
 
 
 # --------------------------------------------------------------------------- intervals
@@ -280,6 +308,48 @@ def ratio_ci(run: Run, other: Run, ids: Sequence[str], num: str, den: str, n_boo
     if not ids:
         return None
     a, b = sample_sums(run, ids, num, den), sample_sums(other, ids, num, den)
+    if a is None or b is None:
+        return None
+    return paired_ratio(a, b, n_boot, seed)
+
+
+def unit_costs(run: Run) -> tuple[float, float] | None:
+    """The run's measured c_D (seconds per draft block) and c_V (seconds per verifier call) over
+    all of its prompts; None without blocks or calls."""
+    tot = {k: sum(s.get(k) or 0 for s in run.samples)
+           for k in ("draft_seconds", "draft_blocks", "verify_seconds", "verifier_calls")}
+    if not tot["draft_blocks"] or not tot["verifier_calls"]:
+        return None
+    return tot["draft_seconds"] / tot["draft_blocks"], tot["verify_seconds"] / tot["verifier_calls"]
+
+
+def eq7_sums(run: Run, ids: Sequence[str], c_D: float, c_V: float) -> np.ndarray | None:
+    """[2, len(ids)]: each prompt's generated tokens and its decode time under Eq. 7 at the costs
+    ``c_D`` and ``c_V``: draft blocks × c_D + verifier calls × c_V + the learned predictor's own
+    measured seconds (None when a sample lacks a count)."""
+    by = {s["task_id"]: s for s in run.samples if "task_id" in s}
+    out = []
+    for i in ids:
+        s = by[i]
+        if any(s.get(k) is None for k in ("generated_tokens", "draft_blocks", "verifier_calls")):
+            return None
+        out.append((s["generated_tokens"],
+                    s["draft_blocks"] * c_D + s["verifier_calls"] * c_V + (s.get("predict_seconds") or 0.0)))
+    return np.asarray(out, np.float64).reshape(len(ids), 2).T
+
+
+def eq7_ratio(run: Run, other: Run, ids: Sequence[str], costs: Run, n_boot: int,
+              seed: int) -> tuple[float, tuple[float, float] | None] | None:
+    """tokens/s of ``run`` over ``other``'s on the prompts ``ids``, both timed by Eq. 7 at the c_D
+    and c_V measured in ``costs`` (a Strict SDD run): what their counts of blocks and calls imply,
+    free of the drift between two runs timed at different moments. It leaves out that a
+    verification after a skip also reads the skipped tokens, so it flatters skipping a little; a
+    repeated timing (``vskip compare``) measures what it leaves out. Paired bootstrap over prompts;
+    the costs are held fixed."""
+    c = unit_costs(costs) if costs.samples else None
+    if not ids or c is None:
+        return None
+    a, b = eq7_sums(run, ids, *c), eq7_sums(other, ids, *c)
     if a is None or b is None:
         return None
     return paired_ratio(a, b, n_boot, seed)

@@ -85,6 +85,24 @@ def figure4(path: Path, title: str, rows: list[Row], strict: Row | None, k_min: 
     return drawn
 
 
+def figure_disagreement(path: Path, title: str, rows: list[Row], strict: Row | None, k_min: int) -> list[str]:
+    """Beyond the paper: relative verifier calls and the Eq. 7 speedup at Strict SDD's costs
+    against the share of generated tokens committed beyond the shadow verifier's L."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    d1 = _frontier_panel(axes[0], rows, strict, lambda r: r.rel_calls, lambda r: r.disagreement, False, False,
+                         "relative verifier calls", "disagreement per generated token", k_min)
+    d2 = _frontier_panel(axes[1], rows, strict, lambda r: r.eq7_speedup, lambda r: r.disagreement, True, False,
+                         "speedup over Strict SDD, Eq. 7 at its costs", "disagreement per generated token", k_min)
+    fig.suptitle(f"Calls and speed against disagreement: {title}", fontsize=9)
+    fig.tight_layout()
+    drawn = list(dict.fromkeys(d1 + d2))
+    if drawn:
+        fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return drawn
+
+
 def figure5(path: Path, title: str, fam: KminFamily) -> None:
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))

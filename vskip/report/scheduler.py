@@ -16,12 +16,13 @@ from typing import Sequence
 
 import numpy as np
 
-from .compare import Row, _percentile, paired_ratio, ratio_ci, sample_sums
+from .compare import Row, _percentile, eq7_sums, paired_ratio, ratio_ci, sample_sums, unit_costs
 
 #: the fields of every entry of ``scheduler.json``
 FIELDS = ("task", "gamma", "config", "predictor", "alpha", "realised_disagreement", "realised_disagreement_ci95",
           "realised_disagreement_upper95", "within_alpha", "verdict", "relative_calls", "relative_calls_ci95",
-          "tokens_per_s_ratio", "tokens_per_s_ratio_ci95", "timed_tokens_per_s_ratio", "timed_tokens_per_s_ratio_ci95",
+          "tokens_per_s_ratio", "tokens_per_s_ratio_ci95", "eq7_tokens_per_s_ratio", "eq7_tokens_per_s_ratio_ci95",
+          "timed_tokens_per_s_ratio", "timed_tokens_per_s_ratio_ci95",
           "timed_prompts", "n_prompts", "skips", "wrong_skip_share", "mean_skip")
 #: what a run without a repeated timing has in their place
 _UNTIMED = {"timed_tokens_per_s_ratio": None, "timed_tokens_per_s_ratio_ci95": None, "timed_prompts": None}
@@ -105,9 +106,25 @@ def scheduler_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0, 
             "relative_calls_ci95": iv.get("rel_calls"), "tokens_per_s_ratio": row.speedup,
             "tokens_per_s_ratio_ci95": (ratio_ci(row.run, row.ref, ids, "generated_tokens", "decode_seconds",
                                                 n_boot, seed) or (None, None))[1],
+            "eq7_tokens_per_s_ratio": row.eq7_speedup, "eq7_tokens_per_s_ratio_ci95": row.eq7_ci,
             **_timed([row.run.run_cfg], timings), "n_prompts": len(ids), **skip_stats([(row.run, ids)]),
         })
     return sorted(out, key=lambda e: (str(e["task"]), e["gamma"] or 0, e["alpha"]))
+
+
+def _pooled_eq7(parts, n_boot: int, seed: int) -> tuple:
+    """tokens/s over Strict SDD's under Eq. 7 over the prompts of several tasks, each task's runs
+    at its own Strict SDD run's c_D and c_V (:func:`vskip.report.compare.eq7_ratio`)."""
+    a, b = [], []
+    for r, ids in parts:
+        c = unit_costs(r.ref) if r.ref.samples else None
+        x = eq7_sums(r.run, ids, *c) if c else None
+        y = eq7_sums(r.ref, ids, *c) if c else None
+        if x is None or y is None:
+            return None, None
+        a.append(x)
+        b.append(y)
+    return paired_ratio(np.concatenate(a, axis=1), np.concatenate(b, axis=1), n_boot, seed)
 
 
 def pooled_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0, timings=()) -> list[dict]:
@@ -139,11 +156,13 @@ def pooled_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0, tim
             b = [sample_sums(r.ref, ids, num, den) for r, ids in parts]
             ratios[key] = ((None, None) if any(x is None for x in a + b) else
                            paired_ratio(np.concatenate(a, axis=1), np.concatenate(b, axis=1), n_boot, seed))
+        ratios["eq7"] = _pooled_eq7(parts, n_boot, seed)
         out.append({
             "task": "+".join(sorted(str(r.run.task) for r in rs)), "gamma": gamma, "config": name,
             "predictor": rs[0].run.run_cfg.get("predictor"), "alpha": alpha,
             **_realised(d, alpha, n_boot, seed), "relative_calls": ratios["calls"][0], "relative_calls_ci95": ratios["calls"][1],
             "tokens_per_s_ratio": ratios["speed"][0], "tokens_per_s_ratio_ci95": ratios["speed"][1],
+            "eq7_tokens_per_s_ratio": ratios["eq7"][0], "eq7_tokens_per_s_ratio_ci95": ratios["eq7"][1],
             **_timed([r.run.run_cfg for r in rs], timings), "n_prompts": len(d), **skip_stats([(r.run, ids) for r, ids in parts]),
         })
     return out

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..policy import DEFAULT_GATES, SIGNALS, break_even_length
-from .compare import Row, metrics_of, ratio_ci
+from .compare import Row, eq7_ratio, metrics_of, ratio_ci
 from .runs import FRONTIER_METHODS, LABELS
 
 # --------------------------------------------------------------------------- frontiers
@@ -97,10 +97,10 @@ def _ci(row: Row):
 
 def runs_table(name: str, rows: list[Row]) -> Table:
     cols = ["config", "method", "parameters", "prompts", "pass@1", "Δpass@1 vs strict [95% CI]", "tokens/s",
-            "speedup", "rel. calls", "rel. blocks", "StrictToken", "FullPrefix", "skipped rounds"]
+            "speedup", "rel. calls", "rel. blocks", "StrictToken", "FullPrefix", "disagreement", "skipped rounds"]
     return Table(name, cols, [
         [r.name, LABELS.get(r.policy, r.policy), _params_str(r), r.m.n, r.m.pass_at_1, _ci(r), r.m.tokens_per_s,
-         r.speedup, r.rel_calls, r.rel_blocks, r.m.strict_token, r.m.full_prefix, r.m.skipped_rounds]
+         r.speedup, r.rel_calls, r.rel_blocks, r.m.strict_token, r.m.full_prefix, r.disagreement, r.m.skipped_rounds]
         for r in rows])
 
 
@@ -116,8 +116,9 @@ def intervals_table(name: str, rows: list[Row]) -> Table | None:
     rs = [r for r in rows if r.intervals]
     if not rs:
         return None
-    cols = ["config", "prompts", "rel. calls [95% CI]", "rel. blocks [95% CI]", "StrictToken [95% CI]",
-            "FullPrefix [95% CI]", "= ar", "= strict", "Δpass@1 [95% CI]", "discordant", "|Δpass@1| ≤ (95%)"]
+    cols = ["config", "prompts", "rel. calls [95% CI]", "rel. blocks [95% CI]", "speedup, Eq. 7 [95% CI]",
+            "StrictToken [95% CI]", "FullPrefix [95% CI]", "= ar", "= strict", "Δpass@1 [95% CI]", "discordant",
+            "|Δpass@1| ≤ (95%)"]
     out = []
     for r in rs:
         iv = r.intervals
@@ -125,7 +126,8 @@ def intervals_table(name: str, rows: list[Row]) -> Table | None:
         eq_s = f"{r.equal_strict[0]}/{r.equal_strict[1]}" if r.equal_strict else None
         disc = f"{iv['discordant']}/{iv['pass_scored']}" if "discordant" in iv else None
         out.append([r.name, iv["prompts"], _interval(r.rel_calls, iv.get("rel_calls")),
-                    _interval(r.rel_blocks, iv.get("rel_blocks")), _interval(r.m.strict_token, iv.get("strict_token")),
+                    _interval(r.rel_blocks, iv.get("rel_blocks")), _interval(r.eq7_speedup, r.eq7_ci),
+                    _interval(r.m.strict_token, iv.get("strict_token")),
                     _interval(r.m.full_prefix, iv.get("full_prefix")), eq, eq_s, _ci(r), disc,
                     iv.get("delta_pass_bound")])
     return Table(name, cols, out)
@@ -208,30 +210,43 @@ def _side(r: Row, other: Row, num: str, den: str, n_boot: int, seed: int, less: 
     got = ratio_ci(r.run, other.run, ids, num, den, n_boot, seed) if r.run.samples and other.run.samples else None
     if got is None:
         return None, same
-    point, ci = got
+    return _worded(*got, less, more, same)
+
+
+def _worded(point, ci, less: str, more: str, same: str):
+    """The ratio with its interval, and ``less``/``more`` where the interval lies below/above 1,
+    ``same`` where it holds 1 (or there is none)."""
     if ci is None:
         return _fmt(point), same
     return _interval(point, ci), less if ci[1] < 1 else more if ci[0] > 1 else same
 
 
+#: the agreement axes a policy is set against a baseline on: how a row reads it, and whether a
+#: baseline point must be at least (StrictToken, Eq. 1) or at most (disagreement per generated
+#: token, what the prefix scheduler's alpha bounds) the policy's own
+AXES = {"strict_token": ("StrictToken", lambda r: r.m.strict_token, +1),
+        "disagreement": ("disagreement", lambda r: r.disagreement, -1)}
+
+
 def versus_table(name: str, rows: list[Row], k_min: int, policy: str = "prefix", baseline: str = "raw",
-                 n_boot: int = 10_000, seed: int = 0) -> Table | None:
-    """Each ``policy`` point against ``baseline``'s observed points of at least its StrictToken
-    (both in the main grid): the one with the fewest relative calls and the one with the highest speedup, and
-    the point's calls per token and tokens/s over theirs on the prompts both ran, with paired
-    bootstrap intervals. A difference whose interval holds 1 is unresolved (observed points only;
-    no interpolation between them)."""
-    base = [r for r in rows if r.policy == baseline and in_main_grid(r, k_min) and r.m.strict_token is not None
+                 n_boot: int = 10_000, seed: int = 0, axis: str = "strict_token") -> Table | None:
+    """Each ``policy`` point against ``baseline``'s observed points that agree at least as well
+    on ``axis`` (:data:`AXES`; both in the main grid): the one with the fewest relative calls and
+    the one with the highest speedup, and the point's calls per token and tokens/s over theirs on
+    the prompts both ran, with paired bootstrap intervals. A difference whose interval holds 1 is
+    unresolved (observed points only; no interpolation between them)."""
+    label, value, sign = AXES[axis]
+    base = [r for r in rows if r.policy == baseline and in_main_grid(r, k_min) and value(r) is not None
             and r.rel_calls is not None]
-    pts = [r for r in rows if r.policy == policy and in_main_grid(r, k_min) and r.m.strict_token is not None
+    pts = [r for r in rows if r.policy == policy and in_main_grid(r, k_min) and value(r) is not None
            and r.rel_calls is not None]
     if not base or not pts:
         return None
     out = []
-    for r in sorted(pts, key=lambda r: -r.m.strict_token):
-        peers = [b for b in base if b.m.strict_token >= r.m.strict_token - 1e-12]
+    for r in sorted(pts, key=lambda r: -sign * value(r)):
+        peers = [b for b in base if sign * (value(b) - value(r)) >= -1e-12]
         if not peers:
-            out.append([r.name, r.m.strict_token, r.rel_calls, r.speedup] + [None] * 6
+            out.append([r.name, value(r), r.rel_calls, r.speedup] + [None] * 8
                        + [f"no {baseline} point agrees as much"])
             continue
         calls = min(peers, key=lambda b: b.rel_calls)
@@ -240,11 +255,20 @@ def versus_table(name: str, rows: list[Row], k_min: int, policy: str = "prefix",
                                 "fewer calls", "more calls", "calls unresolved")
         s_ratio, s_word = _side(r, fast, "generated_tokens", "decode_seconds", n_boot, seed,
                                 "slower", "faster", "speed unresolved")
-        out.append([r.name, r.m.strict_token, r.rel_calls, r.speedup, calls.name, calls.rel_calls, c_ratio,
-                    fast.name, fast.speedup, s_ratio, f"{c_word}, {s_word}"])
-    return Table(name, ["config", "StrictToken", "rel. calls", "speedup", f"{baseline}: fewest calls at ≥ StrictToken",
-                        "its rel. calls", "calls per token / its [95% CI]", f"{baseline}: fastest at ≥ StrictToken",
-                        "its speedup", "tokens/s / its [95% CI]", "verdict"], out)
+        words = f"{c_word}, {s_word}"
+        e_fast, e_ratio = max(peers, key=lambda b: b.eq7_speedup or 0), None
+        if r.ref is not None and e_fast.eq7_speedup is not None and r.eq7_speedup is not None:
+            got = eq7_ratio(r.run, e_fast.run, sorted(set(r.run.ids) & set(e_fast.run.ids)), r.ref, n_boot, seed)
+            if got is not None:
+                e_ratio, e_word = _worded(*got, "slower", "faster", "unresolved")
+                words += f"; Eq. 7: {e_word}"
+        out.append([r.name, value(r), r.rel_calls, r.speedup, calls.name, calls.rel_calls, c_ratio,
+                    fast.name, fast.speedup, s_ratio, e_fast.name if e_ratio else None, e_ratio, words])
+    at = f"{'≥' if sign > 0 else '≤'} {label}"
+    return Table(name, ["config", label, "rel. calls", "speedup", f"{baseline}: fewest calls at {at}",
+                        "its rel. calls", "calls per token / its [95% CI]", f"{baseline}: fastest at {at}",
+                        "its speedup", "tokens/s / its [95% CI]", f"{baseline}: fastest by Eq. 7",
+                        "Eq. 7 tokens/s / its [95% CI]", "verdict"], out)
 
 
 def eq8_table(name: str, rows: list[Row]) -> Table | None:

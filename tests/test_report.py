@@ -434,8 +434,13 @@ def test_the_promise_over_the_tasks_it_was_calibrated_on(tmp_path):
     assert set(entries) == {"humaneval", "mbpp", "humaneval+mbpp"}
     assert {e["predictor"] for e in entries.values()} == {"p0"}
     # with round 1 beside it: a pooled row per predictor, each saying which it is
-    build([tmp_path / "humaneval", tmp_path / "mbpp", tmp_path / "humaneval-round1" / "prefix_a",
-           tmp_path / "mbpp-round1" / "prefix_a"], tmp_path / "out1")
+    rep, _ = build([tmp_path / "humaneval", tmp_path / "mbpp", tmp_path / "humaneval-round1" / "prefix_a",
+                    tmp_path / "mbpp-round1" / "prefix_a"], tmp_path / "out1")
+    # the figures draw each round's model as a frontier of its own
+    rows = next(rows for (task, _), rows in rep.rows.items() if task == "humaneval")
+    fr = report.frontiers(rows, lambda r: r.rel_calls, lambda r: r.m.strict_token, False, True, k_min=6)
+    assert {k for k in fr if k.startswith("prefix-model")} == {"prefix-model@p0", "prefix-model@p1"}
+    assert (tmp_path / "out1" / "figd_humaneval_g16.png").exists()
     pooled = {e["predictor"]: e for e in json.loads((tmp_path / "out1" / "scheduler.json").read_text())
               if e["task"] == "humaneval+mbpp"}
     assert set(pooled) == {"p0", "p1"} and pooled["p1"]["realised_disagreement"] == 0.0

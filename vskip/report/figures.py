@@ -23,14 +23,33 @@ def _pyplot():
 
 def frontiers(rows: list[Row], x: Callable, y: Callable, x_max: bool, y_max: bool, k_min: int) -> dict:
     """Per method of :data:`FRONTIER_METHODS`: ``[(row, on_frontier)]`` over its main-grid runs
-    with both coordinates known."""
+    with both coordinates known. Prefix-model runs that read different predictors (on-policy rounds
+    beside round 0) get a frontier each, keyed ``prefix-model@PREDICTOR``."""
     out = {}
     for m in FRONTIER_METHODS:
         pts = [r for r in rows if frontier_method(r) == m and in_main_grid(r, k_min) and x(r) is not None
                and y(r) is not None]
-        if pts:
-            out[m] = list(zip(pts, pareto_front([x(r) for r in pts], [y(r) for r in pts], x_max, y_max)))
+        groups = {m: pts}
+        if m == "prefix-model" and len({_predictor(r) for r in pts}) > 1:
+            groups = {}
+            for r in pts:
+                groups.setdefault(f"{m}@{_predictor(r)}", []).append(r)
+        for key, ps in groups.items():
+            if ps:
+                out[key] = list(zip(ps, pareto_front([x(r) for r in ps], [y(r) for r in ps], x_max, y_max)))
     return out
+
+
+def _predictor(row: Row) -> str:
+    return str(row.run.run_cfg.get("predictor"))
+
+
+def _style(key: str, i: int) -> tuple[str, str]:
+    """(colour, legend label) of a frontier key of :func:`frontiers`."""
+    m, _, predictor = key.partition("@")
+    if not predictor:
+        return COLORS[m], LABELS[m]
+    return f"C{7 + i % 3}", f"{LABELS[m]}, {Path(predictor).name}"
 
 
 def _frontier_panel(ax, rows: list[Row], strict: Row | None, x: Callable, y: Callable, x_max: bool, y_max: bool,
@@ -38,12 +57,14 @@ def _frontier_panel(ax, rows: list[Row], strict: Row | None, x: Callable, y: Cal
     """Draw each method's frontier (solid) and its dominated settings (faded) on ``ax``; returns
     the names of the runs drawn."""
     drawn = []
-    for m, pts in frontiers(rows, x, y, x_max, y_max, k_min).items():
+    for i, (m, pts) in enumerate(sorted(frontiers(rows, x, y, x_max, y_max, k_min).items(),
+                                        key=lambda kv: (FRONTIER_METHODS.index(kv[0].partition("@")[0]), kv[0]))):
+        color, label = _style(m, i)
         on = sorted((x(r), y(r)) for r, f in pts if f)
         off = [(x(r), y(r)) for r, f in pts if not f]
-        ax.plot([a for a, _ in on], [b for _, b in on], "-o", color=COLORS[m], label=LABELS[m], ms=5)
+        ax.plot([a for a, _ in on], [b for _, b in on], "-o", color=color, label=label, ms=5)
         if off:
-            ax.plot([a for a, _ in off], [b for _, b in off], "o", color=COLORS[m], alpha=0.25, ms=5)
+            ax.plot([a for a, _ in off], [b for _, b in off], "o", color=color, alpha=0.25, ms=5)
         drawn += [r.name for r, _ in pts]
     if strict is not None and x(strict) is not None and y(strict) is not None:
         ax.plot([x(strict)], [y(strict)], "k*", ms=12, label="Strict SDD")

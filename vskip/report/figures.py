@@ -90,38 +90,37 @@ def figure1(path: Path, title: str, rows: list[Row], strict: Row | None, k_min: 
     return drawn
 
 
-def figure4(path: Path, title: str, rows: list[Row], strict: Row | None, k_min: int) -> list[str]:
+def _two_panels(path: Path, suptitle: str, rows: list[Row], strict: Row | None, k_min: int, panels) -> list[str]:
+    """Two frontier panels side by side; ``panels``: two (x, y, x_max, y_max, xlabel, ylabel)."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    d1 = _frontier_panel(axes[0], rows, strict, lambda r: r.rel_calls, lambda r: r.pass_common, False, True,
-                         "relative verifier calls", "pass@1", k_min)
-    d2 = _frontier_panel(axes[1], rows, strict, lambda r: r.rel_calls, lambda r: r.m.strict_token, False, True,
-                         "relative verifier calls", "strict token agreement", k_min)
-    fig.suptitle(f"Figure 4: {title}", fontsize=9)
+    drawn = []
+    for ax, (x, y, x_max, y_max, xlabel, ylabel) in zip(axes, panels):
+        drawn += _frontier_panel(ax, rows, strict, x, y, x_max, y_max, xlabel, ylabel, k_min)
+    fig.suptitle(suptitle, fontsize=9)
     fig.tight_layout()
-    drawn = list(dict.fromkeys(d1 + d2))
+    drawn = list(dict.fromkeys(drawn))
     if drawn:
         fig.savefig(path, dpi=120)
     plt.close(fig)
     return drawn
+
+
+def figure4(path: Path, title: str, rows: list[Row], strict: Row | None, k_min: int) -> list[str]:
+    return _two_panels(path, f"Figure 4: {title}", rows, strict, k_min, [
+        (lambda r: r.rel_calls, lambda r: r.pass_common, False, True, "relative verifier calls", "pass@1"),
+        (lambda r: r.rel_calls, lambda r: r.m.strict_token, False, True, "relative verifier calls",
+         "strict token agreement")])
 
 
 def figure_disagreement(path: Path, title: str, rows: list[Row], strict: Row | None, k_min: int) -> list[str]:
     """Beyond the paper: relative verifier calls and the Eq. 7 speedup at Strict SDD's costs
     against the share of generated tokens committed beyond the shadow verifier's L."""
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    d1 = _frontier_panel(axes[0], rows, strict, lambda r: r.rel_calls, lambda r: r.disagreement, False, False,
-                         "relative verifier calls", "disagreement per generated token", k_min)
-    d2 = _frontier_panel(axes[1], rows, strict, lambda r: r.eq7_speedup, lambda r: r.disagreement, True, False,
-                         "speedup over Strict SDD, Eq. 7 at its costs", "disagreement per generated token", k_min)
-    fig.suptitle(f"Calls and speed against disagreement: {title}", fontsize=9)
-    fig.tight_layout()
-    drawn = list(dict.fromkeys(d1 + d2))
-    if drawn:
-        fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return drawn
+    return _two_panels(path, f"Calls and speed against disagreement: {title}", rows, strict, k_min, [
+        (lambda r: r.rel_calls, lambda r: r.disagreement, False, False, "relative verifier calls",
+         "disagreement per generated token"),
+        (lambda r: r.eq7_speedup, lambda r: r.disagreement, True, False, "speedup over Strict SDD, Eq. 7 at its costs",
+         "disagreement per generated token")])
 
 
 def figure5(path: Path, title: str, fam: KminFamily) -> None:

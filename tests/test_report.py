@@ -534,3 +534,34 @@ def test_compare_reports_ignores_timing_and_catches_the_rest(tmp_path, capsys):
     assert "('raw_a',), rel. calls: '0.9' against '0.8'" in capsys.readouterr().out
     (new / "runs_x.csv").write_text(head + "strict,Strict SDD,7.1,1.0\n")
     assert mod.main([str(old), str(new)]) == 1 and mod.main([str(old), str(new), "--common"]) == 0
+
+
+def test_the_prefix_scheduler_against_raws_frontier_read_between_its_points(tmp_path):
+    """Raw's frontier read by a straight line at each prefix run's agreement: per generated token,
+    prefix_b (2 wrong of 10) sits between raw_hi (0 wrong, 0.8 of Strict SDD's calls) and raw_lo (3
+    wrong, 0.6), where the frontier makes 0.8 - (2/3) 0.2 of the calls; outside raw's range nothing
+    is read."""
+    root = tmp_path / "s"
+    T = [True] * 4
+    write_run(root / "strict", "strict", calls=5, blocks=5, seconds=1.0, passed=T)
+    write_run(root / "raw_hi", "raw", calls=4, blocks=6, seconds=0.9, passed=T, relaxed=[(6, 6)])
+    write_run(root / "raw_lo", "raw", calls=3, blocks=6, seconds=0.8, passed=T, relaxed=[(6, 3)],
+              params={"eta_b": 0.7, "eta_c": 0.7})
+    write_run(root / "prefix_a", "prefix", calls=3, blocks=6, seconds=0.7, passed=T, relaxed=[(6, 6)])
+    write_run(root / "prefix_b", "prefix", calls=4, blocks=6, seconds=0.95, passed=T, relaxed=[(4, 2)],
+              params={"lam": 0.5})
+    write_run(root / "prefix_c", "prefix", calls=2, blocks=6, seconds=0.6, passed=T, relaxed=[(8, 4)],
+              params={"lam": 0.3})
+    build([root], tmp_path / "out")
+    lines = (tmp_path / "out" / "prefix_vs_raw_frontier_disagreement_humaneval_g16.md").read_text().splitlines()
+    b = next(x for x in lines if x.startswith("| prefix_b"))
+    assert "| 0.2000 | 0.8000 | 0.6667 |" in b and "1.2000 [1.2000, 1.2000]" in b
+    # Eq. 7 at Strict SDD's costs (c_D 0.05 s, c_V 0.12 s): 0.85 s over 0.78 s for prefix_b and raw_hi, 0.66 s raw_lo
+    read = 0.85 / 0.78 + (2 / 3) * (0.85 / 0.66 - 0.85 / 0.78)
+    assert f"{(0.85 / 0.78) / read:.4f}" in b and b.endswith("calls: more; Eq. 7 speed: slower |")
+    c = next(x for x in lines if x.startswith("| prefix_c"))
+    assert "| 0.4000 |" in c and c.endswith("outside raw's observed range |")  # 4 wrong of 10, beyond raw_lo's 3
+    lines = (tmp_path / "out" / "prefix_vs_raw_frontier_strict_token_humaneval_g16.md").read_text().splitlines()
+    a = next(x for x in lines if x.startswith("| prefix_a"))
+    assert "| 1.0000 | 0.6000 | 0.8000 |" in a and "0.7500 [0.7500, 0.7500]" in a and "calls: fewer" in a
+    assert "Prefix scheduler against raw confidence's frontier" in (tmp_path / "out" / "report.md").read_text()

@@ -461,8 +461,8 @@ def test_the_promise_over_the_tasks_it_was_calibrated_on(tmp_path):
     assert verdict(0.06, (0.01, 0.12), 0.05) == "above, unresolved" and verdict(0.06, (0.055, 0.07), 0.05) == "exceeded"
 
 
-def test_the_prefix_scheduler_against_raw_at_equal_agreement(tmp_path):
-    root = tmp_path / "s"
+def _prefix_and_raw(root: Path) -> list[bool]:
+    """Strict SDD, two raw points and two prefix points on 4 prompts of 10 tokens each."""
     T = [True] * 4
     write_run(root / "strict", "strict", calls=5, blocks=5, seconds=1.0, passed=T)
     # raw: StrictToken 1.0 at 0.8 calls, 0.5 at 0.6 calls
@@ -474,6 +474,12 @@ def test_the_prefix_scheduler_against_raw_at_equal_agreement(tmp_path):
     # prefix B: StrictToken 0.5 at 0.8 calls, slower: beaten by raw_lo
     write_run(root / "prefix_b", "prefix", calls=4, blocks=6, seconds=0.95, passed=T, relaxed=[(4, 2)],
               params={"lam": 0.5})
+    return T
+
+
+def test_the_prefix_scheduler_against_raw_at_equal_agreement(tmp_path):
+    root = tmp_path / "s"
+    T = _prefix_and_raw(root)
     # the learned signals against raw too (H1), main grid only: a k_min-diagnostic run is left out
     write_run(root / "marg_a", "marginal", calls=5, blocks=6, seconds=1.0, passed=T, relaxed=[(6, 6)])
     write_run(root / "marg_k0", "marginal", calls=3, blocks=6, seconds=0.7, passed=T, relaxed=[(6, 6)],
@@ -542,14 +548,7 @@ def test_the_prefix_scheduler_against_raws_frontier_read_between_its_points(tmp_
     wrong, 0.6), where the frontier makes 0.8 - (2/3) 0.2 of the calls; outside raw's range nothing
     is read."""
     root = tmp_path / "s"
-    T = [True] * 4
-    write_run(root / "strict", "strict", calls=5, blocks=5, seconds=1.0, passed=T)
-    write_run(root / "raw_hi", "raw", calls=4, blocks=6, seconds=0.9, passed=T, relaxed=[(6, 6)])
-    write_run(root / "raw_lo", "raw", calls=3, blocks=6, seconds=0.8, passed=T, relaxed=[(6, 3)],
-              params={"eta_b": 0.7, "eta_c": 0.7})
-    write_run(root / "prefix_a", "prefix", calls=3, blocks=6, seconds=0.7, passed=T, relaxed=[(6, 6)])
-    write_run(root / "prefix_b", "prefix", calls=4, blocks=6, seconds=0.95, passed=T, relaxed=[(4, 2)],
-              params={"lam": 0.5})
+    T = _prefix_and_raw(root)
     write_run(root / "prefix_c", "prefix", calls=2, blocks=6, seconds=0.6, passed=T, relaxed=[(8, 4)],
               params={"lam": 0.3})
     build([root], tmp_path / "out")

@@ -273,8 +273,8 @@ pack() {
     # the promise per alpha where docs/results/scheduler.md reads it
     if [ -f "$A/report/scheduler.json" ]; then cp "$A/report/scheduler.json" "$(dirname "$A")/scheduler.json"; fi
   fi
-  # each on-policy round beside the runs it is measured against: Strict SDD, round 0 and the earlier
-  # rounds at the same alphas
+  # each on-policy round beside the runs it is measured against: Strict SDD, raw confidence's frontier
+  # (its k_min 3 settings), round 0 and the earlier rounds at the same alphas
   local r i alphas=(prefix_model_a0.01_measured_s64 prefix_model_a0.02_measured_s64 prefix_model_a0.05_measured_s64)
   for r in $(seq 1 9); do
     mapfile -t runs < <(task_dirs "sweeps-round$r" "-round$r")
@@ -283,6 +283,9 @@ pack() {
       set -- $t
       for d in strict "${alphas[@]}"; do
         if [ -d "$R/sweeps/$1/$d" ]; then runs+=("$R/sweeps/$1/$d"); fi
+      done
+      for d in "$R/sweeps/$1"/raw_*_k3_s64; do
+        if [ -d "$d" ]; then runs+=("$d"); fi
       done
       for i in $(seq 1 $((r - 1))); do
         for d in "${alphas[@]}"; do

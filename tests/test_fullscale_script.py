@@ -86,16 +86,20 @@ def test_each_round_decodes_with_the_last_model_and_trains_on_every_round(env):
 def test_pack_sets_each_round_beside_strict_round_0_and_the_earlier_rounds(env):
     e, R, A, log = env
     a = "prefix_model_a0.05_measured_s64"
-    for d in ("sweeps/humaneval/strict", f"sweeps/humaneval/{a}", f"sweeps-round1/humaneval-round1/{a}",
+    raw = "raw_eb0.70_ec0.70_k3_s64"
+    for d in ("sweeps/humaneval/strict", f"sweeps/humaneval/{a}", f"sweeps/humaneval/{raw}",
+              "sweeps/humaneval/raw_eb0.70_ec0.70_k0_s64", f"sweeps-round1/humaneval-round1/{a}",
               f"sweeps-round2/humaneval-round2/{a}"):
         (R / d).mkdir(parents=True)
     p = _step(e, "pack")
     assert p.returncode == 0, p.stderr
     reports = {r[r.index("--out") + 1]: r[1:r.index("--frontier-k-min")] for r in _calls(log, "report")}
+    # raw confidence's frontier beside each round (its k_min 3 settings; the k_min diagnostic is not a frontier)
     assert reports[f"{A}/report-round1"] == [f"{R}/sweeps-round1/humaneval-round1", f"{R}/sweeps/humaneval/strict",
-                                              f"{R}/sweeps/humaneval/{a}"]
+                                              f"{R}/sweeps/humaneval/{a}", f"{R}/sweeps/humaneval/{raw}"]
     assert reports[f"{A}/report-round2"] == [f"{R}/sweeps-round2/humaneval-round2", f"{R}/sweeps/humaneval/strict",
-                                              f"{R}/sweeps/humaneval/{a}", f"{R}/sweeps-round1/humaneval-round1/{a}"]
+                                              f"{R}/sweeps/humaneval/{a}", f"{R}/sweeps/humaneval/{raw}",
+                                              f"{R}/sweeps-round1/humaneval-round1/{a}"]
     assert not any("--timing" in r for r in _calls(log, "report"))
     # with the repeated timings: compressed into A, and every report reads them from there
     t = R / "timing" / "humaneval-cache"

@@ -507,7 +507,8 @@ def test_the_prefix_scheduler_against_raw_at_equal_agreement(tmp_path):
     assert b.startswith("| prefix_b | 0.2000 | 0.8000 |") and "raw_lo" not in b and "raw_hi" in b
     assert "1.0000 [1.0000, 1.0000]" in b and b.endswith("calls unresolved, slower; Eq. 7: unresolved |"), b
     runs = (tmp_path / "out" / "runs_humaneval_g16.md").read_text()
-    assert "| 0.3000 |" in next(line for line in runs.splitlines() if line.startswith("| raw_lo"))
+    raw_lo = next(line for line in runs.splitlines() if line.startswith("| raw_lo"))
+    assert "| 0.3000 |" in raw_lo and raw_lo.endswith("| 6.0000 | 1.0000 |")  # one skip of 6 per prompt, 3 beyond L
     iv = (tmp_path / "out" / "intervals_humaneval_g16.md").read_text()
     raw_hi = next(line for line in iv.splitlines() if line.startswith("| raw_hi"))
     assert "1.0897 [1.0897, 1.0897]" in raw_hi  # 0.85 s of Strict SDD under Eq. 7 over 0.78 s

@@ -97,11 +97,17 @@ def _ci(row: Row):
 
 def runs_table(name: str, rows: list[Row]) -> Table:
     cols = ["config", "method", "parameters", "prompts", "pass@1", "Δpass@1 vs strict [95% CI]", "tokens/s",
-            "speedup", "rel. calls", "rel. blocks", "StrictToken", "FullPrefix", "disagreement", "skipped rounds"]
-    return Table(name, cols, [
-        [r.name, LABELS.get(r.policy, r.policy), _params_str(r), r.m.n, r.m.pass_at_1, _ci(r), r.m.tokens_per_s,
-         r.speedup, r.rel_calls, r.rel_blocks, r.m.strict_token, r.m.full_prefix, r.disagreement, r.m.skipped_rounds]
-        for r in rows])
+            "speedup", "rel. calls", "rel. blocks", "StrictToken", "FullPrefix", "disagreement", "skipped rounds",
+            "mean skip", "wrong-skip share"]
+    from .scheduler import skip_stats
+
+    out = []
+    for r in rows:
+        sk = skip_stats([(r.run, r.run.ids)]) if r.run.rounds else {}
+        out.append([r.name, LABELS.get(r.policy, r.policy), _params_str(r), r.m.n, r.m.pass_at_1, _ci(r),
+                    r.m.tokens_per_s, r.speedup, r.rel_calls, r.rel_blocks, r.m.strict_token, r.m.full_prefix,
+                    r.disagreement, r.m.skipped_rounds, sk.get("mean_skip"), sk.get("wrong_skip_share")])
+    return Table(name, cols, out)
 
 
 def _interval(point, ci) -> str | None:

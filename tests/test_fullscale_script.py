@@ -129,5 +129,6 @@ def test_timing_times_every_key_point_with_the_cache_and_humaneval_without(env):
     configs = [c[c.index("--configs") + 1].split(",") for c in _calls(log, "compare")]
     r2 = f"prefix+survival=model+predictor={A}/predictors-round2+alpha="
     assert all(r2 + "0.05" in k for k in configs)
-    assert all({r2 + "0.02", r2 + "0.01"} <= set(k) for k, c in zip(configs, _calls(log, "compare"))
-               if "--verifier-cache" in c)
+    raw = "raw+eta_b=0.7+eta_c=0.7+k_min="
+    assert all({r2 + "0.02", r2 + "0.01", raw + "0", raw + "3", raw + "6"} <= set(k)
+               for k, c in zip(configs, _calls(log, "compare")) if "--verifier-cache" in c)

@@ -142,6 +142,9 @@ def test_kmin_family_and_eq8_agreement(sweep_dir, tmp_path):
     assert f.predicted == 0
     assert f.best == 6  # raw_a is the fastest (40 / 3.2 tokens/s)
     assert f.agrees is False and f.above is True
+    # Eq. 7 at Strict SDD's costs (c_D 0.05 s, c_V 0.12 s): 9 blocks and 3 calls (0.81 s), 7 and 4 (0.83 s),
+    # 6 and 4 (0.78 s): k_min 6 again, from the counts alone
+    assert f.best_eq7 == 6 and f.agrees_eq7 is False
     csv_text = (tmp_path / "out" / "kmin_humaneval_g16.csv").read_text()
     assert "raw_k0" in csv_text and "raw_k3" in csv_text
     assert (tmp_path / "out" / "fig5_humaneval_g16_0.png").stat().st_size > 1000

@@ -275,7 +275,11 @@ def _kmin_figure(doc: _Doc, i: int, fam, slug, title, rows) -> None:
                      f"smallest k_min above it (k_min 0 acting as 1) is {_fmt(fam.predicted)}, the best observed (highest tokens/s) "
                      f"is {_fmt(fam.best)}: the prediction {verdict}"
                      + (f"; the best k_min lies {'above' if fam.above else 'at or below'} K*."
-                        if fam.above is not None else "."), "",
+                        if fam.above is not None else ".")
+                     + (f" By Eq. 7 at Strict SDD's costs, from the runs' blocks and calls and free of the drift "
+                        f"between their timings, the best is {_fmt(fam.best_eq7)}: the prediction "
+                        f"{ {True: 'agrees', False: 'does not agree'}[fam.agrees_eq7] }."
+                        if fam.agrees_eq7 is not None else ""), "",
                      _details(rows, [r.name for r in fam.rows])])
 
 

@@ -295,11 +295,17 @@ class KminFamily:
     K_star: float | None  # from the Strict SDD run's own c_D, c_V and A
     predicted: int | None
     best: int | None
+    best_eq7: int | None = None  # the k_min with the highest speedup under Eq. 7 at Strict SDD's costs
 
     @property
     def agrees(self) -> bool | None:
         """Whether Eq. 8's prediction is the best observed k_min."""
         return None if self.predicted is None or self.best is None else self.predicted == self.best
+
+    @property
+    def agrees_eq7(self) -> bool | None:
+        """Whether Eq. 8's prediction is the best k_min by Eq. 7 (drift-free, from the counts)."""
+        return None if self.predicted is None or self.best_eq7 is None else self.predicted == self.best_eq7
 
     @property
     def above(self) -> bool | None:
@@ -331,7 +337,9 @@ def kmin_families(rows: list[Row]) -> list[KminFamily]:
         predicted = min((k for k in grid if max(k, 1) > K), default=None) if K is not None else None
         timed = [r for r in rs if r.m.tokens_per_s is not None]
         best = max(timed, key=lambda r: r.m.tokens_per_s).p("k_min") if timed else None
-        fams.append(KminFamily(m, tuple(key), rs, K, predicted, best))
+        modelled = [r for r in rs if r.eq7_speedup is not None]
+        best_eq7 = max(modelled, key=lambda r: r.eq7_speedup).p("k_min") if modelled else None
+        fams.append(KminFamily(m, tuple(key), rs, K, predicted, best, best_eq7))
     return fams
 
 
@@ -340,12 +348,13 @@ def kmin_table(name: str, fams: list[KminFamily]) -> Table | None:
     for f in fams:
         for r in f.rows:
             out.append([LABELS[f.policy], f"eta_b={f.key[0]:g}, eta_c={f.key[1]:g}, s_max={f.key[2]}", r.p("k_min"),
-                        r.name, r.rel_calls, r.rel_blocks, r.m.tokens_per_s, r.m.pass_at_1, f.K_star, f.predicted,
-                        f.best, f.agrees, f.above])
+                        r.name, r.rel_calls, r.rel_blocks, r.m.tokens_per_s, _interval(r.eq7_speedup, r.eq7_ci),
+                        r.m.pass_at_1, f.K_star, f.predicted, f.best, f.agrees, f.above, f.best_eq7, f.agrees_eq7])
     if not out:
         return None
-    return Table(name, ["signal", "setting", "k_min", "config", "rel. calls", "rel. blocks", "tokens/s", "pass@1",
-                        "K* (strict)", "predicted k_min", "best k_min", "agree", "best above K*"], out)
+    return Table(name, ["signal", "setting", "k_min", "config", "rel. calls", "rel. blocks", "tokens/s",
+                        "speedup, Eq. 7 [95% CI]", "pass@1", "K* (strict)", "predicted k_min", "best k_min", "agree",
+                        "best above K*", "best k_min (Eq. 7)", "agree (Eq. 7)"], out)
 
 
 def table4(groups: dict, k_min: int) -> tuple[Table | None, list[str]]:

@@ -7,7 +7,9 @@ report given such comparisons (``vskip report --timing DIR``) finds, for a run, 
 of a comparison that decodes as the run did (same task, token budget, policy and parameters,
 predictor, block settings, reveal steps, verifier cache and drafter precision) and takes its speed
 against the comparison's ``strict`` from there, paired per prompt over the prompts the comparison
-timed. The timed prompts are a subset of the run's; the ratio speaks for that subset.
+timed. The timed prompts are a subset of the run's; the ratio speaks for that subset. A policy that
+reads the clock (the prefix scheduler's cost-aware choice with a measured cost ratio) may decide
+otherwise in the comparison than in the run: the same configuration, not the same tokens.
 """
 
 from __future__ import annotations

@@ -223,18 +223,26 @@ def _group_sections(doc: _Doc, task, gamma, rows: list[Row], k_min: int, n_boot:
         "those that disagree at most as much. StrictToken (Eq. 1) divides by the tokens skipped, so a policy "
         "that skips more tokens at the same precision keeps its StrictToken while its output departs further "
         "from Strict SDD's; the two axes can rank the same runs differently."))
-    for axis, label in (("strict_token", "StrictToken"), ("disagreement", "disagreement")):
-        doc.guarded(f"{title}: prefix vs raw's frontier, {label}", lambda axis=axis, label=label: doc.table(
-            f"Prefix scheduler against raw confidence's frontier at equal {label} (beyond the paper)",
-            interpolated_table(f"prefix_vs_raw_frontier_{axis}_{slug}", rows, k_min, axis=axis, n_boot=n_boot),
-            rows, [r.name for r in rows if r.policy in ("prefix", "raw")],
+    for policy, axis, label, what in (
+            ("marginal", "strict_token", "StrictToken", "Marginal survival against raw confidence's frontier (H1)"),
+            ("conditional", "strict_token", "StrictToken",
+             "Conditional survival against raw confidence's frontier (H1)"),
+            ("prefix", "strict_token", "StrictToken",
+             "Prefix scheduler against raw confidence's frontier at equal StrictToken (beyond the paper)"),
+            ("prefix", "disagreement", "disagreement",
+             "Prefix scheduler against raw confidence's frontier at equal disagreement (beyond the paper)")):
+        doc.guarded(f"{title}: {policy} vs raw's frontier, {label}", lambda policy=policy, axis=axis, label=label,
+                    what=what: doc.table(
+            what, interpolated_table(f"{policy}_vs_raw_frontier_{axis}_{slug}", rows, k_min, policy=policy, axis=axis,
+                                     n_boot=n_boot),
+            rows, [r.name for r in rows if r.policy in (policy, "raw")],
             f"Raw confidence's frontier (its Pareto points of {label} and relative calls, main grid) read by a "
-            f"straight line between neighbouring settings at each prefix run's own {label}, and the prefix run's "
-            "relative calls and Eq. 7 speedup (at Strict SDD's costs) over the frontier's there. Inside raw's "
-            "observed range only. Paired percentile bootstrap over prompts that resamples every run at once and "
-            f"rebuilds the frontier in each replicate ({n_boot} resamples; `replicates inside the range`: the "
-            "share of them in which the prefix run's agreement fell inside raw's range, the interval being over "
-            "those). The straight line between two settings is an assumption of the reading."))
+            f"straight line between neighbouring settings at each {LABELS[policy].lower()} run's own {label}, and "
+            "that run's relative calls and Eq. 7 speedup (at Strict SDD's costs) over the frontier's there. Inside "
+            "raw's observed range only. Paired percentile bootstrap over prompts that resamples every run at once "
+            f"and rebuilds the frontier in each replicate ({n_boot} resamples; `replicates inside the range`: the "
+            "share of them in which the run's agreement fell inside raw's range, the interval being over those). "
+            "The straight line between two settings is an assumption of the reading."))
     doc.guarded(f"{title}: table 2", lambda: doc.table(
         "Gate ablation (Table 2)", gate_table(f"table2_{slug}", rows), rows, [r.name for r in rows if r.policy in SIGNALS]))
     doc.guarded(f"{title}: table 3", lambda: doc.table(

@@ -558,7 +558,7 @@ def test_the_prefix_scheduler_against_raws_frontier_read_between_its_points(tmp_
     build([root], tmp_path / "out")
     lines = (tmp_path / "out" / "prefix_vs_raw_frontier_disagreement_humaneval_g16.md").read_text().splitlines()
     b = next(x for x in lines if x.startswith("| prefix_b"))
-    assert "| 0.2000 | 0.8000 | 0.6667 |" in b and "1.2000 [1.2000, 1.2000]" in b
+    assert "| 0.2000 | 0.8000 | raw_hi – raw_lo | 0.6667 |" in b and "1.2000 [1.2000, 1.2000]" in b
     # Eq. 7 at Strict SDD's costs (c_D 0.05 s, c_V 0.12 s): 0.85 s over 0.78 s for prefix_b and raw_hi, 0.66 s raw_lo
     read = 0.85 / 0.78 + (2 / 3) * (0.85 / 0.66 - 0.85 / 0.78)
     assert f"{(0.85 / 0.78) / read:.4f}" in b and b.endswith("calls: more; Eq. 7 speed: slower |")
@@ -566,5 +566,14 @@ def test_the_prefix_scheduler_against_raws_frontier_read_between_its_points(tmp_
     assert "| 0.4000 |" in c and c.endswith("outside raw's observed range |")  # 4 wrong of 10, beyond raw_lo's 3
     lines = (tmp_path / "out" / "prefix_vs_raw_frontier_strict_token_humaneval_g16.md").read_text().splitlines()
     a = next(x for x in lines if x.startswith("| prefix_a"))
-    assert "| 1.0000 | 0.6000 | 0.8000 |" in a and "0.7500 [0.7500, 0.7500]" in a and "calls: fewer" in a
+    assert "| 1.0000 | 0.6000 | raw_hi | 0.8000 |" in a and "0.7500 [0.7500, 0.7500]" in a and "calls: fewer" in a
+    # Strict SDD is raw's limit: with raw_hi gone, prefix_b is read between Strict SDD and raw_lo
+    import shutil
+
+    shutil.rmtree(root / "raw_hi")
+    build([root], tmp_path / "out2")
+    lines = (tmp_path / "out2" / "prefix_vs_raw_frontier_disagreement_humaneval_g16.md").read_text().splitlines()
+    b = next(x for x in lines if x.startswith("| prefix_b"))
+    # at 0.2 of the way from Strict SDD (0, calls 1.0) to raw_lo (0.3, 0.6): 1.0 - (2/3) 0.4
+    assert "| strict – raw_lo | 0.7333 | 1.0909 [1.0909, 1.0909] |" in b
     assert "Prefix scheduler against raw confidence's frontier" in (tmp_path / "out" / "report.md").read_text()

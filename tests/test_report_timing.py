@@ -25,15 +25,15 @@ SECONDS = {"ar": (4.0, 4.0), "strict": (2.0, 2.0), P_ALPHA: (1.0, 2.0), SPECS[3]
            SPECS[5]: (1.8, 1.8)}
 
 
-def _models(cache=True):
-    return ModelConfig(threads=1, drafter_dtype="float32", verifier_cache=cache)
+def _models(cache=True, dtype=None):
+    return ModelConfig(threads=1, drafter_dtype="float32", verifier_cache=cache, dtype=dtype)
 
 
-def comparison(d: Path, task="humaneval", ids=IDS, cache=True, max_new=256) -> Path:
+def comparison(d: Path, task="humaneval", ids=IDS, cache=True, max_new=256, dtype=None) -> Path:
     """A comparison directory as `vskip compare --repeats 2 --predictor p0` writes it."""
     dec = DecodeConfig(gamma=8, max_new_tokens=max_new, task=task)
     variants = [compare.parse_variant(s, dec, 1, "p0") for s in SPECS]
-    compare.claim(d, compare.settings_record(task, max_new, Runtime(), _models(cache), variants, "p0"))
+    compare.claim(d, compare.settings_record(task, max_new, Runtime(), _models(cache, dtype), variants, "p0"))
     rows = [{"task_id": t, "config": s, "repeat": q, "machine": "m", "tokens": 10,
              "seconds": SECONDS[s][q], "digest": "d", "output": [1]}
             for t in ids for q in (0, 1) for s in SPECS]
@@ -81,6 +81,16 @@ def test_the_timed_ratio_is_paired_per_prompt_and_pooled_over_tasks(tmp_path):
     assert timed_fields([run_cfg(survival="model", alpha=0.01)], [he]) == {}
     assert timed_fields([run_cfg(survival="model", alpha=0.05), run_cfg(survival="model", alpha=0.05, task="gsm8k")],
                         [he, mb]) == {}  # one task untimed: no pooled figure
+    # a task whose comparison has not reached the configuration yet brings no prompts: no pooled figure either
+    import shutil
+
+    shutil.copytree(tmp_path / "mb", tmp_path / "mb2")
+    rows = (tmp_path / "mb2" / "shard-1-of-1.jsonl").read_text().splitlines()
+    (tmp_path / "mb2" / "shard-1-of-1.jsonl").write_text("".join(x + "\n" for x in rows if P_ALPHA + '"' not in x))
+    assert timed_fields([run_cfg(survival="model", alpha=0.05), run_cfg(survival="model", alpha=0.05, task="mbpp")],
+                        [he, Timing(tmp_path / "mb2")]) == {}
+    # nor one timed with another verifier precision
+    assert Timing(comparison(tmp_path / "bf", dtype="bfloat16")).config_for(run_cfg(survival="model", alpha=0.05)) is None
 
 
 def test_the_report_puts_the_repeated_timing_beside_the_single_one(tmp_path):

@@ -373,7 +373,6 @@ def summarize_comparison(rows: list[dict]) -> dict:
             d |= _cost_figures(every, N.sum(), T.sum())
         out["configs"][name] = d
     # every configuration against every other, paired per prompt: (ΣN/ΣT) of the row over that of the column
-    tot = {name: _totals(res, common, range(n_rep)) for name, res in by.items()}
     out["pairwise"] = {a: {b: _pair(by[a], by[b], common, n_rep) for b in by if b != a} for a in by}
     hosts = sorted({r["machine"] for r in rows if r.get("machine")})
     if hosts:  # rows written before rows named their machine have no such key

@@ -236,10 +236,12 @@ def _group_sections(doc: _Doc, task, gamma, rows: list[Row], k_min: int, n_boot:
             what, interpolated_table(f"{policy}_vs_raw_frontier_{axis}_{slug}", rows, k_min, policy=policy, axis=axis,
                                      n_boot=n_boot),
             rows, [r.name for r in rows if r.policy in (policy, "raw")],
-            f"Raw confidence's frontier (its Pareto points of {label} and relative calls, main grid) read by a "
-            f"straight line between neighbouring settings at each {LABELS[policy].lower()} run's own {label}, and "
-            "that run's relative calls and Eq. 7 speedup (at Strict SDD's costs) over the frontier's there. Inside "
-            "raw's observed range only. Paired percentile bootstrap over prompts that resamples every run at once "
+            f"Raw confidence's frontier (its Pareto points of {label} and relative calls, main grid, and for speed "
+            f"those of {label} and Eq. 7 speedup at Strict SDD's costs) read by a straight line between neighbouring "
+            f"settings at each {LABELS[policy].lower()} run's own {label}, and that run's relative calls and Eq. 7 "
+            "speedup over the frontier's there. Strict SDD is raw confidence's limit (a threshold of 1 never skips) "
+            "and closes the frontier; `read between` names the two settings of the reading. Inside that range "
+            "only. Paired percentile bootstrap over prompts that resamples every run at once "
             f"and rebuilds the frontier in each replicate ({n_boot} resamples; `replicates inside the range`: the "
             "share of them in which the run's agreement fell inside raw's range, the interval being over those). "
             "The straight line between two settings is an assumption of the reading."))

@@ -2,13 +2,15 @@
 
 :func:`vskip.report.tables.versus_table` sets each point against the baseline's observed points
 that agree at least as well: conservative, and silent wherever no observed point lies close. Here
-the baseline's frontier (its Pareto points of agreement and relative calls, main grid) is read
-linearly between neighbouring points at the policy point's own agreement, and the point's relative
-calls and Eq. 7 speedup are divided by the frontier's there. Inside the baseline's observed range
-only: outside it nothing is read. The interval is a paired percentile bootstrap over prompts that
-resamples every run at once and rebuilds the frontier in each replicate, so it covers the noise of
-the baseline's points as well as the policy's; the straight line between two settings is an
-assumption of the reading, not a measurement.
+the baseline's frontier is read by a straight line between neighbouring settings at the policy
+point's own agreement: for calls, its Pareto points of agreement and relative calls; for speed,
+its Pareto points of agreement and Eq. 7 speedup (a setting beaten on calls may still draft fewer
+blocks). Strict SDD is the baseline's limit (a confidence threshold of 1 never skips), so the
+frontier runs from the baseline's loosest setting to Strict SDD; outside that range nothing is
+read. The interval is a paired percentile bootstrap over prompts that resamples every run at once
+and rebuilds the frontier in each replicate, so it covers the noise of the baseline's points as
+well as the policy's; the straight line between two settings is an assumption of the reading, not a
+measurement, and the table names the two settings each point was read between.
 """
 
 from __future__ import annotations
@@ -46,21 +48,18 @@ def _agreement(a: dict, idx: np.ndarray, axis: str, exact: bool) -> np.ndarray:
         return np.where(den > 0, a["st_num"][idx].sum(1) / np.where(den > 0, den, 1), 1.0)
 
 
-def _read(frontier_x: np.ndarray, frontier_y: np.ndarray, x: float) -> float:
-    """The baseline's frontier (agreement ``frontier_x``, value ``frontier_y``) read at ``x`` by a
-    straight line between its neighbours; NaN outside its range."""
-    order = np.argsort(frontier_x)
-    fx, fy = frontier_x[order], frontier_y[order]
-    if not len(fx) or x < fx[0] - 1e-12 or x > fx[-1] + 1e-12:
-        return float("nan")
-    return float(np.interp(x, fx, fy))
-
-
-def _frontier(points: list[tuple[float, float, float]], higher: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The Pareto points of (agreement, relative calls, speedup) on agreement and calls."""
-    keep = pareto_front([p[0] for p in points], [p[1] for p in points], x_max=higher, y_max=False)
-    kept = [p for p, k in zip(points, keep) if k]
-    return (np.array([p[0] for p in kept]), np.array([p[1] for p in kept]), np.array([p[2] for p in kept]))
+def _read(points: list[tuple[float, float]], x: float, higher: bool, y_max: bool) -> tuple[float, tuple[int, int]]:
+    """The frontier of ``points`` [(agreement, value)] (its Pareto points, more agreement better when
+    ``higher``, more value better when ``y_max``) read at ``x`` by a straight line between its
+    neighbours, and the indices of those two points; NaN outside its range."""
+    keep = [i for i, k in enumerate(pareto_front([p[0] for p in points], [p[1] for p in points], higher, y_max)) if k]
+    keep.sort(key=lambda i: points[i][0])
+    fx = np.array([points[i][0] for i in keep])
+    if not keep or x < fx[0] - 1e-12 or x > fx[-1] + 1e-12:
+        return float("nan"), (-1, -1)
+    hi = min(int(np.searchsorted(fx, x - 1e-12)), len(keep) - 1)
+    lo = max(hi - 1, 0) if fx[hi] > x + 1e-12 else hi
+    return float(np.interp(x, fx, [points[i][1] for i in keep])), (keep[lo], keep[hi])
 
 
 def interpolated_table(name: str, rows: list[Row], k_min: int, policy: str = "prefix", baseline: str = "raw",
@@ -74,14 +73,21 @@ def interpolated_table(name: str, rows: list[Row], k_min: int, policy: str = "pr
     costs = unit_costs(strict.run)
     base = [r for r in rows if r.policy == baseline and in_main_grid(r, k_min) and r.run.samples]
     pts = [r for r in rows if r.policy == policy and in_main_grid(r, k_min) and r.run.samples]
-    if costs is None or len(base) < 2 or not pts:
+    if costs is None or not base or not pts:
         return None
     out = []
     for r in pts:
         ids = sorted(set(r.run.ids) & set(strict.run.ids))
-        peers = [b for b in base if set(ids) <= set(b.run.ids)]
-        arrays = {id(x): _prompt_arrays(x, ids, costs) for x in [r, strict, *peers]}
-        if len(peers) < 2 or any(v is None for v in arrays.values()):
+        arrays = {id(x): _prompt_arrays(x, ids, costs) for x in [r, strict]}
+        if any(v is None for v in arrays.values()):
+            continue
+        peers = []  # raw runs holding every prompt of the point, each with its counts
+        for b in base:
+            a = _prompt_arrays(b, ids, costs) if set(ids) <= set(b.run.ids) else None
+            if a is not None:
+                arrays[id(b)] = a
+                peers.append(b)
+        if not peers:
             continue
         rng = np.random.default_rng(seed)
         idx_all = np.vstack([np.arange(len(ids))[None], rng.integers(0, len(ids), size=(n_boot, len(ids)))])
@@ -97,28 +103,30 @@ def interpolated_table(name: str, rows: list[Row], k_min: int, policy: str = "pr
             return agree, calls, speed
 
         mine = figures(r)
-        theirs = [figures(b) for b in peers]
-        calls_ratio, speed_ratio, read_calls = [], [], None
+        frontier = [*peers, strict]  # Strict SDD: the baseline's limit
+        theirs = [figures(b) for b in frontier]
+        calls_ratio, speed_ratio, read_calls, between = [], [], None, None
         for k in range(idx_all.shape[0]):
-            fx, fc, fs = _frontier([(t[0][k], t[1][k], t[2][k]) for t in theirs], higher)
-            c, sp = _read(fx, fc, mine[0][k]), _read(fx, fs, mine[0][k])
+            c, pair = _read([(t[0][k], t[1][k]) for t in theirs], mine[0][k], higher, False)
+            sp, _ = _read([(t[0][k], t[2][k]) for t in theirs], mine[0][k], higher, True)
             if k == 0:
                 read_calls = c
+                between = " – ".join(dict.fromkeys(frontier[i].name for i in pair)) if pair[0] >= 0 else None
             calls_ratio.append(mine[1][k] / c)
             speed_ratio.append(mine[2][k] / sp)
         calls_ratio, speed_ratio = np.array(calls_ratio), np.array(speed_ratio)
         inside = float(np.mean(np.isfinite(calls_ratio[1:])))
         if not np.isfinite(calls_ratio[0]):
-            out.append([r.name, mine[0][0], mine[1][0], None, None, None, inside,
+            out.append([r.name, mine[0][0], mine[1][0], None, None, None, None, inside,
                         f"outside {baseline}'s observed range"])
             continue
         c_ci, s_ci = _percentile(calls_ratio[1:]), _percentile(speed_ratio[1:])
-        out.append([r.name, mine[0][0], mine[1][0], read_calls, _fmt_ci(calls_ratio[0], c_ci),
+        out.append([r.name, mine[0][0], mine[1][0], between, read_calls, _fmt_ci(calls_ratio[0], c_ci),
                     _fmt_ci(speed_ratio[0], s_ci), inside, _words(c_ci, s_ci)])
     if not out:
         return None
     label = "StrictToken" if axis == "strict_token" else "disagreement"
-    return Table(name, ["config", label, "rel. calls", f"{baseline} frontier's rel. calls there",
+    return Table(name, ["config", label, "rel. calls", "read between", f"{baseline} frontier's rel. calls there",
                         "calls / frontier's [95% CI]", "Eq. 7 speedup / frontier's [95% CI]",
                         "replicates inside the range", "verdict"], out)
 

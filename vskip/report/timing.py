@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Sequence
 
 #: the model settings a timed configuration must share with the run
-_MODEL_KEYS = ("drafter", "verifier", "drafter_dtype", "copy_prior", "reveal")
+_MODEL_KEYS = ("drafter", "verifier", "dtype", "device", "drafter_dtype", "copy_prior", "reveal")
 #: the decode settings a timed configuration must share with the run (``shadow`` and ``trace`` cost
 #: time without changing the tokens: the timing leaves them off)
 _DECODE_KEYS = ("gamma", "gamma_max", "min_match", "trim")
@@ -97,21 +97,29 @@ def timed_fields(run_cfgs: Sequence[dict], timings: Sequence[Timing]) -> dict:
     configuration, or its comparison has no ``strict``."""
     from ..compare import summarize_comparison
 
-    rows, dirs = [], []
+    rows, dirs, kept = [], [], 0
     for cfg in run_cfgs:
-        hit = next(((t, n) for t in timings if (n := t.config_for(cfg)) is not None and "strict" in t.configs), None)
+        hit = next(((t, c) for t in timings if (c := t.config_for(cfg)) is not None and "strict" in t.configs), None)
         if hit is None:
             return {}
         t, name = hit
-        rows += [dict(r, config="x") if r["config"] == name else r for r in t.rows
-                 if r["config"] in (name, "strict", "ar")]
+        mine = [dict(r, config="x") if r["config"] == name else r for r in t.rows
+                if r["config"] in (name, "strict", "ar")]
+        try:  # each task must bring prompts of its own: a pooled figure never stands for one task alone
+            k = summarize_comparison(mine)["n_prompts"] if mine else 0
+        except ValueError:
+            k = 0
+        if not k:
+            return {}
+        kept += k
+        rows += mine
         dirs.append(f"{t.path} ({name})")
     try:
         s = summarize_comparison(rows)
     except ValueError:
         return {}
     p = s.get("pairwise", {}).get("x", {}).get("strict")
-    if not s["n_prompts"] or p is None:
+    if s["n_prompts"] != kept or p is None:  # pooled, every task's prompts are kept (the same repeats in each)
         return {}
     return {"timed_tokens_per_s_ratio": p["ratio"], "timed_tokens_per_s_ratio_ci95": list(p["ci95"]),
             "timed_by_repeat": p.get("by_repeat"), "timed_prompts": s["n_prompts"], "timed_in": dirs}

@@ -3,9 +3,8 @@ and the README quote is in a file a command wrote (a report, a summary, a CSV or
 docs/results/<name>/, docs/results/*.json, or the embedded drafter's manifest and copy prior), to the
 precision the page gives it (a number the page writes in ms or % may be kept in seconds or as a
 share). The
-exceptions are listed below, each with its reason: numbers the paper reports, and the pages written
-before results were kept as files, whose unkept numbers are listed one by one so that no new one
-slips in."""
+exceptions are listed below, each with its reason: numbers the paper reports, and numbers that are
+not measurements (a version)."""
 
 import re
 from functools import lru_cache
@@ -32,13 +31,9 @@ PAPER = {
     "13.5": "§4, verifier calls saved by raw confidence at Strict SDD's pass@1",
 }
 
-#: pages older than the rule that every figure is kept in a file: their numbers that are not
-LEGACY = {
-    # a benchmark that printed its table and kept no file, with a drafter that is not shipped
-    "engine.md": {"0.206", "0.581", "0.645", "115.5", "116.5", "119.7", "14.48", "14.58", "17.29", "2.86",
-                  "239.2", "25.07", "30.4", "39.8", "460.8", "57.8", "5.18", "50.9", "52.2", "53.2", "61.1", "61.6",
-                  "8.54", "8.77", "9.24"},
-}
+#: pages older than the rule that every figure is kept in a file: their numbers that are not kept
+#: (none left: every page was rewritten from files or lost the numbers no file kept)
+LEGACY: dict[str, set[str]] = {}
 
 
 #: the embedded drafter's files, whose manifests and copy prior a command wrote with their figures

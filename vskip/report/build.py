@@ -198,6 +198,26 @@ def _group_sections(doc: _Doc, task, gamma, rows: list[Row], k_min: int, n_boot:
         "Matched quality (§5.2)", matched_table(f"matched_{slug}", rows, k_min), rows,
         [r.name for r in rows if in_main_grid(r, k_min)],
         "Observed points whose pass@1 equals (=) or is at least (≥) Strict SDD's on the same prompts."))
+    _versus_sections(doc, title, slug, rows, k_min, n_boot)
+    doc.guarded(f"{title}: table 2", lambda: doc.table(
+        "Gate ablation (Table 2)", gate_table(f"table2_{slug}", rows), rows, [r.name for r in rows if r.policy in SIGNALS]))
+    doc.guarded(f"{title}: table 3", lambda: doc.table(
+        "Periodic skipping (Table 3)", periodic_table(f"table3_{slug}", rows, k_min), rows,
+        [r.name for r in rows if r.policy in ("periodic", "raw")]))
+    fams = doc.guarded(f"{title}: k_min families", lambda: kmin_families(rows)) or []
+    for i, fam in enumerate(fams):
+        doc.guarded(f"{title}: figure 5", lambda i=i, fam=fam: _kmin_figure(doc, i, fam, slug, title, rows))
+    doc.guarded(f"{title}: k_min table", lambda: doc.table(
+        "k_min diagnostic (table)", kmin_table(f"kmin_{slug}", fams), rows, [r.name for f in fams for r in f.rows]))
+    doc.guarded(f"{title}: Eq. 8", lambda: doc.table(
+        "Break-even skip length (Eq. 8)", eq8_table(f"eq8_{slug}", rows), rows, names,
+        "Per run: measured c_D (draft seconds per block), c_V (verify seconds per call), Strict SDD's mean "
+        "strict commit A, and K* = A c_D / (c_D + c_V)."))
+
+
+def _versus_sections(doc: _Doc, title: str, slug: str, rows: list[Row], k_min: int, n_boot: int) -> None:
+    """The learned signals and the prefix scheduler against raw confidence: at its observed points,
+    and against its frontier read between its settings."""
     for policy, what in (("marginal", "Marginal survival against raw confidence (H1)"),
                          ("conditional", "Conditional survival against raw confidence (H1)"),
                          ("prefix", "Prefix scheduler against raw confidence (beyond the paper)")):
@@ -245,20 +265,6 @@ def _group_sections(doc: _Doc, task, gamma, rows: list[Row], k_min: int, n_boot:
             f"and rebuilds the frontier in each replicate ({n_boot} resamples; `replicates inside the range`: the "
             "share of them in which the run's agreement fell inside raw's range, the interval being over those). "
             "The straight line between two settings is an assumption of the reading."))
-    doc.guarded(f"{title}: table 2", lambda: doc.table(
-        "Gate ablation (Table 2)", gate_table(f"table2_{slug}", rows), rows, [r.name for r in rows if r.policy in SIGNALS]))
-    doc.guarded(f"{title}: table 3", lambda: doc.table(
-        "Periodic skipping (Table 3)", periodic_table(f"table3_{slug}", rows, k_min), rows,
-        [r.name for r in rows if r.policy in ("periodic", "raw")]))
-    fams = doc.guarded(f"{title}: k_min families", lambda: kmin_families(rows)) or []
-    for i, fam in enumerate(fams):
-        doc.guarded(f"{title}: figure 5", lambda i=i, fam=fam: _kmin_figure(doc, i, fam, slug, title, rows))
-    doc.guarded(f"{title}: k_min table", lambda: doc.table(
-        "k_min diagnostic (table)", kmin_table(f"kmin_{slug}", fams), rows, [r.name for f in fams for r in f.rows]))
-    doc.guarded(f"{title}: Eq. 8", lambda: doc.table(
-        "Break-even skip length (Eq. 8)", eq8_table(f"eq8_{slug}", rows), rows, names,
-        "Per run: measured c_D (draft seconds per block), c_V (verify seconds per call), Strict SDD's mean "
-        "strict commit A, and K* = A c_D / (c_D + c_V)."))
 
 
 def _frontier_figure(doc: _Doc, fig, fn, caption, slug, title, rows, strict, k_min) -> None:

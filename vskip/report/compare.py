@@ -178,11 +178,22 @@ def compare(run: Run, ref: Run | None, n_boot: int, seed: int) -> Row:
     return row
 
 
+def prompt_disagreement(run, ids: Sequence[str]) -> np.ndarray | None:
+    """Per prompt of ``ids``: drafted tokens committed beyond the shadow verifier's ``L`` over
+    generated tokens (None when a skipped round has no shadow ``L``)."""
+    wrong = dict.fromkeys(ids, 0)
+    for r in run.rounds:
+        if r.get("task_id") in wrong and not r.get("verified", True) and r.get("K", 0) > 0:
+            if r.get("L") is None:
+                return None
+            wrong[r["task_id"]] += max(0, r["K"] - r["L"])
+    n = {s["task_id"]: s.get("generated_tokens") or 0 for s in run.samples if "task_id" in s}
+    return np.array([wrong[i] / n[i] if n.get(i) else 0.0 for i in ids], np.float64)
+
+
 def _disagreement(run: Run, ids: Sequence[str], n_boot: int, seed: int):
     """(mean, interval) over ``ids`` of each prompt's share of tokens committed beyond the shadow
     verifier's L; (None, None) where a skipped round has no shadow L."""
-    from .scheduler import prompt_disagreement
-
     d = prompt_disagreement(run, ids) if ids else None
     if d is None:
         return None, None

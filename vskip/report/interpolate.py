@@ -19,8 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .compare import Row, _percentile, eq7_sums, per_prompt, unit_costs
-from .scheduler import prompt_disagreement
+from .compare import Row, _percentile, eq7_sums, per_prompt, prompt_disagreement, unit_costs
 from .tables import Table, in_main_grid, pareto_front
 
 #: how each agreement axis is read from per-prompt sums, and whether more of it is better
@@ -117,16 +116,16 @@ def interpolated_table(name: str, rows: list[Row], k_min: int, policy: str = "pr
         calls_ratio, speed_ratio = np.array(calls_ratio), np.array(speed_ratio)
         inside = float(np.mean(np.isfinite(calls_ratio[1:])))
         if not np.isfinite(calls_ratio[0]):
-            out.append([r.name, mine[0][0], mine[1][0], None, None, None, None, inside,
+            out.append([r.name, len(ids), mine[0][0], mine[1][0], None, None, None, None, inside,
                         f"outside {baseline}'s observed range"])
             continue
         c_ci, s_ci = _percentile(calls_ratio[1:]), _percentile(speed_ratio[1:])
-        out.append([r.name, mine[0][0], mine[1][0], between, read_calls, _fmt_ci(calls_ratio[0], c_ci),
+        out.append([r.name, len(ids), mine[0][0], mine[1][0], between, read_calls, _fmt_ci(calls_ratio[0], c_ci),
                     _fmt_ci(speed_ratio[0], s_ci), inside, _words(c_ci, s_ci)])
     if not out:
         return None
     label = "StrictToken" if axis == "strict_token" else "disagreement"
-    return Table(name, ["config", label, "rel. calls", "read between", f"{baseline} frontier's rel. calls there",
+    return Table(name, ["config", "prompts", label, "rel. calls", "read between", f"{baseline} frontier's rel. calls there",
                         "calls / frontier's [95% CI]", "Eq. 7 speedup / frontier's [95% CI]",
                         "replicates inside the range", "verdict"], out)
 

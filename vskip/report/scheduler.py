@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .compare import Row, _percentile, eq7_sums, paired_ratio, ratio_ci, sample_sums, unit_costs
+from .compare import Row, _percentile, eq7_sums, paired_ratio, prompt_disagreement, ratio_ci, sample_sums, unit_costs
 
 #: the fields of every entry of ``scheduler.json``
 FIELDS = ("task", "gamma", "config", "predictor", "alpha", "realised_disagreement", "realised_disagreement_ci95",
@@ -71,19 +71,6 @@ def _realised(d: np.ndarray, alpha: float, n_boot: int, seed: int) -> dict:
     return {"realised_disagreement": f["mean"], "realised_disagreement_ci95": f["ci95"],
             "realised_disagreement_upper95": f["upper95"], "within_alpha": bool(f["mean"] <= alpha),
             "verdict": f["verdict"]}
-
-
-def prompt_disagreement(run, ids: Sequence[str]) -> np.ndarray | None:
-    """Per prompt of ``ids``: drafted tokens committed beyond the shadow verifier's ``L`` over
-    generated tokens (None when a skipped round has no shadow ``L``)."""
-    wrong = dict.fromkeys(ids, 0)
-    for r in run.rounds:
-        if r.get("task_id") in wrong and not r.get("verified", True) and r.get("K", 0) > 0:
-            if r.get("L") is None:
-                return None
-            wrong[r["task_id"]] += max(0, r["K"] - r["L"])
-    n = {s["task_id"]: s.get("generated_tokens") or 0 for s in run.samples if "task_id" in s}
-    return np.array([wrong[i] / n[i] if n.get(i) else 0.0 for i in ids], np.float64)
 
 
 def scheduler_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0, timings=()) -> list[dict]:

@@ -132,7 +132,7 @@ timing() {  # the key points timed again, paired per prompt: 3 interleaved repea
   local ids kind cache repeats nth configs n pids
   for kind in cache nocache; do
     if [ "$kind" = cache ]; then
-      cache=--verifier-cache repeats=3 nth=4 configs=$KEY
+      cache=--verifier-cache repeats=3 nth=8 configs=$KEY
     else
       cache=--no-verifier-cache repeats=1 nth=8 configs=$NOCACHE_KEY
     fi

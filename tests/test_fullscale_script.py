@@ -117,13 +117,18 @@ def test_pack_sets_each_round_beside_strict_round_0_and_the_earlier_rounds(env):
 
 def test_timing_times_every_key_point_with_the_cache_and_humaneval_without(env):
     e, R, A, log = env
+    e = {**e, "HE": "9", "MBPP": "9"}
     p = _step(e, "timing")
     assert p.returncode == 0, p.stderr
     outs = sorted(c[c.index("--out") + 1] for c in _calls(log, "compare"))
     assert outs == sorted([f"{R}/timing/humaneval-cache"] * 2 + [f"{R}/timing/mbpp-cache"] * 2
                           + [f"{R}/timing/humaneval-nocache"] * 2)
     nocache = [c for c in _calls(log, "compare") if "--no-verifier-cache" in c]
-    assert {c[c.index("--ids") + 1] for c in nocache} == {"HumanEval/0"}  # every 8th of the first 2 prompts
+    # every 8th of the first 9 prompts, with the cache and without
+    ids = {c[c.index("--out") + 1].split("/")[-1]: c[c.index("--ids") + 1] for c in _calls(log, "compare")}
+    assert ids["humaneval-cache"] == ids["humaneval-nocache"] == "HumanEval/0,HumanEval/8"
+    assert len(ids["mbpp-cache"].split(",")) == 2
+    assert {c[c.index("--ids") + 1] for c in nocache} == {"HumanEval/0,HumanEval/8"}
     assert all(c[c.index("--repeats") + 1] == "3" for c in _calls(log, "compare") if "--verifier-cache" in c)
     # the model of the second on-policy round is timed beside the first one's, both with and without the cache
     configs = [c[c.index("--configs") + 1].split(",") for c in _calls(log, "compare")]

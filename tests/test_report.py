@@ -577,3 +577,16 @@ def test_the_prefix_scheduler_against_raws_frontier_read_between_its_points(tmp_
     # at 0.2 of the way from Strict SDD (0, calls 1.0) to raw_lo (0.3, 0.6): 1.0 - (2/3) 0.4
     assert "| strict – raw_lo | 0.7333 | 1.0909 [1.0909, 1.0909] |" in b
     assert "Prefix scheduler against raw confidence's frontier" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_labels_name_the_task_for_every_run_once_names_repeat(tmp_path):
+    one = tmp_path / "one"
+    write_run(one / "strict", "strict", calls=5, blocks=5, seconds=1.0, passed=[True] * 4)
+    write_run(one / "raw", "raw", calls=4, blocks=6, seconds=0.8, passed=[True] * 4)
+    rep, _ = build([one], tmp_path / "o1")
+    assert set(rows_by_name(rep)) == {"strict", "raw"}  # one directory: the short names
+    two = tmp_path / "two"
+    write_run(two / "strict", "strict", calls=5, blocks=5, seconds=1.0, passed=[True] * 4, task="mbpp")
+    rep, _ = build([one, two], tmp_path / "o2")
+    # raw exists for one task only, and is still named with its task
+    assert set(rows_by_name(rep)) == {"one/strict", "two/strict", "one/raw"}

@@ -143,11 +143,12 @@ def test_the_full_grid_is_the_two_cpu_grids_with_what_the_verdicts_need_first():
     kmin = ["raw_eb0.70_ec0.70_k0_s64", "raw_eb0.70_ec0.70_k6_s64"]
     tight = ["raw_eb0.90_ec0.93_k3_s64", "raw_eb0.95_ec0.97_k3_s64"]
     assert sorted(full) == sorted(both | set(kmin) | set(tight)) and len(full) == len(both) + 4 == 22
-    assert full[13:15] == tight and full[15:17] == kmin and "raw_eb0.70_ec0.70_k3_s64" in full
+    assert full[7:9] == tight and full[15:17] == kmin and "raw_eb0.70_ec0.70_k3_s64" in full
+    assert {n.split("_")[0] for n in full[4:7]} == {"raw"}
+    assert [n.split("_")[0] for n in full[9:15]] == ["conditional"] * 3 + ["marginal"] * 3
     assert full[:4] == ["strict", "prefix_model_a0.01_measured_s64", "prefix_model_a0.02_measured_s64",
                         "prefix_model_a0.05_measured_s64"]
     assert full[17:19] == ["prefix_model_a0.1_measured_s64", "prefix_model_a0.2_measured_s64"]
-    assert {n.split("_")[0] for n in full[4:13]} == {"raw", "marginal", "conditional"}
     assert {n.split("_")[0] for n in full[19:]} == {"prefix"} and len(full[19:]) == 3  # the product, last
     # an on-policy round sweeps the promise again under the same names, which its report pairs with round 0,
     # the largest alpha first

@@ -178,7 +178,9 @@ def load_run(path: Path) -> Run:
 
 
 def _labels(runs: list[Run]) -> None:
-    """Each run's display name: its directory name, or parent/name where names repeat."""
+    """Each run's display name: its directory name, or, where any name repeats (runs of several
+    tasks), parent/name for every run, so that a label does not depend on which other runs exist."""
     names = [r.path.name for r in runs]
+    repeats = len(set(names)) < len(names)
     for r in runs:
-        r.label = r.path.name if names.count(r.path.name) == 1 else f"{r.path.parent.name}/{r.path.name}"
+        r.label = f"{r.path.parent.name}/{r.path.name}" if repeats else r.path.name

@@ -29,14 +29,15 @@ def _models(cache=True, dtype=None):
     return ModelConfig(threads=1, drafter_dtype="float32", verifier_cache=cache, dtype=dtype)
 
 
-def comparison(d: Path, task="humaneval", ids=IDS, cache=True, max_new=256, dtype=None) -> Path:
+def comparison(d: Path, task="humaneval", ids=IDS, cache=True, max_new=256, dtype=None, specs=SPECS,
+               seconds=SECONDS) -> Path:
     """A comparison directory as `vskip compare --repeats 2 --predictor p0` writes it."""
     dec = DecodeConfig(gamma=8, max_new_tokens=max_new, task=task)
-    variants = [compare.parse_variant(s, dec, 1, "p0") for s in SPECS]
+    variants = [compare.parse_variant(s, dec, 1, "p0") for s in specs]
     compare.claim(d, compare.settings_record(task, max_new, Runtime(), _models(cache, dtype), variants, "p0"))
     rows = [{"task_id": t, "config": s, "repeat": q, "machine": "m", "tokens": 10,
-             "seconds": SECONDS[s][q], "digest": "d", "output": [1]}
-            for t in ids for q in (0, 1) for s in SPECS]
+             "seconds": seconds[s][q], "digest": "d", "output": [1]}
+            for t in ids for q in (0, 1) for s in specs]
     (d / "shard-1-of-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return d
 
@@ -110,3 +111,42 @@ def test_the_report_puts_the_repeated_timing_beside_the_single_one(tmp_path):
     build([root], tmp_path / "plain")
     (e,) = json.loads((tmp_path / "plain" / "scheduler.json").read_text())
     assert e["timed_tokens_per_s_ratio"] is None and e["tokens_per_s_ratio"] == pytest.approx(1.25)
+
+
+def test_the_k_min_diagnostic_reads_the_repeated_timing(tmp_path):
+    from vskip import report
+
+    raw = "raw+eta_b=0.7+eta_c=0.7+k_min="
+    # timed again: k_min 0 the fastest (2.0 s against Strict SDD's 2.0 -> ratio 2), then 3, then 6
+    secs = {"ar": (4.0, 4.0), "strict": (2.0, 2.0), raw + "0": (1.0, 1.0), raw + "3": (1.6, 1.6),
+            raw + "6": (1.8, 1.8)}
+    he = comparison(tmp_path / "he", specs=tuple(secs), seconds=secs)
+    root = tmp_path / "s"
+    write_run(root / "strict", "strict", calls=5, blocks=5, seconds=1.0, passed=[True] * 4, gamma=8)
+    cfgs = {"strict": run_cfg("strict", predictor=None)}
+    # the single timings say the opposite (drift): k_min 6 the fastest
+    for k, sec in ((0, 0.9), (3, 0.8), (6, 0.7)):
+        write_run(root / f"raw_k{k}", "raw", calls=4, blocks=6, seconds=sec, passed=[True] * 4, gamma=8,
+                  params={"eta_b": 0.7, "eta_c": 0.7, "k_min": k})
+        cfgs[f"raw_k{k}"] = run_cfg("raw", predictor=None, eta_b=0.7, eta_c=0.7, k_min=k)
+    for name, cfg in cfgs.items():
+        p = root / name / "config.json"
+        p.write_text(json.dumps({**json.loads(p.read_text()), "run": {**cfg, "ids": list(IDS)}}))
+    rep, _ = build([root], tmp_path / "out", timing=[he])
+    rows = next(iter(rep.rows.values()))
+    by = {r.name: r for r in rows}
+    assert by["raw_k0"].timed_ratio == pytest.approx(2.0) and by["raw_k6"].timed_ratio == pytest.approx(2.0 / 1.8)
+    assert by["strict"].timed == {}  # Strict SDD is the reference, not a timed configuration
+    (f,) = report.kmin_families(rows)
+    assert f.best == 6 and f.best_timed == 0 and f.best_timed_resolved is True
+    assert f.predicted == 0 and f.agrees is False and f.agrees_timed is True
+    out = tmp_path / "out"
+    kmin = (out / "kmin_humaneval_g8.csv").read_text()
+    assert "best k_min (timed)" in kmin and "2.0000 [2.0000, 2.0000]" in kmin
+    timed = (out / "timed_humaneval_g8.csv").read_text().splitlines()
+    assert len(timed) == 4 and timed[0].startswith("config,")  # the three raw runs
+    assert "the fastest is k_min 0" in (out / "report.md").read_text()
+    # without a timing of every k_min there is no timed best
+    (f,) = report.kmin_families(next(iter(build([root], tmp_path / "plain")[0].rows.values())))
+    assert f.best_timed is None and f.agrees_timed is None
+    assert not (tmp_path / "plain" / "timed_humaneval_g8.csv").exists()

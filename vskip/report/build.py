@@ -15,7 +15,7 @@ from .figures import figure1, figure4, figure5, figure_disagreement
 from .interpolate import interpolated_table
 from .runs import FRONTIER_METHODS, LABELS, PARAMS, SAMPLES, Run, _labels, find_run_dirs, load_run
 from .tables import (Table, _fmt, _params_str, eq8_table, gate_table, in_main_grid, intervals_table, kmin_families,
-                     kmin_table, matched_table, periodic_table, runs_table, table4, versus_table)
+                     kmin_table, matched_table, periodic_table, runs_table, table4, timed_table, versus_table)
 
 
 # --------------------------------------------------------------------------- the report
@@ -72,10 +72,11 @@ def build_report(paths: Sequence[Path], out: Path, k_min: int = K_MIN, n_boot: i
                                  for s in sweeps.values()] + [""]
     groups = _compare_all(runs, n_boot, seed, notes)
     doc = _Doc(out, notes)
+    timings = _attach_timings(doc, groups, timing)
     for (task, gamma), rows in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), kv[0][1] or 0)):
         _group_sections(doc, task, gamma, rows, k_min, n_boot)
     _table4_section(doc, groups, k_min)
-    _scheduler_section(doc, groups, n_boot, seed, timing)
+    _scheduler_section(doc, groups, n_boot, seed, timings)
     doc.body += ["## Runs and commands", ""]
     for rows in groups.values():
         for r in rows:
@@ -204,6 +205,13 @@ def _group_sections(doc: _Doc, task, gamma, rows: list[Row], k_min: int, n_boot:
     doc.guarded(f"{title}: table 3", lambda: doc.table(
         "Periodic skipping (Table 3)", periodic_table(f"table3_{slug}", rows, k_min), rows,
         [r.name for r in rows if r.policy in ("periodic", "raw")]))
+    doc.guarded(f"{title}: repeated timings", lambda: doc.table(
+        "Speed timed again (`--timing`)", timed_table(f"timed_{slug}", rows), rows, [r.name for r in rows if r.timed],
+        "Runs whose configuration a repeated timing holds: the run's single timing against Strict SDD's "
+        "(timed at other moments, so the machine's drift between them enters), Eq. 7 at Strict SDD's costs "
+        "(from the counts), and the repeated timing: the configuration decoded beside Strict SDD, prompt by "
+        "prompt in a rotating order, several times, on the prompts it timed (a subset of the run's), with "
+        "each repeat's ratio. A policy that reads the clock may decide otherwise there than in the run."))
     fams = doc.guarded(f"{title}: k_min families", lambda: kmin_families(rows)) or []
     for i, fam in enumerate(fams):
         doc.guarded(f"{title}: figure 5", lambda i=i, fam=fam: _kmin_figure(doc, i, fam, slug, title, rows))
@@ -295,7 +303,12 @@ def _kmin_figure(doc: _Doc, i: int, fam, slug, title, rows) -> None:
                      + (f" By Eq. 7 at Strict SDD's costs, from the runs' blocks and calls and free of the drift "
                         f"between their timings, the best is {_fmt(fam.best_eq7)}: the prediction "
                         f"{ {True: 'agrees', False: 'does not agree'}[fam.agrees_eq7] }."
-                        if fam.agrees_eq7 is not None else ""), "",
+                        if fam.agrees_eq7 is not None else "")
+                     + (f" By the repeated timing (`--timing`), the fastest is k_min {_fmt(fam.best_timed)}, "
+                        + ("its interval above every other k_min's ratio" if fam.best_timed_resolved else
+                           "not resolved from the others (its interval reaches another k_min's ratio)")
+                        + f": the prediction { {True: 'agrees', False: 'does not agree'}[fam.agrees_timed] }."
+                        if fam.agrees_timed is not None else ""), "",
                      _details(rows, [r.name for r in fam.rows])])
 
 
@@ -311,13 +324,25 @@ def _table4_section(doc: _Doc, groups, k_min: int) -> None:
         doc.body += ["## Across tasks (Table 4)", "", table.markdown(), "", "Files: `table4.md`, `table4.csv`.", ""]
 
 
-def _scheduler_section(doc: _Doc, groups: dict, n_boot: int, seed: int, timing: Sequence[Path] = ()) -> None:
-    """The promised agreement of ``--policy prefix --alpha`` runs (beyond the paper), also as
-    ``scheduler.json``; with ``timing`` (comparison directories), each run's repeated timing too."""
-    from .scheduler import FIELDS, pooled_entries, scheduler_entries
-    from .timing import load_timings
+def _attach_timings(doc: _Doc, groups: dict, timing: Sequence[Path]) -> list:
+    """Read the comparison directories of ``--timing`` and give every row the repeated timing of
+    its configuration, where one of them holds it."""
+    from .timing import load_timings, timed_fields
 
+    if not timing:
+        return []
     timings = doc.guarded("repeated timings", lambda: load_timings(timing)) or []
+    for rows in groups.values():
+        for r in rows:
+            r.timed = doc.guarded(f"repeated timing of {r.name}", lambda r=r: timed_fields([r.run.run_cfg], timings)) or {}
+    return timings
+
+
+def _scheduler_section(doc: _Doc, groups: dict, n_boot: int, seed: int, timings: Sequence = ()) -> None:
+    """The promised agreement of ``--policy prefix --alpha`` runs (beyond the paper), also as
+    ``scheduler.json``; with ``timings`` (:func:`_attach_timings`), each run's repeated timing too."""
+    from .scheduler import FIELDS, pooled_entries, scheduler_entries
+
     entries = doc.guarded("promised agreement", lambda: [e for rows in groups.values()
                                                          for e in scheduler_entries(rows, n_boot, seed, timings)]) or []
     entries += doc.guarded("promised agreement, tasks pooled", lambda: pooled_entries(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -102,6 +102,18 @@ class Row:
     #: both runs hold (the quantity the prefix scheduler's alpha bounds), with its bootstrap interval
     disagreement: float | None = None
     disagreement_ci: tuple[float, float] | None = None
+    #: the run's configuration timed again beside Strict SDD (``vskip report --timing``): the fields of
+    #: :func:`vskip.report.timing.timed_fields`, empty where no comparison timed it
+    timed: dict = field(default_factory=dict)
+
+    @property
+    def timed_ratio(self) -> float | None:
+        return self.timed.get("timed_tokens_per_s_ratio")
+
+    @property
+    def timed_ci(self) -> tuple[float, float] | None:
+        ci = self.timed.get("timed_tokens_per_s_ratio_ci95")
+        return tuple(ci) if ci else None
 
     @property
     def name(self) -> str:

@@ -139,6 +139,24 @@ def intervals_table(name: str, rows: list[Row]) -> Table | None:
     return Table(name, cols, out)
 
 
+def timed_table(name: str, rows: list[Row]) -> Table | None:
+    """Speed three ways for every run whose configuration a repeated timing holds
+    (``vskip report --timing``): the run's single timing against Strict SDD's, Eq. 7 at Strict
+    SDD's costs, and the repeated timing (interleaved with Strict SDD, on the prompts it timed),
+    with each repeat's ratio: the spread the single timing does not show."""
+    rs = [r for r in rows if r.timed]
+    if not rs:
+        return None
+    out = []
+    for r in rs:
+        by = r.timed.get("timed_by_repeat")
+        out.append([r.name, r.speedup, _interval(r.eq7_speedup, r.eq7_ci), _interval(r.timed_ratio, r.timed_ci),
+                    ", ".join(f"{x:.4f}" for x in by) if by else None, r.timed.get("timed_prompts"), r.rel_calls,
+                    r.rel_blocks])
+    return Table(name, ["config", "speedup, single timing", "speedup, Eq. 7 [95% CI]", "speedup, timed [95% CI]",
+                        "timed, by repeat", "prompts timed", "rel. calls", "rel. blocks"], out)
+
+
 def gate_table(name: str, rows: list[Row]) -> Table | None:
     """Table 2: signal runs with both gates on next to the variants that drop one gate (threshold
     0), for the paper's fixed settings or wherever both variants were run."""
@@ -296,6 +314,10 @@ class KminFamily:
     predicted: int | None
     best: int | None
     best_eq7: int | None = None  # the k_min with the highest speedup under Eq. 7 at Strict SDD's costs
+    #: the k_min with the highest repeated timing against Strict SDD (every k_min timed), and whether
+    #: the timed best is resolved: its interval lies above every other k_min's point estimate
+    best_timed: int | None = None
+    best_timed_resolved: bool | None = None
 
     @property
     def agrees(self) -> bool | None:
@@ -306,6 +328,11 @@ class KminFamily:
     def agrees_eq7(self) -> bool | None:
         """Whether Eq. 8's prediction is the best k_min by Eq. 7 (drift-free, from the counts)."""
         return None if self.predicted is None or self.best_eq7 is None else self.predicted == self.best_eq7
+
+    @property
+    def agrees_timed(self) -> bool | None:
+        """Whether Eq. 8's prediction is the best k_min by the repeated timing."""
+        return None if self.predicted is None or self.best_timed is None else self.predicted == self.best_timed
 
     @property
     def above(self) -> bool | None:
@@ -339,7 +366,12 @@ def kmin_families(rows: list[Row]) -> list[KminFamily]:
         best = max(timed, key=lambda r: r.m.tokens_per_s).p("k_min") if timed else None
         modelled = [r for r in rs if r.eq7_speedup is not None]
         best_eq7 = max(modelled, key=lambda r: r.eq7_speedup).p("k_min") if modelled else None
-        fams.append(KminFamily(m, tuple(key), rs, K, predicted, best, best_eq7))
+        best_timed = resolved = None
+        if all(r.timed_ratio is not None for r in rs):  # a best among some k_min is not the best k_min
+            top = max(rs, key=lambda r: r.timed_ratio)
+            best_timed = top.p("k_min")
+            resolved = top.timed_ci is not None and all(top.timed_ci[0] > r.timed_ratio for r in rs if r is not top)
+        fams.append(KminFamily(m, tuple(key), rs, K, predicted, best, best_eq7, best_timed, resolved))
     return fams
 
 
@@ -349,12 +381,14 @@ def kmin_table(name: str, fams: list[KminFamily]) -> Table | None:
         for r in f.rows:
             out.append([LABELS[f.policy], f"eta_b={f.key[0]:g}, eta_c={f.key[1]:g}, s_max={f.key[2]}", r.p("k_min"),
                         r.name, r.rel_calls, r.rel_blocks, r.m.tokens_per_s, _interval(r.eq7_speedup, r.eq7_ci),
-                        r.m.pass_at_1, f.K_star, f.predicted, f.best, f.agrees, f.above, f.best_eq7, f.agrees_eq7])
+                        _interval(r.timed_ratio, r.timed_ci), r.m.pass_at_1, f.K_star, f.predicted, f.best, f.agrees,
+                        f.above, f.best_eq7, f.agrees_eq7, f.best_timed, f.agrees_timed, f.best_timed_resolved])
     if not out:
         return None
     return Table(name, ["signal", "setting", "k_min", "config", "rel. calls", "rel. blocks", "tokens/s",
-                        "speedup, Eq. 7 [95% CI]", "pass@1", "K* (strict)", "predicted k_min", "best k_min", "agree",
-                        "best above K*", "best k_min (Eq. 7)", "agree (Eq. 7)"], out)
+                        "speedup, Eq. 7 [95% CI]", "speedup, timed [95% CI]", "pass@1", "K* (strict)",
+                        "predicted k_min", "best k_min", "agree", "best above K*", "best k_min (Eq. 7)",
+                        "agree (Eq. 7)", "best k_min (timed)", "agree (timed)", "timed best resolved"], out)
 
 
 def table4(groups: dict, k_min: int) -> tuple[Table | None, list[str]]:

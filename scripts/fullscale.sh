@@ -24,7 +24,7 @@
 # report says so. R (runs/full) is where runs go; A (docs/results/full) what is committed; MNT
 # (256), HE (164) and MBPP (200) the budget and the prompts of each task; GRID (full) the sweep's
 # grid, whose order puts what the verdicts need first; ROUND (1) the on-policy round the onpolicy
-# steps make or read. Round r decodes with round r-1's model at alpha 0.05 (round 0: the model trained
+# steps make or read; ONLY (a task) narrows sweep, timing and onpolicy-sweep to that task. Round r decodes with round r-1's model at alpha 0.05 (round 0: the model trained
 # on Strict SDD traces alone), trains on the Strict SDD blocks and on every round's on-policy blocks so
 # far, and calibrates on round r's own, the blocks of the newest model's policy. The on-policy traces
 # are not committed either, so every round after the first runs on the machine that made the earlier.
@@ -35,6 +35,12 @@ R=${R:-runs/full}
 A=${A:-docs/results/full}
 MNT=${MNT:-256}
 TASKS=("humaneval ${HE:-164}" "mbpp ${MBPP:-200}")
+# ONLY (a task) narrows sweep, onpolicy-sweep and timing to it, so that two steps can share the
+# machine, one task each (a task that finished its part of one step gives its core to another)
+if [ -n "${ONLY:-}" ]; then
+  for t in "${TASKS[@]}"; do if [ "${t%% *}" = "$ONLY" ]; then TASKS=("$t"); break; fi; done
+  [ "${#TASKS[@]}" -eq 1 ] && [ "${TASKS[0]%% *}" = "$ONLY" ] || { echo "fullscale: ONLY=$ONLY is not a task here" >&2; exit 2; }
+fi
 GRID=${GRID:-full}
 ROUND=${ROUND:-1}
 # the drafter's dtype pinned: `auto` is bfloat16 on a CPU with AVX512-BF16 or AMX and float32 without,
@@ -299,6 +305,10 @@ pack() {
   done
 }
 
+case "${ONLY:+x}${1:-}" in
+  x|xsweep|xtiming|xonpolicy-sweep) ;;
+  x*) echo "fullscale: ONLY narrows sweep, timing and onpolicy-sweep, not ${1:-}" >&2; exit 2 ;;
+esac
 case "${1:-}" in
   unpack) unpack ;;
   traces) traces ;;

@@ -137,3 +137,17 @@ def test_timing_times_every_key_point_with_the_cache_and_humaneval_without(env):
     raw = "raw+eta_b=0.7+eta_c=0.7+k_min="
     assert all({r2 + "0.02", r2 + "0.01", raw + "0", raw + "3", raw + "6"} <= set(k)
                for k, c in zip(configs, _calls(log, "compare")) if "--verifier-cache" in c)
+
+
+def test_only_narrows_a_step_to_one_task_and_refuses_the_rest(env):
+    e, R, A, log = env
+    p = _step({**e, "ONLY": "mbpp"}, "sweep")
+    assert p.returncode == 0, p.stderr
+    tasks = [c[c.index("--task") + 1] for c in _calls(log, "sweep")]
+    assert tasks == ["mbpp"]
+    p = _step({**e, "ONLY": "humaneval"}, "timing")
+    assert p.returncode == 0, p.stderr
+    assert {c[c.index("--task") + 1] for c in _calls(log, "compare")} == {"humaneval"}
+    for step, only in (("sweep", "gsm8k"), ("pack", "mbpp"), ("onpolicy", "mbpp")):
+        p = _step({**e, "ONLY": only}, step)
+        assert p.returncode == 2 and "ONLY" in p.stderr

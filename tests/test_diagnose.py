@@ -178,6 +178,28 @@ def test_diagnose_raw_only(tmp_path):
     s = json.loads((out / "diagnose.json").read_text())
     assert [p["signal"] for p in s["permutation"]] == ["raw"] and s["bce"] == {} and s["promise"] == []
     assert "Permutation diagnostic" in (out / "diagnose.md").read_text()
+    assert "Raw confidence near its gates" in (out / "diagnose.md").read_text()
+    assert (out / "raw_confidence.csv").read_text().startswith("lo,hi,positions,share,agree,blocks")
+    assert sum(b["positions"] for b in s["raw_confidence"]["bins"]) == s["blocks"] * s["gamma"]
+
+
+def test_raw_reliability_counts_agreement_per_bin_and_finds_levels():
+    from vskip.diagnose import raw_reliability
+
+    # 4 blocks of 4: two copy-like blocks at one level (0.9607), agreeing 3 deep and 1 deep
+    C = np.array([[0.9607] * 4, [0.9607] * 4, [0.2, 0.3, 0.4, 0.5], [0.85, 0.99, 0.2, 0.2]], np.float32)
+    L = np.array([3, 1, 0, 2])
+    r = raw_reliability(C, L, k=3)
+    by = {(b["lo"], b["hi"]): b for b in r["bins"]}
+    b = by[(0.96, 0.97)]
+    assert b["positions"] == 8 and b["agree"] == pytest.approx(4 / 8)  # 3 + 1 of the 8 positions
+    assert b["blocks"] == 2 and b["L_ge_k"] == pytest.approx(0.5)
+    assert by[(0.0, 0.5)]["positions"] == 5 and by[(0.0, 0.5)]["agree"] == 0.0 and by[(0.0, 0.5)]["blocks"] == 2
+    assert by[(0.99, 0.999)]["positions"] == 1 and by[(0.99, 0.999)]["agree"] == 1.0
+    assert sum(x["positions"] for x in r["bins"]) == 16 and sum(x["blocks"] for x in r["bins"]) == 4
+    assert r["levels"][0] == {"value": pytest.approx(0.9607), "positions": 8, "share": 0.5, "agree": 0.5}
+    # a confidence of exactly 1 falls in the last bin
+    assert raw_reliability(np.ones((1, 4), np.float32), np.array([4]))["bins"][-1]["positions"] == 4
 
 
 def test_diagnose_with_predictors(tmp_path):

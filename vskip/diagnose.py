@@ -211,6 +211,39 @@ class DiagnoseConfig:
             raise ValueError(f"--repetitions must be >= 1, got {self.repetitions}")
 
 
+#: the bins of raw confidence's reliability table: fine near 1, where a gate decides
+RELIABILITY_EDGES = (0.0, 0.5, 0.8, 0.9, 0.95, 0.96, 0.97, 0.98, 0.99, 0.999, 1.0)
+
+
+def raw_reliability(C: np.ndarray, L: np.ndarray, k: int = 3, edges: Sequence[float] = RELIABILITY_EDGES,
+                    levels: int = 5, floor: float = 0.9) -> dict:
+    """How raw confidence relates to agreement, where its gates act: per bin of confidence, the
+    share of drafted positions and the share that agree with the verifier (``j < L``); per bin of
+    the smallest confidence over the first ``k`` positions, the share of blocks and the share whose
+    ``L >= k`` (what a skip of ``k`` tokens at a gate below the bin's floor commits); and the most
+    frequent values at or above ``floor`` (to 4 digits), which show a drafter whose confidences sit
+    on a few levels (a copy prior's) rather than spread out."""
+    B, g = C.shape
+    agree = np.arange(g)[None, :] < L[:, None]
+    head = C[:, :min(k, g)].min(axis=1)
+    rows = []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        m = (C >= lo) & ((C < hi) if hi < 1.0 else (C <= hi))
+        b = (head >= lo) & ((head < hi) if hi < 1.0 else (head <= hi))
+        rows.append({"lo": float(lo), "hi": float(hi), "positions": int(m.sum()), "share": float(m.mean()),
+                     "agree": float(agree[m].mean()) if m.any() else None, "blocks": int(b.sum()),
+                     "block_share": float(b.mean()), "L_ge_k": float((L[b] >= k).mean()) if b.any() else None})
+    hi_vals = np.round(C[C >= floor].astype(np.float64), 4)
+    top = []
+    if hi_vals.size:
+        vals, counts = np.unique(hi_vals, return_counts=True)
+        for i in np.argsort(-counts, kind="stable")[:levels]:
+            m = np.round(C.astype(np.float64), 4) == vals[i]
+            top.append({"value": float(vals[i]), "positions": int(counts[i]), "share": float(counts[i] / C.size),
+                        "agree": float(agree[m].mean())})
+    return {"k": int(k), "bins": rows, "levels": top, "floor": float(floor)}
+
+
 def _md_table(headers: Sequence[str], rows: Sequence[Sequence]) -> str:
     fmt = lambda v: (f"{v:.4f}" if isinstance(v, float) and math.isfinite(v) else "–" if isinstance(v, float) else str(v))  # noqa: E731
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
@@ -344,6 +377,13 @@ def diagnose(trace_dirs: Sequence[str | Path], out: str | Path, predictors: str 
                      r["n_prompts"], r["blocks"], r["skipped_blocks"], r["wrong_skip_share"], r["mean_skip"],
                      _lams(r["thresholds"])] for r in promise])
 
+    # How raw confidence's gates meet agreement (where they act, near 1).
+    reliability = raw_reliability(ts.confidence, ts.L)
+    _write_csv(out / "raw_confidence.csv", ["lo", "hi", "positions", "share", "agree", "blocks", "block_share",
+                                             "L_ge_k"],
+               [[r[c] for c in ("lo", "hi", "positions", "share", "agree", "blocks", "block_share", "L_ge_k")]
+                for r in reliability["bins"]])
+
     perm_head, perm_rows = _write_tables(out, g, bces, aurocs, perms, p1)
     figures = _plots(out, g, bces, aurocs, perms, p1)
 
@@ -364,11 +404,29 @@ def diagnose(trace_dirs: Sequence[str | Path], out: str | Path, predictors: str 
                          "positionwise_max_diff": p1.positionwise_max_diff,
                          "positionwise_max_z": p1.positionwise_max_z},
         "promise": promise,
+        "raw_confidence": reliability,
         "figures": figures,
     }
     (out / "diagnose.json").write_text(json.dumps(summary, indent=1))
     (out / "diagnose.md").write_text(_markdown(summary, ts, bces, aurocs, perm_head, perm_rows, p1, g))
     return summary
+
+
+def _reliability_md(r: dict) -> list[str]:
+    nan = lambda x: float("nan") if x is None else x  # noqa: E731
+    k = r["k"]
+    return ["## Raw confidence near its gates", "",
+            "Per bin of raw confidence: the drafted positions it holds and the share that agree with the verifier "
+            f"(`j < L`); per bin of the smallest confidence over a block's first {k} positions: the blocks it holds "
+            f"and the share with `L >= {k}`, which a skip of {k} tokens at a gate below the bin would commit. "
+            "Rows: `raw_confidence.csv`.", "",
+            _md_table(["confidence", "positions", "share", "agree", f"blocks (first {k})", "block share",
+                       f"L >= {k}"],
+                      [[f"[{b['lo']:g}, {b['hi']:g}{']' if b['hi'] >= 1 else ')'}", b["positions"], b["share"],
+                        nan(b["agree"]), b["blocks"], b["block_share"], nan(b["L_ge_k"])] for b in r["bins"]]),
+            "", f"The most frequent values at or above {r['floor']:g} (to 4 digits):", "",
+            _md_table(["value", "positions", "share of all positions", "agree"],
+                      [[v["value"], v["positions"], v["share"], v["agree"]] for v in r["levels"]]), ""]
 
 
 def _labels(kind: str) -> str:
@@ -442,6 +500,7 @@ def _markdown(s: dict, ts: TraceSet, bces: dict, aurocs: dict, perm_head, perm_r
               f"{MIN_CLASS} negatives (scikit-learn's roc_auc_score).", "",
               _md_table(["position"] + list(aurocs), [[j + 1] + [float(r.auroc[j]) for r in aurocs.values()] for j in range(g)]),
               "", "![AUROC](auroc.png)", "",
+              *_reliability_md(s["raw_confidence"]),
               "## Permutation diagnostic (Table 1)", "",
               "Mean feasible prefix length (Eq. 3, before `k_min` and staleness) of the logged blocks, before and "
               "after permuting score–label pairs across blocks at each position. Per-position BCE and AUROC are "

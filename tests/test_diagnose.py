@@ -225,6 +225,8 @@ def test_diagnose_with_predictors(tmp_path):
     assert [r["alpha"] for r in s["promise"]] == [0.01, 0.02, 0.05]
     assert all(r["replayed_loss"] == 0.0 and r["skipped_blocks"] == 0 and r["n_prompts"] == 10 for r in s["promise"])
     assert "The promise replayed" in (tmp_path / "d" / "diagnose.md").read_text()
+    assert all(set(r["learned"]) == {"marginal", "conditional", "prefix"} for r in s["top_precision"] if r["blocks"])
+    assert (tmp_path / "d" / "top_precision.csv").read_text().startswith("eta_b,eta_c,k,blocks")
     lines = (tmp_path / "d" / "promise.csv").read_text().splitlines()
     assert lines[0].startswith("alpha,replayed_loss") and lines[0].endswith(",thresholds")
     assert lines[1].endswith(",never;never;never;never;never")  # each rotation's lam: none kept at alpha 0.01
@@ -241,3 +243,28 @@ def test_position_rates_smoothed_and_the_papers_empirical_rate():
     assert np.allclose(position_rates(Y, M, smoothing=0.0), [2 / 3, 1 / 3])
     M[:, 1] = False  # no example at a position: the empirical rate is undefined, 0.5 stands in
     assert np.allclose(position_rates(Y, M, smoothing=0.0), [2 / 3, 0.5])
+
+
+def test_top_precision_reads_the_top_of_each_ranking():
+    from vskip.diagnose import top_precision
+
+    rng = np.random.default_rng(0)
+    B, g = 400, 4
+    L = rng.integers(0, 5, B)
+    prompt = np.repeat(np.arange(40), 10)
+    # raw: confident (0.99) exactly where L >= 3, on half of those blocks, else 0.2
+    good = (L >= 3) & (rng.random(B) < 0.5)
+    raw = np.where(good[:, None], 0.99, 0.2) * np.ones((B, g))
+    n = int(good.sum())
+    # a learned P(L >= k) that ranks the blocks with L < 3 first: its top n are all wrong
+    learned = np.where(L[:, None] < 3, 0.9, 0.1) * np.ones((B, g))
+    # and one that ranks as raw does
+    same = np.where(good[:, None], 0.95, 0.05) * np.ones((B, g))
+    (r,) = top_precision({"raw": raw, "prefix": learned, "marginal": same}, L, prompt, k=3, gates=((0.9, 0.9),),
+                         n_boot=500)
+    assert r["blocks"] == n and r["raw"] == 1.0 and r["mean_K"] == g
+    assert r["learned"]["prefix"]["share"] == 0.0 and r["learned"]["prefix"]["minus_raw_ci95"][1] < 0
+    assert r["learned"]["marginal"]["share"] == 1.0 and r["learned"]["marginal"]["minus_raw_ci95"] == [0.0, 0.0]
+    # no block reaches the gate: nothing to compare
+    (r,) = top_precision({"raw": raw * 0, "prefix": learned}, L, prompt, k=3, gates=((0.9, 0.9),))
+    assert r["blocks"] == 0 and r["raw"] is None and r["learned"] == {}

@@ -184,7 +184,7 @@ def test_diagnose_raw_only(tmp_path):
 
 
 def test_raw_reliability_counts_agreement_per_bin_and_finds_levels():
-    from vskip.diagnose import raw_reliability
+    from vskip.ranking import raw_reliability
 
     # 4 blocks of 4: two copy-like blocks at one level (0.9607), agreeing 3 deep and 1 deep
     C = np.array([[0.9607] * 4, [0.9607] * 4, [0.2, 0.3, 0.4, 0.5], [0.85, 0.99, 0.2, 0.2]], np.float32)
@@ -246,7 +246,7 @@ def test_position_rates_smoothed_and_the_papers_empirical_rate():
 
 
 def test_top_precision_reads_the_top_of_each_ranking():
-    from vskip.diagnose import top_precision
+    from vskip.ranking import top_precision
 
     rng = np.random.default_rng(0)
     B, g = 400, 4

@@ -22,7 +22,6 @@ Everything except scoring the traces with a learned predictor is numpy.
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 from dataclasses import asdict, dataclass, field, replace
@@ -35,6 +34,7 @@ from .policy import DEFAULT_GATES, feasible_prefix
 from .policy.signals import local_scores, prefix_scores
 from .metrics import auroc  # noqa: F401 - re-exported
 from .proposition1 import Prop1Result, proposition1  # noqa: F401 - re-exported
+from .files import write_csv as _write_csv
 from .ranking import feasible_prefix_rows, ranking_diagnostics, reliability_md, top_md  # noqa: F401 - re-exported
 from .traces import KINDS, TraceSet, survival_labels
 
@@ -214,14 +214,6 @@ def _md_table(headers: Sequence[str], rows: Sequence[Sequence]) -> str:
 def _lams(lams: Sequence) -> str:
     """Per-rotation thresholds as one cell: ``;``-separated, ``never`` where a rotation skips nothing."""
     return ";".join("never" if lam is None else f"{lam:g}" for lam in lams)
-
-
-def _write_csv(path: Path, headers: Sequence[str], rows: Sequence[Sequence]) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(headers)
-        for r in rows:
-            w.writerow([("" if isinstance(v, float) and not math.isfinite(v) else v) for v in r])
 
 
 def _plots(out: Path, gamma: int, bces: dict, aurocs: dict, perms: list, p1: Prop1Result) -> list[str]:

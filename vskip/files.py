@@ -15,7 +15,10 @@ Standard library only.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import math
 import os
 from pathlib import Path
 from typing import Callable, Iterable
@@ -69,6 +72,16 @@ def write_json(path: Path | str, obj, indent: int | None = 1) -> Path:
 
 def write_jsonl(path: Path | str, rows: Iterable[dict]) -> Path:
     return write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def write_csv(path: Path | str, headers: Iterable, rows: Iterable[Iterable]) -> Path:
+    """A CSV table, atomically; a non-finite float is an empty cell."""
+    buf = io.StringIO(newline="")
+    w = csv.writer(buf)
+    w.writerow(list(headers))
+    for r in rows:
+        w.writerow([("" if isinstance(v, float) and not math.isfinite(v) else v) for v in r])
+    return write_atomic(path, buf.getvalue())
 
 
 def read_json(path: Path | str, what: str = "JSON file"):

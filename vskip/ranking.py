@@ -11,12 +11,12 @@ with ``L >= k`` among each learned signal's equally many best blocks.
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from .files import write_csv as _write_csv
 from .policy.signals import local_scores, prefix_scores
 
 
@@ -33,12 +33,6 @@ def _md_table(headers: Sequence[str], rows: Sequence[Sequence]) -> str:
 
     return tabulate(rows, headers=list(headers), tablefmt="pipe", floatfmt=".4f", missingval="–")
 
-
-def _write_csv(path: Path, headers: Sequence[str], rows: Sequence[Sequence]) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(headers)
-        w.writerows(rows)
 
 #: the bins of raw confidence's reliability table: fine near 1, where a gate decides
 RELIABILITY_EDGES = (0.0, 0.5, 0.8, 0.9, 0.95, 0.96, 0.97, 0.98, 0.99, 0.999, 1.0)
@@ -66,8 +60,9 @@ def raw_reliability(C: np.ndarray, L: np.ndarray, k: int = 3, edges: Sequence[fl
     top = []
     if hi_vals.size:
         vals, counts = np.unique(hi_vals, return_counts=True)
+        rounded = np.round(C.astype(np.float64), 4)
         for i in np.argsort(-counts, kind="stable")[:levels]:
-            m = np.round(C.astype(np.float64), 4) == vals[i]
+            m = rounded == vals[i]
             top.append({"value": float(vals[i]), "positions": int(counts[i]), "share": float(counts[i] / C.size),
                         "agree": float(agree[m].mean())})
     return {"k": int(k), "bins": rows, "levels": top, "floor": float(floor)}

@@ -344,7 +344,7 @@ def _scheduler_section(doc: _Doc, groups: dict, n_boot: int, seed: int, timings:
     from .scheduler import FIELDS, pooled_entries, scheduler_entries
 
     entries = doc.guarded("promised agreement", lambda: [e for rows in groups.values()
-                                                         for e in scheduler_entries(rows, n_boot, seed, timings)]) or []
+                                                         for e in scheduler_entries(rows, n_boot, seed)]) or []
     entries += doc.guarded("promised agreement, tasks pooled", lambda: pooled_entries(
         [r for rows in groups.values() for r in rows], n_boot, seed, timings)) or []
     if not entries:

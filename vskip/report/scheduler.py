@@ -73,9 +73,9 @@ def _realised(d: np.ndarray, alpha: float, n_boot: int, seed: int) -> dict:
             "verdict": f["verdict"]}
 
 
-def scheduler_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0, timings=()) -> list[dict]:
-    """One entry per prefix run with a calibrated ``alpha`` and a Strict SDD reference; with
-    ``timings`` (:mod:`vskip.report.timing`), its repeated timing where one matches."""
+def scheduler_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0) -> list[dict]:
+    """One entry per prefix run with a calibrated ``alpha`` and a Strict SDD reference, with the
+    run's repeated timing where the report was given one (``Row.timed``)."""
     out = []
     for row in rows:
         alpha = ((row.run.run_cfg.get("policy") or {}).get("alpha"))
@@ -94,7 +94,7 @@ def scheduler_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0, 
             "tokens_per_s_ratio_ci95": (ratio_ci(row.run, row.ref, ids, "generated_tokens", "decode_seconds",
                                                 n_boot, seed) or (None, None))[1],
             "eq7_tokens_per_s_ratio": row.eq7_speedup, "eq7_tokens_per_s_ratio_ci95": row.eq7_ci,
-            **_timed([row.run.run_cfg], timings), "n_prompts": len(ids), **skip_stats([(row.run, ids)]),
+            **_UNTIMED, **row.timed, "n_prompts": len(ids), **skip_stats([(row.run, ids)]),
         })
     return sorted(out, key=lambda e: (str(e["task"]), e["gamma"] or 0, e["alpha"]))
 

@@ -118,6 +118,30 @@ def test_every_configuration_is_set_against_every_other():
         compare.summarize_comparison([r for r in rows if r["config"] == "x"])
 
 
+def test_the_summary_sets_calls_and_blocks_against_strict_and_reads_eq8():
+    """rel. calls and blocks are per generated token over Strict SDD's on the same prompts, and
+    K* = A c_D / (c_D + c_V) comes from Strict SDD's measured costs (A its tokens per call)."""
+    rows = []
+    for t, n in (("a", 40), ("b", 20)):
+        for name, calls, blocks, toks in (("ar", n, 0, n), ("strict", n // 4, n // 4, n), ("x", n // 8, n // 2, n // 2)):
+            rows.append({"task_id": t, "config": name, "tokens": toks, "seconds": 1.0, "digest": "d", "output": [1],
+                         "calls": calls, "blocks": blocks, "accepted": [3] * blocks if name == "strict" else [],
+                         "draft_seconds": 0.01 * blocks, "verify_seconds": 0.03 * calls})
+    s = compare.summarize_comparison(rows)
+    x, st = s["configs"]["x"], s["configs"]["strict"]
+    assert st["rel_calls"] == pytest.approx(1.0) and st["rel_blocks"] == pytest.approx(1.0)
+    assert x["rel_calls"] == pytest.approx((7 / 30) / (15 / 60))  # 5 + 2 calls for 30 tokens, 10 + 5 for 60
+    assert x["rel_blocks"] == pytest.approx((30 / 30) / (15 / 60))
+    assert x["rel_calls_ci95"][0] <= x["rel_calls"] <= x["rel_calls_ci95"][1]
+    assert s["configs"]["ar"]["rel_blocks"] == 0.0 and s["configs"]["ar"]["rel_calls"] == pytest.approx(4.0)
+    assert s["eq8"]["A"] == pytest.approx(4.0)  # 60 tokens in 15 calls
+    assert s["eq8"]["K_star"] == pytest.approx(4.0 * 10 / (10 + 30))  # c_D 10 ms, c_V 30 ms
+    text = compare.format_summary(s)
+    assert "rel. calls [95% CI]" in text and "K* = A c_D / (c_D + c_V) = 1.000" in text
+    no_strict = compare.summarize_comparison([r for r in rows if r["config"] != "strict"])
+    assert "eq8" not in no_strict and "rel. calls" not in compare.format_summary(no_strict)
+
+
 def test_an_out_directory_refuses_rows_made_otherwise(tmp_path):
     from vskip.runner import ModelConfig
     from vskip.runtime import Runtime

@@ -374,6 +374,8 @@ def summarize_comparison(rows: list[dict]) -> dict:
         out["configs"][name] = d
     # every configuration against every other, paired per prompt: (ΣN/ΣT) of the row over that of the column
     out["pairwise"] = {a: {b: _pair(by[a], by[b], common, n_rep) for b in by if b != a} for a in by}
+    if "strict" in by and common and "calls" in by["strict"][common[0]][0]:
+        _against_strict(out, by, common)
     hosts = sorted({r["machine"] for r in rows if r.get("machine")})
     if hosts:  # rows written before rows named their machine have no such key
         out["machines"] = hosts
@@ -394,6 +396,31 @@ def _pair(res: dict, ref: dict, common: list[str], n_rep: int) -> dict:
     return d
 
 
+def _against_strict(out: dict, by: dict, common: list[str]) -> None:
+    """Verifier calls and draft blocks per generated token relative to Strict SDD's on the same
+    prompts (the paper's relative calls and blocks), with 95% bootstrap intervals over prompts, and
+    Eq. 8 at Strict SDD's measured costs: ``K* = A c_D / (c_D + c_V)`` with A its tokens per call.
+    Counts come from the first repeat: a repeat decodes the same tokens."""
+    def per_prompt(res: dict, key: str) -> tuple[np.ndarray, np.ndarray]:
+        return (np.array([res[t][0].get(key, 0) for t in common], float), np.array([res[t][0]["tokens"] for t in common], float))
+
+    C0, N0 = per_prompt(by["strict"], "calls")
+    B0, _ = per_prompt(by["strict"], "blocks")
+    for name, res in by.items():
+        C, N = per_prompt(res, "calls")
+        B, _ = per_prompt(res, "blocks")
+        d = out["configs"][name]
+        d["rel_calls"] = float((C.sum() / N.sum()) / (C0.sum() / N0.sum()))
+        d["rel_calls_ci95"] = _ratio_interval(C, N, C0, N0)
+        d["rel_blocks"] = float((B.sum() / N.sum()) / (B0.sum() / N0.sum()))
+        d["rel_blocks_ci95"] = _ratio_interval(B, N, B0, N0) if B.sum() > 0 else [0.0, 0.0]
+    st = out["configs"]["strict"]
+    if st.get("c_D_ms") and st.get("c_V_ms"):
+        A = st["tokens_per_call"]
+        out["eq8"] = {"A": A, "c_D_ms": st["c_D_ms"], "c_V_ms": st["c_V_ms"],
+                      "K_star": A * st["c_D_ms"] / (st["c_D_ms"] + st["c_V_ms"])}
+
+
 def _cost_figures(rs: list[dict], n: float, seconds: float) -> dict:
     """Tokens per call, the costs of a draft and a verification, and L, over the rows ``rs``
     (``n`` tokens in ``seconds``)."""
@@ -411,6 +438,13 @@ def _cost_figures(rs: list[dict], n: float, seconds: float) -> dict:
     return d
 
 
+def _with_ci(d: dict, key: str) -> str:
+    if d.get(key) is None:
+        return "–"
+    lo, hi = d[key + "_ci95"]
+    return f"{d[key]:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
 def format_summary(s: dict) -> str:
     from tabulate import tabulate
 
@@ -419,6 +453,7 @@ def format_summary(s: dict) -> str:
 
     # against Strict SDD as well, where the comparison has it (summaries written before had no pairs)
     vs = {a: p["strict"] for a, p in s.get("pairwise", {}).items() if "strict" in p}
+    rel = any("rel_calls" in d for d in s["configs"].values())
     rows = []
     for name, d in s["configs"].items():
         lo, hi = d["ratio_ci95"]
@@ -426,11 +461,19 @@ def format_summary(s: dict) -> str:
         if vs:
             v = vs.get(name)
             row += ["–", "–"] if v is None else [f"{v['ratio']:.3f}", f"[{v['ci95'][0]:.3f}, {v['ci95'][1]:.3f}]"]
-        rows.append(row + [f"{d['same_as_ar']}/{s['n_prompts']}", f(d.get("tokens_per_call"), ".2f"),
-                           f(d.get("c_D_over_c_V"), ".3f"), f(d.get("outside_forwards"), ".1%")])
+        row += [f"{d['same_as_ar']}/{s['n_prompts']}", f(d.get("tokens_per_call"), ".2f")]
+        if rel:
+            row += [_with_ci(d, "rel_calls"), _with_ci(d, "rel_blocks")]
+        rows.append(row + [f(d.get("c_D_over_c_V"), ".3f"), f(d.get("outside_forwards"), ".1%")])
     table = tabulate(rows, headers=["config", "tokens", "tok/s", "× ar", "95% CI (prompts)",
-                                    *(["× strict", "95% CI"] if vs else []), "= ar", "tokens/call", "c_D/c_V",
+                                    *(["× strict", "95% CI"] if vs else []), "= ar", "tokens/call",
+                                    *(["rel. calls [95% CI]", "rel. blocks [95% CI]"] if rel else []), "c_D/c_V",
                                     "outside forwards"], tablefmt="github")
+    if "eq8" in s:
+        e = s["eq8"]
+        table += (f"\n\nrel. calls and blocks: per generated token, over Strict SDD's on the same prompts. Eq. 8 at "
+                  f"Strict SDD's measured costs: A = {e['A']:.3f} tokens per call, c_D = {e['c_D_ms']:.1f} ms, "
+                  f"c_V = {e['c_V_ms']:.1f} ms, K* = A c_D / (c_D + c_V) = {e['K_star']:.3f}.")
     if s.get("repeats", 1) > 1:
         table += f"\n\nEach prompt decoded {s['repeats']} times by every configuration; × ar by repeat:\n"
         table += "\n".join(f"- {name}: " + ", ".join(f"{x:.3f}" for x in d["ratio_by_repeat"])

@@ -34,7 +34,7 @@ from .policy import DEFAULT_GATES, feasible_prefix
 from .policy.signals import local_scores, prefix_scores
 from .metrics import auroc  # noqa: F401 - re-exported
 from .proposition1 import Prop1Result, proposition1  # noqa: F401 - re-exported
-from .files import write_csv as _write_csv
+from .files import write_atomic, write_csv as _write_csv
 from .ranking import feasible_prefix_rows, ranking_diagnostics, reliability_md, top_md  # noqa: F401 - re-exported
 from .traces import KINDS, TraceSet, survival_labels
 
@@ -352,8 +352,8 @@ def diagnose(trace_dirs: Sequence[str | Path], out: str | Path, predictors: str 
         "top_precision": top,
         "figures": figures,
     }
-    (out / "diagnose.json").write_text(json.dumps(summary, indent=1))
-    (out / "diagnose.md").write_text(_markdown(summary, ts, bces, aurocs, perm_head, perm_rows, p1, g))
+    write_atomic(out / "diagnose.json", json.dumps(summary, indent=1))
+    write_atomic(out / "diagnose.md", _markdown(summary, ts, bces, aurocs, perm_head, perm_rows, p1, g))
     return summary
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..defaults import K_MIN
+from ..files import write_atomic
 from ..policy import SIGNALS
 from .compare import Row, choose_reference, compare, equal_outputs
 from .figures import figure1, figure4, figure5, figure_disagreement
@@ -84,7 +85,7 @@ def build_report(paths: Sequence[Path], out: Path, k_min: int = K_MIN, n_boot: i
     for n in notes:
         warn(n)
     md += ["## What is missing", ""] + ([f"- {n}" for n in notes] or ["Nothing: every run was complete."]) + [""]
-    (out / "report.md").write_text("\n".join(md + doc.body) + "\n")
+    write_atomic(out / "report.md", "\n".join(md + doc.body) + "\n")
     return Report(out / "report.md", ["report.md", *doc.files], notes, groups)
 
 
@@ -349,7 +350,7 @@ def _scheduler_section(doc: _Doc, groups: dict, n_boot: int, seed: int, timings:
         [r for rows in groups.values() for r in rows], n_boot, seed, timings)) or []
     if not entries:
         return
-    (doc.out / "scheduler.json").write_text(json.dumps(entries, indent=1) + "\n")
+    write_atomic(doc.out / "scheduler.json", json.dumps(entries, indent=1) + "\n")
     doc.files.append("scheduler.json")
     t = Table("scheduler", list(FIELDS), [[e[k] if not isinstance(e[k], (list, tuple)) else
                                            f"[{e[k][0]:.4f}, {e[k][1]:.4f}]" for k in FIELDS] for e in entries])

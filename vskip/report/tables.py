@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import csv
+import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from ..files import write_atomic
 from ..policy import DEFAULT_GATES, SIGNALS, break_even_length
 from .compare import Row, eq7_ratio, metrics_of, ratio_ci
 from .runs import FRONTIER_METHODS, LABELS
@@ -76,12 +78,13 @@ class Table:
         return "\n".join([head, sep, *body])
 
     def write(self, out: Path) -> None:
-        (out / f"{self.name}.md").write_text(self.markdown() + "\n")
-        with open(out / f"{self.name}.csv", "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(self.columns)
-            for r in self.rows:
-                w.writerow(["" if v is None else v for v in r])
+        write_atomic(out / f"{self.name}.md", self.markdown() + "\n")
+        buf = io.StringIO(newline="")
+        w = csv.writer(buf)
+        w.writerow(self.columns)
+        for r in self.rows:
+            w.writerow(["" if v is None else v for v in r])
+        write_atomic(out / f"{self.name}.csv", buf.getvalue())
 
 
 def _params_str(row: Row) -> str:

@@ -413,12 +413,13 @@ def _against_strict(out: dict, by: dict, common: list[str]) -> None:
         d["rel_calls"] = float((C.sum() / N.sum()) / (C0.sum() / N0.sum()))
         d["rel_calls_ci95"] = _ratio_interval(C, N, C0, N0)
         d["rel_blocks"] = float((B.sum() / N.sum()) / (B0.sum() / N0.sum()))
-        d["rel_blocks_ci95"] = _ratio_interval(B, N, B0, N0) if B.sum() > 0 else [0.0, 0.0]
+        d["rel_blocks_ci95"] = _ratio_interval(B, N, B0, N0)
     st = out["configs"]["strict"]
     if st.get("c_D_ms") and st.get("c_V_ms"):
-        A = st["tokens_per_call"]
-        out["eq8"] = {"A": A, "c_D_ms": st["c_D_ms"], "c_V_ms": st["c_V_ms"],
-                      "K_star": A * st["c_D_ms"] / (st["c_D_ms"] + st["c_V_ms"])}
+        from .policy import break_even_length
+
+        out["eq8"] = {"A": st["tokens_per_call"], "c_D_ms": st["c_D_ms"], "c_V_ms": st["c_V_ms"],
+                      "K_star": break_even_length(st["tokens_per_call"], st["c_D_ms"], st["c_V_ms"])}
 
 
 def _cost_figures(rs: list[dict], n: float, seconds: float) -> dict:

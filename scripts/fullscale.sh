@@ -278,8 +278,6 @@ pack() {
   mapfile -t runs < <(task_dirs sweeps)
   if [ "${#runs[@]}" -gt 0 ]; then
     $VSKIP report "${runs[@]}" --frontier-k-min 3 "${timed[@]}" --archive --out "$A/report"
-    # the promise per alpha where docs/results/scheduler.md reads it
-    if [ -f "$A/report/scheduler.json" ]; then cp "$A/report/scheduler.json" "$(dirname "$A")/scheduler.json"; fi
   fi
   # each on-policy round beside the runs it is measured against: Strict SDD, raw confidence's frontier
   # (its k_min 3 settings), round 0 and the earlier rounds at the same alphas
@@ -302,6 +300,11 @@ pack() {
       done
     done
     $VSKIP report "${runs[@]}" --frontier-k-min 3 "${timed[@]}" --archive --out "$A/report-round$r"
+  done
+  # the promise per alpha where docs/results/scheduler.md reads it: the newest round's report, which
+  # holds that round, every earlier one and round 0 (each entry names its predictor)
+  for d in $(ls -d "$A"/report-round* 2>/dev/null | sort -V -r) "$A/report"; do
+    if [ -f "$d/scheduler.json" ]; then cp "$d/scheduler.json" "$(dirname "$A")/scheduler.json"; break; fi
   done
 }
 

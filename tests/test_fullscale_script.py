@@ -25,6 +25,7 @@ done
 case "$1" in
   run) mkdir -p "$out" && echo '{"n_prompts": 1}' > "$out/summary.json" && echo '{}' > "$out/config.json" ;;
   train-predictor) mkdir -p "$out/prefix" && echo '{}' > "$out/prefix/manifest.json" ;;
+  report) mkdir -p "$out" && printf '["%s"]' "$out" > "$out/scheduler.json" ;;
 esac
 """
 
@@ -101,6 +102,8 @@ def test_pack_sets_each_round_beside_strict_round_0_and_the_earlier_rounds(env):
                                               f"{R}/sweeps/humaneval/{a}", f"{R}/sweeps/humaneval/{raw}",
                                               f"{R}/sweeps-round1/humaneval-round1/{a}"]
     assert not any("--timing" in r for r in _calls(log, "report"))
+    # docs/results/scheduler.json is the newest round's, which holds every round beside round 0
+    assert json.loads((A.parent / "scheduler.json").read_text()) == [f"{A}/report-round2"]
     # with the repeated timings: compressed into A, and every report reads them from there
     t = R / "timing" / "humaneval-cache"
     t.mkdir(parents=True)

@@ -94,12 +94,12 @@ def test_training_lowers_loss_and_resumes(verifier_dir, tmp_path):
         h, _ = m(ids, pos, None, mask, hint)
         return torch.nn.functional.cross_entropy(h[tp[:, 0], tp[:, 1]] @ m.head_weight().T, tt)
 
-    first = float(loss_of(model))
+    first = float(loss_of(model).detach())
     for _ in range(15):
         opt.zero_grad()
         loss_of(model).backward()
         opt.step()
-    assert float(loss_of(model)) < first - 0.5
+    assert float(loss_of(model).detach()) < first - 0.5
     save_state(tmp_path, model, opt, 15, cfg, [])
     fresh = drafter_from_verifier(verifier_dir, num_layers=1, copy_input=True)
     opt2 = torch.optim.AdamW(trainable(fresh).values(), lr=cfg.lr)

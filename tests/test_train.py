@@ -310,6 +310,47 @@ def test_the_cached_verifier_is_sound_only_when_its_weights_match_their_hash(tmp
     assert not _cache_is_sound(tmp_path)
 
 
+def test_processes_that_start_together_build_the_cached_verifier_once(tmp_path, monkeypatch):
+    """Two sweeps started side by side on a fresh machine once raced on one temporary directory and
+    one of them died; the build now holds a lock, and the second finds the first one's cache."""
+    import threading
+    import time
+
+    from vskip.models import embedded
+
+    src = tmp_path / "src" / "model.gguf"
+    src.parent.mkdir()
+    src.write_bytes(b"gguf")
+    builds = []
+
+    def fake_convert(s, dst):
+        assert not any(dst.iterdir()), "a build found another build's files in its directory"
+        builds.append(dst)
+        time.sleep(0.3)  # long enough for the other thread to arrive while this one builds
+        (dst / "model.safetensors").write_bytes(b"weights")
+
+    monkeypatch.setenv("VSKIP_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(embedded, "gguf_path", lambda: src)
+    monkeypatch.setattr(embedded, "_convert_gguf", fake_convert)
+    got, errors = [], []
+
+    def use():
+        try:
+            got.append(embedded.embedded_verifier_dir())
+        except Exception as e:  # noqa: BLE001 - reported by the assertion below
+            errors.append(e)
+
+    threads = [threading.Thread(target=use) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(builds) == 1
+    out = tmp_path / "cache" / embedded.EMBEDDED_VERIFIER
+    assert got == [out] * 3 and embedded._cache_is_sound(out)
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [out.name, out.name + ".lock"]
+
+
 def _tiny_data(path, n=10, seed=0):
     from vskip.distill.generate import write_shard
 

@@ -47,13 +47,42 @@ def gguf_path() -> Path:
 
 
 def embedded_verifier_dir() -> Path:
-    """Directory of the dequantized verifier (config, tokenizer, safetensors); built on first use."""
+    """Directory of the dequantized verifier (config, tokenizer, safetensors); built on first use.
+
+    Processes that start together (the workers of a sweep, two sweeps side by side) build it once:
+    the first takes a lock beside the cache, builds into a directory of its own and renames it into
+    place; the others wait for the lock and find the cache whole."""
     out = cache_dir() / EMBEDDED_VERIFIER
     if _cache_is_sound(out):
         return out
-    if out.exists():
-        print(f"vskip: the cached verifier in {out} is incomplete or damaged; rebuilding it", file=sys.stderr)
-    src = gguf_path()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with _BuildLock(out.with_name(out.name + ".lock")):
+        if _cache_is_sound(out):  # built by another process while this one waited
+            return out
+        if out.exists():
+            print(f"vskip: the cached verifier in {out} is incomplete or damaged; rebuilding it", file=sys.stderr)
+        import shutil
+        import tempfile
+
+        tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
+        try:
+            src = gguf_path()
+            _convert_gguf(src, tmp)
+            (tmp / "vskip.json").write_text(json.dumps({
+                "source": f"{GGUF_PACKAGE}/{GGUF_FILE}", "sha256": file_sha256(src),
+                "model_sha256": file_sha256(tmp / "model.safetensors"),
+            }, indent=1))
+            if out.exists():
+                shutil.rmtree(out)
+            tmp.rename(out)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _convert_gguf(src: Path, dst: Path) -> None:
+    """Dequantize the GGUF verifier ``src`` into a transformers directory ``dst`` (float32 safetensors)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -65,20 +94,27 @@ def embedded_verifier_dir() -> Path:
     model.is_quantized = False
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tok.save_pretrained(tmp)
-    (tmp / "vskip.json").write_text(json.dumps({
-        "source": f"{GGUF_PACKAGE}/{GGUF_FILE}", "sha256": file_sha256(src),
-        "model_sha256": file_sha256(tmp / "model.safetensors"),
-    }, indent=1))
-    if out.exists():
-        import shutil
+    model.save_pretrained(dst, safe_serialization=True)
+    tok.save_pretrained(dst)
 
-        shutil.rmtree(out)
-    tmp.rename(out)
-    return out
+
+class _BuildLock:
+    """A blocking exclusive lock on ``path`` (created if missing), released when the block ends or
+    the process dies."""
+
+    def __init__(self, path: Path):
+        self.path, self._f = path, None
+
+    def __enter__(self) -> "_BuildLock":
+        import fcntl
+
+        self._f = open(self.path, "a+")
+        fcntl.flock(self._f, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._f.close()
+        self._f = None
 
 
 _SOUND: set[tuple] = set()

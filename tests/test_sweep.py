@@ -220,6 +220,22 @@ def test_rerun_of_a_finished_sweep_does_nothing(unbroken):
     assert sweep.run_sweep(p, out, pair_factory=no_models, progress=False) == summaries
 
 
+def test_two_sweeps_on_one_directory_share_its_configurations(unbroken, tmp_path, capsys):
+    """A configuration another process is writing is left to it, not counted as a failure: a second
+    sweep started on the same directory takes the configurations nobody holds."""
+    from vskip.files import DirLock
+
+    out, p, _ = unbroken
+    held = "raw_eb0.60_ec0.50_k6_s64"
+    with DirLock(tmp_path / held, "run directory"):  # the other sweep, busy with this configuration
+        summaries = sweep.run_sweep(p, tmp_path, pair_factory=fake_pair, progress=False)
+    assert set(summaries) == set(p.configs) - {held}
+    assert not (tmp_path / held / "samples.jsonl").exists()
+    assert f"{held}[0] is being run by another process" in capsys.readouterr().err
+    sweep.run_sweep(p, tmp_path, pair_factory=fake_pair, progress=False)  # the lock gone, it is run
+    assert_same_sweep(out, tmp_path, p.configs)
+
+
 @pytest.mark.parametrize("shards,kill_at", [(1, 13)] + [(2, k) for k in (0, 1, 4, 9, 13, 18, 24, 31, 38, 45, 49)])
 def test_resume_after_a_crash_equals_an_unbroken_sweep(unbroken, tmp_path, shards, kill_at):
     out, p, _ = unbroken

@@ -30,6 +30,10 @@ class FileError(ValueError):
     """A file that exists but cannot be used: the message names it."""
 
 
+class Busy(FileError):
+    """A directory another process holds the :class:`DirLock` of."""
+
+
 def file_sha256(path: Path | str, chunk: int = 1 << 20) -> str:
     """The sha256 of a file's bytes (read in chunks), as hex."""
     import hashlib
@@ -159,7 +163,7 @@ def check_writable_dir(path: Path | str, what: str = "output directory") -> Path
 
 class DirLock:
     """An exclusive lock on a directory for as long as the ``with`` block runs; a second holder
-    gets :class:`FileError` at once. The lock dies with its process, so a kill never leaves a
+    gets :class:`Busy` (a :class:`FileError`) at once. The lock dies with its process, so a kill never leaves a
     stale lock behind."""
 
     def __init__(self, directory: Path | str, what: str = "directory"):
@@ -175,7 +179,7 @@ class DirLock:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.close()
-            raise FileError(f"another process is writing {self.what} {self.dir}; wait for it or use another") from None
+            raise Busy(f"another process is writing {self.what} {self.dir}; wait for it or use another") from None
         f.seek(0)
         f.truncate()
         f.write(str(os.getpid()))

@@ -4,6 +4,7 @@ many units of work (one configuration x one shard of prompts)."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,12 +52,17 @@ class _PairCache:
 
 
 def _run_unit(unit: Unit, cache: _PairCache) -> str | None:
-    """Run one unit; returns None, or a one-line error (the sweep carries on with other units)."""
+    """Run one unit; returns None, or a one-line error (the sweep carries on with other units).
+    A unit whose run directory another process is writing is left to that process: two sweeps
+    on one directory share its configurations, each taking the next one nobody holds."""
+    from .files import Busy
     from .runner import run
 
     pair = cache.get(unit.cfg.policy.uses_drafter)  # a failure here is fatal: it propagates
     try:
         run(unit.cfg, unit.out, progress=False, pair=pair)
+    except Busy:
+        print(f"vskip: {unit.name}[{unit.shard}] is being run by another process; left to it", file=sys.stderr)
     except Exception as e:  # noqa: BLE001 - reported per unit; the rest of the sweep goes on
         return f"{unit.name}[{unit.shard}]: {type(e).__name__}: {e}"
     return None

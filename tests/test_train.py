@@ -316,6 +316,7 @@ def test_processes_that_start_together_build_the_cached_verifier_once(tmp_path, 
     import threading
     import time
 
+    from vskip.files import LOCK_FILE
     from vskip.models import embedded
 
     src = tmp_path / "src" / "model.gguf"
@@ -348,7 +349,7 @@ def test_processes_that_start_together_build_the_cached_verifier_once(tmp_path, 
     assert not errors and len(builds) == 1
     out = tmp_path / "cache" / embedded.EMBEDDED_VERIFIER
     assert got == [out] * 3 and embedded._cache_is_sound(out)
-    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [out.name, out.name + ".lock"]
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [LOCK_FILE, out.name]  # no build left behind
 
 
 def _tiny_data(path, n=10, seed=0):

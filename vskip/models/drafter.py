@@ -406,7 +406,7 @@ class DiffusionDrafter:
             x[0, P + idx] = chosen
             if features:
                 rank = (order + torch.arange(n, device=self.device)) / max(gamma - 1, 1)
-                feats[idx] = _reveal_features(s, rank, n / gamma, p1[idx], top.values[idx, 0], ent[idx],
+                feats[idx] = reveal_features(s, rank, n / gamma, p1[idx], top.values[idx, 0], ent[idx],
                                               p_top[idx, 1], top5.values[idx], p1_0[idx], ne_0[idx])
                 hidden[idx] = h[idx]
             order += n
@@ -419,7 +419,7 @@ class DiffusionDrafter:
         )
 
 
-def _reveal_features(step: int, rank: torch.Tensor, share: float, p1, logp1, ent, p2, logp_top5, p1_0, ne_0):
+def reveal_features(step: int, rank: torch.Tensor, share: float, p1, logp1, ent, p2, logp_top5, p1_0, ne_0):
     """The :data:`DRAFT_FEATURES` row of the positions one reveal step unmasks, in that order."""
     f = torch.empty(len(rank), len(DRAFT_FEATURES), dtype=torch.float32, device=rank.device)
     f[:, 0] = step

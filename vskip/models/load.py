@@ -18,6 +18,7 @@ from ..defaults import GAMMA, STEPS
 from ..runtime import Runtime, parse_max_memory, resolve_runtime
 from .copy import COPY_FILE, CopyPrior
 from .drafter import DiffusionDrafter
+from .conditioned_io import is_conditioned
 from .drafter_io import is_dream_checkpoint, load_drafter_model
 from .embedded import EMBEDDED_DRAFTER, EMBEDDED_VERIFIER, embedded_drafter_dir, embedded_verifier_dir, file_sha256
 from .attention import use_gqa_attention
@@ -261,7 +262,8 @@ def plan_pair(runtime: Runtime, vdir: Path, ddir: Path | None, use_cache: bool,
     """The memory plan of this pair and placement (:mod:`vskip.models.placement`), printed to
     stderr when a GPU or a spread verifier is involved (or ``show``); refuses with one line
     (:class:`MemoryPlanError`) when it cannot fit."""
-    if ddir is not None and not ((Path(ddir) / "drafter.json").exists() or is_dream_checkpoint(ddir)):
+    if ddir is not None and not ((Path(ddir) / "drafter.json").exists() or is_dream_checkpoint(ddir)
+                                or is_conditioned(ddir)):
         ddir = None  # an untrained drafter built from the verifier: a few layers of it
     prompt, new, gamma = budget or DEFAULT_BUDGET
     plan = plan_memory(
@@ -276,6 +278,21 @@ def plan_pair(runtime: Runtime, vdir: Path, ddir: Path | None, use_cache: bool,
     if not plan.fits:
         raise MemoryPlanError(plan.refusal())
     return plan
+
+
+def _conditioned_adapter(ddir: Path, ver: HFVerifier, tok, runtime: Runtime):
+    """A conditioned drafter beside ``ver``: the verifier hands it the tapped hidden states."""
+    from .conditioned import ConditionedDrafter, HiddenTap
+    from .conditioned_io import load_conditioned
+
+    model = load_conditioned(ddir, ver.model, dtype=runtime.torch_dtype("drafter"), device=runtime.drafter_on)
+    head_ids = model.head_token_ids().cpu()
+    allowed = torch.tensor([i < len(tok) and i not in ver.special_ids for i in head_ids.tolist()])
+    if model.spec.mask_token_id is not None:
+        allowed &= head_ids != model.spec.mask_token_id
+    tap = HiddenTap(model.spec.target_layers)
+    ver.set_tap(tap)
+    return ConditionedDrafter(model, tap, allowed=allowed.to(runtime.drafter_on))
 
 
 def open_pair(models, need_drafter: bool = True, budget: tuple[int, int, int] | None = None) -> ModelPair:
@@ -314,6 +331,13 @@ def load_pair(
     if need_drafter and copy_prior not in (None, "off", "none", "auto") and not Path(copy_prior).exists():
         raise FileNotFoundError(f"copy prior {copy_prior} does not exist")  # before any weights load
     vdir = resolve_verifier_dir(verifier)
+    if need_drafter and drafter not in (None, "", "default", EMBEDDED_DRAFTER) and is_conditioned(Path(drafter)):
+        from .backbone import read_hf_config
+        from .conditioned_io import check_against_verifier, read_spec
+
+        # before any weights load: tapped layers, width, vocabulary and the block against gamma
+        check_against_verifier(read_spec(Path(drafter)), read_hf_config(vdir), Path(drafter),
+                               gamma=budget[2] if budget else None)
     plan = plan_pair(runtime, vdir, _drafter_dir(drafter) if need_drafter else None, use_cache, budget)
     ver, tok = load_verifier(vdir, runtime, use_cache, device_map=plan.verifier_map)
     identity = {"verifier": EMBEDDED_VERIFIER if verifier in (None, "", "default") else str(verifier)}
@@ -332,6 +356,12 @@ def load_pair(
                 model = drafter_from_verifier(vdir).to(device=runtime.drafter_on, dtype=runtime.torch_dtype("drafter"))
                 identity["drafter"] = EMBEDDED_DRAFTER + "-untrained"
             dtok = None
+        elif is_conditioned(Path(drafter)):
+            ddir = Path(drafter)
+            verify_drafter(ddir, vdir)
+            d_adapter = _conditioned_adapter(ddir, ver, tok, runtime)
+            identity["drafter"] = str(drafter)
+            return ModelPair(d_adapter, ver, tok, identity, runtime, plan)
         else:
             ddir = Path(drafter)
             verify_drafter(ddir, vdir)

@@ -158,3 +158,48 @@ def tiny_dream(out: Path, seed: int = 1, layers: int = 2, favour: tuple[int, ...
 
 #: ids the tiny drafter's tokenizer and the tiny verifier's read differently
 CLASHING_IDS = tuple(tiny_id(i) for i in (151665, 151666, 151667))
+
+
+def tiny_dflash(out: Path, target: Path, seed: int = 2, layers: int = 2, block_size: int = 8,
+                target_layers: tuple[int, ...] = (0, 2)) -> Path:
+    """A tiny DFlash drafter for the tiny Qwen3 target in ``target``, in the published layout:
+    ``config.json`` (``DFlashDraftModel``, model type qwen3, ``auto_map`` to a ``dflash.py`` that
+    raises if anything runs it, ``block_size`` at the top level, ``dflash_config`` with the mask
+    token, past the tokenizer's last id, and the tapped layers) and one safetensors file named as
+    the published ones (``fc``, ``hidden_norm``, ``layers.N.*`` with ``q_norm``/``k_norm``,
+    ``norm``; no embedding or head)."""
+    from safetensors.torch import save_file
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    t = json.loads((Path(target) / "config.json").read_text())
+    torch.manual_seed(seed)
+    body = Qwen3ForCausalLM(Qwen3Config(
+        vocab_size=t["vocab_size"], hidden_size=t["hidden_size"], intermediate_size=t["intermediate_size"],
+        num_hidden_layers=layers, num_attention_heads=t["num_attention_heads"],
+        num_key_value_heads=t["num_key_value_heads"], head_dim=t["head_dim"], rope_theta=1e6))
+    sd = {k[len("model."):]: v for k, v in body.state_dict().items()
+          if k.startswith("model.") and "embed_tokens" not in k and "rotary" not in k}
+    with torch.no_grad():
+        for k, v in sd.items():  # norms away from 1, so that a missing norm shows
+            if k.endswith("norm.weight"):
+                v.uniform_(0.5, 1.5)
+            else:
+                v.mul_(4.0)
+    d = t["hidden_size"]
+    sd["fc.weight"] = torch.randn(d, len(target_layers) * d) / (len(target_layers) * d) ** 0.5
+    sd["hidden_norm.weight"] = torch.rand(d) + 0.5
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in sd.items()}, str(out / "model.safetensors"))
+    cfg = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+           "auto_map": {"AutoModel": "dflash.DFlashDraftModel"}, "block_size": block_size,
+           "dflash_config": {"mask_token_id": int(t["vocab_size"]) - 1, "target_layer_ids": list(target_layers)},
+           "num_target_layers": t["num_hidden_layers"], "num_hidden_layers": layers, "hidden_size": d,
+           "intermediate_size": t["intermediate_size"], "num_attention_heads": t["num_attention_heads"],
+           "num_key_value_heads": t["num_key_value_heads"], "head_dim": t["head_dim"], "rope_theta": 1e6,
+           "rope_scaling": None, "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "attention_bias": False,
+           "hidden_act": "silu", "layer_types": ["full_attention"] * layers, "tie_word_embeddings": False,
+           "vocab_size": t["vocab_size"], "dtype": "bfloat16"}
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    (out / "dflash.py").write_text("raise RuntimeError('checkpoint code was executed')\n")
+    return out

@@ -62,11 +62,42 @@ class HFVerifier:
         self._cache_arg = _cache_kwarg(model)
         head = plain_head(model) if exact_head else None
         self.head = ExactHead(head.weight) if head is not None else None
+        self.tap = None
+        self._grabbed: dict[int, torch.Tensor] = {}
         self.reset()
 
     def reset(self) -> None:
         self._cache = None
         self._cached_ids: list[int] = []
+        if self.tap is not None:
+            self.tap.reset()
+
+    def set_tap(self, tap) -> None:
+        """Hand the hidden states of the layers ``tap.layers`` (layer i: the output of decoder
+        layer i) of every position a real call runs over to ``tap``
+        (:class:`~vskip.models.conditioned.HiddenTap`); a shadow call leaves the tap as it was."""
+        layers = self.model.model.layers
+        bad = [i for i in tap.layers if not 0 <= i < len(layers)]
+        if bad:
+            raise ValueError(f"the drafter reads verifier layers {bad}, but the verifier has {len(layers)} layers")
+
+        def grab(i):
+            def fn(_module, _inp, out):
+                self._grabbed[i] = out[0] if isinstance(out, tuple) else out
+            return fn
+
+        for i in sorted(set(tap.layers)):
+            layers[i].register_forward_hook(grab(i))
+        self.tap = tap
+        tap.fill = self.prefill
+        tap.reset()
+
+    @torch.inference_mode()
+    def prefill(self, ids) -> None:
+        """Run over ``ids`` (committed tokens) so that the cache and the tap hold them."""
+        ids = [int(t) for t in ids]
+        if ids:
+            self._forward(ids, 1)
 
     def set_cache(self, on: bool) -> None:
         """Keep a KV cache (on) or recompute the whole sequence every call (off, as the paper)."""
@@ -85,6 +116,7 @@ class HFVerifier:
         if not self.use_cache:
             x = torch.tensor([ids], device=self.device)
             out = base(input_ids=x, use_cache=False, **kw)
+            self._hand_over(0, ids)
             return self._output(out)[0, -keep:]
         from transformers import DynamicCache
 
@@ -99,7 +131,16 @@ class HFVerifier:
         kw[self._cache_arg] = self._cache
         out = base(input_ids=x, use_cache=True, position_ids=pos, **kw)
         self._cached_ids = list(ids)
+        self._hand_over(n, ids)
         return self._output(out)[0, -keep:]
+
+    def _hand_over(self, start: int, ids: list[int]) -> None:
+        """Give the tap the hidden states of positions ``start ..`` that this forward computed."""
+        if self.tap is None:
+            return
+        feats = torch.cat([self._grabbed[i][0] for i in self.tap.layers], dim=-1)
+        self._grabbed.clear()
+        self.tap.put(start, ids, feats)
 
     def _output(self, out) -> torch.Tensor:
         return out.last_hidden_state if self.head is not None else out.logits
@@ -111,11 +152,14 @@ class HFVerifier:
         g = len(block)
         # What the cache could still serve before this call: a shadow call restores exactly that.
         reusable = common_prefix(self._cached_ids, seq + block) if shadow else 0
+        tapped = self.tap.covered(seq + block) if shadow and self.tap is not None else 0
         out = self._forward(seq + block, g + 1)  # [g+1, d] hidden states or [g+1, V] logits
         if shadow and self.use_cache and self._cache is not None:
             keep = reusable
             _crop(self._cache, keep)
             self._cached_ids = self._cached_ids[:keep]
+        if shadow and self.tap is not None:  # the skipped tokens stay without features
+            self.tap.keep(tapped)
         if self.head is not None:
             out = out.to(self.head.device)
         b = torch.tensor(block, dtype=torch.long, device=out.device)

@@ -1,0 +1,205 @@
+"""The conditioned drafter (DFlash design): the verifier's hidden states through the loop, the
+published DFlash checkpoint format on a tiny Qwen3 target, losslessness, and refusals."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from vskip.cli import main
+from vskip.decode import DecodeConfig, decode
+from vskip.models import tiny
+from vskip.models.conditioned import ConditionedDrafter, HiddenTap, default_target_layers
+from vskip.models.config import ModelConfig
+from vskip.models.load import open_pair
+from vskip.policy import PolicyConfig
+from vskip.prompting import encode_chat
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dflash")
+    target = tiny.tiny_qwen3(root / "qwen3")
+    return target, tiny.tiny_dflash(root / "dflash", target)
+
+
+@pytest.fixture(scope="module")
+def pair(dirs):
+    v, d = dirs
+    return open_pair(ModelConfig(drafter=str(d), verifier=str(v), device="cpu", dtype="float32",
+                                 drafter_dtype="float32"))
+
+
+def test_default_target_layers_follow_dflash():
+    assert default_target_layers(36, 5) == (1, 9, 17, 25, 33)  # Qwen3-8B's published drafter
+    assert default_target_layers(30, 5) == (1, 8, 14, 20, 27)  # the embedded verifier's
+    assert default_target_layers(10, 1) == (5,)
+
+
+# -- an independent reading of the published format's semantics ---------------------------------
+
+
+def _rms(x, w, eps=1e-6):
+    return w * (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps))
+
+
+def _rope(x, pos, theta=1e6):
+    hd = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, hd, 2).float() / hd)
+    ang = pos.float()[:, None] * inv
+    cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
+    a, b = x[..., : hd // 2], x[..., hd // 2 :]
+    return x * cos + torch.cat([-b, a], -1) * sin
+
+
+def reference_logits(ddir: Path, target, seq: list[int], m: int) -> torch.Tensor:
+    """Draft logits [block_size - 1, V] of a DFlash checkpoint after ``seq``, its context the
+    target's features of ``seq[:m]``: written from the checkpoint's files alone, without cache."""
+    from safetensors.torch import load_file
+
+    cfg = json.loads((ddir / "config.json").read_text())
+    w = {k: v.float() for k, v in load_file(str(ddir / "model.safetensors")).items()}
+    bs, mask = cfg["block_size"], cfg["dflash_config"]["mask_token_id"]
+    h_, kvh, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    with torch.no_grad():
+        hs = target.model(input_ids=torch.tensor([seq[:m]]), output_hidden_states=True).hidden_states
+        ctx = torch.cat([hs[i + 1][0] for i in cfg["dflash_config"]["target_layer_ids"]], -1)
+        ctx = _rms(ctx @ w["fc.weight"].T, w["hidden_norm.weight"])
+        q_ids = seq[m:] + [mask] * (bs - 1)
+        x = target.get_input_embeddings().weight[q_ids].float()
+        pq = torch.arange(m, m + len(q_ids))
+        pk = torch.arange(0, m + len(q_ids))
+        for i in range(cfg["num_hidden_layers"]):
+            p = lambda n: w[f"layers.{i}.{n}"]  # noqa: E731
+            a = _rms(x, p("input_layernorm.weight"))
+            q = _rms((a @ p("self_attn.q_proj.weight").T).view(-1, h_, hd), p("self_attn.q_norm.weight"))
+            kin = torch.cat([ctx, a])
+            k = _rms((kin @ p("self_attn.k_proj.weight").T).view(-1, kvh, hd), p("self_attn.k_norm.weight"))
+            v = (kin @ p("self_attn.v_proj.weight").T).view(-1, kvh, hd)
+            q = _rope(q.transpose(0, 1), pq)
+            k = _rope(k.transpose(0, 1), pk).repeat_interleave(h_ // kvh, 0)
+            v = v.transpose(0, 1).repeat_interleave(h_ // kvh, 0)
+            att = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(hd), -1) @ v  # every query sees every key
+            x = x + att.transpose(0, 1).reshape(len(q_ids), -1) @ p("self_attn.o_proj.weight").T
+            a = _rms(x, p("post_attention_layernorm.weight"))
+            gate = torch.nn.functional.silu(a @ p("mlp.gate_proj.weight").T)
+            x = x + (gate * (a @ p("mlp.up_proj.weight").T)) @ p("mlp.down_proj.weight").T
+        out = _rms(x, w["norm.weight"])[-(bs - 1):]
+        return out @ target.get_output_embeddings().weight.float().T
+
+
+def _never(pair) -> torch.Tensor:
+    """Ids the adapter never proposes: special tokens, the mask, ids past the tokenizer."""
+    V = pair.verifier.vocab_size
+    bad = torch.zeros(V, dtype=torch.bool)
+    bad[sorted(pair.verifier.special_ids)] = True
+    bad[pair.drafter.spec.mask_token_id] = True
+    bad[len(pair.tokenizer):] = True
+    return bad
+
+
+def test_drafts_equal_the_published_semantics(dirs, pair):
+    v, d = dirs
+    assert pair.drafter.spec.source == "dflash" and pair.drafter.spec.block_size == 8
+    ids = encode_chat(pair.tokenizer, "def add(a, b):")
+    pair.verifier.reset()
+    pair.drafter.reset()
+    seq = list(ids)
+    bad = _never(pair)
+    checked_tail = False
+    for r in range(6):
+        block = pair.drafter.propose(seq, 7)
+        m = pair.verifier.tap.covered(seq)
+        ref = reference_logits(d, pair.verifier.model, seq, min(m, len(seq) - 1)).masked_fill(bad, float("-inf"))
+        assert block.tokens.tolist() == ref.argmax(-1).tolist()
+        np.testing.assert_allclose(block.confidence, torch.softmax(ref, -1).max(-1).values.numpy(), rtol=1e-4, atol=1e-5)
+        checked_tail |= len(seq) - 1 - m > 0
+        if r % 2 == 0:  # verify: the verifier runs over seq + block, hands over its states
+            verdict = pair.verifier.score(seq, block.tokens)
+            seq = seq + block.tokens[:2].tolist() + [int(verdict.argmax[2])]
+        else:  # skip: committed without the verifier, so the next block has a tail
+            seq = seq + block.tokens[:3].tolist()
+    assert checked_tail
+
+
+def test_the_tap_holds_verified_positions_and_a_shadow_call_adds_none(pair):
+    ver = pair.verifier
+    seq = encode_chat(pair.tokenizer, "Write a function that reverses a list.")
+    ver.reset()
+    block = [5, 6, 7]
+    ver.score(seq, block)
+    assert ver.tap.ids == seq + block
+    with torch.no_grad():
+        hs = ver.model.model(input_ids=torch.tensor([seq + block]), output_hidden_states=True).hidden_states
+    want = torch.cat([hs[i + 1][0] for i in ver.tap.layers], -1)
+    torch.testing.assert_close(ver.tap.features, want, rtol=1e-4, atol=1e-4)
+    before = list(ver.tap.ids)
+    ver.score(seq + block + [9, 10], [11, 12], shadow=True)
+    assert ver.tap.ids == before
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_strict_sdd_is_lossless_with_a_dflash_drafter(dirs, cache):
+    v, d = dirs
+    pair = open_pair(ModelConfig(drafter=str(d), verifier=str(v), device="cpu", dtype="float32",
+                                 drafter_dtype="float32", verifier_cache=cache))
+    for text in ("def add(a, b):", "Write a function that reverses a list."):
+        ids = encode_chat(pair.tokenizer, text)
+        ar = decode(ids, None, pair.verifier, PolicyConfig(name="ar"), DecodeConfig(gamma=7, max_new_tokens=40))
+        st = decode(ids, pair.drafter, pair.verifier, PolicyConfig(name="strict"), DecodeConfig(gamma=7, max_new_tokens=40))
+        assert st.tokens == ar.tokens and len(ar.tokens) > 0
+        # skips commit unverified tails; the loop still runs and the shadow verifier audits them
+        raw = decode(ids, pair.drafter, pair.verifier, PolicyConfig(name="raw", eta_b=0.0, eta_c=0.0, k_min=1),
+                     DecodeConfig(gamma=7, max_new_tokens=40))
+        assert any(not r.verified for r in raw.rounds) and all(r.L is not None for r in raw.rounds)
+
+
+def test_no_checkpoint_code_runs(dirs, pair):
+    # dflash.py raises when imported; the pair above loaded without it
+    assert (dirs[1] / "dflash.py").read_text().startswith("raise")
+    assert isinstance(pair.drafter, ConditionedDrafter)
+
+
+def _variant(tmp_path, d: Path, name: str, **change) -> Path:
+    import shutil
+
+    out = tmp_path / name
+    shutil.copytree(d, out)
+    cfg = json.loads((out / "config.json").read_text())
+    for k, val in change.items():
+        if k == "target_layer_ids":
+            cfg["dflash_config"][k] = val
+        else:
+            cfg[k] = val
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+@pytest.mark.parametrize("case,change,gamma,words", [
+    ("layers", {"target_layer_ids": [0, 9]}, 4, "reads verifier layers [9]"),
+    ("width", {"hidden_size": 32}, 4, "width 32"),
+    ("block", {}, 8, "block size 8"),
+])
+def test_a_bad_drafter_directory_is_refused_in_one_line(dirs, tmp_path, capsys, monkeypatch, case, change, gamma, words):
+    v, d = dirs
+    bad = _variant(tmp_path, d, case, **change)
+    import vskip.decode
+
+    monkeypatch.setattr(vskip.decode, "decode", lambda *a, **k: pytest.fail("decoding started"))
+    rc = main(["generate", "def f():", "--drafter", str(bad), "--verifier", str(v), "--policy", "strict",
+               "--gamma", str(gamma), "--max-new-tokens", "8"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and words in err[0], err
+
+
+def test_tail_is_what_the_verifier_has_not_run_over():
+    tap = HiddenTap((0,))
+    tap.put(0, [1, 2, 3, 4], torch.zeros(4, 3))
+    d = ConditionedDrafter.__new__(ConditionedDrafter)
+    d.tap = tap
+    assert d.tail([1, 2, 3, 4, 9]) == 0  # the bonus token only
+    assert d.tail([1, 2, 3, 4, 9, 8, 7]) == 2
+    assert d.tail([1, 2, 5, 6]) == 1  # a rejection: the tap's rejected positions do not count

@@ -1,0 +1,197 @@
+"""The verifier's hidden states over the distillation rows, extracted once per machine for the
+conditioned drafter (:mod:`vskip.models.conditioned`) to train on.
+
+The stored answers are the verifier's own greedy output, so running the verifier over a row gives
+exactly the hidden states a decode of that prompt hands the drafter. For each row the outputs of
+the tapped decoder layers are concatenated per position (``[T, len(layers) * d]``) and stored in
+bfloat16. The forward stops after the last tapped layer.
+
+Layout of a features directory::
+
+    index.json          tapped layers, width, the verifier's hash, the data's fingerprint, the
+                        held-out split, and one entry per chunk (rows, tokens, bytes, seconds)
+    chunk_NNNNN.safetensors   ``features`` bf16 [tokens, k*d], ``offsets`` int64 [rows + 1],
+                        ``rows`` int64 [rows] (indices into :func:`vskip.distill.rows.load_rows`)
+
+Chunk 0 holds the held-out rows (the training run's evaluation), the others the training rows in
+a seeded random order; a rerun skips the chunks present, and ``--until`` or ``--max-rows`` bound
+how far one run goes, so extraction and training can share a time budget.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..files import write_atomic, write_json
+from .rows import Data, load_rows, split
+from .shards import data_fingerprint
+
+INDEX = "index.json"
+FORMAT = "vskip-taps/1"
+
+
+def chunk_name(i: int) -> str:
+    return f"chunk_{i:05d}.safetensors"
+
+
+class _Stop(Exception):
+    """Raised by the last tapped layer's hook: the layers above it are not needed."""
+
+
+def tapped_forward(model, layers: tuple[int, ...]):
+    """A function ``ids [1, T] -> features [T, len(layers) * d]`` (float32) that runs the causal
+    LM ``model`` only as far as its last tapped layer. Layer ``i`` means the output of decoder
+    layer ``i`` (transformers' ``hidden_states[i + 1]``)."""
+    base = model.model
+    grabbed: dict[int, torch.Tensor] = {}
+    last = max(layers)
+
+    def hook(i):
+        def fn(_module, _inp, out):
+            grabbed[i] = out[0] if isinstance(out, tuple) else out
+            if i == last:
+                raise _Stop
+        return fn
+
+    def run(ids: torch.Tensor) -> torch.Tensor:
+        handles = [base.layers[i].register_forward_hook(hook(i)) for i in layers]
+        grabbed.clear()
+        try:
+            with torch.inference_mode():
+                base(input_ids=ids, use_cache=False)
+        except _Stop:
+            pass
+        finally:
+            for h in handles:
+                h.remove()
+        return torch.cat([grabbed[i][0] for i in layers], dim=-1).float()
+
+    return run
+
+
+@dataclass
+class Taps:
+    """Features of some rows, as read back: ``features[row_index]`` -> bf16 tensor [T, k*d]."""
+
+    layers: tuple[int, ...]
+    width: int
+    features: dict[int, torch.Tensor]
+    holdout: list[int]
+
+    def rows(self) -> list[int]:
+        return sorted(self.features)
+
+
+def read_index(out: Path) -> dict:
+    from ..files import read_json
+
+    return read_json(Path(out) / INDEX, "features index")
+
+
+def load_taps(out: Path, max_chunks: int | None = None) -> Taps:
+    """Every whole chunk of a features directory (the first ``max_chunks`` only, if given)."""
+    from safetensors.torch import load_file
+
+    idx = read_index(out)
+    feats: dict[int, torch.Tensor] = {}
+    chunks = sorted(idx.get("chunks", {}).items(), key=lambda kv: int(kv[0]))
+    for i, entry in chunks[: max_chunks]:
+        t = load_file(str(Path(out) / entry["file"]))
+        off = t["offsets"].tolist()
+        for j, r in enumerate(t["rows"].tolist()):
+            feats[int(r)] = t["features"][off[j] : off[j + 1]]
+    return Taps(tuple(idx["layers"]), int(idx["width"]), feats, list(idx["holdout"]))
+
+
+def plan_rows(data: Data, holdout: int, seed: int) -> tuple[list[int], list[int]]:
+    """(held-out row indices, training row indices in extraction order), over ``data``'s rows;
+    the held-out rows are those of :func:`vskip.distill.rows.split` with the same arguments."""
+    idx = np.random.RandomState(seed).permutation(len(data))
+    n_ho = min(holdout, len(data) // 5)
+    ho = sorted(int(i) for i in idx[:n_ho])
+    rest = np.random.default_rng([seed, 1]).permutation(np.asarray(sorted(set(range(len(data))) - set(ho))))
+    return ho, [int(i) for i in rest]
+
+
+def extract(data_dir: Path, out: Path, verifier_dir: Path, layers: tuple[int, ...], holdout: int = 64,
+            seed: int = 0, chunk_rows: int = 64, max_rows: int | None = None, until: float | None = None,
+            max_tokens: int | None = None, threads: int | None = None, progress: bool = True) -> dict:
+    """Extract (or resume extracting) the tapped hidden states of the distillation rows into
+    ``out``. ``max_tokens`` cuts each row to its first tokens; ``until`` is a wall-clock time
+    (``time.time()``) after which no new chunk starts. Returns the index."""
+    from transformers import AutoModelForCausalLM
+    from tqdm import tqdm
+
+    from ..models.embedded import file_sha256
+    from ..runtime import Runtime
+
+    Runtime(threads=threads).activate()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    data = load_rows(Path(data_dir))
+    ho, order = plan_rows(data, holdout, seed)
+    # the same split the training run makes (a check, not a second definition)
+    assert sorted(split(data, holdout, seed)[1].prompt_ids) == sorted(data.prompt_ids[i] for i in ho)
+    model = AutoModelForCausalLM.from_pretrained(verifier_dir, dtype=torch.float32, trust_remote_code=False).eval()
+    n_layers = int(model.config.num_hidden_layers)
+    if not layers or max(layers) >= n_layers or min(layers) < 0 or len(set(layers)) != len(layers):
+        raise ValueError(f"tapped layers must be distinct indices in 0..{n_layers - 1}, got {list(layers)}")
+    settings = {"format": FORMAT, "layers": list(layers), "width": int(model.config.hidden_size),
+                "verifier_sha256": _weights_sha(verifier_dir, file_sha256), "data": data_fingerprint(Path(data_dir)),
+                "holdout": ho, "seed": seed, "chunk_rows": chunk_rows, "max_tokens": max_tokens}
+    idx = read_index(out) if (out / INDEX).exists() else {**settings, "chunks": {}}
+    for k, v in settings.items():
+        if idx.get(k) != v:
+            raise ValueError(f"{out} holds features made with another {k}; use a new directory")
+    fwd = tapped_forward(model, tuple(layers))
+    plan = [ho] + [order[i : i + chunk_rows] for i in range(0, len(order), chunk_rows)]
+    if max_rows is not None:
+        plan = plan[: 1 + -(-max_rows // chunk_rows)]
+    bar = tqdm(total=len(plan), initial=len(idx["chunks"]), desc="extract features", unit="chunk",
+               disable=not progress)
+    for ci, rows in enumerate(plan):
+        if str(ci) in idx["chunks"]:
+            continue
+        if until is not None and time.time() > until:
+            break
+        t0 = time.time()
+        parts, offsets = [], [0]
+        for r in rows:
+            ids = data.rows[r][:max_tokens] if max_tokens else data.rows[r]
+            f = fwd(torch.from_numpy(ids.astype(np.int64))[None])
+            parts.append(f.to(torch.bfloat16))
+            offsets.append(offsets[-1] + f.shape[0])
+        tensors = {"features": torch.cat(parts), "offsets": torch.tensor(offsets, dtype=torch.int64),
+                   "rows": torch.tensor(rows, dtype=torch.int64)}
+        from safetensors.torch import save_file
+
+        name = chunk_name(ci)
+        write_atomic(out / name, lambda tmp: save_file(tensors, tmp))
+        idx["chunks"][str(ci)] = {"file": name, "rows": len(rows), "tokens": offsets[-1],
+                                  "bytes": (out / name).stat().st_size, "seconds": round(time.time() - t0, 2)}
+        write_json(out / INDEX, idx)
+        bar.update(1)
+    bar.close()
+    return idx
+
+
+def _weights_sha(verifier_dir: Path, sha) -> str | None:
+    meta = Path(verifier_dir) / "vskip.json"
+    if meta.exists():
+        d = json.loads(meta.read_text())
+        return d.get("model_sha256") or d.get("sha256")
+    files = sorted(Path(verifier_dir).glob("*.safetensors"))
+    return sha(files[0]) if len(files) == 1 else None
+
+
+def summary(idx: dict) -> dict:
+    """Rows, tokens, bytes and seconds over a features directory's chunks."""
+    ch = idx.get("chunks", {}).values()
+    return {"chunks": len(ch), "rows": sum(c["rows"] for c in ch), "tokens": sum(c["tokens"] for c in ch),
+            "bytes": sum(c["bytes"] for c in ch), "seconds": round(sum(c["seconds"] for c in ch), 1)}

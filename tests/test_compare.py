@@ -7,28 +7,29 @@ import pytest
 
 from fakes import FakeDrafter, FakeVerifier
 from vskip import compare
+from vskip import variants as parsing
 from vskip.decode import DecodeConfig
 
 BASE = DecodeConfig(gamma=8, max_new_tokens=40)
 
 
 def test_parse_variant():
-    v = compare.parse_variant("strict", BASE, 1)
+    v = parsing.parse_variant("strict", BASE, 1)
     assert (v.policy, v.decode.gamma, v.decode.gamma_max, v.steps) == ("strict", 8, None, 1)
-    v = compare.parse_variant("strict+gamma=4+gamma_max=16+min_match=6+trim=0.5+steps=2", BASE, 1)
+    v = parsing.parse_variant("strict+gamma=4+gamma_max=16+min_match=6+trim=0.5+steps=2", BASE, 1)
     assert (v.decode.gamma, v.decode.gamma_max, v.decode.min_match, v.decode.trim, v.steps) == (4, 16, 6, 0.5, 2)
-    v = compare.parse_variant("raw+gamma=12", BASE, 1)
+    v = parsing.parse_variant("raw+gamma=12", BASE, 1)
     assert (v.policy, v.decode.gamma, v.decode.gamma_max) == ("raw", 12, None)
-    assert compare.parse_variant("lookup10", BASE, 1).lookup == 10
-    assert compare.parse_variant("hf", BASE, 1).hf
-    fast = compare.parse_variant("fast", BASE, 1)
-    assert fast.name == "fast" and fast.decode == compare.parse_variant(compare.FAST, BASE, 1).decode
+    assert parsing.parse_variant("lookup10", BASE, 1).lookup == 10
+    assert parsing.parse_variant("hf", BASE, 1).hf
+    fast = parsing.parse_variant("fast", BASE, 1)
+    assert fast.name == "fast" and fast.decode == parsing.parse_variant(parsing.FAST, BASE, 1).decode
     for bad in ("nope", "strict+", "lookup0", "lookupx", "strict+gamma", "strict+gamma=x", "strict+foo=1",
                 "strict+steps=0", "strict+gamma=0", "strict+trim=2"):
         with pytest.raises(ValueError):
-            compare.parse_variant(bad, BASE, 1)
+            parsing.parse_variant(bad, BASE, 1)
     with pytest.raises(ValueError, match="give --predictor DIR"):
-        compare.parse_variant("marginal", BASE, 1)
+        parsing.parse_variant("marginal", BASE, 1)
 
 
 def _pair():
@@ -37,18 +38,18 @@ def _pair():
 
 def test_rows_pair_every_prompt_and_resume(tmp_path):
     prompts = [(f"t{i}", [7, 3, 9, i + 2]) for i in range(5)]
-    variants = [compare.parse_variant(s, BASE, 1) for s in ("ar", "strict", "strict+gamma=4+gamma_max=12+min_match=3+trim=0.6")]
-    path = compare.run_compare(prompts, _pair(), variants, tmp_path, progress=False)
+    chosen = [parsing.parse_variant(s, BASE, 1) for s in ("ar", "strict", "strict+gamma=4+gamma_max=12+min_match=3+trim=0.6")]
+    path = compare.run_compare(prompts, _pair(), chosen, tmp_path, progress=False)
     rows = compare.read_rows(path)
     assert sorted((r["task_id"], r["config"]) for r in rows) == sorted(
-        (t, v.name) for t, _ in prompts for v in variants)
+        (t, v.name) for t, _ in prompts for v in chosen)
     # the order of configurations rotates from prompt to prompt
     firsts = [rows[3 * k]["config"] for k in range(3)]
     assert firsts == ["ar", "strict", "strict+gamma=4+gamma_max=12+min_match=3+trim=0.6"]
     # a cut line and a missing row are redone, nothing is counted twice
     text = path.read_text().splitlines()
     path.write_text("\n".join(text[:-2]) + "\n" + text[-2][: len(text[-2]) // 2])
-    compare.run_compare(prompts, _pair(), variants, tmp_path, progress=False)
+    compare.run_compare(prompts, _pair(), chosen, tmp_path, progress=False)
     rows = compare.read_rows(path)
     assert len({(r["task_id"], r["config"]) for r in rows}) == len(rows) == 15
     s = compare.summarize_comparison(rows)
@@ -148,7 +149,7 @@ def test_an_out_directory_refuses_rows_made_otherwise(tmp_path):
 
     def record(max_new=40, gamma=8, configs=("ar", "strict")):
         dec = DecodeConfig(gamma=gamma, max_new_tokens=max_new)
-        vs = [compare.parse_variant(s, dec, 1) for s in configs]
+        vs = [parsing.parse_variant(s, dec, 1) for s in configs]
         return compare.settings_record("humaneval", max_new, Runtime(), ModelConfig(), vs)
 
     out = tmp_path / "cmp"
@@ -170,28 +171,28 @@ def test_an_out_directory_refuses_rows_made_otherwise(tmp_path):
 
 
 def test_a_policy_configuration_takes_its_own_parameters_and_the_commands():
-    v = compare.parse_variant("raw+eta_b=0.7+eta_c=0.7+k_min=3", BASE, 1)
+    v = parsing.parse_variant("raw+eta_b=0.7+eta_c=0.7+k_min=3", BASE, 1)
     p = v.policy_config()
     assert (p.name, p.eta_b, p.eta_c, p.k_min) == ("raw", 0.7, 0.7, 3) and v.cache is None
     # only what differs from the policy's defaults is recorded, so old records still match
     assert dict(v.params) == {"eta_b": 0.7, "eta_c": 0.7, "k_min": 3}
-    assert compare.parse_variant("raw", BASE, 1).params == ()
+    assert parsing.parse_variant("raw", BASE, 1).params == ()
     # the command's flags are the starting point; the entry's own parameters win; ar and strict have none
     flags = {"k_min": 3, "eta_b": 0.8}
-    assert compare.parse_variant("raw+eta_b=0.6", BASE, 1, None, flags).policy_config().eta_b == 0.6
-    assert compare.parse_variant("raw", BASE, 1, None, flags).policy_config().k_min == 3
-    assert compare.parse_variant("strict", BASE, 1, None, flags).params == ()
-    v = compare.parse_variant("prefix+lam=0.7+cost_ratio=0.3+cache=off", BASE, 1)
+    assert parsing.parse_variant("raw+eta_b=0.6", BASE, 1, None, flags).policy_config().eta_b == 0.6
+    assert parsing.parse_variant("raw", BASE, 1, None, flags).policy_config().k_min == 3
+    assert parsing.parse_variant("strict", BASE, 1, None, flags).params == ()
+    v = parsing.parse_variant("prefix+lam=0.7+cost_ratio=0.3+cache=off", BASE, 1)
     assert (v.policy_config().lam, v.policy_config().cost_ratio, v.cache) == (0.7, 0.3, False)
-    assert compare.parse_variant("ar+cache=off", BASE, 1).cache is False
-    v = compare.parse_variant("prefix+alpha=0.05", BASE, 1, "pred")
+    assert parsing.parse_variant("ar+cache=off", BASE, 1).cache is False
+    v = parsing.parse_variant("prefix+alpha=0.05", BASE, 1, "pred")
     assert v.policy_config().survival == "model" and v.policy_config().learned
-    assert compare.parse_variant("marginal+eta_m=0.9", BASE, 1, "pred").policy_config().eta_c == 0.9
+    assert parsing.parse_variant("marginal+eta_m=0.9", BASE, 1, "pred").policy_config().eta_c == 0.9
     for bad, needle in (("prefix+alpha=0.05", "give --predictor"), ("strict+eta_b=0.5", "no parameters"),
                         ("raw+eta_b=2", "eta_b"), ("raw+cache=maybe", "on or off"), ("raw+k_min=x", "bad value"),
                         ("raw+alpha=0.1", "prefix"), ("raw+bogus=1", "bad setting")):
         with pytest.raises(ValueError, match=needle):
-            compare.parse_variant(bad, BASE, 1)
+            parsing.parse_variant(bad, BASE, 1)
 
 
 class CacheVerifier(FakeVerifier):
@@ -212,7 +213,7 @@ class CacheVerifier(FakeVerifier):
 
 def test_repeats_rotate_and_give_each_repeats_ratio(tmp_path):
     prompts = [(f"t{i}", [7, 3, 9, i + 2]) for i in range(4)]
-    variants = [compare.parse_variant(s, BASE, 1) for s in ("ar", "strict", "strict+cache=off")]
+    variants = [parsing.parse_variant(s, BASE, 1) for s in ("ar", "strict", "strict+cache=off")]
     pair = SimpleNamespace(drafter=FakeDrafter(0.3, 2), verifier=CacheVerifier())
     path = compare.run_compare(prompts, pair, variants, tmp_path, progress=False, repeats=2)
     rows = compare.read_rows(path)
@@ -252,7 +253,7 @@ def test_a_learned_configuration_reads_its_predictor(tmp_path, monkeypatch):
             return [0.999] * len(block.tokens)
 
     monkeypatch.setattr(vskip.predictor, "load_predictor", lambda d, kind, runtime=None: asked.append((d, kind)) or Half())
-    variants = [compare.parse_variant(s, BASE, 1, "pred") for s in ("ar", "marginal+eta_m=0.5+k_min=1", "strict")]
+    variants = [parsing.parse_variant(s, BASE, 1, "pred") for s in ("ar", "marginal+eta_m=0.5+k_min=1", "strict")]
     path = compare.run_compare([("t0", [7, 3, 9, 2])], _pair(), variants, tmp_path, progress=False, predictor="pred")
     assert asked == [("pred", "marginal")] and set(scored) == {"t0"}
     rows = {r["config"]: r for r in compare.read_rows(path)}
@@ -279,7 +280,7 @@ def test_a_configuration_may_name_its_own_predictor(tmp_path, monkeypatch):
     monkeypatch.setattr(vskip.predictor, "load_predictor",
                         lambda d, kind, runtime=None: asked.append((d, kind)) or Sure(0.999 if d == "pred" else 0.0))
     specs = ("ar", "prefix+alpha=0.05", "prefix+alpha=0.05+predictor=round2", "prefix+alpha=0.02+predictor=round2")
-    variants = [compare.parse_variant(s, BASE, 1, "pred") for s in specs]
+    variants = [parsing.parse_variant(s, BASE, 1, "pred") for s in specs]
     assert [v.predictor for v in variants] == [None, None, "round2", "round2"]
     assert variants[1].params == variants[2].params  # the same policy; only the model differs
     path = compare.run_compare([("t0", [7, 3, 9, 2])], _pair(), variants, tmp_path, progress=False, predictor="pred")
@@ -291,11 +292,11 @@ def test_a_configuration_may_name_its_own_predictor(tmp_path, monkeypatch):
     rec = compare.settings_record("humaneval", 24, ModelConfig(), ModelConfig(), variants, "pred")
     assert rec["configs"][specs[2]]["predictor"] == "round2" and "predictor" not in rec["configs"][specs[1]]
     # without --predictor, every learned configuration must name its own
-    assert compare.parse_variant(specs[2], BASE, 1).predictor == "round2"
+    assert parsing.parse_variant(specs[2], BASE, 1).predictor == "round2"
     for bad, needle in ((specs[1], "give --predictor"), ("raw+predictor=round2", "reads none"),
                         ("prefix+alpha=0.05+predictor=", "bad setting")):
         with pytest.raises(ValueError, match=needle):
-            compare.parse_variant(bad, BASE, 1)
+            parsing.parse_variant(bad, BASE, 1)
 
 
 def test_a_shard_without_prompts_ends_at_once(tmp_path, capsys, monkeypatch):

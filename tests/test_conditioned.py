@@ -112,7 +112,7 @@ def test_drafts_equal_the_published_semantics(dirs, pair):
     checked_tail = False
     for r in range(6):
         block = pair.drafter.propose(seq, 7)
-        m = pair.verifier.tap.covered(seq)
+        m = pair.verifier.taps[0].covered(seq)
         ref = reference_logits(d, pair.verifier.model, seq, min(m, len(seq) - 1)).masked_fill(bad, float("-inf"))
         assert block.tokens.tolist() == ref.argmax(-1).tolist()
         np.testing.assert_allclose(block.confidence, torch.softmax(ref, -1).max(-1).values.numpy(), rtol=1e-4, atol=1e-5)
@@ -131,14 +131,14 @@ def test_the_tap_holds_verified_positions_and_a_shadow_call_adds_none(pair):
     ver.reset()
     block = [5, 6, 7]
     ver.score(seq, block)
-    assert ver.tap.ids == seq + block
+    assert ver.taps[0].ids == seq + block
     with torch.no_grad():
         hs = ver.model.model(input_ids=torch.tensor([seq + block]), output_hidden_states=True).hidden_states
-    want = torch.cat([hs[i + 1][0] for i in ver.tap.layers], -1)
-    torch.testing.assert_close(ver.tap.features, want, rtol=1e-4, atol=1e-4)
-    before = list(ver.tap.ids)
+    want = torch.cat([hs[i + 1][0] for i in ver.taps[0].layers], -1)
+    torch.testing.assert_close(ver.taps[0].features, want, rtol=1e-4, atol=1e-4)
+    before = list(ver.taps[0].ids)
     ver.score(seq + block + [9, 10], [11, 12], shadow=True)
-    assert ver.tap.ids == before
+    assert ver.taps[0].ids == before
 
 
 @pytest.mark.parametrize("cache", [True, False])

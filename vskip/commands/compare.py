@@ -34,7 +34,7 @@ def register(subparsers) -> None:
 def cmd_compare(a) -> int:
     import tempfile
 
-    from .. import compare, tasks
+    from .. import compare, tasks, variants
     from ..models.load import open_pair
     from ..prompting import encode_chat
     from ..runtime import resolve_runtime
@@ -55,8 +55,8 @@ def cmd_compare(a) -> int:
     if a.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {a.repeats}")
     _, dec, models = configs(a, "strict")
-    flags = {k: getattr(a, k) for k in compare.POLICY_FLAGS if getattr(a, k, None) is not None}
-    variants = [compare.parse_variant(s, dec, models.steps, a.predictor, flags) for s in a.configs.split(",")
+    flags = {k: getattr(a, k) for k in variants.POLICY_FLAGS if getattr(a, k, None) is not None}
+    variants = [variants.parse_variant(s, dec, models.steps, a.predictor, flags) for s in a.configs.split(",")
                 if s.strip()]
     if a.predictor and not Path(a.predictor).is_dir():
         raise ValueError(f"--predictor {a.predictor} is not a directory")
@@ -83,6 +83,10 @@ def cmd_compare(a) -> int:
     gamma = max([dec.gamma] + [v.decode.gamma_max or v.decode.gamma for v in variants if v.decode is not None])
     pair = open_pair(models, need_drafter=any(v.policy not in (None, "ar") for v in variants),
                      budget=(n, dec.max_new_tokens, gamma))
+    from ..models.load import drafter_beside
+
+    for name in sorted({v.drafter for v in variants if v.drafter}):
+        pair.extra_drafters[name] = drafter_beside(pair, name, models)
     prompts = [(p.task_id, encode_chat(pair.tokenizer, tasks.user_prompt(p))) for p in problems]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(a.out) if a.out else Path(tmp)

@@ -364,3 +364,48 @@ def write_curve(log: list[dict], out: Path) -> Path | None:
     write_atomic(Path(out) / "curve.png", lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     plt.close(fig)
     return Path(out) / "curve.png"
+
+
+def export(out: Path, data_dir: Path, features_dir: Path, verifier_dir: Path, final_eval: bool = True) -> Path:
+    """``out/drafter``: the latest checkpoint's weights (fp16, never the verifier's embedding or
+    head), its spec, and ``manifest.json`` (the verifier's hashes, the layout, the data and
+    features it was made from with the extraction's time and size, the training's steps and time,
+    the held-out figures, and the weights' sha256)."""
+    from ..files import file_sha256, write_json
+    from ..models.conditioned_io import save_conditioned
+    from .generate import _verifier_hashes
+    from .shards import data_fingerprint
+    from .taps import load_taps, read_index, summary
+
+    out = Path(out)
+    meta, tensors = read_state(out)
+    cfg = ConditionedTrainConfig(**meta["config"])
+    model = build_model(verifier_dir, tuple(meta["layers"]), cfg, tensors["head_ids"])
+    load_state(model, tensors)
+    log = meta.get("log") or []
+    holdout = None
+    if final_eval:
+        data = load_rows(Path(data_dir))
+        taps = load_taps(Path(features_dir), max_chunks=1)  # chunk 0: the held-out rows
+        ho_idx = [i for i in taps.holdout if i in taps.features]
+        ho = Data(*[[x[i] for i in ho_idx] for x in (data.rows, data.prompt_lens, data.prompt_ids)])
+        holdout = evaluate(model, ho, taps.features, ho_idx, cfg, scale=2)
+    feats = summary(read_index(Path(features_dir)))
+    info = {"train": asdict(cfg), "steps": int(meta["step"]), "head_size": int(len(tensors["head_ids"])),
+            "train_seconds": log[-1].get("seconds") if log else None, "features": feats, "holdout": holdout}
+    ddir = save_conditioned(model.eval(), out / "drafter", meta=info)
+    weights = ddir / "drafter.safetensors"
+    index = json.loads((Path(data_dir) / "index.json").read_text())
+    write_json(ddir / "manifest.json", {
+        "format": "vskip-drafter-manifest/1",
+        "verifier": _verifier_hashes(Path(verifier_dir)),
+        "layout": {k: v for k, v in model.spec.to_json().items() if k != "meta"} | {"head_size": info["head_size"]},
+        "data": {"prompts_sha256": index.get("prompts_sha256"), "max_new_tokens": index.get("max_new_tokens"),
+                 "files": data_fingerprint(Path(data_dir)), "rows_with_features": feats["rows"]},
+        "features": {"extraction_seconds": feats["seconds"], "bytes": feats["bytes"], "tokens": feats["tokens"],
+                     "dtype": "bfloat16", "layers": list(meta["layers"])},
+        "train": info["train"], "steps": info["steps"], "train_seconds": info["train_seconds"], "holdout": holdout,
+        "weights": {"file": weights.name, "bytes": weights.stat().st_size, "sha256": file_sha256(weights)},
+    })
+    write_curve(log, out)
+    return ddir

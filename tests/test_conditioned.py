@@ -203,3 +203,89 @@ def test_tail_is_what_the_verifier_has_not_run_over():
     assert d.tail([1, 2, 3, 4, 9]) == 0  # the bonus token only
     assert d.tail([1, 2, 3, 4, 9, 8, 7]) == 2
     assert d.tail([1, 2, 5, 6]) == 1  # a rejection: the tap's rejected positions do not count
+
+
+# -- training ---------------------------------------------------------------------------------
+
+
+@pytest.fixture()
+def llama_dir(tmp_path):
+    from test_models import tiny_llama
+
+    m = tiny_llama(0)
+    m.config.num_hidden_layers = 2
+    m.save_pretrained(tmp_path / "v", safe_serialization=True)
+    return tmp_path / "v"
+
+
+def _tiny_model(llama_dir, **kw):
+    from vskip.distill.config import ConditionedTrainConfig
+    from vskip.distill.train_conditioned import build_model
+
+    cfg = ConditionedTrainConfig(num_layers=1, block_size=5, blocks_per_seq=5, max_tail=6, **kw)
+    torch.manual_seed(0)
+    model = build_model(llama_dir, (0, 1), cfg, None)
+    with torch.no_grad():
+        model.mask_embedding.normal_()
+        model.fc.weight.normal_(0, 0.3)
+    return model, cfg
+
+
+def test_packed_training_blocks_compute_what_the_drafter_computes(llama_dir):
+    """Every packed block (context before its tail, the tail, the masks) gives the hidden states
+    the drafter adapter computes from a tap holding the same features."""
+    from transformers import AutoModelForCausalLM
+
+    from vskip.distill.taps import tapped_forward
+    from vskip.distill.train_conditioned import pack_row
+
+    model, cfg = _tiny_model(llama_dir, no_tail_share=0.3)
+    verifier = AutoModelForCausalLM.from_pretrained(llama_dir).eval()
+    row = np.random.default_rng(1).integers(3, 90, 40)
+    feats = tapped_forward(verifier, (0, 1))(torch.tensor([row.tolist()]))
+    b = pack_row(row, 10, len(row), np.random.default_rng(2), cfg, model.mask_id)
+    with torch.no_grad():
+        ctx = model.context(feats[: b["C"]][None], torch.arange(b["C"]))
+        h = model(b["ids"], b["pos"], ctx, b["mask"])[0]
+    tap = HiddenTap((0, 1))
+    drafter = ConditionedDrafter(model, tap)
+    W = model.head_weight()
+    tails = set()
+    for s, L, m, a in b["spans"]:
+        tap.reset()
+        tap.put(0, row[:m].tolist(), feats[:m])
+        block = drafter.propose(row[: a + 1].tolist(), cfg.block_size - 1)
+        want = torch.softmax(h[s + L - cfg.block_size + 1 : s + L] @ W.T, -1).max(-1).values
+        np.testing.assert_allclose(block.confidence, want.numpy(), rtol=1e-4, atol=1e-5)
+        tails.add(a - m)
+    assert 0 in tails and len(tails) > 1  # blocks with and without an unverified tail
+
+
+def test_training_lowers_the_loss_and_resumes(llama_dir, tmp_path):
+    from vskip.distill.train_conditioned import load_state, read_state, row_loss, save_state, trainable
+
+    model, cfg = _tiny_model(llama_dir)
+    rng = np.random.default_rng(0)
+    rows = [rng.integers(3, 90, 30) for _ in range(3)]
+    feats = [torch.randn(30, 64) for _ in rows]
+    head_index = torch.arange(96)
+    opt = torch.optim.AdamW(trainable(model).values(), lr=3e-3)
+
+    def loss():
+        s, w = zip(*(row_loss(model, r, 8, f, np.random.default_rng(5), cfg, head_index) for r, f in zip(rows, feats)))
+        return sum(s) / sum(w)
+
+    first = float(loss().detach())
+    for _ in range(20):
+        opt.zero_grad()
+        loss().backward()
+        opt.step()
+    assert float(loss().detach()) < first - 0.5
+    model.head_ids = torch.arange(96)
+    save_state(tmp_path, model, opt, 20, cfg, [{"step": 20}])
+    meta, tensors = read_state(tmp_path)
+    fresh, _ = _tiny_model(llama_dir)
+    load_state(fresh, tensors)
+    assert meta["step"] == 20 and meta["layers"] == [0, 1]
+    for (n, a), b in zip(trainable(model).items(), trainable(fresh).values()):
+        assert torch.equal(a, b), n

@@ -17,3 +17,9 @@ S_MAX = 64
 MAX_GAMMA = 512
 #: the decoding methods (``--policy``); defined here so that the command line needs no numpy
 POLICIES = ("ar", "strict", "lenience", "topk", "periodic", "raw", "marginal", "conditional", "prefix")
+#: named decoding shapes (``--preset``): the drafter (None: the embedded standalone drafter), the
+#: block length and the reveal steps a command starts from; explicit flags override them
+PRESETS = {
+    "default": {"drafter": None, "gamma": GAMMA, "steps": STEPS},
+    "paper": {"drafter": "smollm2-135m-diffusion", "gamma": 32, "steps": 2},
+}

@@ -28,7 +28,7 @@ def register(subparsers) -> None:
     e.add_argument("--threads", type=int, help="torch CPU threads")
     e.set_defaults(fn=cmd_extract)
 
-    from ..distill.train_conditioned import ConditionedTrainConfig
+    from ..distill.config import ConditionedTrainConfig
 
     d = ConditionedTrainConfig()
     t = subparsers.add_parser(
@@ -113,7 +113,8 @@ def cmd_extract(a) -> int:
 
 def cmd_train(a) -> int:
     from ..files import check_writable_dir
-    from ..distill.train_conditioned import ConditionedTrainConfig, export, train
+    from ..distill.config import ConditionedTrainConfig
+    from ..distill.train_conditioned import export, train
 
     cfg = ConditionedTrainConfig(**{k: getattr(a, k) for k in (
         "num_layers", "block_size", "blocks_per_seq", "batch_seqs", "steps", "warmup", "max_tail", "holdout", "seed",

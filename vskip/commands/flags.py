@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import argparse
 
-from ..defaults import GAMMA, K_MIN, POLICIES, S_MAX, STEPS
+from ..defaults import GAMMA, K_MIN, POLICIES, PRESETS, S_MAX, STEPS
 
 
 def add_policy_flags(p: argparse.ArgumentParser, policy: bool = True) -> None:
     g = p.add_argument_group("policy")
     if policy:
         g.add_argument("--policy", default="raw", choices=POLICIES, help="decoding method (default: raw)")
-    g.add_argument("--gamma", type=int, default=GAMMA, help=f"draft block length (default: {GAMMA}; the paper: 32)")
-    g.add_argument("--steps", type=int, default=STEPS, help=f"diffusion steps per block (default: {STEPS}; the paper: 2)")
+    g.add_argument("--preset", choices=sorted(PRESETS), default="default",
+                   help="decoding shape: default (the fastest lossless configuration measured) or paper (the "
+                        "standalone diffusion drafter, --gamma 32, --steps 2); explicit flags override it")
+    g.add_argument("--gamma", type=int, help=f"draft block length (default: the preset's; {GAMMA} by default, the paper: 32)")
+    g.add_argument("--steps", type=int, help=f"diffusion steps per block (default: the preset's; {STEPS} by default, the paper: 2)")
     add_block_flags(g)
     g.add_argument("--eta-b", type=float, help="local gate threshold (Eq. 3)")
     g.add_argument("--eta-c", type=float, help="prefix gate threshold (Eq. 3)")
@@ -54,7 +57,8 @@ def add_block_flags(g) -> None:
 def add_model_flags(p: argparse.ArgumentParser, threads_help: str = "torch CPU threads") -> None:
     """The model flags shared by every command that loads the pair (run, generate, sweep)."""
     m = p.add_argument_group("models")
-    m.add_argument("--drafter", help="drafter directory (default: the embedded drafter)")
+    m.add_argument("--drafter", help="drafter directory, or an embedded drafter's name (smollm2-135m-diffusion, "
+                                     "smollm2-135m-conditioned; default: the preset's)")
     m.add_argument("--verifier", help="verifier checkpoint directory (default: embedded SmolLM2-135M-Instruct)")
     m.add_argument("--copy-prior", default="auto", metavar="auto|off|PATH",
                    help="the drafter's copy prior: auto (the drafter's copy_prior.json if it has one), off, or a file")
@@ -77,10 +81,20 @@ def add_model_flags(p: argparse.ArgumentParser, threads_help: str = "torch CPU t
     m.add_argument("--threads", type=int, help=threads_help)
 
 
+def apply_preset(a) -> None:
+    """Fill ``--drafter``, ``--gamma`` and ``--steps`` where the command line left them out, from
+    ``--preset`` (commands without the policy flags keep what they have)."""
+    preset = PRESETS[getattr(a, "preset", None) or "default"]
+    for key, value in preset.items():
+        if getattr(a, key, None) is None and hasattr(a, key):
+            setattr(a, key, value)
+
+
 def model_config(a):
     """The :class:`vskip.models.config.ModelConfig` of parsed model flags (``--steps`` included)."""
     from ..models.config import ModelConfig
 
+    apply_preset(a)
     return ModelConfig(drafter=a.drafter, verifier=a.verifier, steps=a.steps, reveal=a.reveal,
                        verifier_cache=a.verifier_cache, device=a.device, dtype=a.dtype, threads=a.threads,
                        copy_prior=a.copy_prior, drafter_dtype=a.drafter_dtype, drafter_device=a.drafter_device,
@@ -91,6 +105,7 @@ def configs(a, policy_name: str | None = None):
     from ..decode import DecodeConfig
     from ..policy import PolicyConfig
 
+    apply_preset(a)
     policy = PolicyConfig.make(
         policy_name or a.policy, eta_b=a.eta_b, eta_c=a.eta_c, eta_m=a.eta_m, epsilon=a.epsilon, k_min=a.k_min, s_max=a.s_max,
         lenience=a.lenience, top_k=a.top_k, period=a.period, period_k=a.period_k, lam=a.lam,

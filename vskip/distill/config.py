@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -67,3 +68,40 @@ class TrainConfig:
             raise ValueError(f"--layers must name distinct layer indices >= 0, got {list(self.layers)}")
         if self.dtype not in ("bfloat16", "float32"):
             raise ValueError(f"dtype must be bfloat16 or float32, got {self.dtype!r}")
+
+
+@dataclass(frozen=True)
+class ConditionedTrainConfig:
+    num_layers: int = 2
+    block_size: int = 16
+    blocks_per_seq: int = 16
+    batch_seqs: int = 4
+    steps: int = 2000
+    lr: float = 5e-4
+    warmup: int = 50
+    max_tail: int = 64
+    #: share of training blocks whose context reaches the anchor (no unverified tail)
+    no_tail_share: float = 0.5
+    loss_decay: float = 7.0
+    holdout: int = 64
+    seed: int = 0
+    checkpoint_every: int = 50
+    eval_every: int = 250
+    eval_blocks: int = 64
+    replay_answers: int = 32
+    replay_tokens: int = 128
+    threads: int | None = None
+
+    def __post_init__(self):
+        for key in ("num_layers", "blocks_per_seq", "batch_seqs", "steps", "checkpoint_every", "eval_every",
+                    "eval_blocks", "replay_tokens"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"--{key.replace('_', '-')} must be >= 1, got {getattr(self, key)}")
+        if self.block_size < 2:
+            raise ValueError(f"--block-size must be >= 2, got {self.block_size}")
+        if not (self.lr > 0 and math.isfinite(self.lr)) or not (self.loss_decay > 0 and math.isfinite(self.loss_decay)):
+            raise ValueError("--lr and --loss-decay must be finite and > 0")
+        if not 0.0 <= self.no_tail_share <= 1.0:
+            raise ValueError(f"--no-tail-share must lie in [0, 1], got {self.no_tail_share}")
+        if self.max_tail < 0 or self.warmup < 0 or self.holdout < 0 or self.replay_answers < 0:
+            raise ValueError("--max-tail, --warmup, --holdout and --replay-answers must be >= 0")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -32,48 +32,12 @@ import torch.nn.functional as F
 
 from ..models.backbone import BackboneConfig, read_hf_config
 from ..models.conditioned import ConditionedLM, ConditionedSpec, default_target_layers
+from .config import ConditionedTrainConfig
 from .rows import Data, head_vocabulary, load_rows, outside_head, split
 
 STATE_FILE = "train_state.safetensors"
 #: tail lengths the evaluation reports
 EVAL_TAILS = (0, 1, 2, 4, 8, 16)
-
-
-@dataclass(frozen=True)
-class ConditionedTrainConfig:
-    num_layers: int = 2
-    block_size: int = 16
-    blocks_per_seq: int = 16
-    batch_seqs: int = 4
-    steps: int = 2000
-    lr: float = 5e-4
-    warmup: int = 50
-    max_tail: int = 64
-    #: share of training blocks whose context reaches the anchor (no unverified tail)
-    no_tail_share: float = 0.5
-    loss_decay: float = 7.0
-    holdout: int = 64
-    seed: int = 0
-    checkpoint_every: int = 50
-    eval_every: int = 250
-    eval_blocks: int = 64
-    replay_answers: int = 32
-    replay_tokens: int = 128
-    threads: int | None = None
-
-    def __post_init__(self):
-        for key in ("num_layers", "blocks_per_seq", "batch_seqs", "steps", "checkpoint_every", "eval_every",
-                    "eval_blocks", "replay_tokens"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"--{key.replace('_', '-')} must be >= 1, got {getattr(self, key)}")
-        if self.block_size < 2:
-            raise ValueError(f"--block-size must be >= 2, got {self.block_size}")
-        if not (self.lr > 0 and math.isfinite(self.lr)) or not (self.loss_decay > 0 and math.isfinite(self.loss_decay)):
-            raise ValueError("--lr and --loss-decay must be finite and > 0")
-        if not 0.0 <= self.no_tail_share <= 1.0:
-            raise ValueError(f"--no-tail-share must lie in [0, 1], got {self.no_tail_share}")
-        if self.max_tail < 0 or self.warmup < 0 or self.holdout < 0 or self.replay_answers < 0:
-            raise ValueError("--max-tail, --warmup, --holdout and --replay-answers must be >= 0")
 
 
 def build_model(verifier_dir: Path, layers: tuple[int, ...], cfg: ConditionedTrainConfig,
@@ -116,22 +80,21 @@ def _tail(rng, cfg: ConditionedTrainConfig, a: int) -> int:
     return max(0, min(u, cfg.max_tail, a - 1))
 
 
-def row_loss(model: ConditionedLM, row: np.ndarray, P: int, feats: torch.Tensor, rng, cfg: ConditionedTrainConfig,
-             head_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum of weighted cross-entropies, sum of weights) over ``blocks_per_seq`` blocks of one row."""
-    N, nm = min(len(row), feats.shape[0]), cfg.block_size - 1
+def pack_row(row: np.ndarray, P: int, n_feats: int, rng, cfg: ConditionedTrainConfig, mask_id: int) -> dict:
+    """``blocks_per_seq`` blocks of one row in one query: ``ids``/``pos`` [T] (every block's tail
+    and masks), ``C`` (context positions with features), ``mask`` [1, 1, T, C + T] (a block sees
+    the context before its tail and itself), and per target the query row, the token and the
+    weight ``exp(-(k - 1) / loss_decay)``."""
+    N, nm = min(len(row), n_feats), cfg.block_size - 1
     anchors = rng.integers(P - 1, N - 1, cfg.blocks_per_seq)  # the first target a + 1 lies in the answer
-    tails = [_tail(rng, cfg, int(a)) for a in anchors]
-    ms = [int(a) - u for a, u in zip(anchors, tails)]
+    ms = [int(a) - _tail(rng, cfg, int(a)) for a in anchors]
     C = max(ms)
-    ctx = model.context(feats[:C][None], torch.arange(C))
     ids, pos, spans = [], [], []
     for a, m in zip(anchors, ms):
-        a = int(a)
-        q = list(row[m : a + 1]) + [model.mask_id] * nm
-        spans.append((len(ids), len(q), m, a))
+        q = [int(t) for t in row[m : int(a) + 1]] + [mask_id] * nm
+        spans.append((len(ids), len(q), m, int(a)))
         ids += q
-        pos += list(range(m, a + 1 + nm))
+        pos += list(range(m, int(a) + 1 + nm))
     T = len(ids)
     mask = torch.zeros(1, 1, T, C + T, dtype=torch.bool)
     rows_t, tgt, w = [], [], []
@@ -142,13 +105,22 @@ def row_loss(model: ConditionedLM, row: np.ndarray, P: int, feats: torch.Tensor,
             rows_t.append(s + L - nm + k - 1)
             tgt.append(int(row[a + k]))
             w.append(math.exp(-(k - 1) / cfg.loss_decay))
-    h = model(torch.tensor([ids]), torch.tensor(pos), ctx, mask)[0]
-    logits = h[torch.tensor(rows_t)] @ model.head_weight().T
-    t = head_index[torch.tensor(tgt)]
-    wt = torch.tensor(w)
+    return {"ids": torch.tensor([ids]), "pos": torch.tensor(pos), "C": C, "mask": mask, "spans": spans,
+            "rows": torch.tensor(rows_t, dtype=torch.long), "targets": torch.tensor(tgt, dtype=torch.long),
+            "weights": torch.tensor(w)}
+
+
+def row_loss(model: ConditionedLM, row: np.ndarray, P: int, feats: torch.Tensor, rng, cfg: ConditionedTrainConfig,
+             head_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of weighted cross-entropies, sum of weights) over ``blocks_per_seq`` blocks of one row."""
+    b = pack_row(row, P, feats.shape[0], rng, cfg, model.mask_id)
+    ctx = model.context(feats[: b["C"]][None], torch.arange(b["C"]))
+    h = model(b["ids"], b["pos"], ctx, b["mask"])[0]
+    logits = h[b["rows"]] @ model.head_weight().T
+    t = head_index[b["targets"]]
     keep = t >= 0
     ce = F.cross_entropy(logits.float()[keep], t[keep], reduction="none")
-    return (ce * wt[keep]).sum(), wt[keep].sum()
+    return (ce * b["weights"][keep]).sum(), b["weights"][keep].sum()
 
 
 def _lr(step: int, cfg: ConditionedTrainConfig) -> float:

@@ -19,7 +19,8 @@ def register(subparsers) -> None:
                         "epsilon, k_min, s_max, lenience, top_k, period, period_k, lam, cost_ratio, alpha, "
                         "survival; cache=on|off for the verifier's KV cache; predictor=DIR for a learned signal's own "
                         "model instead of --predictor's), fast (Strict SDD with "
-                        "--gamma 4 --gamma-max 16 --min-match 6 --trim 0.5), hf, lookupN (default: ar,strict,fast)")
+                        "the standalone drafter, --gamma 4 --gamma-max 16 --min-match 6 --trim 0.5), hf, lookupN; "
+                        "drafter=NAME|DIR: this configuration's own drafter (default: ar,strict,fast)")
     c.add_argument("--repeats", type=int, default=1,
                    help="decode every prompt this many times with every configuration, in rotating order; the "
                         "summary gives each repeat's ratio to ar (default: 1)")
@@ -80,12 +81,18 @@ def cmd_compare(a) -> int:
     if a.out:  # before any model loads: refuse an --out whose rows were made otherwise
         compare.claim(Path(a.out), compare.settings_record(a.task, dec.max_new_tokens, runtime, models, variants,
                                                            a.predictor))
-    gamma = max([dec.gamma] + [v.decode.gamma_max or v.decode.gamma for v in variants if v.decode is not None])
+    # the longest block the command's drafter drafts (a configuration with a drafter of its own is
+    # checked against that drafter when it decodes)
+    gamma = max([dec.gamma] + [v.decode.gamma_max or v.decode.gamma for v in variants
+                               if v.decode is not None and not v.drafter])
     pair = open_pair(models, need_drafter=any(v.policy not in (None, "ar") for v in variants),
                      budget=(n, dec.max_new_tokens, gamma))
     from ..models.load import drafter_beside
 
-    for name in sorted({v.drafter for v in variants if v.drafter}):
+    from ..models.embedded import EMBEDDED_DRAFTER
+
+    loaded = models.drafter or EMBEDDED_DRAFTER
+    for name in sorted({v.drafter for v in variants if v.drafter} - {loaded}):
         pair.extra_drafters[name] = drafter_beside(pair, name, models)
     prompts = [(p.task_id, encode_chat(pair.tokenizer, tasks.user_prompt(p))) for p in problems]
     with tempfile.TemporaryDirectory() as tmp:

@@ -114,6 +114,8 @@ def _drafter_extra(d: dict, hidden: int) -> int:
     from .copy import LENGTH_EDGES
 
     n = hidden if d.get("mask_token_id") is None else 0
+    if d.get("target_layers"):  # a conditioned drafter: the fusion of the tapped layers and its norm
+        n += len(d["target_layers"]) * hidden * hidden + hidden
     return n + (hidden * hidden + len(LENGTH_EDGES) * hidden if d.get("copy_input") else 0)
 
 

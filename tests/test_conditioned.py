@@ -289,3 +289,33 @@ def test_training_lowers_the_loss_and_resumes(llama_dir, tmp_path):
     assert meta["step"] == 20 and meta["layers"] == [0, 1]
     for (n, a), b in zip(trainable(model).items(), trainable(fresh).values()):
         assert torch.equal(a, b), n
+
+
+def test_checkpoint_code_never_runs_even_when_stdin_says_yes(dirs, tmp_path, monkeypatch, capsys):
+    """A verifier directory of an unknown model type whose config and tokenizer name code (auto_map)
+    that would leave a mark: with 'y' on standard input, vskip refuses it in one line and runs none
+    of it."""
+    import io
+    import shutil
+
+    v, d = dirs
+    mark = tmp_path / "ran"
+    evil = tmp_path / "evil"
+    shutil.copytree(v, evil)
+    code = f"open({str(mark)!r}, 'w').write('ran')\n"
+    for name in ("modeling_evil.py", "configuration_evil.py", "tokenization_evil.py"):
+        (evil / name).write_text(code)
+    cfg = json.loads((evil / "config.json").read_text())
+    cfg.update(model_type="evil", architectures=["EvilForCausalLM"],
+               auto_map={"AutoConfig": "configuration_evil.EvilConfig", "AutoModelForCausalLM": "modeling_evil.Evil"})
+    (evil / "config.json").write_text(json.dumps(cfg))
+    tc = json.loads((evil / "tokenizer_config.json").read_text())
+    tc.update(tokenizer_class="EvilTokenizer", auto_map={"AutoTokenizer": ["tokenization_evil.EvilTokenizer", None]})
+    (evil / "tokenizer_config.json").write_text(json.dumps(tc))
+    for extra in ([], ["--drafter", str(d), "--gamma", "4"]):
+        monkeypatch.setattr("sys.stdin", io.StringIO("y\n" * 8))
+        rc = main(["generate", "def f():", "--verifier", str(evil), "--policy", "strict" if extra else "ar",
+                   "--max-new-tokens", "4", *extra])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc in (1, 2) and len(err) == 1, err
+        assert not mark.exists()

@@ -10,6 +10,9 @@ from dataclasses import dataclass, replace
 #: the ``fast`` configuration of the standalone drafter (chosen on 12 HumanEval prompts;
 #: docs/results/speed.md), whatever the command's drafter
 FAST = "strict+gamma=4+gamma_max=16+min_match=6+trim=0.5+drafter=smollm2-135m-diffusion"
+#: the ``paper`` configuration: Strict SDD in the paper's shape (the standalone diffusion drafter,
+#: gamma 32, two reveal steps), whatever the command's drafter
+PAPER = "strict+gamma=32+steps=2+drafter=smollm2-135m-diffusion"
 
 #: settings a configuration may change, and how to read them
 _KEYS = {"gamma": int, "gamma_max": int, "min_match": int, "trim": float, "steps": int}
@@ -56,8 +59,8 @@ def parse_variant(spec: str, base, steps: int, predictor: str | None = None, fla
     from .policy import POLICIES, PolicyConfig
 
     spec = spec.strip()
-    if spec == "fast":
-        return replace(parse_variant(FAST, base, steps), name="fast")
+    if spec in ("fast", "paper"):
+        return replace(parse_variant(FAST if spec == "fast" else PAPER, base, steps), name=spec)
     if spec == "hf":
         return Variant(spec)
     if spec.startswith("lookup"):

@@ -20,7 +20,8 @@ def register(subparsers) -> None:
                         "survival; cache=on|off for the verifier's KV cache; predictor=DIR for a learned signal's own "
                         "model instead of --predictor's), fast (Strict SDD with "
                         "the standalone drafter, --gamma 4 --gamma-max 16 --min-match 6 --trim 0.5), hf, lookupN; "
-                        "drafter=NAME|DIR: this configuration's own drafter (default: ar,strict,fast)")
+                        "drafter=NAME|DIR: this configuration's own drafter; paper (Strict SDD in the paper's shape: "
+                        "the standalone drafter, gamma 32, two reveal steps) (default: ar,strict,fast)")
     c.add_argument("--repeats", type=int, default=1,
                    help="decode every prompt this many times with every configuration, in rotating order; the "
                         "summary gives each repeat's ratio to ar (default: 1)")

@@ -88,8 +88,8 @@ def _convert_gguf(src: Path, dst: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
-    model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32, trust_remote_code=False)
     # A GGUF-loaded model refuses save_pretrained until its quantizer marks are cleared.
     model.hf_quantizer = None
     model.is_quantized = False

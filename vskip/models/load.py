@@ -63,7 +63,7 @@ def load_verifier(path: Path, runtime: Runtime, use_cache: bool = True, device_m
     _offline()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     where = runtime.verifier_on
     if device_map is None and where.startswith("cuda"):
         device_map = {"": where}  # straight onto the GPU: no copy of the whole model in host memory
@@ -92,7 +92,7 @@ def check_prompt_fits(verifier: str | None, prompt: str | list[tuple[str, str]],
 
     _offline()
     vdir = resolve_verifier_dir(verifier)
-    tok = AutoTokenizer.from_pretrained(vdir)
+    tok = AutoTokenizer.from_pretrained(vdir, trust_remote_code=False)
     items = [(None, prompt)] if isinstance(prompt, str) else list(prompt)
     limit = json.loads((Path(vdir) / "config.json").read_text()).get("max_position_embeddings")
     longest = 0

@@ -8,7 +8,7 @@
 #   bash scripts/fullscale.sh traces   # Strict SDD traces of both tasks (runs/full/traces; large, not committed)
 #   bash scripts/fullscale.sh train    # marginal, conditional and prefix models, 5 folds -> $A/predictors
 #   bash scripts/fullscale.sh sweep    # the grid `full` (cpu-signals and prefix) on both tasks, until UNTIL
-#   bash scripts/fullscale.sh timing   # KEY on every 4th prompt, 3 repeats with the cache; NOCACHE_KEY on every 8th
+#   bash scripts/fullscale.sh timing   # KEY on every 8th prompt, 3 repeats with the cache; NOCACHE_KEY on every 8th
 #                                      # HumanEval prompt (NOCACHE_TASKS), without
 #   bash scripts/fullscale.sh onpolicy # one on-policy round: traces (again, if missing), decode with the model, retrain
 #   bash scripts/fullscale.sh onpolicy-check  # offline, same machine: thresholds replayed on the on-policy blocks

@@ -128,17 +128,23 @@ def test_the_summary_sets_calls_and_blocks_against_strict_and_reads_eq8():
             rows.append({"task_id": t, "config": name, "tokens": toks, "seconds": 1.0, "digest": "d", "output": [1],
                          "calls": calls, "blocks": blocks, "accepted": [3] * blocks if name == "strict" else [],
                          "draft_seconds": 0.01 * blocks, "verify_seconds": 0.03 * calls})
+        rows.append({"task_id": t, "config": "hf", "tokens": n, "seconds": 1.0, "digest": "d", "output": [1]})
     s = compare.summarize_comparison(rows)
     x, st = s["configs"]["x"], s["configs"]["strict"]
+    # transformers' decoders record no calls: neither relative measure exists for them
+    assert s["configs"]["hf"]["rel_calls"] is None and s["configs"]["hf"]["rel_blocks"] is None
     assert st["rel_calls"] == pytest.approx(1.0) and st["rel_blocks"] == pytest.approx(1.0)
     assert x["rel_calls"] == pytest.approx((7 / 30) / (15 / 60))  # 5 + 2 calls for 30 tokens, 10 + 5 for 60
     assert x["rel_blocks"] == pytest.approx((30 / 30) / (15 / 60))
     assert x["rel_calls_ci95"][0] <= x["rel_calls"] <= x["rel_calls_ci95"][1]
-    assert s["configs"]["ar"]["rel_blocks"] == 0.0 and s["configs"]["ar"]["rel_calls"] == pytest.approx(4.0)
+    # ar drafts no blocks: no relative blocks at all (shown as "–"), never 0
+    assert s["configs"]["ar"]["rel_blocks"] is None and s["configs"]["ar"]["rel_calls"] == pytest.approx(4.0)
     assert s["eq8"]["A"] == pytest.approx(4.0)  # 60 tokens in 15 calls
     assert s["eq8"]["K_star"] == pytest.approx(4.0 * 10 / (10 + 30))  # c_D 10 ms, c_V 30 ms
     text = compare.format_summary(s)
     assert "rel. calls [95% CI]" in text and "K* = A c_D / (c_D + c_V) = 1.000" in text
+    hf_row = next(line for line in text.splitlines() if line.startswith("| hf "))
+    assert "0.000" not in hf_row
     no_strict = compare.summarize_comparison([r for r in rows if r["config"] != "strict"])
     assert "eq8" not in no_strict and "rel. calls" not in compare.format_summary(no_strict)
 

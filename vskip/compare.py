@@ -303,19 +303,26 @@ def _against_strict(out: dict, by: dict, common: list[str]) -> None:
     prompts (the paper's relative calls and blocks), with 95% bootstrap intervals over prompts, and
     Eq. 8 at Strict SDD's measured costs: ``K* = A c_D / (c_D + c_V)`` with A its tokens per call.
     Counts come from the first repeat: a repeat decodes the same tokens."""
-    def per_prompt(res: dict, key: str) -> tuple[np.ndarray, np.ndarray]:
-        return (np.array([res[t][0].get(key, 0) for t in common], float), np.array([res[t][0]["tokens"] for t in common], float))
+    def per_prompt(res: dict, key: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """Counts and tokens per prompt; None where the configuration has no such count
+        (transformers' decoders record no calls; a decoder that drafts nothing has no blocks)."""
+        c = np.array([res[t][0].get(key, np.nan) for t in common], float)
+        if np.isnan(c).any() or not c.any():
+            return None
+        return c, np.array([res[t][0]["tokens"] for t in common], float)
 
     C0, N0 = per_prompt(by["strict"], "calls")
     B0, _ = per_prompt(by["strict"], "blocks")
     for name, res in by.items():
-        C, N = per_prompt(res, "calls")
-        B, _ = per_prompt(res, "blocks")
         d = out["configs"][name]
-        d["rel_calls"] = float((C.sum() / N.sum()) / (C0.sum() / N0.sum()))
-        d["rel_calls_ci95"] = _ratio_interval(C, N, C0, N0)
-        d["rel_blocks"] = float((B.sum() / N.sum()) / (B0.sum() / N0.sum()))
-        d["rel_blocks_ci95"] = _ratio_interval(B, N, B0, N0)
+        for key, ref in (("calls", C0), ("blocks", B0)):
+            mine = per_prompt(res, key)
+            if mine is None:  # shown as "–", never as 0
+                d[f"rel_{key}"] = None
+                continue
+            X, N = mine
+            d[f"rel_{key}"] = float((X.sum() / N.sum()) / (ref.sum() / N0.sum()))
+            d[f"rel_{key}_ci95"] = _ratio_interval(X, N, ref, N0)
     st = out["configs"]["strict"]
     if st.get("c_D_ms") and st.get("c_V_ms"):
         from .policy import break_even_length

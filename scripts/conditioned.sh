@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The conditioned drafter (docs/conditioned.md), one step per call; every step resumes.
+#
+#   bash scripts/conditioned.sh features   # verifier hidden states over the distillation answers -> $FEATS
+#   bash scripts/conditioned.sh train      # train on them -> $TRAIN (checkpoints, curve), then export $TRAIN/drafter
+#   bash scripts/conditioned.sh ship       # $TRAIN/drafter -> the embedded drafter, its curve and manifest -> $R/train
+#   bash scripts/conditioned.sh compare    # HumanEval and MBPP, paired with vskip compare -> $R/he, $R/mbpp
+#   bash scripts/conditioned.sh skip       # raw confidence at the paper's gates and the prefix policy -> $R/skip
+#   bash scripts/conditioned.sh pack       # gzip the finished comparisons' rows
+#   bash scripts/conditioned.sh summary    # rebuild every summary in $R from its rows
+#
+# Knobs: FEATS, TRAIN (outside the repository: features take gigabytes), UNTIL (HH:MM: stop
+# extracting or training then, resume later), HE and MBPP (prompts compared, the first ones), SKIP
+# (HumanEval prompts of the skip comparison), NEW (new tokens, 512).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+V=.venv/bin/vskip
+FEATS=${FEATS:-../conditioned-features}
+TRAIN=${TRAIN:-../conditioned-train}
+R=docs/results/drafter-conditioned
+NEW=${NEW:-512}
+HE=${HE:-164}
+MBPP=${MBPP:-200}
+SKIP=${SKIP:-164}
+UNTIL_FLAG=()
+[ -n "${UNTIL:-}" ] && UNTIL_FLAG=(--until "$UNTIL")
+D=smollm2-135m-conditioned
+
+compare() {  # compare TASK N OUT CONFIGS
+  mkdir -p "$3"
+  $V compare --task "$1" --limit "$2" --max-new-tokens "$NEW" --drafter "$D" --configs "$4" --out "$3" --quiet
+}
+
+case "${1:-}" in
+  features) $V extract-features --data datasets/distill --out "$FEATS" "${UNTIL_FLAG[@]}" ;;
+  train)
+    $V train-conditioned --data datasets/distill --features "$FEATS" --out "$TRAIN" --train-steps 2800 --lr 1e-3 \
+      --warmup 50 --eval-every 400 --eval-blocks 48 --replay-answers 24 "${UNTIL_FLAG[@]}" ;;
+  ship)
+    rm -rf vskip/assets/$D && cp -r "$TRAIN"/drafter vskip/assets/$D
+    mkdir -p $R/train && cp "$TRAIN"/curve.png "$TRAIN"/curve.csv "$TRAIN"/config.json $R/train/
+    cp vskip/assets/$D/manifest.json $R/train/manifest.json ;;
+  compare)
+    compare humaneval "$HE" $R/he "ar,strict,strict+gamma=15,fast,lookup10"
+    compare mbpp "$MBPP" $R/mbpp "ar,strict,strict+gamma=15,fast,lookup10" ;;
+  skip)
+    compare humaneval "$SKIP" $R/skip "ar,strict,raw+eta_b=0.9+eta_c=0.93+k_min=6,raw+eta_b=0.7+eta_c=0.7+k_min=3,prefix+lam=0.9" ;;
+  pack)  # archive the rows once a comparison is done (a rerun then starts it afresh)
+    for d in $R/he $R/mbpp $R/skip; do
+      if [ -f "$d/shard-1-of-1.jsonl" ]; then gzip -f "$d/shard-1-of-1.jsonl"; fi
+    done ;;
+  summary)
+    for d in $R/he $R/mbpp $R/skip; do
+      if [ -d "$d" ]; then $V compare --summary --out "$d" > /dev/null; fi
+    done ;;
+  *) sed -n 2,14p "$0"; exit 2 ;;
+esac

@@ -30,6 +30,16 @@ def _files(tmp):
 CASES = [
     # run: flags
     ("run --task nope --out {tmp}/o", "unknown task 'nope'"),
+    ("run --task humaneval --out ''", "run directory is empty"),
+    ("train-conditioned --data {tmp}/empty --features {tmp}/empty --out {tmp}/t", "holds no index.json"),
+    ("train-conditioned --data {tmp}/nope --features {tmp}/empty --out {tmp}/t", "data directory"),
+    ("train-conditioned --data {tmp}/empty --features {tmp}/empty --out {tmp}/t --lr nan", "--lr"),
+    ("train-conditioned --data {tmp}/empty --features {tmp}/empty --out {tmp}/t --block-size 1", "--block-size"),
+    ("train-conditioned --data {tmp}/empty --features {tmp}/empty --out {tmp}/t --until 25:99", "--until"),
+    ("extract-features --data {tmp}/nope --out {tmp}/f", "data directory"),
+    ("extract-features --data {tmp}/empty --out {tmp}/f --taps 0", "--taps"),
+    ("extract-features --data {tmp}/empty --out {tmp}/f --layers a,b", "layer indices"),
+    ("run --task humaneval --out {tmp}/o --preset nope", "invalid choice"),
     ("run --task humaneval --out {tmp}/o --limit 0", "--limit must be >= 1"),
     ("run --task humaneval --out {tmp}/o --limit -3", "--limit must be >= 1"),
     ("run --task humaneval --out {tmp}/o --ids ,", "--ids names no task id"),

@@ -291,6 +291,28 @@ def test_a_missing_or_damaged_manifest_refuses_where_one_is_required(shipped, ve
     verify_drafter(shipped, verifier_dir)  # a user's drafter without a manifest is not checked
 
 
+def test_a_shipped_drafter_without_the_copy_prior_its_manifest_names_refuses(shipped, verifier_dir):
+    from vskip.models.load import verify_drafter
+
+    (shipped / "copy_prior.json").unlink()
+    with pytest.raises(FileNotFoundError, match="copy_prior.json is missing"):
+        verify_drafter(shipped, verifier_dir, required=True)
+    verify_drafter(shipped, verifier_dir)  # a user's own drafter may leave its prior out
+
+
+@pytest.mark.model
+def test_a_missing_embedded_drafter_refuses_and_an_untrained_one_needs_its_name(tmp_path, monkeypatch, capsys):
+    import vskip.models.load as load
+    from vskip.cli import main
+
+    monkeypatch.setattr(load, "embedded_drafter_dir", lambda name=None: tmp_path / "gone")
+    rc = main(["generate", "def f():", "--policy", "strict", "--max-new-tokens", "4", "--threads", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "drafter.json is missing" in err[0], err
+    assert main(["generate", "def f():", "--policy", "strict", "--max-new-tokens", "4", "--threads", "1",
+                 "--drafter", "untrained"]) == 0
+
+
 def test_the_cached_verifier_is_sound_only_when_its_weights_match_their_hash(tmp_path):
     import json
 

@@ -148,6 +148,8 @@ def read_jsonl(path: Path | str, on_cut: Callable[[str], None] | None = None, pa
 
 def check_writable_dir(path: Path | str, what: str = "output directory") -> Path:
     """Create ``path`` if needed and make sure files can be written in it (before any work)."""
+    if not str(path).strip():
+        raise FileError(f"{what} is empty: name a directory")
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise FileError(f"{what} {path} is a file, not a directory")

@@ -25,6 +25,8 @@ from .attention import use_gqa_attention
 from .placement import MemoryPlan, MemoryPlanError, plan_memory
 from .verifier import HFVerifier
 
+#: the ``--drafter`` name of an untrained drafter built from the verifier's first layers
+UNTRAINED = "untrained"
 #: Above this share of shared ids that decode differently, a drafter's vocabulary does not fit.
 MAX_VOCAB_MISMATCH = 0.01
 
@@ -198,6 +200,8 @@ def verify_drafter(ddir: Path, vdir: Path, required: bool = False) -> None:
         if not f.exists():
             if key == "weights":
                 raise FileNotFoundError(f"drafter weights {f} are missing; {rebuild}")
+            if required:  # a shipped drafter without the prior its manifest names: never silently
+                raise FileNotFoundError(f"{f} is missing; {rebuild}")
             continue
         if file_sha256(f) != entry["sha256"]:
             raise FileError(f"{f} does not match the sha256 in {path}: the file is damaged; {rebuild}")
@@ -297,16 +301,19 @@ def _load_drafter(drafter: str | None, vdir: Path, ver: HFVerifier, tok, runtime
         return _conditioned_adapter(ddir, ver, tok, runtime), {"drafter": str(drafter)}
     if drafter in (None, "", "default", EMBEDDED_DRAFTER):
         ddir = embedded_drafter_dir()
-        if (ddir / "drafter.json").exists():
-            verify_drafter(ddir, vdir, required=True)
-            model = load_drafter_model(ddir, base_dir=vdir, dtype=runtime.torch_dtype("drafter"), device=runtime.drafter_on)
-            identity["drafter"] = EMBEDDED_DRAFTER
-        else:
-            from .drafter_io import drafter_from_verifier
+        if not (ddir / "drafter.json").exists():
+            raise FileNotFoundError(f"the embedded drafter's {ddir / 'drafter.json'} is missing; reinstall vskip "
+                                    f"(--drafter {UNTRAINED} drafts with an untrained one built from the verifier)")
+        verify_drafter(ddir, vdir, required=True)
+        model = load_drafter_model(ddir, base_dir=vdir, dtype=runtime.torch_dtype("drafter"), device=runtime.drafter_on)
+        identity["drafter"] = EMBEDDED_DRAFTER
+        dtok = None
+    elif drafter == UNTRAINED:  # only when asked for by name
+        from .drafter_io import drafter_from_verifier
 
-            print("vskip: no trained embedded drafter found; using an untrained one built from the verifier", file=sys.stderr)
-            model = drafter_from_verifier(vdir).to(device=runtime.drafter_on, dtype=runtime.torch_dtype("drafter"))
-            identity["drafter"] = EMBEDDED_DRAFTER + "-untrained"
+        ddir = None
+        model = drafter_from_verifier(vdir).to(device=runtime.drafter_on, dtype=runtime.torch_dtype("drafter"))
+        identity["drafter"] = UNTRAINED
         dtok = None
     else:
         ddir = Path(drafter)
@@ -336,7 +343,7 @@ def drafter_beside(pair: ModelPair, drafter: str, models) -> object:
     """Another drafter for ``pair``'s verifier (``vskip compare``'s ``drafter=``), with the
     reveal steps, reveal order and copy prior of ``models`` (a ModelConfig)."""
     vdir = resolve_verifier_dir(models.verifier)
-    if drafter not in (EMBEDDED_DRAFTER, EMBEDDED_CONDITIONED) and not Path(drafter).exists():
+    if drafter not in (EMBEDDED_DRAFTER, EMBEDDED_CONDITIONED, UNTRAINED) and not Path(drafter).exists():
         raise FileNotFoundError(f"drafter path {drafter} does not exist")
     adapter, _ = _load_drafter(drafter, vdir, pair.verifier, pair.tokenizer, pair.runtime, models.steps,
                                models.reveal, models.copy_prior)
@@ -389,11 +396,15 @@ def load_pair(
         print(f"vskip: note: the verifier runs in {runtime.dtype}: its argmax can round differently in a "
               f"block verification than in a one-token step, so Strict SDD is not guaranteed "
               f"to equal ar token for token (use --dtype float32 for that)", file=sys.stderr)
-    if need_drafter and drafter not in (None, "", "default", EMBEDDED_DRAFTER, EMBEDDED_CONDITIONED) \
+    if need_drafter and drafter not in (None, "", "default", EMBEDDED_DRAFTER, EMBEDDED_CONDITIONED, UNTRAINED) \
             and not Path(drafter).exists():
         raise FileNotFoundError(f"drafter path {drafter} does not exist")
     if need_drafter and copy_prior not in (None, "off", "none", "auto") and not Path(copy_prior).exists():
         raise FileNotFoundError(f"copy prior {copy_prior} does not exist")  # before any weights load
+    if need_drafter and drafter in (None, "", "default", EMBEDDED_DRAFTER, EMBEDDED_CONDITIONED) \
+            and not (_drafter_dir(drafter) / "drafter.json").exists():  # never a silent stand-in
+        raise FileNotFoundError(f"the embedded drafter's {_drafter_dir(drafter) / 'drafter.json'} is missing; reinstall "
+                                f"vskip (--drafter {UNTRAINED} drafts with an untrained one built from the verifier)")
     vdir = resolve_verifier_dir(verifier)
     if need_drafter and is_conditioned(_drafter_dir(drafter)):
         from .backbone import read_hf_config

@@ -84,7 +84,9 @@ def add_model_flags(p: argparse.ArgumentParser, threads_help: str = "torch CPU t
 def apply_preset(a) -> None:
     """Fill ``--drafter``, ``--gamma`` and ``--steps`` where the command line left them out, from
     ``--preset`` (commands without the policy flags keep what they have)."""
-    preset = PRESETS[getattr(a, "preset", None) or "default"]
+    if getattr(a, "preset", None) is None:
+        return
+    preset = PRESETS[a.preset]
     for key, value in preset.items():
         if getattr(a, key, None) is None and hasattr(a, key):
             setattr(a, key, value)

@@ -407,6 +407,8 @@ def load_pair(
                                 f"vskip (--drafter {UNTRAINED} drafts with an untrained one built from the verifier)")
     vdir = resolve_verifier_dir(verifier)
     if need_drafter and is_conditioned(_drafter_dir(drafter)):
+        if copy_prior not in (None, "off", "none", "auto"):
+            raise ValueError(f"--copy-prior {copy_prior}: the conditioned drafter {drafter} has no copy prior")
         from .backbone import read_hf_config
         from .conditioned_io import check_against_verifier, read_spec
 

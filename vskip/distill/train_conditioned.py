@@ -168,13 +168,23 @@ def evaluate(model: ConditionedLM, ho: Data, feats: dict[int, torch.Tensor], ho_
                 continue
             Ls.append(accepted(draft(model, row, f, a, u, W, ids), row, a))
         L = np.asarray(Ls, dtype=float)
-        out["tails"][str(u)] = {"blocks": len(L), "p_L_ge_1": float((L >= 1).mean()), "mean_L": float(L.mean()),
+        out["tails"][str(u)] = {"blocks": len(L), "p_L_ge_1": float((L >= 1).mean()),
+                                "p_L_ge_1_ci95": _wilson(int((L >= 1).sum()), len(L)), "mean_L": float(L.mean()),
                                 "tokens_per_call": float(L.mean() + 1)}
     out["first_step_top1"] = out["tails"]["0"]["p_L_ge_1"]
     if cfg.replay_answers:
         out["replay"] = replay(model, ho, feats, ho_index, cfg.replay_answers * scale, cfg.replay_tokens, W, ids)
     model.train()
     return out
+
+
+def _wilson(k: int, n: int, z: float = 1.96) -> list[float]:
+    """95% Wilson interval of a share k/n."""
+    if n == 0:
+        return [0.0, 1.0]
+    p = k / n
+    mid, half = p + z * z / (2 * n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return [round((mid - half) / (1 + z * z / n), 4), round((mid + half) / (1 + z * z / n), 4)]
 
 
 def replay(model, ho: Data, feats, ho_index, answers: int, tokens: int, W, ids) -> dict:
@@ -361,7 +371,7 @@ def export(out: Path, data_dir: Path, features_dir: Path, verifier_dir: Path, fi
         taps = load_taps(Path(features_dir), max_chunks=1)  # chunk 0: the held-out rows
         ho_idx = [i for i in taps.holdout if i in taps.features]
         ho = Data(*[[x[i] for i in ho_idx] for x in (data.rows, data.prompt_lens, data.prompt_ids)])
-        holdout = evaluate(model, ho, taps.features, ho_idx, cfg, scale=2)
+        holdout = evaluate(model, ho, taps.features, ho_idx, cfg, scale=4)
     feats = summary(read_index(Path(features_dir)))
     info = {"train": asdict(cfg), "steps": int(meta["step"]), "head_size": int(len(tensors["head_ids"])),
             "train_seconds": log[-1].get("seconds") if log else None, "features": feats, "holdout": holdout}

@@ -184,7 +184,7 @@ def _wilson(k: int, n: int, z: float = 1.96) -> list[float]:
         return [0.0, 1.0]
     p = k / n
     mid, half = p + z * z / (2 * n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return [round((mid - half) / (1 + z * z / n), 4), round((mid + half) / (1 + z * z / n), 4)]
+    return [max(0.0, round((mid - half) / (1 + z * z / n), 4)), min(1.0, round((mid + half) / (1 + z * z / n), 4))]
 
 
 def replay(model, ho: Data, feats, ho_index, answers: int, tokens: int, W, ids) -> dict:

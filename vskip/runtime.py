@@ -5,6 +5,8 @@ All timing goes through :func:`sync` so that GPU work is finished before a clock
 
 from __future__ import annotations
 
+import os
+
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +90,7 @@ class Runtime:
     def activate(self) -> None:
         import torch
 
+        check_threads(self.threads)
         if self.threads:
             torch.set_num_threads(self.threads)
         idx = self.cuda_indices()
@@ -163,6 +166,20 @@ def _check_device(device: str, flag: str) -> str:
     return device
 
 
+#: ``--threads`` may exceed the machine's cores by at most this factor
+THREADS_PER_CORE = 4
+
+
+def check_threads(threads: int | None) -> None:
+    """Refuse a thread count below 1 or far above the machine's cores (oversubscription only
+    slows every kernel down)."""
+    if threads is None:
+        return
+    most = THREADS_PER_CORE * (os.cpu_count() or 1)
+    if not 1 <= threads <= most:
+        raise ValueError(f"--threads must lie in 1..{most} ({THREADS_PER_CORE} per core of this machine), got {threads}")
+
+
 def resolve_runtime(device: str | None = None, dtype: str | None = None, threads: int | None = None,
                     drafter_dtype: str | None = None, drafter_device: str | None = None,
                     verifier_device: str | None = None, max_memory: str | None = None) -> Runtime:
@@ -199,8 +216,7 @@ def resolve_runtime(device: str | None = None, dtype: str | None = None, threads
         drafter_dtype = "bfloat16" if native_bf16(drafter_device or device) else dtype
     if drafter_dtype not in DTYPES:
         raise ValueError(f"unknown drafter dtype {drafter_dtype!r}; expected auto, float32, bfloat16 or float16")
-    if threads is not None and threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {threads}")
+    check_threads(threads)
     return Runtime(device=device, dtype=dtype, threads=threads, drafter_dtype=drafter_dtype,
                    drafter_device=drafter_device, verifier_device=verifier_device, max_memory=max_memory)
 

@@ -4,6 +4,7 @@ problem (exit 2 for bad input), never a traceback, and none of them loads a mode
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -24,12 +25,15 @@ def _files(tmp):
     (tmp / "run").mkdir()
     (tmp / "run" / "config.json").write_text("{")
     (tmp / "run" / "samples.jsonl").write_text("")
+    os.mkfifo(tmp / "fifo")
 
 
 # (argv, fragment the one error line must contain)
 CASES = [
     # run: flags
     ("run --task nope --out {tmp}/o", "unknown task 'nope'"),
+    ("score --task humaneval --samples {tmp}/fifo", "is not a regular file"),
+    ("generate hi --copy-prior {tmp}/fifo", "is not a regular file"),
     ("run --task humaneval --out ''", "run directory is empty"),
     ("train-conditioned --data {tmp}/empty --features {tmp}/empty --out {tmp}/t", "holds no index.json"),
     ("train-conditioned --data {tmp}/nope --features {tmp}/empty --out {tmp}/t", "data directory"),

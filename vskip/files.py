@@ -111,6 +111,8 @@ def read_jsonl(path: Path | str, on_cut: Callable[[str], None] | None = None, pa
     path = Path(path)
     if not path.exists():
         return []
+    if not path.is_file():  # a FIFO or a device would block or never end
+        raise FileError(f"{path} is not a regular file")
     raw = path.read_bytes()
     if path.suffix == ".gz":
         import gzip

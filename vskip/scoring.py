@@ -367,6 +367,8 @@ def score_samples_file(
     if task not in ALL_TASKS:
         raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(ALL_TASKS)}")
     path = Path(path)
+    if path.exists() and not path.is_file():  # a FIFO or a device would block or never end
+        raise ValueError(f"samples file {path} is not a regular file")
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

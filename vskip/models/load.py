@@ -229,6 +229,8 @@ def resolve_copy_prior(choice: str | None, drafter_dir: Path | None) -> CopyPrio
             path = path / COPY_FILE
         if not path.exists():
             raise FileNotFoundError(f"copy prior {choice} does not exist")
+        if not path.is_file():  # a FIFO would block the read
+            raise ValueError(f"copy prior {path} is not a regular file")
     try:
         data = json.loads(path.read_text())
         prior = CopyPrior.from_json(data)
@@ -401,6 +403,9 @@ def load_pair(
         raise FileNotFoundError(f"drafter path {drafter} does not exist")
     if need_drafter and copy_prior not in (None, "off", "none", "auto") and not Path(copy_prior).exists():
         raise FileNotFoundError(f"copy prior {copy_prior} does not exist")  # before any weights load
+    if need_drafter and copy_prior not in (None, "off", "none", "auto") and not Path(copy_prior).is_dir() \
+            and not Path(copy_prior).is_file():
+        raise ValueError(f"copy prior {copy_prior} is not a regular file")
     if need_drafter and drafter in (None, "", "default", EMBEDDED_DRAFTER, EMBEDDED_CONDITIONED) \
             and not (_drafter_dir(drafter) / "drafter.json").exists():  # never a silent stand-in
         raise FileNotFoundError(f"the embedded drafter's {_drafter_dir(drafter) / 'drafter.json'} is missing; reinstall "

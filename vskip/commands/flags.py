@@ -97,6 +97,12 @@ def model_config(a):
     from ..models.config import ModelConfig
 
     apply_preset(a)
+    cp = getattr(a, "copy_prior", None)
+    if cp not in (None, "auto", "off", "none"):
+        from pathlib import Path
+
+        if Path(cp).exists() and not (Path(cp).is_file() or Path(cp).is_dir()):  # a FIFO would block
+            raise ValueError(f"copy prior {cp} is not a regular file")
     return ModelConfig(drafter=a.drafter, verifier=a.verifier, steps=a.steps, reveal=a.reveal,
                        verifier_cache=a.verifier_cache, device=a.device, dtype=a.dtype, threads=a.threads,
                        copy_prior=a.copy_prior, drafter_dtype=a.drafter_dtype, drafter_device=a.drafter_device,

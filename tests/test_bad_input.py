@@ -32,6 +32,15 @@ def _files(tmp):
 CASES = [
     # run: flags
     ("run --task nope --out {tmp}/o", "unknown task 'nope'"),
+    ("train-predictor --kind marginal --traces {tmp}/empty --out {tmp}/p --epochs 10000000000000000000000", "--epochs"),
+    ("diagnose {tmp}/empty --out {tmp}/d --repetitions 10000000000000000000000", "--repetitions"),
+    ("diagnose {tmp}/empty --out {tmp}/d --seed -1", "--seed"),
+    ("calibrate-prefix {tmp}/empty --alpha 0.05 --step 1e-8", "--step"),
+    ("report {tmp}/empty --out {tmp}/r --bootstrap 100000000000000000000000", "--bootstrap"),
+    ("report {tmp}/empty --out {tmp}/r --seed -1", "--seed"),
+    ("generate-data --out {tmp}/g --check -1", "--check"),
+    ("generate-data --out {tmp}/g --limit -1", "--limit"),
+    ("generate-data --out {tmp}/g --sources nope", "--sources"),
     ("score --task humaneval --samples {tmp}/fifo", "is not a regular file"),
     ("generate hi --copy-prior {tmp}/fifo", "is not a regular file"),
     ("run --task humaneval --out ''", "run directory is empty"),

@@ -7,6 +7,8 @@ import argparse
 import json
 from pathlib import Path
 
+from .flags import bounded
+
 
 def register(subparsers) -> None:
     _generate_data(subparsers)
@@ -200,12 +202,12 @@ def _generate_data(subparsers) -> None:
     g.add_argument("--sources", default=",".join(SOURCES), help=f"prompt sources (default: {','.join(SOURCES)})")
     g.add_argument("--seed", type=int, default=0, help="seed of the built prompt list (default: 0)")
     g.add_argument("--verifier", help="verifier directory (default: the embedded verifier)")
-    g.add_argument("--limit", type=int, help="only the first N prompts")
+    g.add_argument("--limit", type=bounded(int, 1, 10_000_000), help="only the first N prompts")
     g.add_argument("--threads", type=int, default=2, help="torch CPU threads (default: 2)")
     g.add_argument("--slots", type=int, default=64, help="answers decoded at once (default: 64)")
     g.add_argument("--max-new-tokens", type=int, default=384, help="answer budget (default: 384)")
     g.add_argument("--shard-size", type=int, default=256, help="prompts per shard (default: 256)")
-    g.add_argument("--check", type=int, default=0, metavar="N",
+    g.add_argument("--check", type=bounded(int, 0, 1_000_000), default=0, metavar="N",
                    help="only compare the engine with transformers' greedy generate on N prompts")
     g.add_argument("--summary", metavar="FILE",
                    help="only check OUT's shards against their hashes and write its totals (JSON) to FILE")
@@ -234,7 +236,13 @@ def cmd_generate_data(a) -> int:
         from ..models.embedded import embedded_verifier_dir
 
         verifier_dir = embedded_verifier_dir()
-    prompts = resolve_prompts(a.out, a.prompts, a.sources.split(","), a.seed)
+    from ..distill.prompts import SOURCES
+
+    sources = [x.strip() for x in a.sources.split(",") if x.strip()]
+    unknown = sorted(set(sources) - set(SOURCES))
+    if unknown or not sources:
+        raise ValueError(f"--sources: unknown {', '.join(unknown) or '(none given)'}; expected some of {', '.join(SOURCES)}")
+    prompts = resolve_prompts(a.out, a.prompts, sources, a.seed)
     if a.check:
         from ..runtime import Runtime
 

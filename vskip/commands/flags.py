@@ -8,6 +8,26 @@ import argparse
 from ..defaults import GAMMA, K_MIN, POLICIES, PRESETS, S_MAX, STEPS
 
 
+def bounded(kind, lo, hi):
+    """An argparse type: a number of ``kind`` (int or float) in ``[lo, hi]``, finite."""
+    import math
+
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+        if (kind is float and not math.isfinite(v)) or not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"must lie in {lo}..{hi}, got {text}")
+        return v
+
+    return parse
+
+
+#: the largest seed numpy's generators take from one integer flag
+MAX_SEED = 2**32 - 1
+
+
 def add_policy_flags(p: argparse.ArgumentParser, policy: bool = True) -> None:
     g = p.add_argument_group("policy")
     if policy:

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from .flags import MAX_SEED, bounded
+
 #: the survival predictors (``vskip.traces.KINDS``) and the prefix model (``vskip.prefix_model.KIND``)
 PREDICTOR_KINDS = ("marginal", "conditional", "prefix")
 
@@ -29,8 +31,8 @@ def _train_predictor(subparsers) -> None:
                         "with a calibrated threshold per fold)")
     p.add_argument("--traces", required=True, nargs="+", metavar="RUN_DIR", help="trace run directories")
     p.add_argument("--out", required=True, help="predictor directory (checkpoints go to OUT/KIND/)")
-    p.add_argument("--epochs", type=int, help="training epochs (default: 15; prefix: 30)")
-    p.add_argument("--hidden", type=int, default=64, help="prefix: width of the GRU (default: 64)")
+    p.add_argument("--epochs", type=bounded(int, 1, 100_000), help="training epochs (default: 15; prefix: 30)")
+    p.add_argument("--hidden", type=bounded(int, 1, 4096), default=64, help="prefix: width of the GRU (default: 64)")
     p.add_argument("--on-policy", nargs="+", action="append", metavar="RUN_DIR",
                    help="prefix: traces of `vskip run --policy prefix --trace` (shadow-verified skips) added to each "
                         "rotation's training prompts (DAgger-style rounds); repeat the option once per round, oldest "
@@ -111,8 +113,8 @@ def _diagnose(subparsers) -> None:
     p.add_argument("traces", nargs="+", metavar="TRACE_RUN_DIR", help="trace run directories")
     p.add_argument("--predictors", help="directory from `vskip train-predictor` (default: raw confidence only)")
     p.add_argument("--out", required=True, help="output directory for figures, tables and diagnose.md")
-    p.add_argument("--repetitions", type=int, default=100, help="permutations (default: 100)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the permutations and simulation (default: 0)")
+    p.add_argument("--repetitions", type=bounded(int, 1, 1_000_000), default=100, help="permutations (default: 100)")
+    p.add_argument("--seed", type=bounded(int, 0, MAX_SEED), default=0, help="seed of the permutations and simulation (default: 0)")
     p.add_argument("--alpha", type=float, nargs="+", default=[0.01, 0.02, 0.05],
                    help="prefix model: the risks whose calibrated thresholds are replayed on the traces "
                         "(default: 0.01 0.02 0.05)")
@@ -148,7 +150,7 @@ def _calibrate_prefix(subparsers) -> None:
     )
     c.add_argument("traces", nargs="+", help="--trace run directories of Strict SDD")
     c.add_argument("--alpha", type=float, required=True, help="the promised expected share of disagreeing tokens")
-    c.add_argument("--step", type=float, default=0.005, help="grid step of the threshold (default: 0.005)")
+    c.add_argument("--step", type=bounded(float, 1e-4, 0.5), default=0.005, help="grid step of the threshold (default: 0.005)")
     c.add_argument("--out", help="write the calibration as JSON here")
     c.set_defaults(fn=cmd_calibrate_prefix)
 

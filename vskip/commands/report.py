@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from ..defaults import K_MIN
+from .flags import MAX_SEED, bounded
 
 
 def register(subparsers) -> None:
@@ -19,8 +20,8 @@ def register(subparsers) -> None:
     r.add_argument("--out", required=True, help="output directory")
     r.add_argument("--frontier-k-min", dest="k_min", type=int, default=K_MIN,
                    help=f"the k_min of the signal runs drawn as frontiers (default: {K_MIN})")
-    r.add_argument("--bootstrap", type=int, default=10_000, help="paired bootstrap resamples (default: 10000)")
-    r.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
+    r.add_argument("--bootstrap", type=bounded(int, 1, 10_000_000), default=10_000, help="paired bootstrap resamples (default: 10000)")
+    r.add_argument("--seed", type=bounded(int, 0, MAX_SEED), default=0, help="bootstrap seed (default: 0)")
     r.add_argument("--timing", nargs="+", metavar="COMPARE_DIR", default=[],
                    help="`vskip compare --repeats` directories: the promise's runs also get their tokens/s against "
                         "Strict SDD from the configuration there that decodes as they did (interleaved, repeated, "

@@ -3,7 +3,8 @@
 #
 #   bash scripts/conditioned.sh features   # verifier hidden states over the distillation answers -> $FEATS
 #   bash scripts/conditioned.sh train      # train on them -> $TRAIN (checkpoints, curve), then export $TRAIN/drafter
-#   bash scripts/conditioned.sh ship       # $TRAIN/drafter -> the embedded drafter, its curve and manifest -> $R/train
+#   bash scripts/conditioned.sh record     # $TRAIN's curve, settings and the drafter's manifest -> $R/train
+#   bash scripts/conditioned.sh ship       # record, and $TRAIN/drafter -> the embedded drafter
 #   bash scripts/conditioned.sh compare    # HumanEval and MBPP, paired with vskip compare -> $R/he, $R/mbpp
 #   bash scripts/conditioned.sh skip       # raw confidence at the paper's gates and the prefix policy -> $R/skip
 #   bash scripts/conditioned.sh pack       # gzip the finished comparisons' rows
@@ -11,7 +12,9 @@
 #
 # Knobs: FEATS, TRAIN (outside the repository: features take gigabytes), UNTIL (HH:MM: stop
 # extracting or training then, resume later), HE and MBPP (prompts compared, the first ones), SKIP
-# (HumanEval prompts of the skip comparison), NEW (new tokens, 512).
+# (HumanEval prompts of the skip comparison), NEW (new tokens, 512), DRAFTER (the drafter compared:
+# the embedded one by default, or a directory such as $TRAIN/drafter before it ships), CONFIGS
+# (the compare step's configurations).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 V=.venv/bin/vskip
@@ -22,9 +25,10 @@ NEW=${NEW:-512}
 HE=${HE:-164}
 MBPP=${MBPP:-200}
 SKIP=${SKIP:-164}
+CONFIGS=${CONFIGS:-ar,strict,strict+gamma=15,fast,lookup10}
 UNTIL_FLAG=()
 [ -n "${UNTIL:-}" ] && UNTIL_FLAG=(--until "$UNTIL")
-D=smollm2-135m-conditioned
+D=${DRAFTER:-smollm2-135m-conditioned}
 
 compare() {  # compare TASK N OUT CONFIGS
   mkdir -p "$3"
@@ -36,13 +40,15 @@ case "${1:-}" in
   train)
     $V train-conditioned --data datasets/distill --features "$FEATS" --out "$TRAIN" --train-steps 2800 --lr 1e-3 \
       --warmup 50 --eval-every 400 --eval-blocks 48 --replay-answers 24 "${UNTIL_FLAG[@]}" ;;
-  ship)
-    rm -rf vskip/assets/$D && cp -r "$TRAIN"/drafter vskip/assets/$D
+  record)
     mkdir -p $R/train && cp "$TRAIN"/curve.png "$TRAIN"/curve.csv "$TRAIN"/config.json $R/train/
-    cp vskip/assets/$D/manifest.json $R/train/manifest.json ;;
+    cp "$TRAIN"/drafter/manifest.json $R/train/manifest.json ;;
+  ship)
+    bash "$0" record
+    rm -rf vskip/assets/smollm2-135m-conditioned && cp -r "$TRAIN"/drafter vskip/assets/smollm2-135m-conditioned ;;
   compare)
-    compare humaneval "$HE" $R/he "ar,strict,strict+gamma=15,fast,lookup10"
-    compare mbpp "$MBPP" $R/mbpp "ar,strict,strict+gamma=15,fast,lookup10" ;;
+    compare humaneval "$HE" $R/he "$CONFIGS"
+    compare mbpp "$MBPP" $R/mbpp "$CONFIGS" ;;
   skip)
     compare humaneval "$SKIP" $R/skip "ar,strict,raw+eta_b=0.9+eta_c=0.93+k_min=6,raw+eta_b=0.7+eta_c=0.7+k_min=3,prefix+lam=0.9" ;;
   pack)  # archive the rows once a comparison is done (a rerun then starts it afresh)
@@ -53,5 +59,5 @@ case "${1:-}" in
     for d in $R/he $R/mbpp $R/skip; do
       if [ -d "$d" ]; then $V compare --summary --out "$d" > /dev/null; fi
     done ;;
-  *) sed -n 2,14p "$0"; exit 2 ;;
+  *) sed -n 2,19p "$0"; exit 2 ;;
 esac

@@ -319,3 +319,55 @@ def test_checkpoint_code_never_runs_even_when_stdin_says_yes(dirs, tmp_path, mon
         err = capsys.readouterr().err.strip().splitlines()
         assert rc in (1, 2) and len(err) == 1, err
         assert not mark.exists()
+
+
+def test_extract_train_export_and_decode_end_to_end(llama_dir, tmp_path):
+    """Features extracted from the verifier equal its hidden states; a training run stops at its
+    time limit and resumes; the exported drafter matches its manifest, loads beside the verifier
+    and Strict SDD with it equals the verifier's own greedy output."""
+    from test_train import _tiny_data
+    from transformers import AutoModelForCausalLM
+
+    from vskip.distill.config import ConditionedTrainConfig
+    from vskip.distill.rows import load_rows
+    from vskip.distill.taps import extract, load_taps, summary
+    from vskip.distill.train_conditioned import export, read_state, train
+    from vskip.files import file_sha256
+    from vskip.models.conditioned_io import load_conditioned
+
+    data = _tiny_data(tmp_path / "data", n=12)
+    feats = tmp_path / "feats"
+    idx = extract(data, feats, llama_dir, (0, 1), holdout=2, chunk_rows=4, max_rows=4, progress=False)
+    assert summary(idx)["chunks"] == 2  # the held-out chunk and one of four training rows
+    idx = extract(data, feats, llama_dir, (0, 1), holdout=2, chunk_rows=4, progress=False)  # resumes, extends
+    assert summary(idx)["rows"] == 12
+    taps = load_taps(feats)
+    rows = load_rows(data)
+    verifier = AutoModelForCausalLM.from_pretrained(llama_dir).eval()
+    with torch.no_grad():
+        hs = verifier.model(input_ids=torch.tensor([rows.rows[3].tolist()]), output_hidden_states=True).hidden_states
+    want = torch.cat([hs[1][0], hs[2][0]], -1).to(torch.bfloat16)
+    assert torch.equal(taps.features[3], want)
+    with pytest.raises(ValueError, match="another layers"):
+        extract(data, feats, llama_dir, (1,), holdout=2, chunk_rows=4, progress=False)
+
+    cfg = ConditionedTrainConfig(num_layers=1, block_size=5, blocks_per_seq=4, batch_seqs=2, steps=6, warmup=1,
+                                 holdout=2, checkpoint_every=2, eval_every=3, eval_blocks=2, replay_answers=2,
+                                 replay_tokens=8, max_tail=4, threads=1)
+    out = tmp_path / "train"
+    train(data, feats, out, llama_dir, cfg, progress=False, until=0.0)  # past its time: a checkpoint, no step
+    assert read_state(out)[0]["step"] == 0
+    train(data, feats, out, llama_dir, cfg, progress=False)
+    meta, _ = read_state(out)
+    assert meta["step"] == 6 and [e["step"] for e in meta["log"] if "first_step_top1" in e] == [0, 3, 6]
+    ddir = export(out, data, feats, llama_dir)
+    m = json.loads((ddir / "manifest.json").read_text())
+    assert m["weights"]["sha256"] == file_sha256(ddir / "drafter.safetensors")
+    assert m["features"]["layers"] == [0, 1] and set(m["holdout"]["tails"]) == {"0", "1", "2", "4", "8", "16"}
+    assert (out / "curve.png").exists() and load_conditioned(ddir, verifier).spec.block_size == 5
+    pair = open_pair(ModelConfig(drafter=str(ddir), verifier=str(llama_dir), device="cpu", dtype="float32",
+                                 drafter_dtype="float32"))
+    ids = rows.rows[0][: rows.prompt_lens[0]].tolist()
+    ar = decode(ids, None, pair.verifier, PolicyConfig(name="ar"), DecodeConfig(gamma=4, max_new_tokens=20))
+    st = decode(ids, pair.drafter, pair.verifier, PolicyConfig(name="strict"), DecodeConfig(gamma=4, max_new_tokens=20))
+    assert st.tokens == ar.tokens

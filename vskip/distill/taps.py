@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,15 +47,16 @@ class _Stop(Exception):
 
 def tapped_forward(model, layers: tuple[int, ...]):
     """A function ``ids [1, T] -> features [T, len(layers) * d]`` (float32) that runs the causal
-    LM ``model`` only as far as its last tapped layer. Layer ``i`` means the output of decoder
-    layer ``i`` (transformers' ``hidden_states[i + 1]``)."""
+    LM ``model`` only as far as its last tapped layer. Layer ``i`` means transformers'
+    ``hidden_states[i + 1]``: the output of decoder layer ``i``, final-normed for the last layer."""
     base = model.model
     grabbed: dict[int, torch.Tensor] = {}
-    last = max(layers)
+    last, top = max(layers), len(base.layers) - 1
 
     def hook(i):
         def fn(_module, _inp, out):
-            grabbed[i] = out[0] if isinstance(out, tuple) else out
+            h = out[0] if isinstance(out, tuple) else out
+            grabbed[i] = base.norm(h) if i == top else h  # hidden_states[-1] is final-normed
             if i == last:
                 raise _Stop
         return fn
@@ -75,13 +77,39 @@ def tapped_forward(model, layers: tuple[int, ...]):
     return run
 
 
+class RowFeatures(Mapping):
+    """Row index -> its features (bf16 [T, k*d]), read from the chunk files on demand (a slice
+    of one tensor each), so that training on every row does not hold them all in memory."""
+
+    def __init__(self, out: Path, chunks: list[dict]):
+        from safetensors import safe_open
+
+        self._files, self._where = [], {}
+        for entry in chunks:
+            f = safe_open(str(Path(out) / entry["file"]), framework="pt")
+            off = f.get_tensor("offsets").tolist()
+            for j, r in enumerate(f.get_tensor("rows").tolist()):
+                self._where[int(r)] = (len(self._files), off[j], off[j + 1])
+            self._files.append(f)
+
+    def __getitem__(self, row: int) -> torch.Tensor:
+        i, a, b = self._where[row]
+        return self._files[i].get_slice("features")[a:b]
+
+    def __iter__(self):
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
 @dataclass
 class Taps:
     """Features of some rows, as read back: ``features[row_index]`` -> bf16 tensor [T, k*d]."""
 
     layers: tuple[int, ...]
     width: int
-    features: dict[int, torch.Tensor]
+    features: Mapping
     holdout: list[int]
 
     def rows(self) -> list[int]:
@@ -95,18 +123,11 @@ def read_index(out: Path) -> dict:
 
 
 def load_taps(out: Path, max_chunks: int | None = None) -> Taps:
-    """Every whole chunk of a features directory (the first ``max_chunks`` only, if given)."""
-    from safetensors.torch import load_file
-
+    """Every whole chunk of a features directory (the first ``max_chunks`` only, if given); rows
+    are read when asked for."""
     idx = read_index(out)
-    feats: dict[int, torch.Tensor] = {}
-    chunks = sorted(idx.get("chunks", {}).items(), key=lambda kv: int(kv[0]))
-    for i, entry in chunks[: max_chunks]:
-        t = load_file(str(Path(out) / entry["file"]))
-        off = t["offsets"].tolist()
-        for j, r in enumerate(t["rows"].tolist()):
-            feats[int(r)] = t["features"][off[j] : off[j + 1]]
-    return Taps(tuple(idx["layers"]), int(idx["width"]), feats, list(idx["holdout"]))
+    chunks = [e for _, e in sorted(idx.get("chunks", {}).items(), key=lambda kv: int(kv[0]))][: max_chunks]
+    return Taps(tuple(idx["layers"]), int(idx["width"]), RowFeatures(Path(out), chunks), list(idx["holdout"]))
 
 
 def plan_rows(data: Data, holdout: int, seed: int) -> tuple[list[int], list[int]]:

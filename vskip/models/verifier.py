@@ -74,8 +74,9 @@ class HFVerifier:
             tap.reset()
 
     def set_tap(self, tap) -> None:
-        """Hand the hidden states of the layers ``tap.layers`` (layer i: the output of decoder
-        layer i) of every position a real call runs over to ``tap``
+        """Hand the hidden states of the layers ``tap.layers`` (layer i: transformers'
+        ``hidden_states[i + 1]``, the output of decoder layer i, final-normed for the last) of
+        every position a real call runs over to ``tap``
         (:class:`~vskip.models.conditioned.HiddenTap`), beside any tap set before; a shadow call
         leaves every tap as it was."""
         layers = self.model.model.layers
@@ -84,8 +85,11 @@ class HFVerifier:
             raise ValueError(f"the drafter reads verifier layers {bad}, but the verifier has {len(layers)} layers")
 
         def grab(i):
+            last = i == len(layers) - 1  # transformers' hidden_states[-1] is the final-normed state
+
             def fn(_module, _inp, out):
-                self._grabbed[i] = out[0] if isinstance(out, tuple) else out
+                h = out[0] if isinstance(out, tuple) else out
+                self._grabbed[i] = self.model.model.norm(h) if last else h
             return fn
 
         for i in sorted(set(tap.layers) - self._hooked):

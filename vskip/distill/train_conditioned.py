@@ -203,6 +203,12 @@ def replay(model, ho: Data, feats, ho_index, answers: int, tokens: int, W, ids) 
             "p_L_ge_1": first / max(calls, 1)}
 
 
+def _index(data_dir: Path) -> dict:
+    """The data set's ``index.json`` (empty where a data directory has none)."""
+    path = Path(data_dir) / "index.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def save_state(out: Path, model: ConditionedLM, opt, step: int, cfg: ConditionedTrainConfig, log: list) -> None:
     from safetensors.torch import save_file
 
@@ -267,7 +273,7 @@ def train(data_dir: Path, features_dir: Path, out: Path, verifier_dir: Path, cfg
     tr, ho = pick(tr_idx), pick(ho_idx)
     resume = (out / STATE_FILE).exists()
     meta, tensors = read_state(out) if resume else ({}, {})
-    head = tensors["head_ids"] if resume else head_vocabulary(tr, int(json.loads((Path(data_dir) / "index.json").read_text()).get("eos_id", 2)))
+    head = tensors["head_ids"] if resume else head_vocabulary(tr, int(_index(data_dir).get("eos_id", 2)))
     model = build_model(verifier_dir, taps.layers, cfg, head)
     head_index = torch.full((model.spec.backbone.vocab_size,), -100, dtype=torch.long)
     head_index[head] = torch.arange(len(head))
@@ -377,7 +383,7 @@ def export(out: Path, data_dir: Path, features_dir: Path, verifier_dir: Path, fi
             "train_seconds": log[-1].get("seconds") if log else None, "features": feats, "holdout": holdout}
     ddir = save_conditioned(model.eval(), out / "drafter", meta=info)
     weights = ddir / "drafter.safetensors"
-    index = json.loads((Path(data_dir) / "index.json").read_text())
+    index = _index(data_dir)
     write_json(ddir / "manifest.json", {
         "format": "vskip-drafter-manifest/1",
         "verifier": _verifier_hashes(Path(verifier_dir)),

@@ -3,7 +3,7 @@
 #
 #   bash scripts/conditioned.sh features   # verifier hidden states over the distillation answers -> $FEATS
 #   bash scripts/conditioned.sh train      # train on them -> $TRAIN (checkpoints, curve), then export $TRAIN/drafter
-#   bash scripts/conditioned.sh record     # $TRAIN's curve, settings and the drafter's manifest -> $R/train
+#   bash scripts/conditioned.sh record     # $TRAIN's curve and the drafter's manifest (its settings) -> $R/train
 #   bash scripts/conditioned.sh ship       # record, and $TRAIN/drafter -> the embedded drafter
 #   bash scripts/conditioned.sh compare    # HumanEval and MBPP, paired with vskip compare -> $R/he, $R/mbpp
 #   bash scripts/conditioned.sh skip       # raw confidence at the paper's gates and the prefix policy -> $R/skip
@@ -41,7 +41,7 @@ case "${1:-}" in
     $V train-conditioned --data datasets/distill --features "$FEATS" --out "$TRAIN" --train-steps 2800 --lr 1e-3 \
       --warmup 50 --eval-every 400 --eval-blocks 48 --replay-answers 24 "${UNTIL_FLAG[@]}" ;;
   record)
-    mkdir -p $R/train && cp "$TRAIN"/curve.png "$TRAIN"/curve.csv "$TRAIN"/config.json $R/train/
+    mkdir -p $R/train && cp "$TRAIN"/curve.png "$TRAIN"/curve.csv $R/train/
     cp "$TRAIN"/drafter/manifest.json $R/train/manifest.json ;;
   ship)
     bash "$0" record

@@ -38,8 +38,7 @@ compare() {  # compare TASK N OUT CONFIGS
 case "${1:-}" in
   features) $V extract-features --data datasets/distill --out "$FEATS" "${UNTIL_FLAG[@]}" ;;
   train)
-    $V train-conditioned --data datasets/distill --features "$FEATS" --out "$TRAIN" --train-steps 2800 --lr 1e-3 \
-      --warmup 50 --eval-every 400 --eval-blocks 48 --replay-answers 24 "${UNTIL_FLAG[@]}" ;;
+    $V train-conditioned --data datasets/distill --features "$FEATS" --out "$TRAIN" "${UNTIL_FLAG[@]}" ;;
   record)
     mkdir -p $R/train && cp "$TRAIN"/curve.png "$TRAIN"/curve.csv $R/train/
     cp "$TRAIN"/drafter/manifest.json $R/train/manifest.json ;;

@@ -11,6 +11,7 @@ import pytest
 
 from test_report import IDS, build, write_run
 from vskip import compare
+from vskip.variants import parse_variant
 from vskip.decode import DecodeConfig
 from vskip.policy import PolicyConfig
 from vskip.report.timing import Timing, timed_fields
@@ -33,7 +34,7 @@ def comparison(d: Path, task="humaneval", ids=IDS, cache=True, max_new=256, dtyp
                seconds=SECONDS) -> Path:
     """A comparison directory as `vskip compare --repeats 2 --predictor p0` writes it."""
     dec = DecodeConfig(gamma=8, max_new_tokens=max_new, task=task)
-    variants = [compare.parse_variant(s, dec, 1, "p0") for s in specs]
+    variants = [parse_variant(s, dec, 1, "p0") for s in specs]
     compare.claim(d, compare.settings_record(task, max_new, Runtime(), _models(cache, dtype), variants, "p0"))
     rows = [{"task_id": t, "config": s, "repeat": q, "machine": "m", "tokens": 10,
              "seconds": seconds[s][q], "digest": "d", "output": [1]}

@@ -76,8 +76,8 @@ class ConditionedTrainConfig:
     block_size: int = 16
     blocks_per_seq: int = 16
     batch_seqs: int = 4
-    steps: int = 2000
-    lr: float = 5e-4
+    steps: int = 2800
+    lr: float = 1e-3
     warmup: int = 50
     max_tail: int = 64
     #: share of training blocks whose context reaches the anchor (no unverified tail)
@@ -86,9 +86,9 @@ class ConditionedTrainConfig:
     holdout: int = 64
     seed: int = 0
     checkpoint_every: int = 50
-    eval_every: int = 250
-    eval_blocks: int = 64
-    replay_answers: int = 32
+    eval_every: int = 400
+    eval_blocks: int = 48
+    replay_answers: int = 24
     replay_tokens: int = 128
     threads: int | None = None
 

@@ -135,17 +135,17 @@ def trainable(model: DiffusionLM) -> dict[str, torch.nn.Parameter]:
     return {n: p for n, p in model.named_parameters() if not n.startswith("backbone.embed_tokens")}
 
 
-def _lr(step: int, cfg: TrainConfig) -> float:
+def lr_at(step: int, cfg) -> float:
+    """Linear warm-up, then a cosine down to a tenth of ``cfg.lr`` at ``cfg.steps``."""
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     t = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(t, 1.0))))
 
 
-def save_state(out: Path, model, opt, step: int, cfg: TrainConfig, log: list) -> None:
-    from safetensors.torch import save_file
-
-    params = trainable(model)
+def state_tensors(params: dict, opt) -> dict[str, torch.Tensor]:
+    """A checkpoint's tensors: the parameters (``param.NAME``) and Adam's moments
+    (``adam.exp_avg.NAME``, ``adam.exp_avg_sq.NAME``)."""
     tensors = {f"param.{n}": p.detach().float().contiguous() for n, p in params.items()}
     names = {id(p): n for n, p in params.items()}
     for group in opt.param_groups:
@@ -154,6 +154,13 @@ def save_state(out: Path, model, opt, step: int, cfg: TrainConfig, log: list) ->
             for k in ("exp_avg", "exp_avg_sq"):
                 if k in st:
                     tensors[f"adam.{k}.{names[id(p)]}"] = st[k].contiguous()
+    return tensors
+
+
+def save_state(out: Path, model, opt, step: int, cfg: TrainConfig, log: list) -> None:
+    from safetensors.torch import save_file
+
+    tensors = state_tensors(trainable(model), opt)
     if model.head_ids is not None:
         tensors["head_ids"] = model.head_ids.contiguous()
     from ..files import write_atomic, write_json
@@ -325,7 +332,7 @@ def _train_loop(model, opt, params, tr, ho, head_index, cfg: TrainConfig, dtype,
         rng = np.random.default_rng([cfg.seed, step])
         batch = make_batch(tr, rng, cfg, model.mask_id, head_index)
         for grp in opt.param_groups:
-            grp["lr"] = _lr(step, cfg)
+            grp["lr"] = lr_at(step, cfg)
         loss, n_targets = _step(model, opt, params, batch, dtype)
         step += 1
         tokens_seen += int(batch[0].numel())

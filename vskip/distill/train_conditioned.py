@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from ..models.backbone import BackboneConfig, read_hf_config
 from ..models.conditioned import ConditionedLM, ConditionedSpec, default_target_layers
 from .config import ConditionedTrainConfig
+from .train import lr_at, state_tensors
 from .rows import Data, head_vocabulary, load_rows, outside_head, split
 
 STATE_FILE = "train_state.safetensors"
@@ -123,13 +124,6 @@ def row_loss(model: ConditionedLM, row: np.ndarray, P: int, feats: torch.Tensor,
     return (ce * b["weights"][keep]).sum(), b["weights"][keep].sum()
 
 
-def _lr(step: int, cfg: ConditionedTrainConfig) -> float:
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    t = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(t, 1.0))))
-
-
 @torch.inference_mode()
 def draft(model: ConditionedLM, row: np.ndarray, feats: torch.Tensor, a: int, u: int, W: torch.Tensor,
           ids: torch.Tensor) -> np.ndarray:
@@ -214,15 +208,7 @@ def save_state(out: Path, model: ConditionedLM, opt, step: int, cfg: Conditioned
 
     from ..files import write_atomic, write_json
 
-    params = trainable(model)
-    tensors = {f"param.{n}": p.detach().float().contiguous() for n, p in params.items()}
-    names = {id(p): n for n, p in params.items()}
-    for group in opt.param_groups:
-        for p in group["params"]:
-            st = opt.state.get(p, {})
-            for k in ("exp_avg", "exp_avg_sq"):
-                if k in st:
-                    tensors[f"adam.{k}.{names[id(p)]}"] = st[k].contiguous()
+    tensors = state_tensors(trainable(model), opt)
     tensors["head_ids"] = model.head_ids.contiguous()
     meta = {"step": step, "config": asdict(cfg), "layers": list(model.spec.target_layers), "log": log}
     write_atomic(out / STATE_FILE, lambda tmp: save_file(tensors, tmp, metadata={"state": json.dumps(meta)}))
@@ -295,7 +281,7 @@ def train(data_dir: Path, features_dir: Path, out: Path, verifier_dir: Path, cfg
     while step < cfg.steps and (until is None or time.time() < until):
         rng = np.random.default_rng([cfg.seed, step])
         for grp in opt.param_groups:
-            grp["lr"] = _lr(step, cfg)
+            grp["lr"] = lr_at(step, cfg)
         total, weight = 0.0, 0.0
         for j in rng.integers(0, len(tr), cfg.batch_seqs):
             s, w = row_loss(model, tr.rows[j], tr.prompt_lens[j], taps.features[tr_idx[j]], rng, cfg, head_index)

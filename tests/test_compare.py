@@ -314,3 +314,22 @@ def test_a_shard_without_prompts_ends_at_once(tmp_path, capsys, monkeypatch):
     rc = main(["compare", "--task", "humaneval", "--ids", "HumanEval/0", "--configs", "ar,strict",
                "--shard", "2/2", "--out", str(tmp_path / "c"), "--quiet"])
     assert rc == 0 and "shard 2/2 has no prompts of the 1 selected" in capsys.readouterr().out
+
+
+def test_a_configuration_drafts_with_its_own_drafter_and_each_drafter_warms_up_with_its_blocks(tmp_path):
+    """``drafter=NAME`` decodes with that drafter; the command's drafter never sees another
+    drafter's block length (a conditioned drafter refuses blocks beyond its size)."""
+
+    class Short(FakeDrafter):
+        max_gamma = 4
+
+        def propose(self, seq, gamma, features=False):
+            assert gamma <= self.max_gamma, gamma
+            return super().propose(seq, gamma, features)
+
+    main_d, other = Short(0.3, 1), FakeDrafter(0.3, 2)
+    pair = SimpleNamespace(drafter=main_d, verifier=FakeVerifier(), extra_drafters={"other": other})
+    chosen = [parsing.parse_variant(s, BASE, 1) for s in ("ar", "strict+gamma=4", "strict+gamma=12+drafter=other")]
+    prompts = [(f"t{i}", [7, 3, 9, i + 2]) for i in range(2)]
+    compare.run_compare(prompts, pair, chosen, tmp_path, progress=False)
+    assert main_d.gammas and max(main_d.gammas) <= 4 and 12 in other.gammas

@@ -182,9 +182,10 @@ def run_compare(prompts, pair, variants, out: Path, shard: tuple[int, int] = (1,
     host = machine_id(machine(getattr(pair, "runtime", None)))
     learned = _predictors(pair, variants, predictor)
     if mine:
-        longest = max(v.decode.blocks.longest for v in variants if not v.hf) if any(not v.hf for v in variants) else 1
-        for d in [pair.drafter, *getattr(pair, "extra_drafters", {}).values()]:
-            warmup(d, pair.verifier, mine[0][1], longest)
+        extra = getattr(pair, "extra_drafters", {})
+        for name, d in [(None, pair.drafter), *extra.items()]:  # each drafter with the longest block it drafts
+            mine_v = [v for v in variants if not v.hf and (extra.get(v.drafter) is d if v.drafter in extra else name is None)]
+            warmup(d, pair.verifier, mine[0][1], max((v.decode.blocks.longest for v in mine_v), default=1))
     with open(path, "a") as f:
         for k, (tid, ids) in enumerate(tqdm(mine, desc=f"compare {i}/{n}", unit="prompt", disable=not progress,
                                             file=sys.stderr)):

@@ -235,7 +235,11 @@ class HiddenTap:
 
     def reset(self) -> None:
         self.ids: list[int] = []
-        self.features: torch.Tensor | None = None
+        self._buf: torch.Tensor | None = None  # grown by doubling: a verification appends, never copies all
+
+    @property
+    def features(self) -> torch.Tensor | None:
+        return None if self._buf is None else self._buf[: len(self.ids)]
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -243,16 +247,20 @@ class HiddenTap:
     def keep(self, n: int) -> None:
         """Forget every position from ``n`` on."""
         self.ids = self.ids[:n]
-        if self.features is not None:
-            self.features = self.features[:n]
 
     def put(self, start: int, ids: Sequence[int], features: torch.Tensor) -> None:
         """The features of positions ``start .. len(ids) - 1`` of the sequence ``ids``."""
         assert features.shape[0] == len(ids) - start, (features.shape, len(ids), start)
         self.keep(start)
+        need = len(ids)
+        if self._buf is None or self._buf.shape[0] < need or self._buf.shape[1:] != features.shape[1:]:
+            cap = max(need, 2 * (0 if self._buf is None else self._buf.shape[0]), 256)
+            buf = features.new_empty((cap, *features.shape[1:]))
+            if self._buf is not None and start and self._buf.shape[1:] == features.shape[1:]:
+                buf[:start] = self._buf[:start]
+            self._buf = buf
+        self._buf[start:need] = features.detach()
         self.ids = self.ids + [int(t) for t in ids[start:]]
-        f = features.detach()
-        self.features = f if self.features is None or start == 0 else torch.cat([self.features, f.to(self.features)])
 
     def covered(self, seq: Sequence[int]) -> int:
         """How many leading positions of ``seq`` have features."""

@@ -28,6 +28,34 @@ def fake_logits(seq) -> np.ndarray:
     return z
 
 
+def warp(z: np.ndarray, s) -> np.ndarray:
+    """The fake verifier's sampling distribution for logits ``z`` under settings ``s``: written
+    here from the definitions (temperature, then the top_k largest, then the smallest set of
+    mass top_p), independently of :mod:`vskip.models.sampling`."""
+    z = np.asarray(z, np.float64) / s.temperature
+    if 0 < s.top_k < len(z):
+        z = np.where(z >= np.sort(z)[-s.top_k], z, -np.inf)
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    if s.top_p < 1.0:
+        keep = np.zeros(len(p), bool)
+        mass = 0.0
+        for i in np.argsort(-p, kind="stable"):
+            keep[i] = True
+            mass += p[i]
+            if mass >= s.top_p:
+                break
+        p = np.where(keep, p, 0.0)
+        p /= p.sum()
+    return p
+
+
+def inverse_cdf(p: np.ndarray, u: float) -> int:
+    """The first id whose cumulative probability exceeds u (of the total)."""
+    c = np.cumsum(p)
+    return int(min(np.searchsorted(c, u * c[-1], side="right"), np.flatnonzero(p)[-1]))
+
+
 class FakeVerifier:
     eos_ids = frozenset({EOS})
     special_ids = frozenset({SPECIAL})
@@ -37,12 +65,15 @@ class FakeVerifier:
         self.calls = 0
         self.shadow_calls = 0
 
-    def score(self, seq, block, shadow=False):
+    def score(self, seq, block, shadow=False, draw=None):
         self.calls += not shadow
         self.shadow_calls += shadow
         seq = list(seq)
         block = [int(t) for t in block]
         zs = [fake_logits(seq + block[:j]) for j in range(len(block) + 1)]
+        if draw is not None and not draw.sampling.greedy:
+            drawn = [inverse_cdf(warp(z, draw.sampling), u) for z, u in zip(zs, draw.u)]
+            return Verdict(np.array(drawn, np.int64), np.full(len(block), np.nan), np.zeros(len(block), np.int64))
         argmax = np.array([int(np.argmax(z)) for z in zs])
         gap = np.array([zs[j][t] - zs[j].max() for j, t in enumerate(block)])
         rank = np.array([int((zs[j] > zs[j][t]).sum()) for j, t in enumerate(block)], dtype=np.int64)

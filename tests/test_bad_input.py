@@ -30,6 +30,22 @@ def _files(tmp):
 
 # (argv, fragment the one error line must contain)
 CASES = [
+    # sampling
+    ("run --task humaneval --out {tmp}/o --temperature -1", "--temperature"),
+    ("run --task humaneval --out {tmp}/o --temperature nan", "--temperature"),
+    ("run --task humaneval --out {tmp}/o --temperature 0.6 --top-p 0", "--top-p must lie in (0, 1]"),
+    ("run --task humaneval --out {tmp}/o --temperature 0.6 --top-p 1.5", "--top-p must lie in (0, 1]"),
+    ("run --task humaneval --out {tmp}/o --top-p 0.9", "give them with --temperature > 0"),
+    ("run --task humaneval --out {tmp}/o --temperature 0.6 --sample-top-k -2", "--sample-top-k"),
+    ("run --task humaneval --out {tmp}/o --temperature 0.6 --seed 1.5", "--seed"),
+    ("run --task humaneval --out {tmp}/o --temperature 0.6 --seed -3", "--seed"),
+    ("run --task humaneval --out {tmp}/o --temperature 0.6 --policy lenience --lenience 0.5", "takes no --temperature"),
+    ("generate hi --temperature 0.6 --policy topk --top-k 3", "takes no --temperature"),
+    ("compare --task humaneval --configs ar,strict,lookup10 --temperature 0.6", "run greedily"),
+    ("sweep --grid table5 --task humaneval --out {tmp}/s --temperature 0.6", "takes no --temperature"),
+    ("run --task humaneval --out {tmp}/o --samples-per-prompt 0", "--samples-per-prompt"),
+    ("run --task humaneval --out {tmp}/o --samples-per-prompt 4", "needs --temperature > 0"),
+    ("compare --task humaneval --configs ar,lenience+lenience=0.5 --temperature 0.6", "takes no --temperature"),
     # run: flags
     ("run --task nope --out {tmp}/o", "unknown task 'nope'"),
     ("train-predictor --kind marginal --traces {tmp}/empty --out {tmp}/p --epochs 10000000000000000000000", "--epochs"),

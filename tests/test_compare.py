@@ -212,9 +212,9 @@ class CacheVerifier(FakeVerifier):
         self.use_cache = on
         self.switches.append(on)
 
-    def score(self, seq, block, shadow=False):
+    def score(self, seq, block, shadow=False, draw=None):
         self.seen.add(self.use_cache)
-        return super().score(seq, block, shadow)
+        return super().score(seq, block, shadow, draw)
 
 
 def test_repeats_rotate_and_give_each_repeats_ratio(tmp_path):

@@ -157,6 +157,28 @@ def test_strict_sdd_is_lossless_with_a_dflash_drafter(dirs, cache):
         assert any(not r.verified for r in raw.rounds) and all(r.L is not None for r in raw.rounds)
 
 
+@pytest.mark.parametrize("exact_head", [True, False])
+def test_sampled_strict_sdd_commits_what_sampled_ar_draws(dirs, exact_head):
+    """Through the transformers verifier (exact head or the model's own): at temperature 0.8 and
+    top-p 0.9, Strict SDD commits ar's draws for each seed, and seeds draw different text."""
+    from vskip.policy import Sampling
+
+    v, d = dirs
+    pair = open_pair(ModelConfig(drafter=str(d), verifier=str(v), device="cpu", dtype="float32", drafter_dtype="float32"))
+    if not exact_head:
+        pair.verifier.head = None
+    ids = encode_chat(pair.tokenizer, "def add(a, b):")
+    outs = set()
+    for seed in range(3):
+        cfg = DecodeConfig(gamma=7, max_new_tokens=30, sampling=Sampling(temperature=0.8, top_p=0.9, seed=seed))
+        ar = decode(ids, None, pair.verifier, PolicyConfig(name="ar"), cfg, task_id="t")
+        st = decode(ids, pair.drafter, pair.verifier, PolicyConfig(name="strict"), cfg, task_id="t")
+        assert st.tokens == ar.tokens and len(ar.tokens) > 0
+        outs.add(tuple(ar.tokens))
+    greedy = decode(ids, None, pair.verifier, PolicyConfig(name="ar"), DecodeConfig(gamma=7, max_new_tokens=30))
+    assert len(outs) == 3 and tuple(greedy.tokens) not in outs
+
+
 def test_no_checkpoint_code_runs(dirs, pair):
     # dflash.py raises when imported; the pair above loaded without it
     assert (dirs[1] / "dflash.py").read_text().startswith("raise")

@@ -13,18 +13,19 @@ from test_sweep import IDS, fake_pair, read_dir
 from vskip import runner
 from vskip.decode import DecodeConfig
 from vskip.files import DirLock, FileError, read_json, read_jsonl, write_atomic
-from vskip.policy import PolicyConfig
+from vskip.policy import PolicyConfig, Sampling
 from vskip.runner import ModelConfig, RunConfig
 
 
-def _cfg(policy="strict"):
+def _cfg(policy="strict", n=1):
+    sampling = Sampling(temperature=0.9, top_p=0.95, seed=4) if n > 1 else Sampling()
     return RunConfig(task="humaneval", policy=PolicyConfig(name=policy),
-                     decode=DecodeConfig(gamma=8, max_new_tokens=24, task="humaneval"),
-                     models=ModelConfig(), ids=IDS, score=False)
+                     decode=DecodeConfig(gamma=8, max_new_tokens=24, task="humaneval", sampling=sampling),
+                     models=ModelConfig(), ids=IDS, score=False, samples_per_prompt=n)
 
 
-def _run(out: Path, policy="strict"):
-    return runner.run(_cfg(policy), out, progress=False, pair=fake_pair(None, True))
+def _run(out: Path, policy="strict", n=1):
+    return runner.run(_cfg(policy, n), out, progress=False, pair=fake_pair(None, True))
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +168,49 @@ def test_a_partial_read_keeps_the_rows_before_a_bad_line_and_gzip_reads_alike(tm
 
 class _Killed(BaseException):
     """Stands in for SIGKILL: nothing after it runs, not even cleanup written as except Exception."""
+
+
+@pytest.fixture(scope="module")
+def clean_sampled(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sampled")
+    _run(out, n=3)
+    return read_dir(out)
+
+
+def test_a_sampled_run_writes_each_prompts_samples_in_order_and_they_differ(clean_sampled):
+    rows = clean_sampled["samples"]
+    assert [(r["task_id"], r["sample"]) for r in rows] == [(t, i) for t in IDS for i in range(3)]
+    for t in IDS:
+        assert len({tuple(r["tokens"]) for r in rows if r["task_id"] == t}) > 1
+        for i in range(3):  # each sample's rounds add up
+            n = sum(r["task_id"] == t and r["sample"] == i for r in clean_sampled["rounds"])
+            assert n == next(r["rounds"] for r in rows if (r["task_id"], r["sample"]) == (t, i))
+
+
+@pytest.mark.parametrize("kill_at", [2, 7, 13, 20, 30])
+def test_a_sampled_run_killed_resumes_to_the_same_tokens(tmp_path, clean_sampled, kill_at):
+    from fakes import FakeDrafter
+
+    class Dies(FakeDrafter):
+        calls = 0
+
+        def propose(self, seq, gamma, features=False):
+            Dies.calls += 1
+            if Dies.calls == kill_at:
+                raise _Killed
+            return super().propose(seq, gamma, features)
+
+    pair = fake_pair(None, True)
+    pair.drafter = Dies(error=0.15)
+    with pytest.raises(_Killed):
+        runner.run(_cfg(n=3), tmp_path, progress=False, pair=pair)
+    _run(tmp_path, n=3)
+    assert read_dir(tmp_path) == clean_sampled
+
+
+def test_samples_per_prompt_needs_sampling():
+    with pytest.raises(ValueError, match="needs --temperature"):
+        RunConfig(task="humaneval", policy=PolicyConfig(name="strict"), decode=DecodeConfig(gamma=8), samples_per_prompt=2)
 
 
 @pytest.mark.parametrize("kill_at", [1, 2, 4, 6, 8, 10, 12, 15, 18, 21, 24])

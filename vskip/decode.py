@@ -16,8 +16,8 @@ import numpy as np
 from .defaults import GAMMA
 from .features import assemble_features
 from .models.protocols import Drafter, Predictor, Verifier
-from .policy import (BlockLength, GuardContext, PolicyConfig, accept, block_length, committed_tokens, decide,
-                     strict_accept, verify_length)
+from .policy import (BlockLength, Draw, GuardContext, PolicyConfig, Sampling, accept, block_length, committed_tokens,
+                     decide, prompt_key, strict_accept, verify_length)
 from .runtime import now
 
 #: How many committed tokens the repetition guard looks back over.
@@ -30,7 +30,8 @@ class DecodeConfig:
     skipped rounds (§3.2); ``trace``: keep the A.7 inputs of every block; ``task``: dataset name
     for the indicator features; ``gamma_max``/``min_match``: a block length per round, ``trim``:
     verify only the confident drafted prefix (:mod:`vskip.policy.blocks`; None: the paper's
-    fixed blocks)."""
+    fixed blocks); ``sampling``: temperature 0 (greedy, the paper) or the verifier's sampling
+    settings and seed (:mod:`vskip.policy.sampling`)."""
 
     gamma: int = GAMMA
     max_new_tokens: int = 512
@@ -40,8 +41,11 @@ class DecodeConfig:
     gamma_max: int | None = None
     min_match: int = 8
     trim: float | None = None
+    sampling: Sampling = Sampling()
 
     def __post_init__(self):
+        if isinstance(self.sampling, dict):  # read back from a run directory's config.json
+            object.__setattr__(self, "sampling", Sampling(**self.sampling))
         self.blocks  # validates gamma, gamma_max, min_match and trim
         if self.trace and self.trim is not None:
             raise ValueError("traces need the strict length L of whole blocks: collect them without --trim")
@@ -142,6 +146,7 @@ class _State:
     """What the loop carries from round to round."""
 
     seq: list[int]
+    key: int = 0  # the prompt's key for the random numbers of a sampled decode
     D: int = 0  # unverified tokens committed since the last verifier call
     last_full: bool = False  # the previous verified block was accepted whole
     calls: int = 0
@@ -156,12 +161,14 @@ def decode(
     cfg: DecodeConfig,
     predictor: Predictor | None = None,
     task_id: str | None = None,
+    sample: int = 0,
 ) -> DecodeResult:
-    """Decode one prompt (token ids) and return the generated tokens with per-round records."""
+    """Decode one prompt (token ids) and return the generated tokens with per-round records.
+    ``task_id`` and ``sample`` (the index of a sampled completion) key its random numbers."""
     _check(prompt, drafter, verifier, policy, cfg, predictor)
     if policy.alpha is not None:  # the threshold calibrated for this prompt's fold (the prefix policy)
         policy = replace(policy, lam=predictor.threshold(task_id, policy.alpha))
-    st, clocks = _State(list(prompt)), _Clocks()
+    st, clocks = _State(list(prompt), key=prompt_key(task_id, prompt, sample)), _Clocks()
     n0, rounds, traces, stop = len(prompt), [], [], "length"
     if drafter is not None:
         drafter.reset()
@@ -173,8 +180,8 @@ def decode(
             break
         if policy.uses_drafter:
             new, rec = _sdd_round(r, st, drafter, verifier, policy, cfg, predictor, task_id, clocks, traces, n0)
-        else:  # the verifier alone: one greedy token per call
-            new = clocks.time("verify", verifier.score, st.seq, ()).argmax[:1]
+        else:  # the verifier alone: one token per call (its argmax, or its draw)
+            new = clocks.time("verify", verifier.score, st.seq, (), **_draw(cfg, st, len(st.seq) - n0, 1)).argmax[:1]
             st.calls += 1
             rec = RoundRecord(round=r, verified=True, K=0, K_hat=0, L=None, accepted=0, committed=1, relaxed=False,
                               reason="verify", gamma=0)
@@ -207,6 +214,20 @@ def _check(prompt, drafter, verifier, policy: PolicyConfig, cfg: DecodeConfig, p
         raise ValueError(f"--trim would change what {policy.name} accepts; use it with strict or a skip policy")
     if policy.learned and predictor is None:
         raise ValueError(f"policy {policy.name!r} needs a trained predictor")
+    check_sampling(policy, cfg)
+
+
+def check_sampling(policy: PolicyConfig, cfg: DecodeConfig) -> None:
+    """Lenience and top-k acceptance are defined on the verifier's argmax: refuse them sampled."""
+    if not cfg.sampling.greedy and policy.lossy_acceptance:
+        raise ValueError(f"{policy.name} acceptance is defined on the verifier's argmax; it takes no --temperature")
+
+
+def _draw(cfg: DecodeConfig, st: _State, start: int, n: int) -> dict:
+    """The keyword that makes a verifier call sample: the draws of generated positions
+    ``start .. start + n - 1`` (nothing when decoding greedily)."""
+    s = cfg.sampling
+    return {} if s.greedy else {"draw": Draw(s, s.uniforms(st.key, start, n))}
 
 
 def _sdd_round(r: int, st: _State, drafter: Drafter, verifier: Verifier, policy: PolicyConfig, cfg: DecodeConfig,
@@ -238,13 +259,14 @@ def _sdd_round(r: int, st: _State, drafter: Drafter, verifier: Verifier, policy:
         st.D += d.K
         L = None
         if cfg.shadow:
-            L = strict_accept(block.tokens, clocks.time("shadow", verifier.score, st.seq, block.tokens, shadow=True))
+            L = strict_accept(block.tokens, clocks.time("shadow", verifier.score, st.seq, block.tokens, shadow=True,
+                                                        **_draw(cfg, st, generated, g + 1)))
         rec = RoundRecord(round=r, verified=False, K=d.K, K_hat=d.K_hat, L=L, accepted=d.K, committed=d.K,
                           relaxed=True, reason=d.reason, gamma=g)
     else:
         # 4b. verify: the method's acceptance rule, then the correction or bonus token.
         checked = block.tokens[: verify_length(block.confidence, cfg.trim)]
-        verdict = clocks.time("verify", verifier.score, st.seq, checked)
+        verdict = clocks.time("verify", verifier.score, st.seq, checked, **_draw(cfg, st, generated, len(checked) + 1))
         st.calls += 1
         acc = accept(policy, checked, verdict)
         new = committed_tokens(checked, verdict, acc)

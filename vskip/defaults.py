@@ -15,6 +15,8 @@ K_MIN = 6
 S_MAX = 64
 #: the longest draft block accepted (the paper uses 32); longer blocks only cost memory and time
 MAX_GAMMA = 512
+#: the largest seed a flag takes (numpy's seed sequences take any non-negative integer)
+MAX_SEED = 2**32 - 1
 #: the decoding methods (``--policy``); defined here so that the command line needs no numpy
 POLICIES = ("ar", "strict", "lenience", "topk", "periodic", "raw", "marginal", "conditional", "prefix")
 #: named decoding shapes (``--preset``): the drafter (None: the embedded standalone drafter), the

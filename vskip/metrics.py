@@ -114,6 +114,17 @@ def summarize(samples: Sequence[dict], rounds: Sequence[dict]) -> dict:
         "mean_accepted": (sum(r["L"] for r in verified if r.get("L") is not None and r.get("gamma", 0) > 0)
                           / len(strict_commit)) if strict_commit else None,
     }
+    tasks = {s.get("task_id") for s in samples}
+    if len(tasks) < len(samples):  # several completions per prompt (--samples-per-prompt)
+        out["n_prompts"], out["n_samples"] = len(tasks), len(samples)
+        per_task: dict = {}
+        for s in samples:
+            if s.get("passed") is not None:
+                per_task.setdefault(s.get("task_id"), []).append(bool(s["passed"]))
+        if per_task:
+            from .scoring import pass_at_k_table  # noqa: PLC0415 - only for sampled runs
+
+            out["pass_at_k"] = pass_at_k_table(per_task)
     if missing:
         out["missing"] = missing
     return out

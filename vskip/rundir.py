@@ -31,25 +31,31 @@ def read_rows(path: Path) -> list[dict]:
     return rows
 
 
-def resume_state(out: Path) -> tuple[dict[str, dict], list[dict]]:
-    """The finished prompts of a run directory (task id -> sample) and their rounds, made
+def row_key(row: dict) -> tuple[str, int]:
+    """Which completion a row belongs to: its prompt and, with ``--samples-per-prompt``, the
+    sample's index (rows of single-sample runs carry none: 0)."""
+    return row["task_id"], int(row.get("sample", 0))
+
+
+def resume_state(out: Path) -> tuple[dict[tuple[str, int], dict], list[dict]]:
+    """The finished completions of a run directory ((task id, sample) -> sample row) and their rounds, made
     consistent: a prompt counts as finished only when its sample line is whole and its rounds add
     up (a sample records how many rounds it wrote); anything else is dropped and redone. Both
     files are rewritten to what is kept."""
     samples = read_rows(out / SAMPLES)
     rounds = read_rows(out / ROUNDS)
-    count: dict[str, int] = {}
+    count: dict[tuple[str, int], int] = {}
     for r in rounds:
-        count[r["task_id"]] = count.get(r["task_id"], 0) + 1
+        count[row_key(r)] = count.get(row_key(r), 0) + 1
     done = {}
     for s in samples:
         want = s.get("rounds")
-        if want is None or count.get(s["task_id"], 0) == want:
-            done[s["task_id"]] = s
+        if want is None or count.get(row_key(s), 0) == want:
+            done[row_key(s)] = s
         else:
-            print(f"[vskip] {out}: {s['task_id']} has {count.get(s['task_id'], 0)} of its {want} rounds; "
+            print(f"[vskip] {out}: {s['task_id']} has {count.get(row_key(s), 0)} of its {want} rounds; "
                   "it is redone", file=sys.stderr)
-    kept = [r for r in rounds if r["task_id"] in done]
+    kept = [r for r in rounds if row_key(r) in done]
     write_jsonl(out / ROUNDS, kept)
     write_jsonl(out / SAMPLES, done.values())
     return done, kept

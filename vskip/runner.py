@@ -18,10 +18,10 @@ from .decode import DecodeConfig, decode, warmup
 from .files import DirLock, check_writable_dir, read_json, write_json, write_jsonl
 from .metrics import result_row, summarize
 from .models.config import ModelConfig, model_defaults, with_defaults  # noqa: F401 - ModelConfig: re-exported
-from .policy import PolicyConfig
+from .policy import PolicyConfig, Sampling
 from .runtime import machine, machine_id
 
-from .rundir import CONFIG, ROUNDS, SAMPLES, SUMMARY, append_lines, read_rows, resume_state  # noqa: F401
+from .rundir import CONFIG, ROUNDS, SAMPLES, SUMMARY, append_lines, read_rows, resume_state, row_key  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,14 @@ class RunConfig:
     ids: tuple[str, ...] | None = None
     score: bool = True
     predictor: str | None = None
+    #: completions per prompt (pass@k), each with its own random numbers; needs sampling
+    samples_per_prompt: int = 1
+
+    def __post_init__(self):
+        if self.samples_per_prompt < 1:
+            raise ValueError(f"--samples-per-prompt must be >= 1, got {self.samples_per_prompt}")
+        if self.samples_per_prompt > 1 and self.decode.sampling.greedy:
+            raise ValueError("--samples-per-prompt > 1 needs --temperature > 0 (greedy completions are all the same)")
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -61,6 +69,10 @@ def _check_resume(out: Path, cfg_json: dict) -> None:
     run = old.get("run") if isinstance(old, dict) else None
     if isinstance(run, dict) and isinstance(run.get("models"), dict):  # written before a model field existed
         run = {**run, "models": with_defaults(run["models"], model_defaults())}
+    if isinstance(run, dict) and isinstance(run.get("decode"), dict):  # written before sampling existed
+        run = {**run, "decode": with_defaults(run["decode"], {"sampling": asdict(Sampling())})}
+    if isinstance(run, dict):
+        run = with_defaults(run, {"samples_per_prompt": 1})
     if run != cfg_json:
         raise ValueError(f"{out} holds a run with another configuration; choose another --out or remove it")
 
@@ -101,13 +113,13 @@ def _run_locked(cfg: RunConfig, out: Path, problems, progress: bool, pair, comma
                               **({"thresholds": lam} if lam else {}),
                               **({"command": command} if command else {})})
     _decode_prompts(cfg, out, problems, pair, predictor, done, progress, machine_id(host))
-    samples = [done[p.task_id] for p in problems]
+    samples = [done[(p.task_id, i)] for p in problems for i in range(cfg.samples_per_prompt)]
     scoring_note = None
     if cfg.score:
         scoring_note = score_samples(cfg.task, problems, samples, progress)
-    # both files in prompt order, whatever order a resume finished them in
+    # both files in prompt (and sample) order, whatever order a resume finished them in
     order = {p.task_id: i for i, p in enumerate(problems)}
-    rounds = sorted(read_rows(out / ROUNDS), key=lambda r: order[r["task_id"]])
+    rounds = sorted(read_rows(out / ROUNDS), key=lambda r: (order[r["task_id"]], row_key(r)[1]))
     write_jsonl(out / ROUNDS, rounds)
     write_jsonl(out / SAMPLES, samples)
     dcfg = cfg.decode
@@ -154,17 +166,20 @@ def _decode_prompts(cfg: RunConfig, out: Path, problems, pair, predictor, done: 
     from .prompting import encode_chat
 
     prompts = {p.task_id: encode_chat(pair.tokenizer, tasks.user_prompt(p)) for p in problems}
-    todo = [p for p in problems if p.task_id not in done]
+    n = cfg.samples_per_prompt
+    todo = [(p, i) for p in problems for i in range(n) if (p.task_id, i) not in done]
     if todo:
-        warmup(pair.drafter, pair.verifier, prompts[todo[0].task_id], cfg.decode.gamma)
-    bar = tqdm(todo, desc=f"{cfg.task} {cfg.policy.name}", unit="prompt", disable=not progress, file=sys.stderr)
+        warmup(pair.drafter, pair.verifier, prompts[todo[0][0].task_id], cfg.decode.gamma)
+    bar = tqdm(todo, desc=f"{cfg.task} {cfg.policy.name}", unit="prompt" if n == 1 else "sample", disable=not progress,
+               file=sys.stderr)
     tok_total = sec_total = 0.0
-    for p in bar:
+    for p, i in bar:
         res = decode(prompts[p.task_id], pair.drafter, pair.verifier, cfg.policy, cfg.decode, predictor,
-                     task_id=p.task_id)
-        rounds = [{"task_id": p.task_id, **asdict(r)} for r in res.rounds]
+                     task_id=p.task_id, sample=i)
+        which = {"task_id": p.task_id, **({"sample": i} if n > 1 else {})}
+        rounds = [{**which, **asdict(r)} for r in res.rounds]
         sample = {
-            "task_id": p.task_id, "completion": pair.tokenizer.decode(res.tokens, skip_special_tokens=True),
+            **which, "completion": pair.tokenizer.decode(res.tokens, skip_special_tokens=True),
             "passed": None, **result_row(res), "stop": res.stop, "prompt_tokens": len(prompts[p.task_id]),
             "tokens": res.tokens, "rounds": len(rounds), "machine": host,
         }
@@ -174,7 +189,7 @@ def _decode_prompts(cfg: RunConfig, out: Path, problems, pair, predictor, done: 
             append_traces(out, p.task_id, res.traces)
         append_lines(out / ROUNDS, "".join(json.dumps(r) + "\n" for r in rounds))
         append_lines(out / SAMPLES, json.dumps(sample) + "\n")
-        done[p.task_id] = sample
+        done[(p.task_id, i)] = sample
         tok_total += res.generated_tokens
         sec_total += res.decode_seconds
         bar.set_postfix(tok_s=f"{tok_total / max(sec_total, 1e-9):.1f}")

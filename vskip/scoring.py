@@ -407,6 +407,7 @@ def score_samples_file(
         "n": len(results),
         "n_tasks": len(per_task),
         "pass_at_1": pass1,
+        "pass_at_k": pass_at_k_table(per_task),
         "sandbox": sandbox_kind() if task in CODE_TASKS else None,
         "results": [asdict(r) for r in results],
     }
@@ -445,6 +446,27 @@ def paired_bootstrap(
     alpha = (1.0 - level) / 2.0
     lo, hi = np.quantile(means, [alpha, 1.0 - alpha])
     return BootstrapResult(float(d.mean()), float(lo), float(hi))
+
+
+def pass_at_k_table(per_task: dict[str, Sequence[bool]], ks: Sequence[int] = (1, 10, 100), level: float = 0.95,
+                    seed: int = 0) -> dict[str, dict]:
+    """pass@k for each k in ``ks`` that every task has at least k samples for: the mean over tasks
+    of the unbiased estimator, with a percentile bootstrap interval over tasks (``level``)."""
+    from scipy.stats import bootstrap
+
+    fewest = min((len(v) for v in per_task.values()), default=0)
+    out = {}
+    for k in ks:
+        if k > fewest:
+            continue
+        x = np.array([pass_at_k(len(v), int(sum(v)), k) for v in per_task.values()])
+        if len(x) > 1 and np.ptp(x) > 0:
+            ci = bootstrap((x,), np.mean, confidence_level=level, n_resamples=2000, method="percentile", rng=seed)
+            lo, hi = float(ci.confidence_interval.low), float(ci.confidence_interval.high)
+        else:  # one task, or every task alike: nothing to resample
+            lo = hi = float(x.mean())
+        out[str(k)] = {"estimate": float(x.mean()), "ci": [lo, hi], "tasks": len(x), "samples_per_task": fewest}
+    return out
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -61,6 +61,8 @@ def parse_variant(spec: str, base, steps: int, predictor: str | None = None, fla
     spec = spec.strip()
     if spec in ("fast", "paper"):
         return replace(parse_variant(FAST if spec == "fast" else PAPER, base, steps), name=spec)
+    if (spec == "hf" or spec.startswith("lookup")) and not base.sampling.greedy:
+        raise ValueError(f"{spec}: transformers' decoders run greedily here; compare them without --temperature")
     if spec == "hf":
         return Variant(spec)
     if spec.startswith("lookup"):

@@ -60,6 +60,11 @@ def cmd_compare(a) -> int:
     flags = {k: getattr(a, k) for k in variants.POLICY_FLAGS if getattr(a, k, None) is not None}
     variants = [variants.parse_variant(s, dec, models.steps, a.predictor, flags) for s in a.configs.split(",")
                 if s.strip()]
+    from ..decode import check_sampling
+
+    for v in variants:
+        if not v.hf:
+            check_sampling(v.policy_config(), v.decode)
     if a.predictor and not Path(a.predictor).is_dir():
         raise ValueError(f"--predictor {a.predictor} is not a directory")
     for v in variants:
@@ -102,7 +107,14 @@ def cmd_compare(a) -> int:
                             repeats=a.repeats, predictor=a.predictor)
         return _print_comparison(compare, out, Path(a.out) if a.out else None,
                                  f"{a.task}, {dec.max_new_tokens} new tokens at most, verifier {runtime.dtype}, "
-                                 f"drafter {runtime.drafter_dtype}")
+                                 f"drafter {runtime.drafter_dtype}{_sampled(dec.sampling)}")
+
+
+def _sampled(s) -> str:
+    if s.greedy:
+        return ""
+    return (f", sampled at temperature {s.temperature:g} (top-p {s.top_p:g}, top-k {s.top_k or 'all'}, seed {s.seed}; "
+            "Strict SDD draws ar's tokens)")
 
 
 def _print_comparison(compare, rows_dir, out, what: str | None = None) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..defaults import GAMMA, K_MIN, POLICIES, PRESETS, S_MAX, STEPS
+from ..defaults import GAMMA, K_MIN, MAX_SEED, POLICIES, PRESETS, S_MAX, STEPS
 
 
 def bounded(kind, lo, hi):
@@ -22,10 +22,6 @@ def bounded(kind, lo, hi):
         return v
 
     return parse
-
-
-#: the largest seed numpy's generators take from one integer flag
-MAX_SEED = 2**32 - 1
 
 
 def add_policy_flags(p: argparse.ArgumentParser, policy: bool = True) -> None:
@@ -57,10 +53,25 @@ def add_policy_flags(p: argparse.ArgumentParser, policy: bool = True) -> None:
                         "differ from Strict SDD; each prompt takes the threshold its fold calibrated (overrides --lam)")
     g.add_argument("--shadow", action=argparse.BooleanOptionalAction, default=True, help="shadow-verify skipped rounds")
     g.add_argument("--max-new-tokens", type=int, default=512, help="output budget (default: 512)")
+    add_sampling_flags(p)
     g.add_argument("--predictor", help="directory of trained survival predictors (marginal/conditional; with "
                                        "--policy prefix: the prefix model, whose survival then replaces the "
                                        "confidences' product)")
     add_model_flags(p)
+
+
+def add_sampling_flags(p: argparse.ArgumentParser) -> None:
+    """The verifier's sampling settings (beyond the paper; greedy unless --temperature > 0)."""
+    g = p.add_argument_group("sampling (beyond the paper)")
+    g.add_argument("--temperature", type=bounded(float, 0.0, 1e6), default=0.0,
+                   help="sample from the verifier at this temperature; Strict SDD stays exact in distribution "
+                        "(default: 0, greedy)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep the smallest set of mass TOP_P (default: 1)")
+    g.add_argument("--sample-top-k", type=bounded(int, 0, 1 << 30), default=0,
+                   help="sample among the K most likely tokens (0: all; not top-k acceptance, --top-k)")
+    g.add_argument("--seed", type=bounded(int, 0, MAX_SEED), default=0,
+                   help="seed of the sampled tokens: each prompt and position draws its own number, so a resumed "
+                        "run draws what an unbroken one draws (default: 0)")
 
 
 def add_block_flags(g) -> None:
@@ -130,7 +141,7 @@ def model_config(a):
 
 
 def configs(a, policy_name: str | None = None):
-    from ..decode import DecodeConfig
+    from ..decode import DecodeConfig, check_sampling
     from ..policy import PolicyConfig
 
     apply_preset(a)
@@ -141,9 +152,21 @@ def configs(a, policy_name: str | None = None):
         survival="model" if (policy_name or a.policy) == "prefix" and getattr(a, "predictor", None) else "confidence",
     )
     dec = DecodeConfig(gamma=a.gamma, max_new_tokens=a.max_new_tokens, shadow=a.shadow, gamma_max=a.gamma_max,
-                       min_match=a.min_match, trim=a.trim,
+                       min_match=a.min_match, trim=a.trim, sampling=sampling(a),
                        trace=getattr(a, "trace", False), task=getattr(a, "task", None))
+    check_sampling(policy, dec)
     return policy, dec, model_config(a)
+
+
+def sampling(a):
+    """The :class:`~vskip.policy.sampling.Sampling` of parsed sampling flags (greedy without them)."""
+    from ..policy import Sampling
+
+    if not hasattr(a, "temperature"):
+        return Sampling()
+    if a.temperature == 0 and (a.top_p != 1.0 or a.sample_top_k != 0):
+        raise ValueError("--top-p and --sample-top-k shape sampling: give them with --temperature > 0")
+    return Sampling(temperature=a.temperature, top_p=a.top_p, top_k=a.sample_top_k, seed=a.seed)
 
 
 def task_ids(text: str | None) -> tuple[str, ...] | None:

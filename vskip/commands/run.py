@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .flags import add_policy_flags, configs, task_ids
+from .flags import add_policy_flags, bounded, configs, task_ids
 
 
 def register(subparsers) -> None:
@@ -18,6 +18,8 @@ def register(subparsers) -> None:
     r.add_argument("--trace", action="store_true", help="store the A.7 inputs of every block (for predictors)")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     add_policy_flags(r)
+    r.add_argument("--samples-per-prompt", type=bounded(int, 1, 100_000), default=1,
+                   help="completions per prompt, each with its own random numbers (pass@k; needs --temperature > 0)")
     r.set_defaults(fn=cmd_run)
 
 
@@ -32,7 +34,7 @@ def cmd_run(a) -> int:
     policy, dec, models = configs(a)
     ids = task_ids(a.ids)
     cfg = RunConfig(task=a.task, policy=policy, decode=dec, models=models, limit=a.limit, ids=ids,
-                    score=a.score, predictor=a.predictor)
+                    score=a.score, predictor=a.predictor, samples_per_prompt=a.samples_per_prompt)
     summary = run(cfg, a.out, progress=not a.quiet, command=getattr(a, "command_line", None))
     keys = ("task", "policy", "n_prompts", "pass_at_1", "tokens_per_s", "calls_per_token", "blocks_per_token",
             "strict_token", "full_prefix", "skipped_rounds")

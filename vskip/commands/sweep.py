@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from ..defaults import GAMMA, K_MIN, S_MAX, STEPS
-from .flags import add_block_flags, add_model_flags, model_config, task_ids
+from .flags import add_block_flags, add_model_flags, add_sampling_flags, model_config, sampling, task_ids
 
 #: the named grids of ``vskip sweep`` (``vskip.sweep.GRIDS`` holds them; a test keeps both equal)
 GRID_NAMES = ("table5", "kmin", "gates", "periodic", "transfer", "cpu-small", "cpu-kmin", "cpu-signals", "prefix",
@@ -42,6 +42,7 @@ def _sweep_flags(s) -> None:
     g.add_argument("--max-new-tokens", type=int, default=512, help="output budget (default: 512)")
     g.add_argument("--shadow", action=argparse.BooleanOptionalAction, default=True, help="shadow-verify skipped rounds")
     g.add_argument("--predictor", help="trained survival predictors; without it marginal/conditional are skipped")
+    add_sampling_flags(s)
     add_model_flags(s, threads_help="torch CPU threads per worker (default: cores / workers)")
 
 
@@ -78,7 +79,11 @@ def cmd_sweep(a) -> int:
     if a.limit is not None and a.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {a.limit}")
     decode = DecodeConfig(gamma=a.gamma, max_new_tokens=a.max_new_tokens, shadow=a.shadow, task=a.task,
-                          gamma_max=a.gamma_max, min_match=a.min_match, trim=a.trim)
+                          gamma_max=a.gamma_max, min_match=a.min_match, trim=a.trim, sampling=sampling(a))
+    lossy = [pt.name for pt in grid(a.grid, k_min=a.k_min, s_max=a.s_max) if pt.policy.lossy_acceptance]
+    if lossy and not decode.sampling.greedy:
+        raise ValueError(f"grid {a.grid} holds lenience or top-k acceptance ({', '.join(lossy[:3])}...), which takes no "
+                         "--temperature; sample with another grid")
     from ..files import check_writable_dir
     from ..runtime import resolve_runtime
 

@@ -12,7 +12,7 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from ..policy import Verdict
+from ..policy import Draw, Verdict
 
 #: Per-position drafter features of A.7, in column order (the loop adds block position,
 #: generated length, segment position and the two dataset indicators: 19 in all).
@@ -89,9 +89,10 @@ class Verifier(Protocol):
     #: longest sequence the model accepts
     max_length: int
 
-    def score(self, seq: Sequence[int], block: Sequence[int], shadow: bool = False) -> Verdict:
-        """Judge ``block`` after ``seq``: argmax at each block position and after it. A shadow
-        call must leave the verifier's state as a real decode would find it."""
+    def score(self, seq: Sequence[int], block: Sequence[int], shadow: bool = False, draw: Draw | None = None) -> Verdict:
+        """Judge ``block`` after ``seq``: argmax at each block position and after it, or with a
+        ``draw`` (:mod:`vskip.policy.sampling`) the token drawn there with its uniform number. A
+        shadow call must leave the verifier's state as a real decode would find it."""
 
     def warmup(self, seq: Sequence[int], gamma: int) -> None: ...
 

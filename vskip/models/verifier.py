@@ -19,9 +19,11 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..policy import Verdict
+from ..policy import Verdict, sampled_verdict
+from ..policy.sampling import Draw
 from .head import ExactHead, plain_head
 from .protocols import common_prefix
+from .sampling import draw_tokens
 
 
 def _crop(cache, n: int) -> None:
@@ -151,7 +153,7 @@ class HFVerifier:
         return out.last_hidden_state if self.head is not None else out.logits
 
     @torch.inference_mode()
-    def score(self, seq: Sequence[int], block: Sequence[int], shadow: bool = False) -> Verdict:
+    def score(self, seq: Sequence[int], block: Sequence[int], shadow: bool = False, draw: Draw | None = None) -> Verdict:
         seq = [int(t) for t in seq]
         block = [int(t) for t in block]
         g = len(block)
@@ -167,6 +169,9 @@ class HFVerifier:
             tap.keep(n)
         if self.head is not None:
             out = out.to(self.head.device)
+        if draw is not None and not draw.sampling.greedy:
+            logits = out.float() @ self.head.weight.T if self.head is not None else out.float()
+            return sampled_verdict(draw_tokens(logits, draw), g)
         b = torch.tensor(block, dtype=torch.long, device=out.device)
         if self.head is not None:
             argmax, gap, rank_fn = self.head(out, b if g else None)

@@ -4,14 +4,16 @@ Plain numpy in, plain decisions out. This package never imports torch (a test ch
 """
 
 from .blocks import BlockLength, block_length, verify_length
-from .acceptance import Verdict, committed_tokens, lenience_accept, strict_accept, topk_accept
+from .acceptance import Verdict, committed_tokens, lenience_accept, sampled_verdict, strict_accept, topk_accept
+from .sampling import Draw, Sampling, prompt_key
 from .guards import GuardConfig, GuardContext, check_guards, invalid_scores, repetition
 from .schedule import DEFAULT_GATES, POLICIES, Decision, PolicyConfig, break_even_length, decide, policy_params
 from .signals import LEARNED, SIGNALS, feasible_prefix, local_scores, prefix_scores, select_prefix
 
 __all__ = [
     "BlockLength", "block_length", "verify_length",
-    "Verdict", "committed_tokens", "lenience_accept", "strict_accept", "topk_accept",
+    "Verdict", "committed_tokens", "lenience_accept", "sampled_verdict", "strict_accept", "topk_accept",
+    "Draw", "Sampling", "prompt_key",
     "GuardConfig", "GuardContext", "check_guards", "invalid_scores", "repetition",
     "DEFAULT_GATES", "POLICIES", "Decision", "PolicyConfig", "break_even_length", "decide",
     "policy_params",

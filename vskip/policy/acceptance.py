@@ -28,6 +28,7 @@ class Verdict:
     """The verifier's view of one block of ``gamma`` draft tokens.
 
     argmax:     int   [gamma + 1]  verifier argmax at each block position and after the block
+                                   (under sampling: its draw there, :mod:`vskip.policy.sampling`)
     draft_gap:  float [gamma]      z_j(x̂_j) - max_v z_j(v)  (<= 0; the log-ratio of Eq. 9)
     draft_rank: int   [gamma]      number of tokens whose logit is strictly above the draft's
 
@@ -91,6 +92,16 @@ def topk_accept(draft: np.ndarray, verdict: Verdict, k: int) -> int:
     if k == 1:
         return strict_accept(draft, verdict)
     return leading_run(verdict.draft_rank < k)
+
+
+def sampled_verdict(drawn: np.ndarray, gamma: int) -> Verdict:
+    """The verdict of a sampling verifier: its draw at each position in place of the argmax.
+    It carries no logit gaps or ranks, so only the strict rule may read it (lenience and top-k
+    are refused under sampling: their paper meaning is a greedy one)."""
+    def no_rank():
+        raise ValueError("a sampled verdict has no ranks: top-k acceptance is greedy only")
+
+    return Verdict(np.asarray(drawn, dtype=np.int64), np.full(gamma, np.nan), no_rank)
 
 
 def committed_tokens(draft: np.ndarray, verdict: Verdict, accepted: int) -> np.ndarray:

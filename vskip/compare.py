@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .files import read_jsonl, write_atomic, write_jsonl
+from .files import open_append, read_jsonl, write_atomic, write_jsonl
 from .variants import Variant
 
 def _digest(tokens) -> str:
@@ -186,7 +186,7 @@ def run_compare(prompts, pair, variants, out: Path, shard: tuple[int, int] = (1,
         for name, d in [(None, pair.drafter), *extra.items()]:  # each drafter with the longest block it drafts
             mine_v = [v for v in variants if not v.hf and (extra.get(v.drafter) is d if v.drafter in extra else name is None)]
             warmup(d, pair.verifier, mine[0][1], max((v.decode.blocks.longest for v in mine_v), default=1))
-    with open(path, "a") as f:
+    with open_append(path) as f:
         for k, (tid, ids) in enumerate(tqdm(mine, desc=f"compare {i}/{n}", unit="prompt", disable=not progress,
                                             file=sys.stderr)):
             for rep in range(repeats):

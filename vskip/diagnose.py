@@ -34,7 +34,7 @@ from .policy import DEFAULT_GATES, feasible_prefix
 from .policy.signals import local_scores, prefix_scores
 from .metrics import auroc  # noqa: F401 - re-exported
 from .proposition1 import Prop1Result, proposition1  # noqa: F401 - re-exported
-from .files import write_atomic, write_csv as _write_csv
+from .files import save_figure, write_atomic, write_csv as _write_csv
 from .ranking import feasible_prefix_rows, ranking_diagnostics, reliability_md, top_md  # noqa: F401 - re-exported
 from .traces import KINDS, TraceSet, survival_labels
 
@@ -234,7 +234,7 @@ def _plots(out: Path, gamma: int, bces: dict, aurocs: dict, perms: list, p1: Pro
             ax.set_title(kind)
             ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(out / "bce.png", dpi=120)
+        save_figure(fig, out / "bce.png")
         plt.close(fig)
         files.append("bce.png")
     fig, ax = plt.subplots(figsize=(6, 3.6))
@@ -245,7 +245,7 @@ def _plots(out: Path, gamma: int, bces: dict, aurocs: dict, perms: list, p1: Pro
     ax.set_ylabel("AUROC")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "auroc.png", dpi=120)
+    save_figure(fig, out / "auroc.png")
     plt.close(fig)
     files.append("auroc.png")
     fig, ax = plt.subplots(figsize=(5, 3.4))
@@ -256,7 +256,7 @@ def _plots(out: Path, gamma: int, bces: dict, aurocs: dict, perms: list, p1: Pro
     ax.set_ylabel("mean feasible prefix length")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "permutation.png", dpi=120)
+    save_figure(fig, out / "permutation.png")
     plt.close(fig)
     files.append("permutation.png")
     fig, ax = plt.subplots(figsize=(6, 3.6))
@@ -270,7 +270,7 @@ def _plots(out: Path, gamma: int, bces: dict, aurocs: dict, perms: list, p1: Pro
     ax.set_ylabel("Pr(min_{j≤K} q_j ≥ τ)")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / "proposition1.png", dpi=120)
+    save_figure(fig, out / "proposition1.png")
     plt.close(fig)
     files.append("proposition1.png")
     return files

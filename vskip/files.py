@@ -9,6 +9,9 @@ One module for what every result directory needs:
   cut by a kill drops that line (it is rewritten on resume) and says so.
 - :class:`DirLock`: an exclusive ``flock`` on a file in a directory, so a second writer refuses at
   once instead of interleaving its results with the first one's.
+- Nothing is written through a link: a replaced file's link is replaced (:func:`write_atomic`),
+  appends (:func:`open_append`) and the lock file refuse links, and a device node, FIFO or socket
+  is never replaced.
 
 Standard library only.
 """
@@ -16,10 +19,12 @@ Standard library only.
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
 import math
 import os
+import stat
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -51,6 +56,7 @@ def write_atomic(path: Path | str, data: str | bytes | Callable[[str], None]) ->
     import tempfile
 
     path = Path(path)
+    _replaceable(path)
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # unique per writer
     os.close(fd)
     tmp = Path(name)
@@ -68,6 +74,43 @@ def write_atomic(path: Path | str, data: str | bytes | Callable[[str], None]) ->
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def check_output_file(path: Path) -> Path:
+    """Refuse to replace anything but a regular file or a link (a link is replaced, never written
+    through): a device node, a FIFO or a socket given as an output is not vskip's to replace."""
+    _replaceable(Path(path))
+    return Path(path)
+
+
+def _replaceable(path: Path) -> None:
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        raise FileError(f"{path} exists and is not a regular file; name another output")
+
+
+def save_figure(fig, path: Path | str, dpi: int = 120) -> Path:
+    """A matplotlib figure written atomically (never through a link), in the format of its suffix."""
+    path = Path(path)
+    return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or "png"))
+
+
+def open_append(path: Path | str):
+    """``path`` opened for appending text, refusing to follow a link (a link planted in an output
+    directory must not send vskip's rows to a file outside it) or to append to a non-regular file."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise FileError(f"{path} is a link; vskip writes only its own files (remove the link)") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise FileError(f"{path} is not a regular file; vskip writes only its own files")
+    return os.fdopen(fd, "a", encoding="utf-8")
 
 
 def write_json(path: Path | str, obj, indent: int | None = 1) -> Path:
@@ -156,13 +199,29 @@ def check_writable_dir(path: Path | str, what: str = "output directory") -> Path
     if path.exists() and not path.is_dir():
         raise FileError(f"{what} {path} is a file, not a directory")
     try:
+        import tempfile
+
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".write-test.")  # created anew: never through a link
+        os.close(fd)
+        os.unlink(probe)
     except OSError as e:
         raise FileError(f"cannot write in {what} {path}: {e.strerror or e}") from None
     return path
+
+
+def _open_lock(path: Path):
+    """The lock file, opened without following a link and only if it is a regular file."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise FileError(f"{path} is a link; remove it (vskip's lock file is a plain file)") from None
+        raise FileError(f"cannot open the lock file {path}: {e.strerror or e}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise FileError(f"{path} is not a regular file; remove it")
+    return os.fdopen(fd, "r+")
 
 
 class DirLock:
@@ -170,15 +229,15 @@ class DirLock:
     gets :class:`Busy` (a :class:`FileError`) at once, or with ``wait`` waits for the first to
     finish. The lock dies with its process, so a kill never leaves a stale lock behind."""
 
-    def __init__(self, directory: Path | str, what: str = "directory", wait: bool = False):
-        self.dir, self.what, self.wait = Path(directory), what, wait
+    def __init__(self, directory: Path | str, what: str = "directory", wait: bool = False, name: str = LOCK_FILE):
+        self.dir, self.what, self.wait, self.name = Path(directory), what, wait, name
         self._f = None
 
     def __enter__(self) -> "DirLock":
         import fcntl
 
         self.dir.mkdir(parents=True, exist_ok=True)
-        f = open(self.dir / LOCK_FILE, "a+")
+        f = _open_lock(self.dir / self.name)
         try:
             fcntl.flock(f, fcntl.LOCK_EX if self.wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

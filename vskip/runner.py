@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .decode import DecodeConfig, decode, warmup
-from .files import DirLock, check_writable_dir, read_json, write_json, write_jsonl
+from .files import DirLock, FileError, check_writable_dir, read_json, write_json, write_jsonl
 from .metrics import result_row, summarize
 from .models.config import ModelConfig, model_defaults, with_defaults  # noqa: F401 - ModelConfig: re-exported
 from .policy import PolicyConfig, Sampling
@@ -64,6 +64,9 @@ def package_versions() -> dict:
 def _check_resume(out: Path, cfg_json: dict) -> None:
     p = out / CONFIG
     if not p.exists():
+        theirs = [name for name in (SAMPLES, ROUNDS, SUMMARY) if (out / name).exists()]
+        if theirs:  # not a run directory vskip wrote: never adopt (and rewrite) someone's files
+            raise FileError(f"{out} holds {', '.join(theirs)} but no {CONFIG} of a vskip run; choose another --out")
         return
     old = read_json(p, "run configuration")
     run = old.get("run") if isinstance(old, dict) else None

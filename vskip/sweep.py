@@ -32,7 +32,7 @@ from .decode import DecodeConfig
 from .defaults import K_MIN, S_MAX
 from .metrics import summarize
 from .policy import LEARNED  # noqa: F401 - methods that need --predictor
-from .files import read_jsonl as _read_jsonl, write_json, write_jsonl as _write_jsonl
+from .files import DirLock, FileError, read_jsonl as _read_jsonl, write_json, write_jsonl as _write_jsonl
 from .rundir import CONFIG, ROUNDS, SAMPLES, SUMMARY
 from .grids import GRIDS, GridPoint, config_name, grid  # noqa: F401 - the grids, re-exported
 from .rundir import SWEEP
@@ -257,8 +257,10 @@ def _check_and_record(p: SweepPlan, out: Path, command: str | None) -> SweepPlan
     if path.exists():
         try:
             old = json.loads(path.read_text())
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, UnicodeDecodeError):
             old = None
+        if not isinstance(old, dict):  # vskip writes it atomically: a damaged one is not vskip's
+            raise FileError(f"{path} is not a sweep record vskip can read; remove it or choose another --out")
         if old is not None:
             if old.get("task") != p.task or old.get("selection") != list(p.selection):
                 raise ValueError(f"{out} holds a sweep of another task or prompt selection; choose another --out")
@@ -304,6 +306,13 @@ def run_sweep(
     if executor == "ray":
         _import_ray()  # before anything is written
     out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    with DirLock(out, "sweep directory"):
+        return _run_locked(p, out, workers, executor, address, pair_factory, progress, command, gpus_per_worker)
+
+
+def _run_locked(p: SweepPlan, out: Path, workers: int, executor: str, address, pair_factory, progress: bool,
+                command: str | None, gpus_per_worker: float) -> dict:
     p = _check_and_record(p, out, command)
     factory = pair_factory or load_models
     for name, why in p.skipped:

@@ -34,17 +34,16 @@ def register(subparsers) -> None:
 
 
 def cmd_compare(a) -> int:
-    import tempfile
-
     from .. import compare, tasks, variants
-    from ..models.load import open_pair
-    from ..prompting import encode_chat
     from ..runtime import resolve_runtime
 
     if a.summary:
         if not a.out or not Path(a.out).is_dir():
             raise ValueError("--summary needs --out DIR holding a comparison's rows")
-        return _print_comparison(compare, Path(a.out), None)
+        from ..files import DirLock
+
+        with DirLock(Path(a.out), "comparison directory"):
+            return _print_comparison(compare, Path(a.out), None)
     if a.task not in tasks.ALL_TASKS:
         raise ValueError(f"unknown task {a.task!r}; expected one of {', '.join(tasks.ALL_TASKS)}")
     if a.limit is not None and a.limit < 1:
@@ -84,9 +83,26 @@ def cmd_compare(a) -> int:
     from ..models.load import check_prompt_fits
 
     n = check_prompt_fits(models.verifier, [(p.task_id, tasks.user_prompt(p)) for p in problems], dec.max_new_tokens)
-    if a.out:  # before any model loads: refuse an --out whose rows were made otherwise
-        compare.claim(Path(a.out), compare.settings_record(a.task, dec.max_new_tokens, runtime, models, variants,
-                                                           a.predictor))
+    import contextlib
+
+    from ..files import DirLock
+
+    lock = contextlib.nullcontext()
+    if a.out:  # before any model loads: one writer per shard file, and no rows made otherwise
+        lock = DirLock(Path(a.out), f"shard {shard[0]}/{shard[1]} of the comparison in", name=f".lock-shard-{shard[0]}-of-{shard[1]}")
+        with DirLock(Path(a.out), "comparison directory", wait=True):  # settings.json: read, merge, write
+            compare.claim(Path(a.out), compare.settings_record(a.task, dec.max_new_tokens, runtime, models, variants,
+                                                               a.predictor))
+    with lock:
+        return _decode_and_print(a, compare, tasks, models, dec, variants, runtime, problems, shard, n)
+
+
+def _decode_and_print(a, compare, tasks, models, dec, variants, runtime, problems, shard, n) -> int:
+    import tempfile
+
+    from ..models.load import open_pair
+    from ..prompting import encode_chat
+
     # the longest block the command's drafter drafts (a configuration with a drafter of its own is
     # checked against that drafter when it decodes)
     gamma = max([dec.gamma] + [v.decode.gamma_max or v.decode.gamma for v in variants

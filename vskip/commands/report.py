@@ -41,9 +41,12 @@ def cmd_report(a) -> int:
     for d in a.timing:
         if not (Path(d) / "settings.json").is_file():
             raise ValueError(f"--timing {d} is not a comparison directory (no settings.json)")
-    rep = build_report([Path(p) for p in a.dirs], Path(a.out), k_min=a.k_min, n_boot=a.bootstrap, seed=a.seed,
-                       command=getattr(a, "command_line", None), timing=[Path(d) for d in a.timing])
-    if getattr(a, "archive", False):
-        rep.files.append(archive_runs(rep, Path(a.out) / ARCHIVE).name)
+    from ..files import DirLock, check_writable_dir
+
+    with DirLock(check_writable_dir(a.out, "report directory"), "report directory"):
+        rep = build_report([Path(p) for p in a.dirs], Path(a.out), k_min=a.k_min, n_boot=a.bootstrap, seed=a.seed,
+                           command=getattr(a, "command_line", None), timing=[Path(d) for d in a.timing])
+        if getattr(a, "archive", False):
+            rep.files.append(archive_runs(rep, Path(a.out) / ARCHIVE).name)
     print(json.dumps({"report": str(rep.path), "files": len(rep.files), "notes": len(rep.notes)}))
     return 0

@@ -14,20 +14,24 @@ def register(subparsers) -> None:
 
 
 def cmd_score(a) -> int:
+    import contextlib
+
+    from ..files import DirLock, FileError, check_output_file, check_writable_dir, write_json
     from ..scoring import score_samples_file
 
-    from ..files import FileError, check_writable_dir, write_json
-
+    lock = contextlib.nullcontext()
     if a.out:  # before scoring: results must not be lost to an unwritable --out
         if Path(a.out).is_dir():
             raise FileError(f"--out {a.out} is a directory; name a file")
-        check_writable_dir(Path(a.out).parent or Path("."), "directory of --out")
+        lock = DirLock(check_writable_dir(Path(a.out).parent or Path("."), "directory of --out"), "directory of --out")
+        check_output_file(Path(a.out))
     from ..runner import _check_sandbox
 
     _check_sandbox(a.task)
-    res = score_samples_file(a.task, a.samples)
-    if a.out:
-        write_json(a.out, res)
+    with lock:
+        res = score_samples_file(a.task, a.samples)
+        if a.out:
+            write_json(a.out, res)
     print(f"{res['task']}: pass@1 = {res['pass_at_1']:.4f} ({sum(r['passed'] for r in res['results'])}/{res['n']}) sandbox={res['sandbox']}")
     for k, e in res["pass_at_k"].items():
         print(f"  pass@{k} = {e['estimate']:.4f} [{e['ci'][0]:.4f}, {e['ci'][1]:.4f}] over {e['tasks']} tasks, "

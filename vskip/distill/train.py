@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..files import save_figure
 from ..models.copy import copy_hint
 from ..models.drafter import HINT_MAX_LEN, DiffusionLM, hint_code
 from ..models.drafter_io import drafter_from_verifier, save_drafter
@@ -456,6 +457,6 @@ def write_curve(log: list[dict], out: Path) -> Path | None:
     for a in ax:
         a.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out / "curve.png", dpi=120)
+    save_figure(fig, out / "curve.png")
     plt.close(fig)
     return out / "curve.png"

@@ -314,7 +314,7 @@ def train(data_dir: Path, features_dir: Path, out: Path, verifier_dir: Path, cfg
 def write_curve(log: list[dict], out: Path) -> Path | None:
     """``curve.csv`` and ``curve.png``: held-out P(L >= 1) (no tail) and tokens per call on the
     decode path against the answer tokens trained on."""
-    from ..files import write_atomic, write_csv
+    from ..files import save_figure, write_csv
 
     rows = [(e["targets"], e["step"], e["first_step_top1"], e.get("replay", {}).get("tokens_per_call"))
             for e in log if "first_step_top1" in e]
@@ -335,7 +335,7 @@ def write_curve(log: list[dict], out: Path) -> Path | None:
     for a in ax:
         a.grid(alpha=0.3)
     fig.tight_layout()
-    write_atomic(Path(out) / "curve.png", lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    save_figure(fig, Path(out) / "curve.png")
     plt.close(fig)
     return Path(out) / "curve.png"
 

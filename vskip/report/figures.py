@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+from ..files import save_figure
 from .compare import Row
 from .runs import COLORS, FRONTIER_METHODS, LABELS
 from .tables import KminFamily, frontier_method, in_main_grid, pareto_front
@@ -85,7 +86,7 @@ def figure1(path: Path, title: str, rows: list[Row], strict: Row | None, k_min: 
     ax.set_title(f"Figure 1: {title}", fontsize=9)
     fig.tight_layout()
     if drawn:
-        fig.savefig(path, dpi=120)
+        save_figure(fig, path)
     plt.close(fig)
     return drawn
 
@@ -101,7 +102,7 @@ def _two_panels(path: Path, suptitle: str, rows: list[Row], strict: Row | None, 
     fig.tight_layout()
     drawn = list(dict.fromkeys(drawn))
     if drawn:
-        fig.savefig(path, dpi=120)
+        save_figure(fig, path)
     plt.close(fig)
     return drawn
 
@@ -140,5 +141,5 @@ def figure5(path: Path, title: str, fam: KminFamily) -> None:
         ax.grid(alpha=0.3)
     fig.suptitle(f"Figure 5: {title}", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
     plt.close(fig)

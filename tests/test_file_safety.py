@@ -1,0 +1,159 @@
+"""Writes never leave an output directory through a link, never replace a device node or a FIFO,
+never adopt files vskip did not write, and every directory writer takes a lock."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+
+import pytest
+
+from test_sweep import IDS, fake_pair
+from vskip import cli, runner
+from vskip.decode import DecodeConfig
+from vskip.files import (DirLock, FileError, check_writable_dir, open_append, save_figure, write_atomic,
+                         write_json)
+from vskip.policy import PolicyConfig
+from vskip.runner import ModelConfig, RunConfig
+
+
+@pytest.fixture
+def outside(tmp_path):
+    """A file outside the output directory that a planted link points at."""
+    f = tmp_path / "outside.txt"
+    f.write_text("precious\n")
+    return f
+
+
+def test_the_write_probe_does_not_truncate_a_linked_file(tmp_path, outside):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".write-test").symlink_to(outside)
+    check_writable_dir(out)
+    assert outside.read_text() == "precious\n"
+
+
+def test_a_linked_lock_file_is_refused_and_its_target_kept(tmp_path, outside):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".lock").symlink_to(outside)
+    with pytest.raises(FileError, match="is a link"):
+        with DirLock(out, "run directory"):
+            pass
+    assert outside.read_text() == "precious\n"
+    missing = tmp_path / "not-yet"
+    (out / ".lock").unlink()
+    (out / ".lock").symlink_to(missing)  # a dangling link must not create its target either
+    with pytest.raises(FileError, match="is a link"):
+        with DirLock(out):
+            pass
+    assert not missing.exists()
+
+
+def test_appends_refuse_links_and_replacements_replace_the_link(tmp_path, outside):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "samples.jsonl").symlink_to(outside)
+    with pytest.raises(FileError, match="is a link"):
+        open_append(out / "samples.jsonl")
+    write_json(out / "summary.json", {"a": 1})
+    (out / "config.json").symlink_to(outside)
+    write_json(out / "config.json", {"b": 2})
+    assert not (out / "config.json").is_symlink() and json.loads((out / "config.json").read_text()) == {"b": 2}
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    (out / "fig.png").symlink_to(outside)
+    fig = plt.figure()
+    save_figure(fig, out / "fig.png")
+    plt.close(fig)
+    assert not (out / "fig.png").is_symlink() and (out / "fig.png").read_bytes()[:4] == b"\x89PNG"
+    assert outside.read_text() == "precious\n"
+
+
+def test_a_fifo_is_never_replaced(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(FileError, match="not a regular file"):
+        write_atomic(fifo, "x")
+    assert fifo.is_fifo()
+
+
+def _cfg():
+    return RunConfig(task="humaneval", policy=PolicyConfig(name="strict"),
+                     decode=DecodeConfig(gamma=8, max_new_tokens=16, task="humaneval"), models=ModelConfig(), ids=IDS,
+                     score=False)
+
+
+def test_a_run_refuses_a_directory_of_someone_elses_samples(tmp_path):
+    out = tmp_path / "theirs"
+    out.mkdir()
+    theirs = "".join(json.dumps({"task_id": f"HumanEval/{i}", "completion": "pass"}) + "\n" for i in range(4))
+    (out / "samples.jsonl").write_text(theirs)
+    with pytest.raises(FileError, match="no config.json of a vskip run"):
+        runner.run(_cfg(), out, progress=False, pair=fake_pair(None, True))
+    assert (out / "samples.jsonl").read_text() == theirs
+
+
+def test_a_sweep_refuses_a_damaged_sweep_record(tmp_path):
+    from vskip.sweep import plan, run_sweep
+
+    out = tmp_path / "sweep"
+    out.mkdir()
+    (out / "sweep.json").write_text("{ not json")
+    p = plan("humaneval", "cpu-small", DecodeConfig(gamma=8, max_new_tokens=16, task="humaneval"), ModelConfig(),
+             ids=IDS, score=False)
+    with pytest.raises(FileError, match="not a sweep record"):
+        run_sweep(p, out, pair_factory=fake_pair, progress=False)
+    assert (out / "sweep.json").read_text() == "{ not json"
+
+
+def test_a_sweep_directory_has_one_writer(tmp_path):
+    from vskip.sweep import plan, run_sweep
+
+    out = tmp_path / "sweep"
+    p = plan("humaneval", "cpu-small", DecodeConfig(gamma=8, max_new_tokens=16, task="humaneval"), ModelConfig(),
+             ids=IDS, score=False)
+    with DirLock(out, "sweep directory"):
+        with pytest.raises(FileError, match="another process is writing sweep directory"):
+            run_sweep(p, out, pair_factory=fake_pair, progress=False)
+    assert not (out / "sweep.json").exists()
+
+
+@pytest.mark.parametrize("argv, lock, words", [
+    ("compare --task humaneval --limit 1 --configs ar,strict --out {out}", ".lock-shard-1-of-1", "shard 1/1"),
+    ("compare --task humaneval --limit 3 --configs ar,strict --shard 2/3 --out {out}", ".lock-shard-2-of-3", "shard 2/3"),
+    ("report {out}/runs --out {out}", ".lock", "report directory"),
+])
+def test_a_second_writer_is_refused_before_any_model_loads(argv, lock, words, tmp_path, capsys, monkeypatch):
+    import vskip.models.load as load
+
+    def no_models(*a, **k):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(load, "load_pair", no_models)
+    out = tmp_path / "out"
+    (out / "runs").mkdir(parents=True)
+    with DirLock(out, "held", name=lock):
+        rc = cli.main(shlex.split(argv.format(out=out)))
+    err = capsys.readouterr().err
+    assert rc != 0 and "another process is writing" in err and words in err, err
+
+
+def test_shards_of_one_comparison_do_not_block_each_other(tmp_path):
+    with DirLock(tmp_path, "a", name=".lock-shard-1-of-2"):
+        with DirLock(tmp_path, "b", name=".lock-shard-2-of-2"):
+            pass
+
+
+def test_score_refuses_a_device_as_out_before_scoring(tmp_path, capsys):
+    samples = tmp_path / "s.jsonl"
+    samples.write_text(json.dumps({"task_id": "HumanEval/0", "completion": "pass"}) + "\n")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    rc = cli.main(["score", "--task", "humaneval", "--samples", str(samples), "--out", str(fifo)])
+    assert rc == 2 and "not a regular file" in capsys.readouterr().err
+    assert fifo.is_fifo()

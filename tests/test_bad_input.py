@@ -26,10 +26,25 @@ def _files(tmp):
     (tmp / "run" / "config.json").write_text("{")
     (tmp / "run" / "samples.jsonl").write_text("")
     os.mkfifo(tmp / "fifo")
+    (tmp / "deep.jsonl").write_text("[" * 100000 + "]" * 100000 + "\n")
+    row = {"task_id": "HumanEval/0", "config": "ar", "repeat": 0, "seconds": 1.0, "tokens": 5, "calls": 5}
+    for name, change in [("cmp_zero", {"seconds": 0}), ("cmp_negative", {"seconds": -2.0}),
+                         ("cmp_calls", {"calls": -1}), ("cmp_nan", {"seconds": float("nan")})]:
+        (tmp / name).mkdir()
+        (tmp / name / "shard-1-of-1.jsonl").write_text(json.dumps(row | change) + "\n")
 
 
 # (argv, fragment the one error line must contain)
 CASES = [
+    ("generate caf\udce9", "not UTF-8 text"),
+    ("score --task humaneval --samples {tmp}/deep.jsonl", "deep"),
+    ("generate hi --max-memory cpu=1e999GiB", "--max-memory"),
+    ("generate hi --max-memory cpu=1e30GiB", "larger than any device"),
+    # compare --summary over damaged rows
+    ("compare --summary --out {tmp}/cmp_zero", "has seconds 0"),
+    ("compare --summary --out {tmp}/cmp_negative", "has seconds -2.0"),
+    ("compare --summary --out {tmp}/cmp_calls", "has calls -1"),
+    ("compare --summary --out {tmp}/cmp_nan", "has seconds nan"),
     # sampling
     ("run --task humaneval --out {tmp}/o --temperature -1", "--temperature"),
     ("run --task humaneval --out {tmp}/o --temperature nan", "--temperature"),
@@ -176,6 +191,10 @@ CASES = [
     ("train-drafter --data {tmp}/empty --out {tmp}/t --num-layers 0", "num-layers"),
     ("train-drafter --data {tmp}/empty --out {tmp}/t --train-steps 0", "steps"),
     ("train-drafter --data {tmp}/empty --out {tmp}/t --lr -1", "lr"),
+    ("train-drafter --data {tmp}/empty --out {tmp}/t --lr inf", "--lr must be a finite number"),
+    ("train-drafter --data {tmp}/empty --out {tmp}/t --position-decay nan", "--position-decay must be a finite"),
+    ("train-drafter --data {tmp}/empty --out {tmp}/t --num-layers 999", "the verifier has 30 layers"),
+    ("train-drafter --data {tmp}/empty --out {tmp}/t --layers 0,45", "the verifier has 30 layers"),
     ("train-drafter --data {tmp}/empty --out {tmp}/t --full-mask-share 2", "full-mask-share"),
     ("train-drafter --data {tmp}/empty --out {tmp}/t --layers 0,0", "layers"),
     ("train-drafter --data {tmp}/empty --out {tmp}/t --early-share 2", "early-share"),

@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from .files import open_append, read_jsonl, write_atomic, write_jsonl
+from .files import FileError, open_append, read_jsonl, write_atomic, write_jsonl
 from .variants import Variant
 
 def _digest(tokens) -> str:
@@ -209,8 +210,27 @@ def run_compare(prompts, pair, variants, out: Path, shard: tuple[int, int] = (1,
 
 def read_rows(path: Path) -> list[dict]:
     """The whole rows of a shard file (``.jsonl``, or ``.jsonl.gz`` as archived); a last line cut
-    by a kill is dropped, and its row is redone."""
-    return read_jsonl(path)
+    by a kill is dropped, and its row is redone. A row whose measures cannot be right (no prompt or
+    configuration, seconds not positive, counts negative) names its file and line."""
+    rows = read_jsonl(path)
+    for i, r in enumerate(rows, 1):
+        _check_row(r, path, i)
+    return rows
+
+
+def _check_row(r: dict, path: Path, line: int) -> None:
+    def bad(why: str):
+        raise FileError(f"{path}: row {line} {why}; the comparison's rows are damaged")
+
+    if not isinstance(r.get("task_id"), str) or not isinstance(r.get("config"), str):
+        bad("names no task_id or config")
+    sec = r.get("seconds")
+    if isinstance(sec, bool) or not isinstance(sec, (int, float)) or not math.isfinite(sec) or sec <= 0:
+        bad(f"has seconds {sec!r} (a positive number is needed)")
+    for key in ("tokens", "calls", "blocks", "repeat"):
+        v = r.get(key, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            bad(f"has {key} {v!r} (a count is needed)")
 
 
 def _ratio_interval(N, T, N0, T0, reps: int = 2000, seed: int = 0) -> tuple[float, float]:
@@ -324,7 +344,7 @@ def _against_strict(out: dict, by: dict, common: list[str]) -> None:
             X, N = mine
             d[f"rel_{key}"] = float((X.sum() / N.sum()) / (ref.sum() / N0.sum()))
             d[f"rel_{key}_ci95"] = _ratio_interval(X, N, ref, N0)
-    st = out["configs"]["strict"]
+    st = out["configs"].get("strict", {})
     if st.get("c_D_ms") and st.get("c_V_ms"):
         from .policy import break_even_length
 
@@ -339,6 +359,8 @@ def _cost_figures(rs: list[dict], n: float, seconds: float) -> dict:
     blocks = sum(r["blocks"] for r in rs)
     draft = sum(r["draft_seconds"] for r in rs)
     verify = sum(r["verify_seconds"] for r in rs)
+    if not calls or not n:  # nothing generated, or no verifier call: no per-call figures exist
+        return {}
     d = {"tokens_per_call": float(n / calls), "calls_per_token": float(calls / n),
          "c_V_ms": 1000 * verify / calls, "outside_forwards": float((seconds - draft - verify) / seconds)}
     if blocks:

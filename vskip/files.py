@@ -141,6 +141,8 @@ def read_json(path: Path | str, what: str = "JSON file"):
         raise FileNotFoundError(f"{what} {path} does not exist")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise FileError(f"{path}: {what} nests too deeply to be one vskip wrote") from None
     except (UnicodeDecodeError, ValueError) as e:
         raise FileError(f"{what} {path} is not valid JSON ({e})") from None
 
@@ -175,6 +177,8 @@ def read_jsonl(path: Path | str, on_cut: Callable[[str], None] | None = None, pa
             continue
         try:
             row = json.loads(line)
+        except RecursionError:
+            raise FileError(f"{path}: line {i + 1} nests too deeply to be a row vskip wrote") from None
         except ValueError:
             row = None
         if isinstance(row, dict):

@@ -238,8 +238,10 @@ def parse_max_memory(text: str | None) -> dict[str, int] | None:
         dev = normalize_device(dev.strip())
         try:
             n = convert_file_size_to_int(size.strip())
-        except ValueError:
+        except (ValueError, OverflowError):
             raise ValueError(f"--max-memory: {size.strip()!r} is not a size (e.g. 40GiB)") from None
+        if n > 1 << 60:  # an exbibyte: no machine's memory
+            raise ValueError(f"--max-memory: {size.strip()!r} is larger than any device's memory")
         if n <= 0:
             raise ValueError(f"--max-memory: the size for {dev} must be positive")
         out[dev] = int(n)

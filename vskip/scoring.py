@@ -379,6 +379,8 @@ def score_samples_file(
             continue
         try:
             rec = json.loads(line)
+        except RecursionError:
+            raise ValueError(f"{path}:{n}: nests too deeply to be a sample") from None
         except ValueError:
             raise ValueError(f"{path}:{n}: not a JSON object") from None
         if not isinstance(rec, dict) or "task_id" not in rec:

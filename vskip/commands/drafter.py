@@ -171,6 +171,12 @@ def _cmd_train(a) -> int:
                                 "directory)")
     check_writable_dir(a.out, "training directory")
     vdir = Path(a.verifier) if a.verifier else embedded_verifier_dir()
+    from ..models.backbone import read_hf_config
+
+    total = int(read_hf_config(vdir).get("num_hidden_layers", 0))
+    if max(cfg.layers or [cfg.num_layers - 1]) >= total:
+        raise ValueError(f"the verifier has {total} layers: --num-layers {cfg.num_layers} or --layers "
+                         f"{list(cfg.layers or [])} asks for more")
     if a.export:
         from ..distill.train import export
 

@@ -22,6 +22,10 @@ def cmd_generate(a) -> int:
 
     if not a.prompt.strip():
         raise ValueError("the prompt is empty")
+    try:
+        a.prompt.encode("utf-8")
+    except UnicodeEncodeError as e:  # bytes the shell passed that are not UTF-8 (surrogate escapes)
+        raise ValueError(f"the prompt is not UTF-8 text (byte {e.start} of it); pass it as UTF-8") from None
     policy, dec, models = configs(a)
     runtime = resolve_runtime(models.device, models.dtype, models.threads, models.drafter_dtype,
                               models.drafter_device, models.verifier_device, models.max_memory)

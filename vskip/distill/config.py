@@ -51,8 +51,13 @@ class TrainConfig:
         for key in positive:
             if getattr(self, key) < 1:
                 raise ValueError(f"--{key.replace('_', '-')} must be >= 1, got {getattr(self, key)}")
+        for key in ("lr", "weight_decay", "full_mask_share", "position_decay", "early_share"):
+            if not math.isfinite(getattr(self, key)):
+                raise ValueError(f"--{key.replace('_', '-')} must be a finite number, got {getattr(self, key)}")
         if not self.lr > 0:
             raise ValueError(f"--lr must be > 0, got {self.lr}")
+        if self.position_decay < 0:
+            raise ValueError(f"--position-decay must be >= 0, got {self.position_decay}")
         if self.warmup < 0 or self.holdout < 0 or self.weight_decay < 0:
             raise ValueError("--warmup, --holdout and the weight decay must be >= 0")
         if not 0.0 <= self.early_share <= 1.0:

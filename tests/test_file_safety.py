@@ -157,3 +157,38 @@ def test_score_refuses_a_device_as_out_before_scoring(tmp_path, capsys):
     rc = cli.main(["score", "--task", "humaneval", "--samples", str(samples), "--out", str(fifo)])
     assert rc == 2 and "not a regular file" in capsys.readouterr().err
     assert fifo.is_fifo()
+
+
+def test_sandbox_directories_a_killed_scorer_left_are_removed(tmp_path, monkeypatch):
+    import subprocess
+
+    from vskip.sandbox import run as sbx
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = tmp_path / f"vskip-sbx-{dead.pid}-abcd"
+    live = tmp_path / f"vskip-sbx-{os.getppid()}-abcd"  # a live process's
+    other = tmp_path / "vskip-sbx-notapid"
+    for d in (stale, live, other):
+        d.mkdir()
+        (d / "prog.py").write_text("x")
+    monkeypatch.setattr(sbx, "_cleaned", False)
+    sbx._clean_stale_dirs()
+    assert not stale.exists() and live.exists() and other.exists()
+
+
+def test_an_edited_benchmark_cache_is_not_trusted(tmp_path, monkeypatch, capsys):
+    from vskip import tasks
+
+    monkeypatch.setattr(tasks, "_cache_root", lambda: tmp_path)
+    monkeypatch.setattr(tasks, "_MEMO", {})
+    first = tasks.load_task("humaneval", limit=1)[0]
+    (cache,) = tmp_path.glob("humaneval-*.jsonl")
+    text = cache.read_text()
+    assert first.test in text.replace("\\n", "\n") or json.dumps(first.test)[1:-1] in text
+    cache.write_text(text.replace(json.dumps(first.test)[1:-1], "def check(candidate):\\n    pass\\n"))
+    monkeypatch.setattr(tasks, "_MEMO", {})
+    again = tasks.load_task("humaneval", limit=1)[0]
+    assert again.test == first.test
+    assert "does not match its sha256" in capsys.readouterr().err

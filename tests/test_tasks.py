@@ -118,7 +118,8 @@ def test_cache_is_written_and_reused(tmp_path, monkeypatch):
     files = list((tmp_path / "data").glob("math500-*.jsonl"))
     assert len(files) == 1
     lines = files[0].read_text().splitlines()
-    assert len(lines) == 500 and json.loads(lines[0])["task_id"] == "math500/0"
+    assert len(lines) == 501 and set(json.loads(lines[0])) == {"sha256"}  # the content's sha256, then the rows
+    assert json.loads(lines[1])["task_id"] == "math500/0"
     T._MEMO.clear()
     assert T.load_task("math500") == first  # read back from the cache
 

@@ -102,7 +102,7 @@ _SOURCES = {
 }
 _PREFIX = {"humaneval": "HumanEval/", "mbpp": "Mbpp/", "mbpp_plus": "Mbpp/",
            "math500": "math500/", "gsm8k": "gsm8k/"}
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2
 
 _MEMO: dict[tuple[str, str], tuple[Problem, ...]] = {}
 _MEMO_LOCK = threading.Lock()
@@ -170,11 +170,7 @@ def _load_all(base: str) -> tuple[Problem, ...]:
             return _MEMO[key]
     problems: tuple[Problem, ...] | None = None
     if cache.exists():
-        try:
-            with open(cache, encoding="utf-8") as f:
-                problems = tuple(Problem(**json.loads(line)) for line in f if line.strip())
-        except (OSError, ValueError, TypeError):
-            problems = None
+        problems = _read_cache(cache)
     if problems is None:
         problems = tuple(_EXTRACT[base](raw_records(base)))
         _write_cache(cache, problems)
@@ -184,13 +180,36 @@ def _load_all(base: str) -> tuple[Problem, ...]:
 
 
 def _write_cache(path: Path, problems) -> None:
+    """The extracted problems, after a first line with the sha256 of the rest (checked on load)."""
+    import hashlib
+
+    body = "".join(json.dumps(asdict(p), ensure_ascii=False) + "\n" for p in problems)
+    head = json.dumps({"sha256": hashlib.sha256(body.encode("utf-8")).hexdigest()}) + "\n"
     try:
         from .files import write_atomic
 
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, "".join(json.dumps(asdict(p), ensure_ascii=False) + "\n" for p in problems))
+        write_atomic(path, head + body)
     except OSError:
         pass  # a read-only cache only costs the extraction next time
+
+
+def _read_cache(path: Path) -> tuple[Problem, ...] | None:
+    """The cached problems, or None (extract again) when the file cannot be read or its content is
+    not what was written: an edited test must not turn a wrong answer into a pass."""
+    import hashlib
+    import sys
+
+    try:
+        head, _, body = path.read_bytes().partition(b"\n")
+        want = json.loads(head).get("sha256")
+        if hashlib.sha256(body).hexdigest() != want:
+            print(f"[vskip] {path}: the cached benchmark data does not match its sha256; extracting it again",
+                  file=sys.stderr)
+            return None
+        return tuple(Problem(**json.loads(line)) for line in body.decode("utf-8").splitlines() if line.strip())
+    except (OSError, ValueError, TypeError, AttributeError, RecursionError):
+        return None
 
 
 # ----------------------------------------------------------------------------- extraction

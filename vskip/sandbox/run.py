@@ -42,6 +42,38 @@ class SandboxResult:
 
 # ----------------------------------------------------------------------------- running
 
+#: a program's host directory is ``<tmp>/vskip-sbx-<pid of the scorer>-<random>``
+STALE_PREFIX = "vskip-sbx-"
+_cleaned = False
+
+
+def _clean_stale_dirs() -> None:
+    """Once per process: remove the program directories a killed scorer left behind (those whose
+    scorer's pid is no longer alive)."""
+    global _cleaned
+    if _cleaned:
+        return
+    _cleaned = True
+    root = tempfile.gettempdir()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(STALE_PREFIX):].split("-", 1)[0]
+        if not name.startswith(STALE_PREFIX) or not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # its scorer still runs
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue  # alive under another user, or not ours to judge
+        path = os.path.join(root, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+
 
 def _run(code, setup: _Setup, timeout, memory_mb, file_mb, nofile, nproc, max_output_bytes,
          tail_bytes, disk_mb, stdin=None) -> SandboxResult:
@@ -63,7 +95,8 @@ def _run(code, setup: _Setup, timeout, memory_mb, file_mb, nofile, nproc, max_ou
     if cgroup is not None:
         watch_nproc = False
 
-    host_dir = tempfile.mkdtemp(prefix="vskip-sbx-")
+    _clean_stale_dirs()
+    host_dir = tempfile.mkdtemp(prefix=f"{STALE_PREFIX}{os.getpid()}-")
     try:
         prog_host = os.path.join(host_dir, PROGRAM_NAME)
         with open(prog_host, "w", encoding="utf-8") as f:

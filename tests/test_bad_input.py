@@ -40,6 +40,9 @@ CASES = [
     ("score --task humaneval --samples {tmp}/deep.jsonl", "deep"),
     ("generate hi --max-memory cpu=1e999GiB", "--max-memory"),
     ("generate hi --max-memory cpu=1e30GiB", "larger than any device"),
+    ("train-conditioned --data {tmp}/empty --features {tmp}/empty --out {tmp}/t --device cuda", "no CUDA device"),
+    ("train-conditioned --data {tmp}/empty --features {tmp}/empty --out {tmp}/t --device tpu", "unknown device"),
+    ("extract-features --data {tmp}/empty --out {tmp}/f --device cuda:3", "no CUDA device"),
     # compare --summary over damaged rows
     ("compare --summary --out {tmp}/cmp_zero", "has seconds 0"),
     ("compare --summary --out {tmp}/cmp_negative", "has seconds -2.0"),

@@ -150,6 +150,16 @@ def machine_id(info: dict) -> str:
     return hashlib.sha256(json.dumps(info, sort_keys=True).encode()).hexdigest()[:12]
 
 
+def training_device(device: str | None, flag: str = "--device") -> str:
+    """The device a feature extraction or a training runs on: ``device`` checked, or cuda where
+    there is one, else cpu."""
+    import torch
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return _check_device(device, flag)
+
+
 def _check_device(device: str, flag: str) -> str:
     import torch
 

@@ -26,6 +26,7 @@ def register(subparsers) -> None:
     e.add_argument("--max-rows", type=int, help="training rows to extract at most")
     e.add_argument("--until", metavar="HH:MM", help="start no new chunk after this local time")
     e.add_argument("--threads", type=int, help="torch CPU threads")
+    e.add_argument("--device", help="cpu, cuda or cuda:N for the verifier's forwards (default: cuda when available)")
     e.set_defaults(fn=cmd_extract)
 
     from ..distill.config import ConditionedTrainConfig
@@ -50,6 +51,7 @@ def register(subparsers) -> None:
                        help=f"default: {getattr(d, name)}")
     t.add_argument("--until", metavar="HH:MM", help="stop at a checkpoint after this local time (resume later)")
     t.add_argument("--threads", type=int, help="torch CPU threads")
+    t.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available); a run resumes on any device")
     t.add_argument("--export", action="store_true", help="only write OUT/drafter from the latest checkpoint")
     t.set_defaults(fn=cmd_train)
 
@@ -98,6 +100,9 @@ def cmd_extract(a) -> int:
     if a.taps < 1 or a.holdout < 0 or (a.max_rows is not None and a.max_rows < 0):
         raise ValueError("--taps must be >= 1, --holdout and --max-rows >= 0")
     until = _until(a.until)
+    from ..runtime import training_device
+
+    device = training_device(a.device)
     check_writable_dir(a.out, "features directory")
     vdir = _verifier(a)
     from ..models.backbone import read_hf_config
@@ -106,7 +111,7 @@ def cmd_extract(a) -> int:
 
     layers = a.layers or default_target_layers(int(read_hf_config(vdir)["num_hidden_layers"]), a.taps)
     idx = extract(Path(a.data), Path(a.out), vdir, tuple(layers), holdout=a.holdout, seed=a.seed,
-                  max_rows=a.max_rows, until=until, threads=a.threads)
+                  max_rows=a.max_rows, until=until, threads=a.threads, device=device)
     print(json.dumps({"features": str(a.out), "layers": list(layers), **summary(idx)}))
     return 0
 
@@ -121,6 +126,9 @@ def cmd_train(a) -> int:
         "checkpoint_every", "eval_every", "eval_blocks", "replay_answers", "replay_tokens", "lr", "no_tail_share",
         "loss_decay", "threads")})
     until = _until(a.until)
+    from ..runtime import training_device
+
+    device = training_device(a.device)
     for what, p in (("data directory", a.data), ("features directory", a.features)):
         if not Path(p).is_dir():
             raise FileNotFoundError(f"{what} {p} does not exist")
@@ -129,7 +137,7 @@ def cmd_train(a) -> int:
     check_writable_dir(a.out, "training directory")
     vdir = _verifier(a)
     if not a.export:
-        train(Path(a.data), Path(a.features), Path(a.out), vdir, cfg, until=until)
+        train(Path(a.data), Path(a.features), Path(a.out), vdir, cfg, until=until, device=device)
     ddir = export(Path(a.out), Path(a.data), Path(a.features), vdir)
     print(json.dumps({"drafter": str(ddir), **json.loads((ddir / "manifest.json").read_text())["holdout"]}))
     return 0

@@ -142,7 +142,8 @@ def plan_rows(data: Data, holdout: int, seed: int) -> tuple[list[int], list[int]
 
 def extract(data_dir: Path, out: Path, verifier_dir: Path, layers: tuple[int, ...], holdout: int = 64,
             seed: int = 0, chunk_rows: int = 64, max_rows: int | None = None, until: float | None = None,
-            max_tokens: int | None = None, threads: int | None = None, progress: bool = True) -> dict:
+            max_tokens: int | None = None, threads: int | None = None, progress: bool = True,
+            device: str = "cpu") -> dict:
     """Extract (or resume extracting) the tapped hidden states of the distillation rows into
     ``out``. ``max_tokens`` cuts each row to its first tokens; ``until`` is a wall-clock time
     (``time.time()``) after which no new chunk starts. Returns the index."""
@@ -160,6 +161,7 @@ def extract(data_dir: Path, out: Path, verifier_dir: Path, layers: tuple[int, ..
     # the same split the training run makes (a check, not a second definition)
     assert sorted(split(data, holdout, seed)[1].prompt_ids) == sorted(data.prompt_ids[i] for i in ho)
     model = AutoModelForCausalLM.from_pretrained(verifier_dir, dtype=torch.float32, trust_remote_code=False).eval()
+    model.to(device)
     n_layers = int(model.config.num_hidden_layers)
     if not layers or max(layers) >= n_layers or min(layers) < 0 or len(set(layers)) != len(layers):
         raise ValueError(f"tapped layers must be distinct indices in 0..{n_layers - 1}, got {list(layers)}")
@@ -185,8 +187,8 @@ def extract(data_dir: Path, out: Path, verifier_dir: Path, layers: tuple[int, ..
         parts, offsets = [], [0]
         for r in rows:
             ids = data.rows[r][:max_tokens] if max_tokens else data.rows[r]
-            f = fwd(torch.from_numpy(ids.astype(np.int64))[None])
-            parts.append(f.to(torch.bfloat16))
+            f = fwd(torch.from_numpy(ids.astype(np.int64))[None].to(device))
+            parts.append(f.to(torch.bfloat16).cpu())
             offsets.append(offsets[-1] + f.shape[0])
         tensors = {"features": torch.cat(parts), "offsets": torch.tensor(offsets, dtype=torch.int64),
                    "rows": torch.tensor(rows, dtype=torch.int64)}

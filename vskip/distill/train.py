@@ -147,14 +147,14 @@ def lr_at(step: int, cfg) -> float:
 def state_tensors(params: dict, opt) -> dict[str, torch.Tensor]:
     """A checkpoint's tensors: the parameters (``param.NAME``) and Adam's moments
     (``adam.exp_avg.NAME``, ``adam.exp_avg_sq.NAME``)."""
-    tensors = {f"param.{n}": p.detach().float().contiguous() for n, p in params.items()}
+    tensors = {f"param.{n}": p.detach().float().cpu().contiguous() for n, p in params.items()}
     names = {id(p): n for n, p in params.items()}
     for group in opt.param_groups:
         for p in group["params"]:
             st = opt.state.get(p, {})
             for k in ("exp_avg", "exp_avg_sq"):
                 if k in st:
-                    tensors[f"adam.{k}.{names[id(p)]}"] = st[k].contiguous()
+                    tensors[f"adam.{k}.{names[id(p)]}"] = st[k].cpu().contiguous()
     return tensors
 
 

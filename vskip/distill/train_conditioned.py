@@ -114,8 +114,10 @@ def pack_row(row: np.ndarray, P: int, n_feats: int, rng, cfg: ConditionedTrainCo
 def row_loss(model: ConditionedLM, row: np.ndarray, P: int, feats: torch.Tensor, rng, cfg: ConditionedTrainConfig,
              head_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of weighted cross-entropies, sum of weights) over ``blocks_per_seq`` blocks of one row."""
-    b = pack_row(row, P, feats.shape[0], rng, cfg, model.mask_id)
-    ctx = model.context(feats[: b["C"]][None], torch.arange(b["C"]))
+    dev = model.fc.weight.device
+    b = {k: v.to(dev) if isinstance(v, torch.Tensor) else v
+         for k, v in pack_row(row, P, feats.shape[0], rng, cfg, model.mask_id).items()}
+    ctx = model.context(feats[: b["C"]][None].to(dev), torch.arange(b["C"], device=dev))
     h = model(b["ids"], b["pos"], ctx, b["mask"])[0]
     logits = h[b["rows"]] @ model.head_weight().T
     t = head_index[b["targets"]]
@@ -128,11 +130,11 @@ def row_loss(model: ConditionedLM, row: np.ndarray, P: int, feats: torch.Tensor,
 def draft(model: ConditionedLM, row: np.ndarray, feats: torch.Tensor, a: int, u: int, W: torch.Tensor,
           ids: torch.Tensor) -> np.ndarray:
     """The greedy draft (block_size - 1 tokens) after anchor ``a`` with a tail of ``u`` tokens."""
-    nm, m = model.spec.block_size - 1, a - u
-    ctx = model.context(feats[:m][None], torch.arange(m)) if m > 0 else None
-    q = torch.tensor([list(row[m : a + 1]) + [model.mask_id] * nm])
-    h = model(q, torch.arange(m, a + 1 + nm), ctx)[0, -nm:]
-    return ids[(h @ W.T).argmax(-1)].numpy()
+    nm, m, dev = model.spec.block_size - 1, a - u, model.fc.weight.device
+    ctx = model.context(feats[:m][None].to(dev), torch.arange(m, device=dev)) if m > 0 else None
+    q = torch.tensor([list(row[m : a + 1]) + [model.mask_id] * nm], device=dev)
+    h = model(q, torch.arange(m, a + 1 + nm, device=dev), ctx)[0, -nm:]
+    return ids[(h @ W.T).argmax(-1)].cpu().numpy()
 
 
 def accepted(drafted: np.ndarray, row: np.ndarray, a: int) -> int:
@@ -151,8 +153,9 @@ def evaluate(model: ConditionedLM, ho: Data, feats: dict[int, torch.Tensor], ho_
     W, ids = model.head_weight(), model.head_token_ids()
     rng = np.random.default_rng([cfg.seed, 7])
     out = {"tails": {}}
+    nm = model.spec.block_size - 1
     for u in EVAL_TAILS:
-        Ls = []
+        Ls, hits, seen = [], np.zeros(nm), np.zeros(nm)
         for _ in range(cfg.eval_blocks * scale):
             j = int(rng.integers(len(ho)))
             row, P, f = ho.rows[j], ho.prompt_lens[j], feats[ho_index[j]]
@@ -160,7 +163,13 @@ def evaluate(model: ConditionedLM, ho: Data, feats: dict[int, torch.Tensor], ho_
             a = int(rng.integers(max(P - 1, u + 1), N - 1)) if N - 1 > max(P - 1, u + 1) else None
             if a is None:
                 continue
-            Ls.append(accepted(draft(model, row, f, a, u, W, ids), row, a))
+            d = draft(model, row, f, a, u, W, ids)
+            truth = np.asarray(row[a + 1 : a + 1 + nm])
+            hits[: len(truth)] += d[: len(truth)] == truth
+            seen[: len(truth)] += 1
+            Ls.append(accepted(d, row, a))
+        if u == 0:  # each block position on its own, whatever came before it
+            out["position_top1"] = [round(float(h / max(s, 1)), 4) for h, s in zip(hits, seen)]
         L = np.asarray(Ls, dtype=float)
         out["tails"][str(u)] = {"blocks": len(L), "p_L_ge_1": float((L >= 1).mean()),
                                 "p_L_ge_1_ci95": _wilson(int((L >= 1).sum()), len(L)), "mean_L": float(L.mean()),
@@ -209,7 +218,7 @@ def save_state(out: Path, model: ConditionedLM, opt, step: int, cfg: Conditioned
     from ..files import write_atomic, write_json
 
     tensors = state_tensors(trainable(model), opt)
-    tensors["head_ids"] = model.head_ids.contiguous()
+    tensors["head_ids"] = model.head_ids.cpu().contiguous()
     meta = {"step": step, "config": asdict(cfg), "layers": list(model.spec.target_layers), "log": log}
     write_atomic(out / STATE_FILE, lambda tmp: save_file(tensors, tmp, metadata={"state": json.dumps(meta)}))
     write_json(out / "train_state.json", meta, indent=None)
@@ -229,14 +238,16 @@ def load_state(model: ConditionedLM, tensors: dict, opt=None, step: int = 0) -> 
         for n, p in trainable(model).items():
             p.copy_(tensors[f"param.{n}"])
             if opt is not None and f"adam.exp_avg.{n}" in tensors:
-                opt.state[p] = {"step": torch.tensor(float(step)), "exp_avg": tensors[f"adam.exp_avg.{n}"],
-                                "exp_avg_sq": tensors[f"adam.exp_avg_sq.{n}"]}
+                opt.state[p] = {"step": torch.tensor(float(step)), "exp_avg": tensors[f"adam.exp_avg.{n}"].to(p.device),
+                                "exp_avg_sq": tensors[f"adam.exp_avg_sq.{n}"].to(p.device)}
 
 
 def train(data_dir: Path, features_dir: Path, out: Path, verifier_dir: Path, cfg: ConditionedTrainConfig,
-          progress: bool = True, until: float | None = None) -> Path:
+          progress: bool = True, until: float | None = None, device: str = "cpu") -> Path:
     """Train (or resume) a conditioned drafter on the features in ``features_dir``; ``until`` (a
-    ``time.time()``) stops early at a checkpoint. Writes ``out/drafter`` at the end."""
+    ``time.time()``) stops early at a checkpoint. ``device``: where the drafter trains (the
+    features stay on the host and travel row by row; checkpoints are the same on any device, so a
+    run may resume elsewhere). Writes ``out/drafter`` at the end."""
     from tqdm import tqdm
 
     from ..files import write_json
@@ -260,9 +271,10 @@ def train(data_dir: Path, features_dir: Path, out: Path, verifier_dir: Path, cfg
     resume = (out / STATE_FILE).exists()
     meta, tensors = read_state(out) if resume else ({}, {})
     head = tensors["head_ids"] if resume else head_vocabulary(tr, int(_index(data_dir).get("eos_id", 2)))
-    model = build_model(verifier_dir, taps.layers, cfg, head)
+    model = build_model(verifier_dir, taps.layers, cfg, head).to(device)
     head_index = torch.full((model.spec.backbone.vocab_size,), -100, dtype=torch.long)
     head_index[head] = torch.arange(len(head))
+    head_index = head_index.to(device)
     opt = torch.optim.AdamW(trainable(model).values(), lr=cfg.lr, weight_decay=0.0)
     step, log = (int(meta["step"]), meta["log"]) if resume else (0, [])
     if resume:

@@ -27,7 +27,12 @@ def _works(kind: str) -> bool:
         return False
 
 
-KINDS = ["rlimits"] + [k for k in ("bubblewrap", "namespaces") if _works(k)]
+#: rlimits only where it runs programs as a fresh uid (as root with a Python any uid can read):
+#: programs run as the scorer's own uid only in the tests that ask for rlimits-own-uid by name
+KINDS = [k for k in ("rlimits", "bubblewrap", "namespaces") if _works(k)]
+OWN = "rlimits-own-uid"
+#: the rlimits kind this machine has: with a fresh uid, or the scorer's own
+RLIMITS = "rlimits" if _works("rlimits") else OWN
 
 
 @pytest.fixture(params=KINDS)
@@ -73,7 +78,7 @@ def sandbox_dirs() -> set[str]:
 def test_kind_is_known_and_cached():
     assert S.sandbox_kind() in ("bubblewrap", "rlimits")
     assert S.sandbox_kind() == S.sandbox_kind()
-    assert S.sandbox_kind("rlimits") == "rlimits"
+    assert S.sandbox_kind(RLIMITS) == RLIMITS and S.sandbox_kind(OWN) == OWN
     info = S.sandbox_info()
     assert info["kind"] == S.sandbox_kind()
     with pytest.raises(ValueError, match="isolation"):
@@ -143,14 +148,14 @@ def test_fork_bomb(kind):
 def test_fork_bomb_watchdog_as_root(monkeypatch):
     # Root is exempt from RLIMIT_NPROC: with neither a uid nor a pids cgroup of its own, the
     # process-count watchdog must kill the group at once.
-    if os.geteuid() != 0 or S.sandbox_info("rlimits")["separate_uid"]:
+    if os.geteuid() != 0:
         pytest.skip("only root without a uid of its own relies on the process-count watchdog")
     import vskip.sandbox.run as sandbox_run
 
     monkeypatch.setattr(sandbox_run, "_make_pids_cgroup", lambda limit: None)
     r = S.run_program("import os\nwhile True:\n    try:\n        os.fork()\n"
                       "    except OSError:\n        pass\n",
-                      timeout=1.5, nproc=8, isolation="rlimits")
+                      timeout=1.5, nproc=8, isolation=OWN)
     # the watchdog, not the 1.5 s timeout, ended it (a timeout reports status "timeout"); no
     # wall-clock bound here: on a loaded machine the watchdog's own polling can be starved
     assert r.status == "failed" and "processes" in r.note
@@ -399,12 +404,29 @@ def test_without_bubblewrap_untrusted_code_runs_only_when_rlimits_is_asked_for_b
     monkeypatch.setitem(sandbox._SETUPS, "auto", sandbox._Setup("rlimits", False))
     with pytest.raises(sandbox.SandboxUnavailable, match="VSKIP_SANDBOX=rlimits"):
         sandbox.run_program("print(1)")
-    assert sandbox.run_program("print(1)", isolation="rlimits").stdout_tail.strip() == "1"
+    assert sandbox.run_program("print(1)", isolation=RLIMITS).stdout_tail.strip() == "1"
     rc = cli.main(["score", "--task", "humaneval", "--samples", __file__])
     err = capsys.readouterr().err
     assert rc == 1 and err.startswith("vskip: error: neither bubblewrap nor namespaces") and "Traceback" not in err
-    monkeypatch.setenv("VSKIP_SANDBOX", "rlimits")
-    assert sandbox.check_isolation() == "rlimits"
+    monkeypatch.setenv("VSKIP_SANDBOX", RLIMITS)
+    assert sandbox.check_isolation() == RLIMITS
+
+
+def test_rlimits_never_runs_code_as_the_scorers_own_uid_unless_asked_for_by_that_name(monkeypatch):
+    """When no fresh uid can run Python (as root with a closed installation, or without root),
+    rlimits refuses, naming why and the opt-in; only rlimits-own-uid runs the program so."""
+    from vskip.sandbox import choice
+
+    monkeypatch.setattr(choice, "_probe", lambda setup: False)
+    monkeypatch.setattr(choice, "_SETUPS", {})
+    monkeypatch.setattr(choice.shutil, "which", lambda name: None)  # no bubblewrap, no unshare
+    with pytest.raises(S.SandboxUnavailable, match="VSKIP_SANDBOX=rlimits-own-uid") as e:
+        S.run_program("print(1)", isolation="rlimits")
+    assert ("as root" in str(e.value)) == (os.geteuid() == 0)
+    with pytest.raises(S.SandboxUnavailable, match="VSKIP_SANDBOX=rlimits-own-uid"):
+        S.check_isolation("auto")
+    assert S.sandbox_kind(OWN) == OWN
+    assert S.run_program("print(1)", isolation=OWN).stdout_tail.strip() == "1"
 
 
 def test_namespaces_hold_for_a_user_without_root():

@@ -24,10 +24,12 @@ rlimits, which must be asked for by name):
 ``"rlimits"``
     Resource limits, the runner and the process-group kill only. There is no network isolation,
     and writing outside the working directory is prevented only by ordinary file permissions (a
-    best effort: as root, nothing stops it). When we run as root and a fresh uid can run Python,
-    the runner drops to that uid; otherwise a pids cgroup (when root may create one) and a
-    process-count watchdog bound the number of processes, since RLIMIT_NPROC does not apply to
-    root.
+    best effort: as root, nothing stops it). The runner drops to a fresh uid, which needs root
+    and a Python installation any uid can read; where it cannot, ``rlimits`` refuses.
+``"rlimits-own-uid"``
+    The same limits as the scorer's own uid (root included), only when asked for by this name;
+    as root a pids cgroup (when root may create one) and a process-count watchdog bound the
+    number of processes, since RLIMIT_NPROC does not apply to root.
 
 Nothing here imports torch.
 """

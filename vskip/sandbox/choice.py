@@ -70,11 +70,50 @@ def _determine_setup(prefer: str) -> _Setup:
                 "namespaces were requested but util-linux `unshare` is missing or may not create "
                 "namespaces here (unprivileged user namespaces may be disabled)"
             )
+    if prefer == OWN_UID:
+        return _Setup("rlimits", False)
     if root:
         setup = _Setup("rlimits", True)
         if _probe(setup):
             return setup
+    if prefer == "rlimits":  # never the scorer's own uid (root, or the user's files) without the loud name
+        raise SandboxUnavailable(_no_fresh_uid(root))
     return _Setup("rlimits", False)
+
+
+#: the explicit opt-in to run generated code as the scorer's own uid (root included)
+OWN_UID = "rlimits-own-uid"
+
+
+def _closed_to_others(d: str) -> str | None:
+    """The first directory from ``/`` down to ``d`` that another uid cannot search (or, for ``d``
+    itself, read), or None."""
+    parts = os.path.realpath(d).split(os.sep)
+    for i in range(1, len(parts) + 1):
+        p = os.sep.join(parts[:i]) or os.sep
+        need = 0o005 if i == len(parts) else 0o001
+        try:
+            if os.stat(p).st_mode & need != need:
+                return p
+        except OSError:
+            return p
+    return None
+
+
+def _no_fresh_uid(root: bool) -> str:
+    """Why rlimits cannot run a program as a fresh uid here, and the ways out."""
+    if not root:
+        why = ("without root, rlimits cannot switch to a fresh uid, so generated code would run as your own "
+               "uid and could read and change your files")
+    else:
+        from .kinds import _python_dirs
+
+        closed = [c for d in _python_dirs() for c in [_closed_to_others(d)] if c]
+        where = (f" ({closed[0]} is closed to other users: the installation under it must be readable, and "
+                 "every directory above it searchable, by any uid)") if closed else ""
+        why = f"a fresh uid cannot run this Python installation{where}, so generated code would run as root"
+    return (f"{why}; use bubblewrap (apt-get install bubblewrap) or namespaces, or set "
+            f"VSKIP_SANDBOX={OWN_UID} to accept that")
 
 
 def _namespaces_setup(root: bool) -> _Setup | None:
@@ -88,7 +127,7 @@ def _namespaces_setup(root: bool) -> _Setup | None:
 
 
 #: the isolation kinds a user may name (``$VSKIP_SANDBOX`` or ``isolation=``)
-KINDS = ("auto", "bubblewrap", "namespaces", "rlimits")
+KINDS = ("auto", "bubblewrap", "namespaces", "rlimits", "rlimits-own-uid")
 
 
 def _get_setup(isolation: str | None = None) -> _Setup:
@@ -114,19 +153,23 @@ def check_isolation(isolation: str | None = None) -> str:
     setup = _get_setup(prefer)
     if setup.kind == "rlimits" and prefer == "auto":
         as_root = " and as root" if _is_root() and not setup.drop_uid else ""
+        accept = "rlimits" if setup.drop_uid else OWN_UID
         raise SandboxUnavailable(
             "neither bubblewrap nor namespaces (util-linux unshare) work here, so generated code would "
             f"run with the network, a writable filesystem and a view of other processes{as_root}; install "
-            "bubblewrap (Debian/Ubuntu: apt-get install bubblewrap) or set VSKIP_SANDBOX=rlimits to accept that")
-    return setup.kind
+            f"bubblewrap (Debian/Ubuntu: apt-get install bubblewrap) or set VSKIP_SANDBOX={accept} to accept that")
+    return OWN_UID if setup.kind == "rlimits" and not setup.drop_uid else setup.kind
 
 
 def sandbox_kind(isolation: str | None = None) -> str:
-    """``"bubblewrap"`` when bwrap is present and works here, else ``"rlimits"`` (probed once).
+    """``"bubblewrap"`` when bwrap is present and works here, else ``"namespaces"`` or
+    ``"rlimits"`` (probed once); ``"rlimits-own-uid"`` when rlimits runs programs as the scorer's
+    own uid (only when asked for by that name).
 
-    ``$VSKIP_SANDBOX`` (``auto``, ``bubblewrap`` or ``rlimits``) overrides the choice.
+    ``$VSKIP_SANDBOX`` (one of :data:`KINDS`) overrides the choice.
     """
-    return _get_setup(isolation).kind
+    s = _get_setup(isolation)
+    return OWN_UID if s.kind == "rlimits" and not s.drop_uid else s.kind
 
 
 def sandbox_info(isolation: str | None = None) -> dict:

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .defaults import MAX_NEW_TOKENS
 from .files import FileError, open_append, read_jsonl, write_atomic, write_jsonl
 from .variants import Variant
 
@@ -161,7 +162,7 @@ def _predictors(pair, variants, directory: str | None) -> dict:
     return out
 
 
-def run_compare(prompts, pair, variants, out: Path, shard: tuple[int, int] = (1, 1), max_new: int = 512,
+def run_compare(prompts, pair, variants, out: Path, shard: tuple[int, int] = (1, 1), max_new: int = MAX_NEW_TOKENS,
                 progress: bool = True, repeats: int = 1, predictor: str | None = None) -> Path:
     """Decode ``prompts`` [(task_id, ids)] (this shard's share) ``repeats`` times with every
     variant; returns the shard's row file. Rows already there are kept (resume)."""

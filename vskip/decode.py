@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .defaults import GAMMA
+from .defaults import GAMMA, MAX_NEW_TOKENS
 from .features import assemble_features
 from .models.protocols import Drafter, Predictor, Verifier
 from .policy import (BlockLength, Draw, GuardContext, PolicyConfig, Sampling, accept, block_length, committed_tokens,
@@ -34,7 +34,7 @@ class DecodeConfig:
     settings and seed (:mod:`vskip.policy.sampling`)."""
 
     gamma: int = GAMMA
-    max_new_tokens: int = 512
+    max_new_tokens: int = MAX_NEW_TOKENS
     shadow: bool = True
     trace: bool = False
     task: str | None = None

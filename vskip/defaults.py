@@ -17,6 +17,8 @@ S_MAX = 64
 MAX_GAMMA = 512
 #: the largest seed a flag takes (numpy's seed sequences take any non-negative integer)
 MAX_SEED = 2**32 - 1
+#: the output budget of every decode unless --max-new-tokens says otherwise (the paper's 512)
+MAX_NEW_TOKENS = 512
 #: the decoding methods (``--policy``); defined here so that the command line needs no numpy
 POLICIES = ("ar", "strict", "lenience", "topk", "periodic", "raw", "marginal", "conditional", "prefix")
 #: named decoding shapes (``--preset``): the drafter (None: the embedded standalone drafter), the

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..defaults import GAMMA, K_MIN, MAX_SEED, POLICIES, PRESETS, S_MAX, STEPS
+from ..defaults import GAMMA, K_MIN, MAX_NEW_TOKENS, MAX_SEED, POLICIES, PRESETS, S_MAX, STEPS
 
 
 def bounded(kind, lo, hi):
@@ -52,7 +52,7 @@ def add_policy_flags(p: argparse.ArgumentParser, policy: bool = True) -> None:
                    help="prefix policy with a prefix model (--predictor): the share of committed tokens allowed to "
                         "differ from Strict SDD; each prompt takes the threshold its fold calibrated (overrides --lam)")
     g.add_argument("--shadow", action=argparse.BooleanOptionalAction, default=True, help="shadow-verify skipped rounds")
-    g.add_argument("--max-new-tokens", type=int, default=512, help="output budget (default: 512)")
+    g.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS, help=f"output budget (default: {MAX_NEW_TOKENS})")
     add_sampling_flags(p)
     g.add_argument("--predictor", help="directory of trained survival predictors (marginal/conditional; with "
                                        "--policy prefix: the prefix model, whose survival then replaces the "

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..defaults import GAMMA
+from ..defaults import GAMMA, MAX_NEW_TOKENS
 
 
 def register(subparsers) -> None:
@@ -27,7 +27,7 @@ def register(subparsers) -> None:
     pl.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="the verifier's (default: bfloat16 on GPUs)")
     pl.add_argument("--drafter-dtype", choices=("float32", "bfloat16", "float16"), help="default: --dtype")
     pl.add_argument("--prompt-tokens", type=int, default=1024, help="longest prompt (default: 1024)")
-    pl.add_argument("--max-new-tokens", type=int, default=512, help="output budget (default: 512)")
+    pl.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS, help=f"output budget (default: {MAX_NEW_TOKENS})")
     pl.add_argument("--gamma", type=int, default=GAMMA, help=f"block length (default: {GAMMA}; the paper: 32)")
     pl.add_argument("--verifier-cache", action=argparse.BooleanOptionalAction, default=True,
                     help="--no-verifier-cache: the verifier recomputes the whole sequence every call (the paper)")

@@ -8,7 +8,7 @@ import math
 import time
 from pathlib import Path
 
-from ..defaults import GAMMA, K_MIN, S_MAX, STEPS
+from ..defaults import GAMMA, K_MIN, MAX_NEW_TOKENS, S_MAX, STEPS
 from .flags import add_block_flags, add_model_flags, add_sampling_flags, model_config, sampling, task_ids
 
 #: the named grids of ``vskip sweep`` (``vskip.sweep.GRIDS`` holds them; a test keeps both equal)
@@ -39,7 +39,7 @@ def _sweep_flags(s) -> None:
     add_block_flags(g)
     g.add_argument("--k-min", type=int, default=K_MIN, help=f"k_min where the grid does not set it (default: {K_MIN})")
     g.add_argument("--s-max", type=int, default=S_MAX, help=f"s_max where the grid does not set it (default: {S_MAX})")
-    g.add_argument("--max-new-tokens", type=int, default=512, help="output budget (default: 512)")
+    g.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS, help=f"output budget (default: {MAX_NEW_TOKENS})")
     g.add_argument("--shadow", action=argparse.BooleanOptionalAction, default=True, help="shadow-verify skipped rounds")
     g.add_argument("--predictor", help="trained survival predictors; without it marginal/conditional are skipped")
     add_sampling_flags(s)

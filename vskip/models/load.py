@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ..defaults import GAMMA, STEPS
+from ..defaults import GAMMA, MAX_NEW_TOKENS, STEPS
 from ..runtime import Runtime, parse_max_memory, resolve_runtime
 from .copy import COPY_FILE, CopyPrior
 from .drafter import DiffusionDrafter
@@ -258,7 +258,7 @@ def _warn_if_fitted_elsewhere(prior: CopyPrior, ddir: Path) -> None:
 
 
 #: the sequence a memory plan assumes when the caller knows no prompt: prompt, new tokens, block
-DEFAULT_BUDGET = (1024, 512, GAMMA)
+DEFAULT_BUDGET = (1024, MAX_NEW_TOKENS, GAMMA)
 
 
 def _drafter_dir(drafter: str | None) -> Path:

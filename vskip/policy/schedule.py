@@ -32,8 +32,10 @@ from ..defaults import K_MIN, POLICIES, S_MAX  # noqa: E402 - the one list, impo
 #: confidences, or a trained prefix survival model (:mod:`vskip.prefix_model`)
 PREFIX_SURVIVAL = ("confidence", "model")
 
+#: The paper's gates (eta_b, eta_c) for raw confidence (§5.1, A.3, A.6)
+PAPER_GATES = (0.90, 0.93)
 #: Paper defaults (§5.1, A.3, A.6): thresholds per signal when none are given.
-DEFAULT_GATES = {"raw": (0.90, 0.93), "marginal": (0.90, 0.90), "conditional": (0.90, 0.90)}
+DEFAULT_GATES = {"raw": PAPER_GATES, "marginal": (0.90, 0.90), "conditional": (0.90, 0.90)}
 
 
 @dataclass(frozen=True)
@@ -41,8 +43,8 @@ class PolicyConfig:
     """One method of the paper and its parameters. Names follow the paper."""
 
     name: str = "strict"
-    eta_b: float = 0.90
-    eta_c: float = 0.93
+    eta_b: float = PAPER_GATES[0]
+    eta_c: float = PAPER_GATES[1]
     k_min: int = K_MIN
     s_max: int = S_MAX
     lenience: float = 1.0
@@ -98,7 +100,7 @@ class PolicyConfig:
     ) -> "PolicyConfig":
         """Resolve the paper's parameterisations: ``eta_m`` sets both gates of marginal survival,
         ``epsilon`` sets ``eta_c = 1 - epsilon`` for conditional survival."""
-        b, c = DEFAULT_GATES.get(name, (0.90, 0.93))
+        b, c = DEFAULT_GATES.get(name, PAPER_GATES)
         if eta_m is not None:
             b = c = eta_m
         if epsilon is not None:

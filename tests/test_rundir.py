@@ -187,8 +187,8 @@ def test_a_sampled_run_writes_each_prompts_samples_in_order_and_they_differ(clea
             assert n == next(r["rounds"] for r in rows if (r["task_id"], r["sample"]) == (t, i))
 
 
-@pytest.mark.parametrize("kill_at", [2, 7, 13, 20, 30])
-def test_a_sampled_run_killed_resumes_to_the_same_tokens(tmp_path, clean_sampled, kill_at):
+def _dying_pair(kill_at: int):
+    """The fake pair, whose drafter dies (as with SIGKILL) at its ``kill_at``-th block."""
     from fakes import FakeDrafter
 
     class Dies(FakeDrafter):
@@ -202,6 +202,12 @@ def test_a_sampled_run_killed_resumes_to_the_same_tokens(tmp_path, clean_sampled
 
     pair = fake_pair(None, True)
     pair.drafter = Dies(error=0.15)
+    return pair
+
+
+@pytest.mark.parametrize("kill_at", [2, 7, 13, 20, 30])
+def test_a_sampled_run_killed_resumes_to_the_same_tokens(tmp_path, clean_sampled, kill_at):
+    pair = _dying_pair(kill_at)
     with pytest.raises(_Killed):
         runner.run(_cfg(n=3), tmp_path, progress=False, pair=pair)
     _run(tmp_path, n=3)
@@ -215,19 +221,7 @@ def test_samples_per_prompt_needs_sampling():
 
 @pytest.mark.parametrize("kill_at", [1, 2, 4, 6, 8, 10, 12, 15, 18, 21, 24])
 def test_a_run_killed_at_any_point_resumes_to_the_same_files(tmp_path, clean, kill_at):
-    from fakes import FakeDrafter
-
-    class Dies(FakeDrafter):
-        calls = 0
-
-        def propose(self, seq, gamma, features=False):
-            Dies.calls += 1
-            if Dies.calls == kill_at:
-                raise _Killed
-            return super().propose(seq, gamma, features)
-
-    pair = fake_pair(None, True)
-    pair.drafter = Dies(error=0.15)
+    pair = _dying_pair(kill_at)
     with pytest.raises(_Killed):
         runner.run(_cfg(), tmp_path, progress=False, pair=pair)
     assert not (tmp_path / "summary.json").exists()

@@ -3,7 +3,7 @@
 #
 #   bash scripts/conditioned.sh features   # verifier hidden states over the distillation answers -> $FEATS
 #   bash scripts/conditioned.sh train      # train on them -> $TRAIN (checkpoints, curve), then export $TRAIN/drafter
-#   bash scripts/conditioned.sh record     # $TRAIN's curve and the drafter's manifest (its settings) -> $R/train
+#   bash scripts/conditioned.sh record     # $TRAIN's curve and the drafter's manifest (its settings) -> $R/$REC
 #   bash scripts/conditioned.sh ship       # record, and $TRAIN/drafter -> the embedded drafter
 #   bash scripts/conditioned.sh compare    # HumanEval and MBPP, paired with vskip compare -> $R/he, $R/mbpp
 #   bash scripts/conditioned.sh skip       # raw confidence at the paper's gates and the prefix policy -> $R/skip
@@ -14,7 +14,8 @@
 # extracting or training then, resume later), HE and MBPP (prompts compared, the first ones), SKIP
 # (HumanEval prompts of the skip comparison), NEW (new tokens, 512), DRAFTER (the drafter compared:
 # the embedded one by default, or a directory such as $TRAIN/drafter before it ships), CONFIGS
-# (the compare step's configurations).
+# (the compare step's configurations), STEPS (the training schedule's length; a larger one extends a
+# run), REC (where record puts a run's files under $R: train by default).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 V=.venv/bin/vskip
@@ -29,6 +30,9 @@ CONFIGS=${CONFIGS:-ar,strict,strict+gamma=15,fast,lookup10}
 UNTIL_FLAG=()
 [ -n "${UNTIL:-}" ] && UNTIL_FLAG=(--until "$UNTIL")
 D=${DRAFTER:-smollm2-135m-conditioned}
+REC=${REC:-train}
+STEPS_FLAG=()
+[ -n "${STEPS:-}" ] && STEPS_FLAG=(--train-steps "$STEPS")
 
 compare() {  # compare TASK N OUT CONFIGS
   mkdir -p "$3"
@@ -38,10 +42,10 @@ compare() {  # compare TASK N OUT CONFIGS
 case "${1:-}" in
   features) $V extract-features --data datasets/distill --out "$FEATS" "${UNTIL_FLAG[@]}" ;;
   train)
-    $V train-conditioned --data datasets/distill --features "$FEATS" --out "$TRAIN" "${UNTIL_FLAG[@]}" ;;
+    $V train-conditioned --data datasets/distill --features "$FEATS" --out "$TRAIN" "${UNTIL_FLAG[@]}" "${STEPS_FLAG[@]}" ;;
   record)
-    mkdir -p $R/train && cp "$TRAIN"/curve.png "$TRAIN"/curve.csv $R/train/
-    cp "$TRAIN"/drafter/manifest.json $R/train/manifest.json ;;
+    mkdir -p "$R/$REC" && cp "$TRAIN"/curve.png "$TRAIN"/curve.csv "$R/$REC/"
+    cp "$TRAIN"/drafter/manifest.json "$R/$REC/manifest.json" ;;
   ship)
     bash "$0" record
     rm -rf vskip/assets/smollm2-135m-conditioned && cp -r "$TRAIN"/drafter vskip/assets/smollm2-135m-conditioned ;;

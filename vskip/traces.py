@@ -202,10 +202,6 @@ class TraceSet:
     def d_model(self) -> int:
         return 0 if self.hidden is None else int(self.hidden.shape[2])
 
-    def block_ids(self) -> np.ndarray:
-        """The prompt id of every block (object array [B])."""
-        return np.asarray(self.prompt_ids, dtype=object)[self.prompt]
-
     def blocks_of(self, ids: Iterable[str]) -> np.ndarray:
         """Boolean [B]: the blocks of the given prompts."""
         wanted = set(map(str, ids))

@@ -362,9 +362,3 @@ def resolve_prompts(out: str | Path, prompts_file: str | None = None, sources: S
     if existing.exists():
         return read_prompts(existing)
     return build_prompts(tuple(sources), seed=seed)
-
-
-if __name__ == "__main__":  # the older spelling of `vskip generate-data`
-    from vskip.cli import main
-
-    raise SystemExit(main(["generate-data", *sys.argv[1:]]))

@@ -358,13 +358,6 @@ def build_prompts(
     return prompts
 
 
-def load_prompts(path: Path | None = None) -> list[TrainPrompt]:
-    """A prompt list from JSONL; the default list (built and cached if needed) when no path."""
-    if path is None:
-        return build_prompts()
-    return read_prompts(Path(path))
-
-
 def count_by_source(prompts: Iterable[TrainPrompt]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for p in prompts:

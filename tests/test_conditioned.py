@@ -388,6 +388,9 @@ def test_extract_train_export_and_decode_end_to_end(llama_dir, tmp_path):
     m = json.loads((ddir / "manifest.json").read_text())
     assert m["weights"]["sha256"] == file_sha256(ddir / "drafter.safetensors")
     assert m["features"]["layers"] == [0, 1] and set(m["holdout"]["tails"]) == {"0", "1", "2", "4", "8", "16"}
+    pos = m["holdout"]["position_top1"]  # each block position's own top-1; the first is P(L >= 1)
+    assert len(pos) == 4 and all(0 <= x <= 1 for x in pos)
+    assert pos[0] == pytest.approx(m["holdout"]["tails"]["0"]["p_L_ge_1"], abs=1e-4)
     assert (out / "curve.png").exists() and load_conditioned(ddir, verifier).spec.block_size == 5
     from vskip.models.verifier import HFVerifier
 

@@ -59,7 +59,6 @@ CASES = [
     ("run --task humaneval --out {tmp}/o --temperature 0.6 --seed -3", "--seed"),
     ("run --task humaneval --out {tmp}/o --temperature 0.6 --policy lenience --lenience 0.5", "takes no --temperature"),
     ("generate hi --temperature 0.6 --policy topk --top-k 3", "takes no --temperature"),
-    ("compare --task humaneval --configs ar,strict,lookup10 --temperature 0.6", "run greedily"),
     ("sweep --grid table5 --task humaneval --out {tmp}/s --temperature 0.6", "takes no --temperature"),
     ("run --task humaneval --out {tmp}/o --samples-per-prompt 0", "--samples-per-prompt"),
     ("run --task humaneval --out {tmp}/o --samples-per-prompt 4", "needs --temperature > 0"),

@@ -402,3 +402,23 @@ def test_extract_train_export_and_decode_end_to_end(llama_dir, tmp_path):
     ar = decode(ids, None, ver, PolicyConfig(name="ar"), DecodeConfig(gamma=4, max_new_tokens=20))
     st = decode(ids, drafter, ver, PolicyConfig(name="strict"), DecodeConfig(gamma=4, max_new_tokens=20))
     assert st.tokens == ar.tokens and len(ar.tokens) > 0
+
+
+def test_transformers_baselines_sample_with_the_same_settings_seeded_per_prompt(pair):
+    """compare's hf and lookup configurations under --temperature: transformers' own sampling,
+    the same tokens for the same seed and prompt, others for another seed; greedy is ar."""
+    from vskip.compare import _hf_generate
+    from vskip.policy import Sampling
+    from vskip.variants import parse_variant
+
+    ids = encode_chat(pair.tokenizer, "def add(a, b):")
+    s = dict(parse_variant("hf", DecodeConfig(gamma=4, sampling=Sampling(temperature=0.9, top_k=20, seed=1)), 1).params)
+    assert s == {"seed": 1, "temperature": 0.9, "top_k": 20, "top_p": 1.0}
+    a, _ = _hf_generate(pair, ids, 20, None, s, key=7)
+    b, _ = _hf_generate(pair, ids, 20, 3, s, key=7)
+    c, _ = _hf_generate(pair, ids, 20, None, s | {"seed": 2}, key=7)
+    assert a == _hf_generate(pair, ids, 20, None, s, key=7)[0] and a != c and len(b) > 0
+    greedy, _ = _hf_generate(pair, ids, 20, None)
+    ar = decode(ids, None, pair.verifier, PolicyConfig(name="ar"), DecodeConfig(gamma=4, max_new_tokens=20))
+    assert greedy == ar.tokens
+    assert parse_variant("hf", DecodeConfig(gamma=4), 1).params == ()  # greedy settings stay as they were

@@ -48,7 +48,9 @@ def _digest(tokens) -> str:
     return hashlib.sha256(json.dumps([int(t) for t in tokens]).encode()).hexdigest()[:16]
 
 
-def _hf_generate(pair, ids, max_new: int, lookup: int | None):
+def _hf_generate(pair, ids, max_new: int, lookup: int | None, sampling: dict | None = None, key: int = 0):
+    """transformers' ``generate`` (greedy, or sampling with ``sampling``'s settings, seeded from
+    its seed and the prompt's ``key``) on the verifier's model: (tokens, seconds)."""
     import torch
 
     from .runtime import now
@@ -56,10 +58,16 @@ def _hf_generate(pair, ids, max_new: int, lookup: int | None):
     x = torch.tensor([ids], device=pair.verifier.device)
     eos = sorted(pair.verifier.eos_ids)
     kw = {"prompt_lookup_num_tokens": lookup} if lookup else {}
+    if sampling:
+        kw |= {"do_sample": True, "temperature": sampling["temperature"], "top_p": sampling["top_p"],
+               "top_k": sampling["top_k"]}  # top_k 0: no cut (the model's own default would be 50)
+        torch.manual_seed((int(sampling["seed"]) * 1_000_003 + key) % 2**63)
+    else:
+        kw["do_sample"] = False
     t = now()
     with torch.inference_mode():
         out = pair.verifier.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new,
-                                           do_sample=False, eos_token_id=eos, pad_token_id=eos[0], **kw)
+                                           eos_token_id=eos, pad_token_id=eos[0], **kw)
     return out[0, len(ids):].tolist(), now() - t
 
 
@@ -197,7 +205,10 @@ def run_compare(prompts, pair, variants, out: Path, shard: tuple[int, int] = (1,
                     if (tid, v.name, rep) in done:
                         continue
                     if v.hf:
-                        tokens, seconds = _hf_generate(pair, ids, max_new, v.lookup)
+                        from .policy import prompt_key
+
+                        tokens, seconds = _hf_generate(pair, ids, max_new, v.lookup, dict(v.params) or None,
+                                                       prompt_key(tid, ids))
                         row = {"seconds": seconds}
                     else:
                         row, tokens = _decode_row(pair, v, ids, tid, learned.get(v.name))

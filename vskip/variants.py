@@ -61,15 +61,16 @@ def parse_variant(spec: str, base, steps: int, predictor: str | None = None, fla
     spec = spec.strip()
     if spec in ("fast", "paper"):
         return replace(parse_variant(FAST if spec == "fast" else PAPER, base, steps), name=spec)
-    if (spec == "hf" or spec.startswith("lookup")) and not base.sampling.greedy:
-        raise ValueError(f"{spec}: transformers' decoders run greedily here; compare them without --temperature")
+    # transformers' decoders sample with the same settings (their own random numbers)
+    s = base.sampling
+    sampled = () if s.greedy else (("seed", s.seed), ("temperature", s.temperature), ("top_k", s.top_k), ("top_p", s.top_p))
     if spec == "hf":
-        return Variant(spec)
+        return Variant(spec, params=sampled)
     if spec.startswith("lookup"):
         n = spec[len("lookup"):]
         if not n.isdigit() or int(n) < 1:
             raise ValueError(f"bad configuration {spec!r}; expected lookupN with N >= 1")
-        return Variant(spec, lookup=int(n))
+        return Variant(spec, lookup=int(n), params=sampled)
     name, *pairs = spec.split("+")
     if name not in POLICIES:
         raise ValueError(f"unknown configuration {spec!r}; expected POLICY[+key=value...], hf or lookupN")

@@ -192,3 +192,47 @@ def test_an_edited_benchmark_cache_is_not_trusted(tmp_path, monkeypatch, capsys)
     again = tasks.load_task("humaneval", limit=1)[0]
     assert again.test == first.test
     assert "does not match its sha256" in capsys.readouterr().err
+
+
+def test_a_damaged_safetensors_file_is_named(tmp_path):
+    import shutil
+
+    from vskip.models.backbone import read_safetensors_dir, read_safetensors_file
+    from vskip.models.drafter_io import load_drafter_model
+    from vskip.models.embedded import embedded_drafter_dir
+
+    bad = tmp_path / "d"
+    bad.mkdir()
+    shutil.copy(embedded_drafter_dir() / "drafter.json", bad / "drafter.json")
+    (bad / "drafter.safetensors").write_bytes(b"\xff" * 64)  # a header length far past the file
+    for call in (lambda: read_safetensors_file(bad / "drafter.safetensors"), lambda: read_safetensors_dir(bad),
+                 lambda: load_drafter_model(bad)):
+        with pytest.raises(ValueError, match=r"drafter.safetensors is not a readable safetensors file"):
+            call()
+
+
+def test_a_full_disk_names_the_file_it_could_not_write(tmp_path, monkeypatch, capsys):
+    import errno
+
+    from vskip.files import naming
+
+    with pytest.raises(OSError) as e:
+        with naming(tmp_path / "summary.json"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+    assert e.value.filename == str(tmp_path / "summary.json") and e.value.errno == errno.ENOSPC
+    from vskip.cli import describe
+
+    assert describe(e.value) == f"No space left on device: {tmp_path / 'summary.json'}"
+    real_open = open
+
+    def full(path, mode="r", *a, **k):  # the disk fills while a result is written
+        f = real_open(path, mode, *a, **k)
+        if "w" in mode and str(path).endswith(".tmp"):
+            f.close()
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return f
+
+    monkeypatch.setattr("builtins.open", full)
+    with pytest.raises(OSError, match="No space left") as e:
+        write_json(tmp_path / "x.json", {"a": 1})
+    assert e.value.filename == str(tmp_path / "x.json") and not list(tmp_path.glob(".x.json.*"))

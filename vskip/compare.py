@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from .defaults import MAX_NEW_TOKENS
-from .files import FileError, open_append, read_jsonl, write_atomic, write_jsonl
+from .files import FileError, naming, open_append, read_jsonl, write_atomic, write_jsonl
 from .variants import Variant
 
 def _digest(tokens) -> str:
@@ -196,7 +196,7 @@ def run_compare(prompts, pair, variants, out: Path, shard: tuple[int, int] = (1,
         for name, d in [(None, pair.drafter), *extra.items()]:  # each drafter with the longest block it drafts
             mine_v = [v for v in variants if not v.hf and (extra.get(v.drafter) is d if v.drafter in extra else name is None)]
             warmup(d, pair.verifier, mine[0][1], max((v.decode.blocks.longest for v in mine_v), default=1))
-    with open_append(path) as f:
+    with naming(path), open_append(path) as f:
         for k, (tid, ids) in enumerate(tqdm(mine, desc=f"compare {i}/{n}", unit="prompt", disable=not progress,
                                             file=sys.stderr)):
             for rep in range(repeats):

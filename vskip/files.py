@@ -50,6 +50,22 @@ def file_sha256(path: Path | str, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+class naming:
+    """Give an OS error that names no file (a full disk, an I/O error) the name of ``path``, so
+    that the one line the command line prints says which file could not be written."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, err, tb):
+        if kind is not None and issubclass(kind, OSError) and err.filename is None and err.errno is not None:
+            raise OSError(err.errno, err.strerror or str(err), str(self.path)) from None
+        return False
+
+
 def write_atomic(path: Path | str, data: str | bytes | Callable[[str], None]) -> Path:
     """Replace ``path`` with ``data`` atomically. ``data`` is text (UTF-8), bytes, or a function
     that writes a file at the temporary path it is given (for writers that take a path)."""
@@ -61,15 +77,16 @@ def write_atomic(path: Path | str, data: str | bytes | Callable[[str], None]) ->
     os.close(fd)
     tmp = Path(name)
     try:
-        if callable(data):
-            data(str(tmp))
-        else:
-            with open(tmp, "wb") as f:
-                f.write(data.encode("utf-8") if isinstance(data, str) else data)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        with naming(path):
+            if callable(data):
+                data(str(tmp))
+            else:
+                with open(tmp, "wb") as f:
+                    f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from .files import FileError, open_append, read_jsonl, write_jsonl
+from .files import FileError, naming, open_append, read_jsonl, write_jsonl
 
 CONFIG = "config.json"
 SAMPLES = "samples.jsonl"
@@ -63,7 +63,7 @@ def resume_state(out: Path) -> tuple[dict[tuple[str, int], dict], list[dict]]:
 
 def append_lines(path: Path, text: str) -> None:
     """Append whole lines and flush them to disk before the next write depends on them."""
-    with open_append(path) as f:
+    with naming(path), open_append(path) as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())

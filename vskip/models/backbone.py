@@ -194,8 +194,34 @@ def read_safetensors_dir(path: Path, keep=None, device: str = "cpu") -> dict[str
         raise FileNotFoundError(f"no .safetensors files in {path}")
     out: dict[str, torch.Tensor] = {}
     for f in files:
-        with safe_open(str(f), framework="pt", device=device) as st:
-            for k in st.keys():
-                if keep is None or keep(k):
-                    out[k] = st.get_tensor(k)
+        with _named(f):
+            with safe_open(str(f), framework="pt", device=device) as st:
+                for k in st.keys():
+                    if keep is None or keep(k):
+                        out[k] = st.get_tensor(k)
     return out
+
+
+def read_safetensors_file(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of one safetensors file; a damaged file is named in the error."""
+    from safetensors.torch import load_file
+
+    with _named(path):
+        return load_file(str(path))
+
+
+class _named:
+    """Turn safetensors' own errors (a damaged header, a cut file) into one that names the file."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, err, tb):
+        from safetensors import SafetensorError
+
+        if kind is not None and issubclass(kind, SafetensorError):
+            raise ValueError(f"{self.path} is not a readable safetensors file ({err})") from None
+        return False

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .backbone import BackboneConfig, read_safetensors_dir
+from .backbone import BackboneConfig, read_safetensors_dir, read_safetensors_file
 from .conditioned import SPEC_FORMAT, ConditionedLM, ConditionedSpec, default_target_layers
 
 SPEC_FILE = "drafter.json"
@@ -125,11 +125,9 @@ def load_conditioned(path: Path, verifier_model, dtype=torch.float32, device="cp
             sd.pop(k, None)  # borrowed from the verifier in any case
         head_ids = None
     else:
-        from safetensors.torch import load_file
-
         if not (path / WEIGHTS_FILE).exists():
             raise FileNotFoundError(f"drafter weights {path / WEIGHTS_FILE} are missing")
-        sd = load_file(str(path / WEIGHTS_FILE))
+        sd = read_safetensors_file(path / WEIGHTS_FILE)
         head_ids = sd.get("head_ids")
     with torch.device("meta"):
         model = ConditionedLM(spec, head_ids)

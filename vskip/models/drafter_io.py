@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from .backbone import BackboneConfig, read_hf_config, read_safetensors_dir
+from .backbone import BackboneConfig, read_hf_config, read_safetensors_dir, read_safetensors_file
 from .drafter import SPEC_FILE, WEIGHTS_FILE, DiffusionLM, DrafterSpec
 
 # -- building and loading ------------------------------------------------------------------------
@@ -113,9 +113,7 @@ def load_drafter_model(path: Path, base_dir: Path | None = None, dtype=torch.flo
         raise FileNotFoundError(f"drafter path {path} does not exist")
     if (path / SPEC_FILE).exists():
         spec = DrafterSpec.from_json(json.loads((path / SPEC_FILE).read_text()))
-        from safetensors.torch import load_file
-
-        own = load_file(str(path / WEIGHTS_FILE)) if (path / WEIGHTS_FILE).exists() else {}
+        own = read_safetensors_file(path / WEIGHTS_FILE) if (path / WEIGHTS_FILE).exists() else {}
         model = DiffusionLM(spec, own.get("head_ids"))
         sd = {}
         if spec.base is not None:

@@ -43,6 +43,8 @@ CASES = [
     ("train-conditioned --data {tmp}/empty --features {tmp}/empty --out {tmp}/t --device cuda", "no CUDA device"),
     ("train-conditioned --data {tmp}/empty --features {tmp}/empty --out {tmp}/t --device tpu", "unknown device"),
     ("extract-features --data {tmp}/empty --out {tmp}/f --device cuda:3", "no CUDA device"),
+    ("sweep --grid full --task humaneval --out {tmp}/s --executor ray --gpus-per-worker nan", "--gpus-per-worker"),
+    ("sweep --grid full --task humaneval --out {tmp}/s --workers 100000000", "--workers"),
     # compare --summary over damaged rows
     ("compare --summary --out {tmp}/cmp_zero", "has seconds 0"),
     ("compare --summary --out {tmp}/cmp_negative", "has seconds -2.0"),

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from ..defaults import GAMMA, K_MIN, MAX_NEW_TOKENS, S_MAX, STEPS
-from .flags import add_block_flags, add_model_flags, add_sampling_flags, model_config, sampling, task_ids
+from .flags import add_block_flags, add_model_flags, add_sampling_flags, bounded, model_config, sampling, task_ids
 
 #: the named grids of ``vskip sweep`` (``vskip.sweep.GRIDS`` holds them; a test keeps both equal)
 GRID_NAMES = ("table5", "kmin", "gates", "periodic", "transfer", "cpu-small", "cpu-kmin", "cpu-signals", "prefix",
@@ -24,13 +24,15 @@ def _sweep_flags(s) -> None:
     s.add_argument("--limit", type=int, help="first N prompts")
     s.add_argument("--ids", help="comma-separated task ids")
     w = s.add_argument_group("execution")
-    w.add_argument("--workers", type=int, default=1, help="worker processes, each loading the models once (default: 1)")
-    w.add_argument("--shards", type=int,
+    w.add_argument("--workers", type=bounded(int, 1, 4096), default=1,
+                   help="worker processes, each loading the models once (default: 1)")
+    w.add_argument("--shards", type=bounded(int, 1, 100_000),
                    help="shards of the prompts per configuration (default: 1 with one worker, else enough to keep "
                         "all workers busy); a resumed sweep keeps the recorded value")
     w.add_argument("--executor", choices=("local", "ray"), default="local", help="local processes or Ray tasks")
     w.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
-    w.add_argument("--gpus-per-worker", type=float, default=0.0, help="Ray: GPUs reserved per worker (default: 0)")
+    w.add_argument("--gpus-per-worker", type=bounded(float, 0.0, 1024.0), default=0.0,
+                   help="Ray: GPUs reserved per worker (default: 0)")
     w.add_argument("--score", action=argparse.BooleanOptionalAction, default=True, help="score by execution")
     w.add_argument("--quiet", action="store_true", help="no progress bar")
     g = s.add_argument_group("decoding (shared by every configuration)")

@@ -442,15 +442,10 @@ def test_the_built_list_is_the_one_the_committed_shards_index_into(prompts):
 
 def test_the_committed_data_totals_rebuild_byte_for_byte(tmp_path):
     """`vskip generate-data --summary` checks every committed shard against its hash and writes the
-    totals that docs/results/distill/data.json holds; the older spelling runs the same command."""
-    import subprocess
-    import sys
-
+    totals that docs/results/distill/data.json holds."""
     root = Path(__file__).parents[1]
     out = tmp_path / "data.json"
     from vskip.cli import main
 
     assert main(["generate-data", "--out", str(root / "datasets" / "distill"), "--summary", str(out)]) == 0
     assert out.read_bytes() == (root / "docs" / "results" / "distill" / "data.json").read_bytes()
-    old = subprocess.run([sys.executable, "-m", "vskip.distill.generate", "--help"], capture_output=True, text=True)
-    assert old.returncode == 0 and "usage: vskip generate-data" in old.stdout

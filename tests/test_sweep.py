@@ -412,7 +412,6 @@ def test_cli_lists_a_grid(capsys):
         (["--grid", "kmin", "--out", "x"], "--task and --out"),
         (["--grid", "kmin", "--task", "nope", "--out", "x"], "unknown task"),
         (["--grid", "kmin", "--task", "humaneval", "--out", "x", "--limit", "0"], "--limit"),
-        (["--grid", "kmin", "--task", "humaneval", "--out", "x", "--workers", "0"], "--workers"),
         (["--grid", "kmin", "--task", "humaneval", "--out", "x", "--ids", "HumanEval/999"], "999"),
     ],
 )

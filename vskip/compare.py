@@ -236,8 +236,9 @@ def _check_row(r: dict, path: Path, line: int) -> None:
 
     if not isinstance(r.get("task_id"), str) or not isinstance(r.get("config"), str):
         bad("names no task_id or config")
-    sec = r.get("seconds", 1.0)  # rows made for their outputs alone may carry no timing
-    if isinstance(sec, bool) or not isinstance(sec, (int, float)) or not math.isfinite(sec) or sec <= 0:
+    sec = r.get("seconds")  # checked where present: rows made for their outputs alone carry no timing
+    if "seconds" in r and (isinstance(sec, bool) or not isinstance(sec, (int, float)) or not math.isfinite(sec)
+                           or sec <= 0):
         bad(f"has seconds {sec!r} (a positive number is needed)")
     for key in ("tokens", "calls", "blocks", "repeat"):
         v = r.get(key, 0)

@@ -168,7 +168,8 @@ def decode(
     _check(prompt, drafter, verifier, policy, cfg, predictor)
     if policy.alpha is not None:  # the threshold calibrated for this prompt's fold (the prefix policy)
         policy = replace(policy, lam=predictor.threshold(task_id, policy.alpha))
-    st, clocks = _State(list(prompt), key=prompt_key(task_id, prompt, sample)), _Clocks()
+    key = 0 if cfg.sampling.greedy else prompt_key(task_id, prompt, sample)  # a greedy decode draws nothing
+    st, clocks = _State(list(prompt), key=key), _Clocks()
     n0, rounds, traces, stop = len(prompt), [], [], "length"
     if drafter is not None:
         drafter.reset()

@@ -54,7 +54,8 @@ LEGACY: dict[str, set[str]] = {}
 ASSETS = ROOT / "vskip" / "assets"
 WEIGHTS = ASSETS / "smollm2-135m-diffusion" / "drafter.safetensors"
 #: numbers of the design pages (docs/*.md) that are not measurements
-NOT_MEASURED = {"security.md": {"2.38": "the util-linux version of the machine the sandbox was checked on"}}
+NOT_MEASURED = {"security.md": {"2.38": "the util-linux version of the machine the sandbox was checked on",
+                                "3.13": "the Python version from which frame locals are writable"}}
 
 
 @lru_cache(maxsize=1)

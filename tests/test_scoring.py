@@ -3,6 +3,8 @@ HumanEval harness, maths answer normalisation, samples files and statistics."""
 
 from __future__ import annotations
 
+import ast
+
 import json
 import textwrap
 
@@ -157,6 +159,52 @@ HOSTILE = {
         "print('\\n' + _line.strip(), flush=True)\n"
         "os._exit(0)\n"),
 }
+#: forging the verdict through the cheap routes: each prints what it found on a line of its own,
+#: then exits 0, or is stopped by the guard's audit hook, which names the route (``REFUSED``)
+_SCAN = (
+    "def _print_all(values):\n"
+    "    for v in values:\n"
+    "        if isinstance(v, bytes):\n"
+    "            v = v.decode('latin-1')\n"
+    "        if isinstance(v, str):\n"
+    "            print('\\n' + v.strip(), flush=True)\n"
+)
+FORGERS = {
+    "gc_scan": "import gc, os\n" + _SCAN + "_print_all(gc.get_objects())\nos._exit(0)\n",
+    "gc_referents": "import gc, os, sys\n" + _SCAN + "_print_all(gc.get_referents(sys))\nos._exit(0)\n",
+    "frame_walk": "import os, sys\n" + _SCAN + (
+        "_f = sys._getframe()\n"
+        "while _f is not None:\n"
+        "    _print_all(list(_f.f_locals.values()) + list(_f.f_globals.values()))\n"
+        "    _f = _f.f_back\n"
+        "os._exit(0)\n"),
+    "excepthook_exits_0": "import os, sys\nsys.excepthook = lambda *a: os._exit(0)\n",
+    "atexit_exits_0": "import atexit, os\natexit.register(lambda: os._exit(0))\n",
+    "raise_the_verdict_event": "import os, sys\nsys.audit('vskip.verdict')\nos._exit(0)\n",
+    "verdict_event_from_excepthook": "import sys\nsys.excepthook = lambda *a: sys.audit('vskip.verdict')\n",
+    "verdict_event_from_finaliser": (
+        "import functools, sys\n"
+        "class _Trap:\n    __del__ = functools.partial(sys.audit, 'vskip.verdict')\n"
+        "_t = _Trap(); _t.me = _t; del _t\n"),
+    "tests_replaced_by_a_no_op_exec": "import __main__\n__main__.exec = lambda *a, **k: None\n",
+    "tests_swallowed_by_a_string": "_swallow = '''\n",
+    "trace_function": "import sys\nsys.settrace(lambda *a: None)\n",
+    "signal_handler": "import signal\nsignal.signal(signal.SIGALRM, lambda *a: None)\n",
+    "ctypes_memory": "import ctypes\n",
+    "ctypes_by_path": (
+        "import glob, importlib.util, os, sysconfig\n"
+        "_so = glob.glob(os.path.join(sysconfig.get_paths()['platstdlib'], 'lib-dynload', '_ctypes*'))[0]\n"
+        "_m = importlib.util.module_from_spec(importlib.util.spec_from_file_location('_ctypes', _so))\n"),
+    "proc_self_mem": "import os\nos.symlink('/proc/self/mem', 'm')\nopen('m', 'rb')\n",
+    "fresh_interpreter": "import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'print(1)'])\n",
+    "own_audit_hook": "import sys\nsys.addaudithook(lambda *a: None)\n",
+}
+#: the forgers the guard stops before they do anything, with the route it names
+REFUSED = {"gc_scan": "gc.get_objects", "gc_referents": "gc.get_referents", "trace_function": "sys.settrace",
+           "signal_handler": "signal.signal", "ctypes_memory": "import ctypes", "ctypes_by_path": "import _ctypes",
+           "proc_self_mem": "open /proc/", "fresh_interpreter": "subprocess.Popen",
+           "own_audit_hook": "sys.addaudithook"}
+HOSTILE.update({f"forge_{k}": WRONG0 + v for k, v in FORGERS.items()})
 
 
 def _namespaces_work() -> bool:
@@ -191,6 +239,11 @@ def test_hostile_completion_does_not_pass(name, mode, monkeypatch):
         assert res.passed, res
         return
     assert not res.passed, res
+    forger = name.removeprefix("forge_")
+    if forger in REFUSED:
+        assert res.detail.startswith(f"vskip-verdict: refused {REFUSED[forger]}"), res
+    elif name.startswith("forge_") and forger != "tests_swallowed_by_a_string":
+        assert res.detail in ("AssertionError", "exit status 1", "the program exited before the tests finished"), res
     if name.endswith("before_tests"):
         assert res.detail == "the program exited before the tests finished"
     if name == "infinite_loop_at_import":
@@ -201,8 +254,10 @@ def test_the_program_file_holds_no_marker():
     problem = T.load_task("humaneval", ids=[HE0])[0]
     program = SC.build_program(problem, f"```python\nfrom __future__ import annotations\n{GOOD0}```")
     assert "VSKIP-DONE" not in program
-    assert program.startswith("from __future__ import annotations\nimport sys as _vskip_sys\n")
-    compile(program, "p", "exec")  # the prologue goes after __future__ imports
+    compile(program, "p", "exec")
+    call = next(n for n in ast.walk(ast.parse(program))
+                if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "_vskip_guard")
+    assert call.args[0].value.startswith("from __future__ import annotations\nfrom typing import List\n")
 
 
 def test_good_completion_passes_and_wrong_fails():

@@ -1,9 +1,10 @@
 """Scoring completions: code by execution in the sandbox, maths by normalised exact match.
 
-Code tasks (HumanEval, MBPP, MBPP+): the program is the extracted solution, then the tests, then
-a line printing a random per-run nonce. A completion passes when the program exits with status 0
-*and* the nonce appears on stdout, so a solution that exits early (``sys.exit(0)``,
-``os._exit(0)``) before the tests run does not pass.
+Code tasks (HumanEval, MBPP, MBPP+): the program runs the extracted solution, then the tests, and
+a random per-run nonce sent on stdin is written back only when the tests returned
+(:mod:`vskip.sandbox.verdict`). A completion passes when the program exits with status 0 *and*
+the nonce appears on stdout, so a solution that exits early (``sys.exit(0)``, ``os._exit(0)``),
+or turns a failed test into exit status 0 (``sys.excepthook``, ``atexit``), does not pass.
 
 Maths (MATH-500, GSM8K): the answer is the last ``\\boxed{...}`` (or the last number), compared
 with the reference after :func:`normalize_answer` by exact string equality (no symbolic
@@ -24,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from vskip.sandbox import run_program, sandbox_kind
+from vskip.sandbox import run_program, sandbox_kind, verdict
 from vskip.tasks import ALL_TASKS, Problem, last_boxed, load_task
 
 __all__ = [
@@ -110,19 +111,13 @@ def _prompt_imports(prompt: str) -> str:
     return "\n".join(lines) + "\n\n" if lines else ""
 
 
-#: read first, before any code of the completion runs: the completion marker comes on stdin, so
-#: it is in neither the program's file nor its environment, and stdin is closed after it
-_PROLOGUE = (
-    "import sys as _vskip_sys\n"
-    "_vskip_done = _vskip_sys.stdin.readline().strip()\n"
-    "_vskip_sys.stdin.close()\n"
-)
 _FUTURE = re.compile(r"^from[ \t]+__future__[ \t]+import[^\n]*\n?", re.M)
 
 
 def build_program(problem: Problem, completion: str) -> str:
-    """The program that checks ``completion``: a prologue that takes the completion marker from
-    stdin, the solution, the tests, then a line that prints the marker."""
+    """The program that checks ``completion``: the solution, then the tests, under the guard of
+    :mod:`vskip.sandbox.verdict` (which writes the nonce it reads on stdin only when the tests
+    returned)."""
     if problem.task not in CODE_TASKS:
         raise ValueError(f"{problem.task} is not a code task")
     if problem.test is None:
@@ -140,13 +135,9 @@ def build_program(problem: Problem, completion: str) -> str:
     else:
         solution = code
         tests = problem.test
-    tail = (
-        "\n\n_vskip_sys.stdout.write('\\n' + _vskip_done + '\\n')\n"
-        "_vskip_sys.stdout.flush()\n"
-    )
-    # __future__ imports must come first in a module: hoist them above the prologue
+    # __future__ imports must come first in a module: hoist them above the prompt's imports
     future = "".join(m.group(0).rstrip("\n") + "\n" for m in _FUTURE.finditer(solution))
-    return f"{future}{_PROLOGUE}{_FUTURE.sub('', solution)}\n\n{tests}{tail}"
+    return verdict.build(future + _FUTURE.sub("", solution), tests)
 
 
 def _last_line(text: str, limit: int = 300) -> str:

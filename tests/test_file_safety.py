@@ -178,6 +178,31 @@ def test_sandbox_directories_a_killed_scorer_left_are_removed(tmp_path, monkeypa
     assert not stale.exists() and live.exists() and other.exists()
 
 
+def test_pids_cgroups_a_killed_scorer_left_are_removed(tmp_path, monkeypatch):
+    """As root, the rlimits-own-uid kind bounds processes with a pids cgroup per program; a cgroup
+    whose scorer was killed is emptied and removed by the next scorer (here on a plain directory
+    standing in for the cgroup parent)."""
+    import subprocess
+
+    from vskip.sandbox import run as sbx
+
+    parent = tmp_path / "cgroup"
+    parent.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(sbx, "_is_root", lambda: True)
+    monkeypatch.setattr(sbx, "_pids_cgroup_parent", lambda: str(parent))
+    removed = []
+    monkeypatch.setattr(sbx, "_remove_cgroup", removed.append)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for name in (f"vskip-sbx-{dead.pid}-abcd", f"vskip-sbx-{os.getppid()}-abcd", "user.slice"):
+        (parent / name).mkdir()
+    monkeypatch.setattr(sbx, "_cleaned", False)
+    sbx._clean_stale_dirs()
+    assert removed == [str(parent / f"vskip-sbx-{dead.pid}-abcd")]
+
+
 def test_an_edited_benchmark_cache_is_not_trusted(tmp_path, monkeypatch, capsys):
     from vskip import tasks
 

@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass
 
 from .kinds import _fresh_uid, _jail_binds, _python_dirs, _Setup, _site_dirs
-from .procs import (_count_uid_tasks, _is_root, _kill_group, _kill_tree, _kill_uid, _make_pids_cgroup, _remove_cgroup,
-                    _tail, _tree)
+from .procs import (_count_uid_tasks, _is_root, _kill_group, _kill_tree, _kill_uid, _make_pids_cgroup,
+                    _pids_cgroup_parent, _remove_cgroup, _tail, _tree)
 from .scripts import (_JAIL, _PIVOT_ROOT, _RUNNER, PROGRAM_NAME, RUNNER_ERROR_CODE, RUNNER_ERROR_MARK, SANDBOX_DIR,
                       _minimal_env)
 
@@ -47,32 +47,43 @@ STALE_PREFIX = "vskip-sbx-"
 _cleaned = False
 
 
+def _scorer_gone(name: str) -> bool:
+    """Whether ``name`` is ``vskip-sbx-<pid>-...`` of a scorer that no longer runs (not ours)."""
+    pid = name[len(STALE_PREFIX):].split("-", 1)[0]
+    if not name.startswith(STALE_PREFIX) or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+        return False  # its scorer still runs
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # alive under another user, or not ours to judge
+
+
 def _clean_stale_dirs() -> None:
-    """Once per process: remove the program directories a killed scorer left behind (those whose
-    scorer's pid is no longer alive)."""
+    """Once per process: remove the program directories, and the pids cgroups (with what still
+    runs in them), that a killed scorer left behind."""
     global _cleaned
     if _cleaned:
         return
     _cleaned = True
     root = tempfile.gettempdir()
-    try:
-        names = os.listdir(root)
-    except OSError:
-        return
-    for name in names:
-        pid = name[len(STALE_PREFIX):].split("-", 1)[0]
-        if not name.startswith(STALE_PREFIX) or not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-            continue  # its scorer still runs
-        except ProcessLookupError:
-            pass
-        except OSError:
-            continue  # alive under another user, or not ours to judge
+    for name in _listdir(root):
         path = os.path.join(root, name)
-        if os.path.isdir(path) and not os.path.islink(path):
+        if _scorer_gone(name) and os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path, ignore_errors=True)
+    parent = _pids_cgroup_parent() if _is_root() else None
+    for name in _listdir(parent) if parent else []:
+        if _scorer_gone(name):
+            _remove_cgroup(os.path.join(parent, name))
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
 
 
 def _run(code, setup: _Setup, timeout, memory_mb, file_mb, nofile, nproc, max_output_bytes,

@@ -12,6 +12,7 @@ import numpy as np
 
 from vskip.models.protocols import DRAFT_FEATURES, DraftBlock
 from vskip.policy import Verdict
+from vskip.policy.sampling import speculative_draws
 
 V = 50
 EOS = 0
@@ -71,6 +72,9 @@ class FakeVerifier:
         seq = list(seq)
         block = [int(t) for t in block]
         zs = [fake_logits(seq + block[:j]) for j in range(len(block) + 1)]
+        if draw is not None and draw.speculative:
+            p = np.array([warp(z, draw.sampling) for z in zs])
+            return Verdict(speculative_draws(p, draw), np.full(len(block), np.nan), np.zeros(len(block), np.int64))
         if draw is not None and not draw.sampling.greedy:
             drawn = [inverse_cdf(warp(z, draw.sampling), u) for z, u in zip(zs, draw.u)]
             return Verdict(np.array(drawn, np.int64), np.full(len(block), np.nan), np.zeros(len(block), np.int64))
@@ -109,10 +113,12 @@ class FakeDrafter:
         """A deterministic stand-in for a copy hint's match length: 0..11 as the sequence grows."""
         return len(seq) % 12
 
-    def propose(self, seq, gamma, features=False):
+    def propose(self, seq, gamma, features=False, draw=None):
         self.blocks += 1
         self.gammas.append(gamma)
         rng = np.random.default_rng(self.seed * 7919 + len(seq))
+        if draw is not None:
+            return self._sampled(list(seq), gamma, draw, rng)
         s = list(seq)
         toks, conf = [], []
         for j in range(gamma):
@@ -132,6 +138,19 @@ class FakeDrafter:
             feats[:, 4] = conf
         hidden = np.zeros((gamma, 4), np.float32) if features else None
         return DraftBlock(np.array(toks, np.int64), np.array(conf, np.float32), feats, hidden)
+
+    def _sampled(self, seq, gamma, draw, rng):
+        """A sampled block drafted "in one forward": position j's distribution is the verifier's
+        after the context and its *greedy* continuation of j - 1 tokens, its logits blurred by
+        noise of scale ``3 * error``; it depends on the context alone, never on the tokens drawn
+        at other positions. Each token is drawn from it by inverse CDF with ``draw.u``."""
+        s, q = list(seq), []
+        for _ in range(gamma):
+            z = fake_logits(s)
+            q.append(warp(z + 3 * self.error * rng.normal(size=V), draw.sampling))
+            s.append(int(np.argmax(z)))
+        toks = [inverse_cdf(row, u) for row, u in zip(q, draw.u)]
+        return DraftBlock(np.array(toks, np.int64), np.array([row.max() for row in q], np.float32), q=np.array(q))
 
     def warmup(self, seq, gamma):
         pass

@@ -179,6 +179,25 @@ def test_sampled_strict_sdd_commits_what_sampled_ar_draws(dirs, exact_head):
     assert len(outs) == 3 and tuple(greedy.tokens) not in outs
 
 
+def test_the_speculative_rule_runs_through_the_transformers_verifier(dirs):
+    """--speculative-sampling with the conditioned drafter (one forward per block) and the
+    transformers verifier: near temperature 0 both distributions are point masses, so the rule
+    commits exactly ar's greedy text; at 0.8 a seed reproduces its text."""
+    from vskip.policy import Sampling
+
+    v, d = dirs
+    pair = open_pair(ModelConfig(drafter=str(d), verifier=str(v), device="cpu", dtype="float32", drafter_dtype="float32"))
+    ids = encode_chat(pair.tokenizer, "def add(a, b):")
+    strict = PolicyConfig(name="strict")
+    greedy = decode(ids, None, pair.verifier, PolicyConfig(name="ar"), DecodeConfig(gamma=7, max_new_tokens=30))
+    cold = DecodeConfig(gamma=7, max_new_tokens=30, sampling=Sampling(temperature=1e-4, speculative=True))
+    assert decode(ids, pair.drafter, pair.verifier, strict, cold, task_id="t").tokens == greedy.tokens
+    warm = DecodeConfig(gamma=7, max_new_tokens=30, sampling=Sampling(temperature=0.8, seed=3, speculative=True))
+    a = decode(ids, pair.drafter, pair.verifier, strict, warm, task_id="t")
+    b = decode(ids, pair.drafter, pair.verifier, strict, warm, task_id="t")
+    assert a.tokens == b.tokens and len(a.tokens) == 30
+
+
 def test_no_checkpoint_code_runs(dirs, pair):
     # dflash.py raises when imported; the pair above loaded without it
     assert (dirs[1] / "dflash.py").read_text().startswith("raise")

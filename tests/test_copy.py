@@ -113,6 +113,32 @@ def test_a_full_weight_prior_proposes_the_hint_even_outside_the_head():
     assert b.features is None
 
 
+def test_a_sampled_draft_draws_from_the_copy_mixture_over_the_vocabulary():
+    """--speculative-sampling: the one reveal step samples every position from the copy mixture,
+    mapped onto vocabulary ids (the extra column onto the hint's id outside the head); at
+    temperature 1 q is that mixture, so a full-weight prior puts all mass on the hint and a
+    weight of 0.4 at least 0.4. A drafter of two reveal steps refuses to sample."""
+    from vskip.policy import Draw, Sampling
+
+    s = Sampling(temperature=1.0, speculative=True)
+    hints = [6, 7, 8, 9, 10, 3, 4, 5]
+    head = torch.arange(0, V, 2)  # odd ids are outside the head
+    rows = np.arange(8)
+    d = tiny_drafter(head, full_prior(1.0))
+    d.steps = 1
+    b = d.propose(SEQ, 8, draw=Draw(s, np.full(8, 0.5)))
+    assert b.tokens.tolist() == hints and np.allclose(b.q[rows, hints], 1.0)
+    d = tiny_drafter(head, full_prior(0.4))
+    d.steps = 1
+    b = d.propose(SEQ, 8, draw=Draw(s, np.linspace(0.02, 0.98, 8)))
+    assert np.allclose(b.q.sum(1), 1.0) and np.all(b.q[rows, hints] >= 0.4 - 1e-6)
+    outside = [i for i in range(1, V, 2) if i not in hints]
+    assert np.all(b.q[:, outside] == 0) and np.all(b.q[rows, b.tokens] > 0)
+    assert not np.array_equal(b.tokens, np.array(hints))  # some positions drew the network's tokens
+    with pytest.raises(ValueError, match="one forward"):
+        tiny_drafter().propose(SEQ, 8, draw=Draw(s, np.full(8, 0.5)))
+
+
 def test_a_zero_weight_prior_changes_nothing():
     plain = tiny_drafter().propose(SEQ, 8, features=True)
     mixed = tiny_drafter(copy=full_prior(0.0)).propose(SEQ, 8, features=True)

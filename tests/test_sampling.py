@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -54,7 +55,7 @@ class AcceptEverything(FakeVerifier):
 def _samples(verifier, policy: str, s: Sampling, n_tokens: int, seeds: range, drafter_error: float = 0.0):
     counts: dict[tuple, int] = {}
     for seed in seeds:
-        cfg = DecodeConfig(gamma=4, max_new_tokens=n_tokens, sampling=Sampling(s.temperature, s.top_p, s.top_k, seed))
+        cfg = DecodeConfig(gamma=4, max_new_tokens=n_tokens, sampling=replace(s, seed=seed))
         drafter = None if policy == "ar" else FakeDrafter(error=drafter_error, seed=seed)
         out = tuple(decode(PROMPT, drafter, verifier, PolicyConfig(name=policy), cfg, task_id="t").tokens)
         counts[out] = counts.get(out, 0) + 1
@@ -82,6 +83,73 @@ def test_strict_sdd_samples_the_verifiers_distribution_exactly(drafter_error):
     wrong = _samples(AcceptEverything(), "strict", s, 3, range(2000), drafter_error)
     stat_w, _ = _chi2(wrong, exact)
     assert stat_w > 10 * _chi2_critical(df), stat_w
+
+
+class ResampleFromP(FakeVerifier):
+    """A wrong speculative rule, the classic mistake: accept with min(1, p/q), but on rejection
+    draw afresh from p instead of from the residual max(0, p - q)."""
+
+    def score(self, seq, block, shadow=False, draw=None):
+        v = super().score(seq, block, shadow, draw)
+        seq, out = list(seq), v.argmax.copy()
+        for i, x in enumerate(draw.tokens):
+            p = warp(fake_logits(seq + [int(t) for t in block[:i]]), draw.sampling)
+            if draw.u_accept[i] * draw.q[i][x] >= p[x]:
+                out[i] = inverse_cdf(p, draw.u[i])
+                break
+        return Verdict(out, v.draft_gap, v.draft_rank)
+
+
+@pytest.mark.parametrize("drafter_error", [0.0, 0.2])
+def test_the_speculative_rule_samples_the_verifiers_distribution_exactly(drafter_error):
+    """The standard rule (the drafter samples from its own q, min(1, p/q), the residual on
+    rejection) with a drafter whose q depends on the context alone: the same 64 continuations,
+    2000 seeds, chi-square at 1e-3; resampling from p instead of the residual is rejected."""
+    s = Sampling(temperature=1.0, top_k=4, speculative=True)
+    exact = _exact(s, 3)
+    stat, df = _chi2(_samples(FakeVerifier(), "strict", s, 3, range(2000), drafter_error), exact)
+    assert stat < _chi2_critical(df), (stat, df)
+    stat_w, _ = _chi2(_samples(ResampleFromP(), "strict", s, 3, range(2000), drafter_error), exact)
+    assert stat_w > _chi2_critical(df), stat_w  # 206 and 165 here (a drafter far from p hides it: at 0.5, 72)
+    stat_e, _ = _chi2(_samples(AcceptEverything(), "strict", s, 3, range(2000), drafter_error), exact)
+    assert stat_e > 10 * _chi2_critical(df), stat_e
+
+
+def test_the_speculative_rule_accepts_more_and_reproduces_across_a_resume_of_its_positions():
+    """At temperature 1 a sampled draft whose first position is the verifier's own distribution
+    is accepted there whenever it is drawn (min(1, p/q) = 1), where the argmax draft is kept with
+    probability p(argmax) only: more tokens per call over the same seeds. The same seed gives the
+    same text; the rule's text differs from ar's (only its distribution is the same)."""
+    v = FakeVerifier()
+    per_call = {False: [], True: []}
+    for seed in range(30):
+        for spec in (False, True):
+            s = Sampling(temperature=1.0, seed=seed, speculative=spec)
+            r = decode(PROMPT, FakeDrafter(0.0, seed=seed), v, PolicyConfig(name="strict"),
+                       DecodeConfig(gamma=4, max_new_tokens=30, sampling=s), task_id="m")
+            per_call[spec].append(len(r.tokens) / r.verifier_calls)
+            if spec:
+                again = decode(PROMPT, FakeDrafter(0.0, seed=seed), v, PolicyConfig(name="strict"),
+                               DecodeConfig(gamma=4, max_new_tokens=30, sampling=s), task_id="m")
+                assert again.tokens == r.tokens
+    assert np.mean(per_call[True]) > 1.2 * np.mean(per_call[False]), per_call
+
+
+def test_speculative_draws_follow_the_rule_position_by_position():
+    """speculative_draws on hand-made rows: kept while u * q(x) < p(x); at the first rejection a
+    token of the residual (never the rejected one); the bonus from p after a whole block."""
+    from vskip.policy.sampling import speculative_draws
+
+    p = np.array([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5], [0.0, 0.0, 1.0]])
+    q = np.array([[0.25, 0.75, 0.0], [0.0, 1.0, 0.0]])
+    s = Sampling(temperature=1.0)
+    def run(ua, u=(0.1, 0.1, 0.1)):
+        return speculative_draws(p, Draw(s, np.array(u), tokens=np.array([1, 1]), q=q, u_accept=np.array(ua))).tolist()
+    assert run([0.5, 0.2]) == [1, 1, 2]          # 0.5 * 0.75 < 0.5, 0.2 * 1.0 < 0.3: both kept, bonus 2
+    assert run([0.9, 0.0])[0] == 0               # 0.9 * 0.75 >= 0.5: rejected; the residual is token 0 only
+    out = run([0.5, 0.9], u=(0.1, 0.99, 0.1))    # kept, then rejected: residual (0.2, 0, 0.5) / 0.7
+    assert out[:2] == [1, 2]
+    assert run([0.5, 0.9], u=(0.1, 0.0, 0.1))[1] == 0
 
 
 def test_strict_sdd_commits_what_ar_draws_with_the_same_seed():
@@ -176,7 +244,8 @@ def test_torch_warp_keeps_what_transformers_warpers_keep():
 
 
 @pytest.mark.parametrize("kw", [dict(temperature=-0.1), dict(temperature=float("nan")), dict(top_p=0.0),
-                                dict(top_p=1.01), dict(top_k=-1), dict(seed=-1), dict(seed=1.5), dict(seed=2**32)])
+                                dict(top_p=1.01), dict(top_k=-1), dict(seed=-1), dict(seed=1.5), dict(seed=2**32),
+                                dict(speculative=True)])
 def test_bad_settings_are_refused(kw):
     with pytest.raises(ValueError):
         Sampling(**kw)

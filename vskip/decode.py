@@ -15,9 +15,10 @@ import numpy as np
 
 from .defaults import GAMMA, MAX_NEW_TOKENS
 from .features import assemble_features
-from .models.protocols import Drafter, Predictor, Verifier
+from .models.protocols import Drafter, DraftBlock, Predictor, Verifier
 from .policy import (BlockLength, Draw, GuardContext, PolicyConfig, Sampling, accept, block_length, committed_tokens,
                      decide, prompt_key, strict_accept, verify_length)
+from .policy.sampling import ACCEPT, DRAFTER
 from .runtime import now
 
 #: How many committed tokens the repetition guard looks back over.
@@ -215,20 +216,38 @@ def _check(prompt, drafter, verifier, policy: PolicyConfig, cfg: DecodeConfig, p
         raise ValueError(f"--trim would change what {policy.name} accepts; use it with strict or a skip policy")
     if policy.learned and predictor is None:
         raise ValueError(f"policy {policy.name!r} needs a trained predictor")
-    check_sampling(policy, cfg)
+    check_sampling(policy, cfg, drafter)
 
 
-def check_sampling(policy: PolicyConfig, cfg: DecodeConfig) -> None:
-    """Lenience and top-k acceptance are defined on the verifier's argmax: refuse them sampled."""
+def check_sampling(policy: PolicyConfig, cfg: DecodeConfig, drafter: Drafter | None = None) -> None:
+    """Lenience and top-k acceptance are defined on the verifier's argmax: refuse them sampled.
+    The speculative rule needs a drafter that drafts its block in one forward."""
     if not cfg.sampling.greedy and policy.lossy_acceptance:
         raise ValueError(f"{policy.name} acceptance is defined on the verifier's argmax; it takes no --temperature")
+    steps = getattr(drafter, "steps", 1)
+    if cfg.sampling.speculative and steps != 1:
+        raise ValueError(f"--speculative-sampling needs a drafter that drafts its block in one forward (--steps 1), "
+                         f"not in {steps} reveal steps")
 
 
-def _draw(cfg: DecodeConfig, st: _State, start: int, n: int) -> dict:
+def _draw(cfg: DecodeConfig, st: _State, start: int, n: int, block: DraftBlock | None = None) -> dict:
     """The keyword that makes a verifier call sample: the draws of generated positions
-    ``start .. start + n - 1`` (nothing when decoding greedily)."""
+    ``start .. start + n - 1`` (none at temperature 0). Under the speculative rule it carries the
+    block's first ``n - 1`` drafted tokens, their distributions and the acceptance coins."""
     s = cfg.sampling
-    return {} if s.greedy else {"draw": Draw(s, s.uniforms(st.key, start, n))}
+    if s.greedy:
+        return {}
+    u = s.uniforms(st.key, start, n)
+    if block is None or block.q is None:
+        return {"draw": Draw(s, u)}
+    m = n - 1
+    return {"draw": Draw(s, u, tokens=block.tokens[:m], q=block.q[:m], u_accept=s.uniforms(st.key, start, m, ACCEPT))}
+
+
+def _draft_draw(cfg: DecodeConfig, st: _State, start: int, g: int) -> dict:
+    """The keyword that makes the drafter sample its block (the speculative rule only)."""
+    s = cfg.sampling
+    return {"draw": Draw(s, s.uniforms(st.key, start, g, DRAFTER))} if s.speculative else {}
 
 
 def _sdd_round(r: int, st: _State, drafter: Drafter, verifier: Verifier, policy: PolicyConfig, cfg: DecodeConfig,
@@ -240,8 +259,8 @@ def _sdd_round(r: int, st: _State, drafter: Drafter, verifier: Verifier, policy:
         gamma = block_length(cfg.blocks, drafter.match_length(st.seq), st.last_full)
     g = min(gamma, cfg.max_new_tokens - generated)
     want_features = cfg.trace or policy.learned
-    # 1. draft
-    block = clocks.time("draft", drafter.propose, st.seq, g, features=want_features)
+    # 1. draft (sampled under the speculative rule, else the drafter's own choice)
+    block = clocks.time("draft", drafter.propose, st.seq, g, features=want_features, **_draft_draw(cfg, st, generated, g))
     st.blocks += 1
     # 2. score
     feats = assemble_features(block.features, generated, st.D, cfg.task) if want_features else None
@@ -261,13 +280,14 @@ def _sdd_round(r: int, st: _State, drafter: Drafter, verifier: Verifier, policy:
         L = None
         if cfg.shadow:
             L = strict_accept(block.tokens, clocks.time("shadow", verifier.score, st.seq, block.tokens, shadow=True,
-                                                        **_draw(cfg, st, generated, g + 1)))
+                                                        **_draw(cfg, st, generated, g + 1, block)))
         rec = RoundRecord(round=r, verified=False, K=d.K, K_hat=d.K_hat, L=L, accepted=d.K, committed=d.K,
                           relaxed=True, reason=d.reason, gamma=g)
     else:
         # 4b. verify: the method's acceptance rule, then the correction or bonus token.
         checked = block.tokens[: verify_length(block.confidence, cfg.trim)]
-        verdict = clocks.time("verify", verifier.score, st.seq, checked, **_draw(cfg, st, generated, len(checked) + 1))
+        verdict = clocks.time("verify", verifier.score, st.seq, checked,
+                              **_draw(cfg, st, generated, len(checked) + 1, block))
         st.calls += 1
         acc = accept(policy, checked, verdict)
         new = committed_tokens(checked, verdict, acc)

@@ -72,6 +72,11 @@ def add_sampling_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=bounded(int, 0, MAX_SEED), default=0,
                    help="seed of the sampled tokens: each prompt and position draws its own number, so a resumed "
                         "run draws what an unbroken one draws (default: 0)")
+    g.add_argument("--speculative-sampling", action="store_true",
+                   help="the drafter samples its block and a verified round accepts with min(1, p/q), resampling "
+                        "from the residual: exact only for a drafter that drafts in one forward (--steps 1, the "
+                        "conditioned drafter); accepts more than the default rule, but the text is no longer ar's "
+                        "for the same seed (default: off)")
 
 
 def add_block_flags(g) -> None:
@@ -155,6 +160,9 @@ def configs(a, policy_name: str | None = None):
                        min_match=a.min_match, trim=a.trim, sampling=sampling(a),
                        trace=getattr(a, "trace", False), task=getattr(a, "task", None))
     check_sampling(policy, dec)
+    if dec.sampling.speculative and a.steps != 1:
+        raise ValueError(f"--speculative-sampling needs a drafter that drafts its block in one forward (--steps 1), "
+                         f"not in {a.steps} reveal steps")
     return policy, dec, model_config(a)
 
 
@@ -166,7 +174,8 @@ def sampling(a):
         return Sampling()
     if a.temperature == 0 and (a.top_p != 1.0 or a.sample_top_k != 0):
         raise ValueError("--top-p and --sample-top-k shape sampling: give them with --temperature > 0")
-    return Sampling(temperature=a.temperature, top_p=a.top_p, top_k=a.sample_top_k, seed=a.seed)
+    return Sampling(temperature=a.temperature, top_p=a.top_p, top_k=a.sample_top_k, seed=a.seed,
+                    speculative=a.speculative_sampling)
 
 
 def task_ids(text: str | None) -> tuple[str, ...] | None:

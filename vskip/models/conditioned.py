@@ -30,8 +30,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..policy import Draw
 from .backbone import MLP, BackboneConfig, RMSNorm, _rotate_half, rope_tables
 from .protocols import DraftBlock, common_prefix
+from .sampling import sample_draft
 
 SPEC_FORMAT = "vskip-conditioned-drafter/1"
 #: input id standing for the learned mask embedding when the vocabulary has no mask token
@@ -343,7 +345,7 @@ class ConditionedDrafter:
         return m
 
     @torch.inference_mode()
-    def propose(self, seq: Sequence[int], gamma: int, features: bool = False) -> DraftBlock:
+    def propose(self, seq: Sequence[int], gamma: int, features: bool = False, draw: Draw | None = None) -> DraftBlock:
         seq = [int(t) for t in seq]
         assert len(seq) >= 1 and gamma >= 1, (len(seq), gamma)
         if gamma > self.spec.max_gamma:
@@ -359,9 +361,15 @@ class ConditionedDrafter:
             logits = logits + self._neg
         logp = torch.log_softmax(logits, dim=-1)
         top = logp.max(dim=-1)
+        tokens, q = self._ids[top.indices].cpu().numpy(), None
+        if draw is not None:  # one forward drafts the block: each position's q depends on the context alone
+            full = torch.full((gamma, int(self._ids.max()) + 1), float("-inf"), dtype=torch.float64, device=logp.device)
+            full[:, self._ids] = logp.double()
+            tokens, q, _ = sample_draft(full, draw)
         return DraftBlock(
-            tokens=self._ids[top.indices].cpu().numpy(),
+            tokens=tokens,
             confidence=top.values.exp().cpu().numpy(),
             features=_block_features(logp, gamma).cpu().numpy() if features else None,
             hidden=h if features else None,
+            q=q,
         )

@@ -22,12 +22,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
+from ..policy import Draw
 from .copy import LENGTH_EDGES, CopyPrior, _bucket, copy_hint, suffix_match
 from .backbone import Backbone, BackboneConfig
 from .protocols import DRAFT_FEATURES, DraftBlock, common_prefix
+from .sampling import sample_draft
 
 REVEAL_ORDERS = ("maskgit_plus", "topk_margin", "entropy")
 ATTENTION = ("block", "full")
@@ -347,9 +350,13 @@ class DiffusionDrafter:
 
     # -- proposal --------------------------------------------------------------------------
     @torch.inference_mode()
-    def propose(self, seq: Sequence[int], gamma: int, features: bool = False) -> DraftBlock:
+    def propose(self, seq: Sequence[int], gamma: int, features: bool = False, draw: Draw | None = None) -> DraftBlock:
         assert len(seq) >= 1 and gamma >= 1, (len(seq), gamma)
+        if draw is not None and self.steps != 1:
+            raise ValueError(f"a sampled draft (--speculative-sampling) needs a drafter that drafts its block in one "
+                             f"forward (--steps 1), not in {self.steps} reveal steps")
         x, P, start, missing = self._block_input(seq, gamma)
+        q_block = None
 
         masked = torch.ones(gamma, dtype=torch.bool, device=self.device)
         tokens = torch.zeros(gamma, dtype=torch.long, device=self.device)
@@ -400,6 +407,9 @@ class DiffusionDrafter:
                 continue
             idx = score.masked_fill(~masked, float("-inf")).topk(n).indices
             chosen = self._token(top.indices[idx, 0], idx, hint)
+            if draw is not None:  # the only step: every position, sampled instead of its argmax
+                sampled, q_block = self._sample(logp, hint, draw)
+                chosen = sampled[idx]
             tokens[idx] = chosen
             conf[idx] = p1[idx]
             masked[idx] = False
@@ -416,7 +426,20 @@ class DiffusionDrafter:
             confidence=conf.cpu().numpy(),
             features=None if feats is None else feats.cpu().numpy(),
             hidden=hidden,
+            q=q_block,
         )
+
+    def _sample(self, logp: torch.Tensor, hint: torch.Tensor | None, draw: Draw) -> tuple[torch.Tensor, np.ndarray]:
+        """Tokens sampled from the block's distributions (the copy mixture's extra column given to
+        its hint's id) and those distributions over the vocabulary, warped (:func:`sample_draft`)."""
+        n = self._ids.shape[0]
+        full = torch.full((logp.shape[0], self._col.shape[0]), float("-inf"), dtype=torch.float64, device=logp.device)
+        full[:, self._ids] = logp[:, :n].double()
+        if hint is not None:
+            rows = torch.nonzero(hint >= 0)[:, 0]
+            full[rows, hint[rows]] = torch.logaddexp(full[rows, hint[rows]], logp[rows, n].double())
+        tokens, q, _ = sample_draft(full, draw)
+        return torch.from_numpy(tokens).to(self.device), q
 
 
 def reveal_features(step: int, rank: torch.Tensor, share: float, p1, logp1, ent, p2, logp_top5, p1_0, ne_0):

@@ -51,12 +51,15 @@ class DraftBlock:
     confidence:  float32 [gamma]   raw confidence q_j = p_draft(x̂_j) at the reveal step
     features:    float32 [gamma, len(DRAFT_FEATURES)] or None
     hidden:      [gamma, d_model] LM-head input at the reveal step (array or tensor) or None
+    q:           float64 [gamma, V] the distributions a *sampled* draft was drawn from
+                 (:mod:`vskip.policy.sampling`, speculative rule), else None
     """
 
     tokens: np.ndarray
     confidence: np.ndarray
     features: np.ndarray | None = None
     hidden: Any = None
+    q: np.ndarray | None = None
 
     def __post_init__(self):
         assert self.tokens.ndim == 1, self.tokens.shape
@@ -68,8 +71,10 @@ class DraftBlock:
 
 
 class Drafter(Protocol):
-    def propose(self, seq: Sequence[int], gamma: int, features: bool = False) -> DraftBlock:
-        """Draft ``gamma`` tokens to follow ``seq`` (prompt + committed output)."""
+    def propose(self, seq: Sequence[int], gamma: int, features: bool = False, draw: Draw | None = None) -> DraftBlock:
+        """Draft ``gamma`` tokens to follow ``seq`` (prompt + committed output): the drafter's
+        choice at each position, or with a ``draw`` tokens sampled from its warped distributions,
+        returned in ``DraftBlock.q`` (only drafters that draft a block in one forward)."""
 
     def warmup(self, seq: Sequence[int], gamma: int) -> None: ...
 
@@ -91,8 +96,8 @@ class Verifier(Protocol):
 
     def score(self, seq: Sequence[int], block: Sequence[int], shadow: bool = False, draw: Draw | None = None) -> Verdict:
         """Judge ``block`` after ``seq``: argmax at each block position and after it, or with a
-        ``draw`` (:mod:`vskip.policy.sampling`) the token drawn there with its uniform number. A
-        shadow call must leave the verifier's state as a real decode would find it."""
+        ``draw`` (:mod:`vskip.policy.sampling`) the token drawn there with its uniform number
+        (under the speculative rule, the tokens it commits: ``speculative_draws``). A shadow call must leave the verifier's state as a real decode would find it."""
 
     def warmup(self, seq: Sequence[int], gamma: int) -> None: ...
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..policy.sampling import Draw, Sampling
+from ..policy.sampling import Draw, Sampling, inverse_cdf, speculative_draws
 
 
 def warped_probs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
@@ -29,10 +29,25 @@ def warped_probs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
 
 def draw_tokens(logits: torch.Tensor, draw: Draw) -> np.ndarray:
     """The token of each row of ``logits`` [n, V] drawn with ``draw.u`` [n]: the first token id
-    whose cumulative probability (in id order) exceeds u."""
+    whose cumulative probability (in id order) exceeds u. Under the speculative rule
+    (``draw.q`` given), the tokens of :func:`vskip.policy.sampling.speculative_draws`."""
     p = warped_probs(logits, draw.sampling)
+    if draw.speculative:
+        return speculative_draws(p.cpu().numpy(), draw)
     cdf = p.cumsum(-1)
     u = torch.as_tensor(np.asarray(draw.u, dtype=np.float64), device=p.device)[:, None]
     idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)[:, 0]
     last = (p > 0).long().cumsum(-1).argmax(-1)  # the last id with mass: rounding at the top end
     return torch.minimum(idx, last).cpu().numpy().astype(np.int64)
+
+
+def sample_draft(logp: torch.Tensor, draw: Draw) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A drafter's sampled block: from its log-probabilities ``logp`` [g, V] over the verifier's
+    vocabulary (-inf for ids it never proposes), the warped distributions q [g, V] (float64
+    numpy), the tokens drawn from them with ``draw.u`` [g], and each position's confidence, the
+    largest unwarped probability (a function of the context alone, so that trimming a block by
+    it keeps the speculative rule exact)."""
+    q = warped_probs(logp, draw.sampling).cpu().numpy()
+    tokens = np.array([inverse_cdf(row, u) for row, u in zip(q, draw.u)], dtype=np.int64)
+    confidence = logp.float().max(dim=-1).values.exp().cpu().numpy().astype(np.float32)
+    return tokens, q, confidence

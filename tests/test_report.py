@@ -239,11 +239,37 @@ def test_unfinished_run_is_compared_on_common_prompts(tmp_path):
     write_run(root / "raw", "raw", calls=4, blocks=6, seconds=0.8, passed=[True, False], ids=IDS[:2], summary=False)
     (root / "raw" / "samples.jsonl").open("a").write('{"task_id": "HumanEval/2", "compl')  # cut by a kill
     rep, msgs = build([root], tmp_path / "out")
-    r = rows_by_name(rep)["raw"]
-    assert r.m.n == 2 and r.common == 2
+    r = rows_by_name(rep)["raw (partial: 2 of 4)"]
+    assert r.m.n == 2 and r.common == 2 and r.partial == (2, 4)
     assert r.pass_common == 0.5 and r.ref_pass_common == 1.0 and r.delta == -0.5
     text = "\n".join(msgs)
     assert "unfinished" in text and "2 of 4" in text and "cut or invalid" in text and "on the 2 prompts" in text
+
+
+def _figure_section(report_md: str, caption: str) -> str:
+    start = report_md.index(f"### {caption}")
+    return report_md[start : report_md.index("\n### ", start + 4)]
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_a_partial_run_is_marked_in_tables_and_left_out_of_figures(tmp_path, include):
+    """A run of one prompt beside runs of four: its label says so in every table, and the figures
+    and frontiers leave it out unless --include-partial."""
+    root = tmp_path / "s"
+    T = [True, True, False, True]
+    write_run(root / "strict", "strict", calls=5, blocks=5, seconds=1.0, passed=T)
+    write_run(root / "raw_full", "raw", calls=4, blocks=6, seconds=0.8, passed=T, relaxed=[(6, 6)])
+    write_run(root / "raw_one", "raw", calls=2, blocks=6, seconds=0.2, passed=[True], ids=IDS[:1], relaxed=[(6, 6)],
+              params={"eta_b": 0.5, "eta_c": 0.5})
+    out = tmp_path / "out"
+    rep, msgs = build([root], out, include_partial=include)
+    assert rows_by_name(rep)["raw_one (partial: 1 of 4)"].partial == (1, 4)
+    assert rows_by_name(rep)["raw_full"].partial is None
+    assert "raw_one (partial: 1 of 4)" in (out / "runs_humaneval_g16.md").read_text()
+    assert any("raw_one: partial (1 of 4 prompts)" in m for m in msgs)
+    fig1 = _figure_section((out / "report.md").read_text(), "Strict token agreement vs tokens/s (Figure 1)")
+    assert "raw_full" in fig1
+    assert ("raw_one" in fig1) == include
 
 
 def test_no_strict_reference(tmp_path):

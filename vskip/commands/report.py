@@ -26,6 +26,9 @@ def register(subparsers) -> None:
                    help="`vskip compare --repeats` directories: the promise's runs also get their tokens/s against "
                         "Strict SDD from the configuration there that decodes as they did (interleaved, repeated, "
                         "paired per prompt), beside the run's own single timing")
+    r.add_argument("--include-partial", action="store_true",
+                   help="also draw runs that hold fewer prompts than the fullest run of their task and gamma in the "
+                        "figures and frontiers (they are always in the tables, marked partial)")
     r.add_argument("--archive", action="store_true",
                    help="also write OUT/runs.tar.xz: the run files behind the report (configs, samples, rounds, "
                         "summaries; no traces), so it can be regenerated from what is committed")
@@ -45,7 +48,8 @@ def cmd_report(a) -> int:
 
     with DirLock(check_writable_dir(a.out, "report directory"), "report directory"):
         rep = build_report([Path(p) for p in a.dirs], Path(a.out), k_min=a.k_min, n_boot=a.bootstrap, seed=a.seed,
-                           command=getattr(a, "command_line", None), timing=[Path(d) for d in a.timing])
+                           command=getattr(a, "command_line", None), timing=[Path(d) for d in a.timing],
+                           include_partial=a.include_partial)
         if getattr(a, "archive", False):
             rep.files.append(archive_runs(rep, Path(a.out) / ARCHIVE).name)
     print(json.dumps({"report": str(rep.path), "files": len(rep.files), "notes": len(rep.notes)}))

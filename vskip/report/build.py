@@ -56,9 +56,10 @@ def _sort_key(row: Row):
 
 def build_report(paths: Sequence[Path], out: Path, k_min: int = K_MIN, n_boot: int = 10_000, seed: int = 0,
                  warn: Callable[[str], None] | None = None, command: str | None = None,
-                 timing: Sequence[Path] = ()) -> Report:
+                 timing: Sequence[Path] = (), include_partial: bool = False) -> Report:
     """Read the runs under ``paths`` and write tables, figures and ``report.md`` into ``out``.
-    ``command``: the command line that made the report, recorded at its top."""
+    ``command``: the command line that made the report, recorded at its top; ``include_partial``:
+    draw runs that hold fewer prompts than the fullest of their group in figures and frontiers."""
     warn = warn or (lambda msg: print(f"vskip report: {msg}", file=sys.stderr))
     notes: list[str] = []
     runs = _read_runs(paths, notes, warn)
@@ -72,7 +73,7 @@ def build_report(paths: Sequence[Path], out: Path, k_min: int = K_MIN, n_boot: i
         md += ["Sweeps:", ""] + [f"- `{s['command']}` (grids: {', '.join(s.get('grids') or [s.get('grid', '?')])})"
                                  for s in sweeps.values()] + [""]
     groups = _compare_all(runs, n_boot, seed, notes)
-    doc = _Doc(out, notes)
+    doc = _Doc(out, notes, include_partial=include_partial)
     timings = _attach_timings(doc, groups, timing)
     for (task, gamma), rows in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), kv[0][1] or 0)):
         _group_sections(doc, task, gamma, rows, k_min, n_boot)
@@ -138,7 +139,26 @@ def _compare_all(usable: list[Run], n_boot: int, seed: int, notes: list[str]) ->
         if lost:
             notes.append(f"{r.label}: missing " + ", ".join(sorted(set(lost))) + " (written by another version?)")
         groups.setdefault((r.task, r.gamma), []).append(row)
+    for rows in groups.values():
+        _mark_partial(rows, notes)
     return groups
+
+
+def _prompts(row: Row) -> int:
+    return len(row.run.ids) if row.run.samples else row.m.n
+
+
+def _mark_partial(rows: list[Row], notes: list[str]) -> None:
+    """A run holding fewer prompts than the fullest run of its task and gamma is partial: its label
+    says so (every table shows it), and figures and frontiers leave it out unless asked for."""
+    full = max((_prompts(r) for r in rows), default=0)
+    for row in rows:
+        n = _prompts(row)
+        if n < full:
+            row.partial = (n, full)
+            notes.append(f"{row.run.label}: partial ({n} of {full} prompts): marked in the tables, left out of "
+                         "figures and frontiers (`--include-partial` draws it)")
+            row.run.label = f"{row.run.label} (partial: {n} of {full})"
 
 
 @dataclass
@@ -149,6 +169,12 @@ class _Doc:
     notes: list[str]
     body: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
+    #: draw partial runs in figures and frontiers too
+    include_partial: bool = False
+
+    def drawn(self, rows: list[Row]) -> list[Row]:
+        """The rows figures and frontiers may use."""
+        return rows if self.include_partial else [r for r in rows if r.partial is None]
 
     def table(self, header: str, table: Table | None, rows: list[Row], names: Sequence[str], text: str = "") -> None:
         if table is None:
@@ -195,12 +221,12 @@ def _group_sections(doc: _Doc, task, gamma, rows: list[Row], k_min: int, n_boot:
                                       "(beyond the paper)"),
     ):
         doc.guarded(f"{title}: {fig}", lambda fig=fig, fn=fn, caption=caption: _frontier_figure(
-            doc, fig, fn, caption, slug, title, rows, strict, k_min))
+            doc, fig, fn, caption, slug, title, doc.drawn(rows), strict, k_min))
     doc.guarded(f"{title}: matched quality", lambda: doc.table(
         "Matched quality (§5.2)", matched_table(f"matched_{slug}", rows, k_min), rows,
         [r.name for r in rows if in_main_grid(r, k_min)],
         "Observed points whose pass@1 equals (=) or is at least (≥) Strict SDD's on the same prompts."))
-    _versus_sections(doc, title, slug, rows, k_min, n_boot)
+    _versus_sections(doc, title, slug, doc.drawn(rows), k_min, n_boot)
     doc.guarded(f"{title}: table 2", lambda: doc.table(
         "Gate ablation (Table 2)", gate_table(f"table2_{slug}", rows), rows, [r.name for r in rows if r.policy in SIGNALS]))
     doc.guarded(f"{title}: table 3", lambda: doc.table(
@@ -213,7 +239,7 @@ def _group_sections(doc: _Doc, task, gamma, rows: list[Row], k_min: int, n_boot:
         "(from the counts), and the repeated timing: the configuration decoded beside Strict SDD, prompt by "
         "prompt in a rotating order, several times, on the prompts it timed (a subset of the run's), with "
         "each repeat's ratio. A policy that reads the clock may decide otherwise there than in the run."))
-    fams = doc.guarded(f"{title}: k_min families", lambda: kmin_families(rows)) or []
+    fams = doc.guarded(f"{title}: k_min families", lambda: kmin_families(doc.drawn(rows))) or []
     for i, fam in enumerate(fams):
         doc.guarded(f"{title}: figure 5", lambda i=i, fam=fam: _kmin_figure(doc, i, fam, slug, title, rows))
     doc.guarded(f"{title}: k_min table", lambda: doc.table(

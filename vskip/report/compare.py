@@ -105,6 +105,9 @@ class Row:
     #: the run's configuration timed again beside Strict SDD (``vskip report --timing``): the fields of
     #: :func:`vskip.report.timing.timed_fields`, empty where no comparison timed it
     timed: dict = field(default_factory=dict)
+    #: (prompts it holds, prompts the fullest run of its group holds) when it holds fewer: a partial
+    #: run, marked in every table and left out of figures and frontiers unless asked for
+    partial: tuple[int, int] | None = None
 
     @property
     def timed_ratio(self) -> float | None:

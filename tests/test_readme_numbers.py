@@ -1,46 +1,100 @@
-"""Every measured number the README quotes is in a committed result file (docs/results), to the
-precision the README gives it; the drafter's size is that of its shipped weights."""
+"""Every number the README quotes names where it comes from, in an annotation right after it that
+a reader sees in the source and not in the rendered page:
+
+- ``<!-- src FILE PATH -->``: FILE under docs/results (JSON), PATH the keys and list indices to the
+  value, separated by ``/``; the value, rounded to the decimals printed, must equal the number;
+- ``<!-- file-size FILE -->``: the size of a shipped file in MB (10^6 bytes), to the decimals printed;
+- ``<!-- setting: why -->``: a number that is chosen, not measured (a target, a promise).
+
+Decimals inside code (commands, flags) and section references (§3.2) are not quoted results. A
+mutation test changes each quoted digit in turn and checks that the check fails."""
 
 import json
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).parents[1]
-NUMBER = re.compile(r"(?<![\w.])(\d+\.\d+)(?![\w.])")
+RESULTS = ROOT / "docs" / "results"
+#: a decimal, then an optional unit, then its annotation (or none)
+QUOTED = re.compile(r"(?<![\w.§])(\d+\.\d+)(?![\w.])(×|%| MB)?(<!-- (src|file-size|setting)(?::)? ?([^>]*?) -->)?")
 
 
-def _section(text: str, title: str) -> str:
-    start = text.index(title)
-    end = text.find("\n## ", start + len(title))
-    return text[start : end if end >= 0 else len(text)]
+def _prose(text: str) -> str:
+    """The README without code: fenced blocks and inline code spans become blanks of equal length."""
+    blank = lambda m: re.sub(r"[^\n]", " ", m.group(0))  # noqa: E731
+    return re.sub(r"`[^`\n]*`", blank, re.sub(r"```.*?```", blank, text, flags=re.S))
 
 
-def _result_numbers() -> list[float]:
-    found = []
-    for path in (ROOT / "docs" / "results").rglob("*"):
-        if path.suffix in (".json", ".md", ".csv"):
-            found += [float(x) for x in re.findall(r"-?\d+\.\d+|-?\d+", path.read_text(errors="ignore"))]
-    return found
+def _value(kind: str, arg: str) -> float:
+    if kind == "file-size":
+        return (ROOT / arg.strip()).stat().st_size / 1e6
+    file, path = arg.split(" ", 1)
+    x = json.loads((RESULTS / file).read_text())
+    for key in path.strip().split("/"):
+        x = x[int(key)] if isinstance(x, list) else x[key]
+    return float(x)
 
 
-def test_readme_numbers_are_in_committed_results():
+def problems(text: str) -> list[str]:
+    """Every quoted decimal that has no annotation, or whose annotation's value differs."""
+    out = []
+    for m in QUOTED.finditer(_prose(text)):
+        number, kind, arg = m.group(1), m.group(4), m.group(5)
+        if kind is None:
+            out.append(f"{number}: no source")
+        elif kind == "setting":
+            if not arg.strip():
+                out.append(f"{number}: a setting without its reason")
+        else:
+            try:
+                value = _value(kind, arg)
+            except (OSError, KeyError, IndexError, ValueError) as exc:
+                out.append(f"{number}: {kind} {arg}: {exc!r}")
+                continue
+            d = len(number.split(".")[1])
+            if round(value, d) != float(number):
+                out.append(f"{number}: {kind} {arg} holds {value}")
+    return out
+
+
+def test_every_quoted_number_names_its_source_and_matches_it():
     readme = (ROOT / "README.md").read_text()
-    text = _section(readme, "## The embedded default pair")
-    size = re.search(r"(\d+\.\d+) MB", text)
-    weights = ROOT / "vskip" / "assets" / "smollm2-135m-diffusion" / "drafter.safetensors"
-    assert size and abs(weights.stat().st_size / 1e6 - float(size.group(1))) < 0.05
-    text = text.replace(size.group(0), "")
-    numbers = _result_numbers()
-    missing = []
-    for x in sorted(set(NUMBER.findall(text))):
-        d = len(x.split(".")[1])
-        if not any(round(y, d) == float(x) for y in numbers):
-            missing.append(x)
-    assert not missing, f"README numbers in no committed result file: {missing}"
+    assert not problems(readme)
+    assert len(QUOTED.findall(_prose(readme))) >= 15
+
+
+def _mutations(text: str):
+    """The README with one digit of one sourced number changed, for every digit of every number."""
+    prose = _prose(text)
+    for m in QUOTED.finditer(prose):
+        if m.group(4) in ("src", "file-size"):
+            for i in range(m.start(1), m.end(1)):
+                if text[i].isdigit():
+                    yield text[:i] + str((int(text[i]) + 1) % 10) + text[i + 1:]
+
+
+def test_changing_any_quoted_digit_fails_the_check():
+    readme = (ROOT / "README.md").read_text()
+    mutants = list(_mutations(readme))
+    assert len(mutants) >= 35
+    assert all(problems(t) for t in mutants)
+
+
+@pytest.mark.parametrize("text,why", [
+    ("runs at 1.499× the verifier", "no source"),
+    ("at 1.499×<!-- src speed/he164/summary.json configs/strict/ratio_ci95/0 -->", "holds"),
+    ("at 1.499×<!-- src speed/he164/summary.json configs/nope/ratio_vs_ar -->", "KeyError"),
+    ("alpha 0.05<!-- setting: -->", "without its reason"),
+])
+def test_the_check_names_what_is_wrong(text, why):
+    got = problems(text)
+    assert len(got) == 1 and why in got[0], got
+
+
+def test_counts_are_in_committed_results():
+    text = _prose((ROOT / "README.md").read_text())
+    pages = [p.read_text(errors="ignore") for p in RESULTS.rglob("*.md")]
     for a, b in re.findall(r"\b(\d+)/(\d+)\b", text):  # counts such as 164/164
-        assert any(f"{a}/{b}" in p.read_text(errors="ignore") for p in (ROOT / "docs" / "results").rglob("*.md"))
-
-
-def test_the_check_can_fail():
-    numbers = _result_numbers()
-    assert not any(round(y, 3) == 9.871 for y in numbers)  # a number no result holds
+        assert any(f"{a}/{b}" in p for p in pages), f"{a}/{b}"

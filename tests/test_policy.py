@@ -12,6 +12,7 @@ from vskip.policy import (
     GuardConfig,
     GuardContext,
     PolicyConfig,
+    policy_params,
     Verdict,
     break_even_length,
     committed_tokens,
@@ -284,3 +285,23 @@ def test_verify_length_is_the_confident_run(q, trim):
     assert np.all(q[: n] >= trim) or n == 1
     assert n == len(q) or q[n] < trim or (n == 1 and q[0] < trim)
     assert verify_length(q, None) == len(q)
+
+
+def test_the_policys_fields_are_the_declared_parameters():
+    """defaults.POLICY_PARAMETERS declares every parameter once: the dataclass's fields are its
+    fields, in its order, with its defaults; each method's summary lists the parameters that name
+    it; the flags and compare's keys are read from it."""
+    from dataclasses import fields
+
+    from vskip.defaults import POLICY_PARAMETERS
+    from vskip.variants import POLICY_FLAGS
+
+    declared = {k: p for k, p in POLICY_PARAMETERS.items() if p.field}
+    own = [f for f in fields(PolicyConfig) if f.name not in ("name", "guards")]
+    assert [f.name for f in own] == list(declared)
+    assert all(f.default == declared[f.name].default for f in own)
+    assert policy_params("raw") == ("eta_b", "eta_c", "k_min", "s_max")
+    assert policy_params("periodic") == ("period", "period_k", "s_max")
+    assert policy_params("prefix") == ("lam", "cost_ratio", "s_max", "survival", "alpha")
+    assert policy_params("strict") == ()
+    assert "survival" not in POLICY_FLAGS and {"eta_m", "epsilon", "alpha"} <= set(POLICY_FLAGS)

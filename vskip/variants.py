@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from .defaults import POLICY_PARAMETERS
+
 #: the ``fast`` configuration of the standalone drafter (chosen on 12 HumanEval prompts;
 #: docs/results/speed.md), whatever the command's drafter
 FAST = "strict+gamma=4+gamma_max=16+min_match=6+trim=0.5+drafter=smollm2-135m-diffusion"
@@ -16,13 +18,11 @@ PAPER = "strict+gamma=32+steps=2+drafter=smollm2-135m-diffusion"
 
 #: settings a configuration may change, and how to read them
 _KEYS = {"gamma": int, "gamma_max": int, "min_match": int, "trim": float, "steps": int}
-#: a policy's own parameters (:class:`vskip.policy.PolicyConfig`), and how to read them
-_POLICY_KEYS = {"eta_b": float, "eta_c": float, "eta_m": float, "epsilon": float, "k_min": int, "s_max": int,
-                "lenience": float, "top_k": int, "period": int, "period_k": int, "lam": float, "cost_ratio": float,
-                "alpha": float, "survival": str}
+#: a policy's own parameters (``defaults.POLICY_PARAMETERS``), and how to read them
+_POLICY_KEYS = {k: p.type for k, p in POLICY_PARAMETERS.items()}
 _SWITCH = {"on": True, "off": False}
-#: the command's policy flags every policy configuration starts from (``survival`` is no flag)
-POLICY_FLAGS = tuple(k for k in _POLICY_KEYS if k != "survival")
+#: the command's policy flags every policy configuration starts from
+POLICY_FLAGS = tuple(k for k, p in POLICY_PARAMETERS.items() if p.flag)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..defaults import GAMMA, K_MIN, MAX_NEW_TOKENS, MAX_SEED, POLICIES, PRESETS, S_MAX, STEPS
+from ..defaults import GAMMA, MAX_NEW_TOKENS, MAX_SEED, POLICIES, POLICY_PARAMETERS, PRESETS, STEPS
 
 
 def bounded(kind, lo, hi):
@@ -34,23 +34,10 @@ def add_policy_flags(p: argparse.ArgumentParser, policy: bool = True) -> None:
     g.add_argument("--gamma", type=int, help=f"draft block length (default: the preset's; {GAMMA} by default, the paper: 32)")
     g.add_argument("--steps", type=int, help=f"diffusion steps per block (default: the preset's; {STEPS} by default, the paper: 2)")
     add_block_flags(g)
-    g.add_argument("--eta-b", type=float, help="local gate threshold (Eq. 3)")
-    g.add_argument("--eta-c", type=float, help="prefix gate threshold (Eq. 3)")
-    g.add_argument("--eta-m", type=float, help="marginal survival: both gates")
-    g.add_argument("--epsilon", type=float, help="conditional survival: eta_c = 1 - epsilon")
-    g.add_argument("--k-min", type=int, default=K_MIN, help=f"minimum skip length (default: {K_MIN})")
-    g.add_argument("--s-max", type=int, default=S_MAX, help=f"staleness threshold (default: {S_MAX})")
-    g.add_argument("--lenience", type=float, default=1.0, help="lenience l of Eq. 9 (default: 1)")
-    g.add_argument("--top-k", type=int, default=1, help="top-k acceptance k (default: 1)")
-    g.add_argument("--period", type=int, default=4, help="periodic baseline: skip every P rounds")
-    g.add_argument("--period-k", type=int, default=6, help="periodic baseline: skip length (default: 6)")
-    g.add_argument("--lam", type=float, default=0.9,
-                   help="prefix policy (beyond the paper): the survival a skipped prefix must keep (default: 0.9)")
-    g.add_argument("--cost-ratio", type=float,
-                   help="prefix policy: c_D / c_V to weigh skips with (default: the costs measured in the run)")
-    g.add_argument("--alpha", type=float,
-                   help="prefix policy with a prefix model (--predictor): the share of committed tokens allowed to "
-                        "differ from Strict SDD; each prompt takes the threshold its fold calibrated (overrides --lam)")
+    for key, param in POLICY_PARAMETERS.items():  # declared once, with their help
+        if param.flag:
+            default = param.default if param.flag_default is ... else param.flag_default
+            g.add_argument("--" + key.replace("_", "-"), type=param.type, default=default, help=param.help)
     g.add_argument("--shadow", action=argparse.BooleanOptionalAction, default=True, help="shadow-verify skipped rounds")
     g.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS, help=f"output budget (default: {MAX_NEW_TOKENS})")
     add_sampling_flags(p)
@@ -151,9 +138,7 @@ def configs(a, policy_name: str | None = None):
 
     apply_preset(a)
     policy = PolicyConfig.make(
-        policy_name or a.policy, eta_b=a.eta_b, eta_c=a.eta_c, eta_m=a.eta_m, epsilon=a.epsilon, k_min=a.k_min, s_max=a.s_max,
-        lenience=a.lenience, top_k=a.top_k, period=a.period, period_k=a.period_k, lam=a.lam,
-        cost_ratio=a.cost_ratio, alpha=getattr(a, "alpha", None),
+        policy_name or a.policy, **{k: getattr(a, k) for k, p in POLICY_PARAMETERS.items() if p.flag},
         survival="model" if (policy_name or a.policy) == "prefix" and getattr(a, "predictor", None) else "confidence",
     )
     dec = DecodeConfig(gamma=a.gamma, max_new_tokens=a.max_new_tokens, shadow=a.shadow, gamma_max=a.gamma_max,

@@ -26,16 +26,17 @@ from .acceptance import MAX_TOP_K
 from .guards import GuardConfig, GuardContext, check_guards, invalid_scores
 from .signals import LEARNED, SIGNALS, feasible_prefix
 
-from ..defaults import K_MIN, POLICIES, S_MAX  # noqa: E402 - the one list, importable without numpy
+from ..defaults import PAPER_GATES, POLICIES, POLICY_PARAMETERS  # noqa: E402 - importable without numpy
 
 #: where the prefix policy's survival P(L >= k) comes from: the running product of the drafter's
 #: confidences, or a trained prefix survival model (:mod:`vskip.prefix_model`)
 PREFIX_SURVIVAL = ("confidence", "model")
 
-#: The paper's gates (eta_b, eta_c) for raw confidence (§5.1, A.3, A.6)
-PAPER_GATES = (0.90, 0.93)
 #: Paper defaults (§5.1, A.3, A.6): thresholds per signal when none are given.
 DEFAULT_GATES = {"raw": PAPER_GATES, "marginal": (0.90, 0.90), "conditional": (0.90, 0.90)}
+
+
+_P = POLICY_PARAMETERS
 
 
 @dataclass(frozen=True)
@@ -43,18 +44,20 @@ class PolicyConfig:
     """One method of the paper and its parameters. Names follow the paper."""
 
     name: str = "strict"
-    eta_b: float = PAPER_GATES[0]
-    eta_c: float = PAPER_GATES[1]
-    k_min: int = K_MIN
-    s_max: int = S_MAX
-    lenience: float = 1.0
-    top_k: int = 1
-    period: int = 4
-    period_k: int = 6
-    lam: float = 0.9
-    cost_ratio: float | None = None
-    survival: str = "confidence"
-    alpha: float | None = None
+    # the parameters, in the order and with the defaults of defaults.POLICY_PARAMETERS (one
+    # declaration: their methods, flags and help live there; a test holds the two together)
+    eta_b: float = _P["eta_b"].default
+    eta_c: float = _P["eta_c"].default
+    k_min: int = _P["k_min"].default
+    period: int = _P["period"].default
+    period_k: int = _P["period_k"].default
+    lam: float = _P["lam"].default
+    cost_ratio: float | None = _P["cost_ratio"].default
+    s_max: int = _P["s_max"].default
+    survival: str = _P["survival"].default
+    alpha: float | None = _P["alpha"].default
+    lenience: float = _P["lenience"].default
+    top_k: int = _P["top_k"].default
     guards: GuardConfig = field(default_factory=GuardConfig)
 
     def __post_init__(self):
@@ -150,11 +153,9 @@ class PolicyConfig:
 
 
 def policy_params(name: str) -> tuple[str, ...]:
-    """The parameters that matter for method ``name``, as :meth:`PolicyConfig.summary` keys them."""
-    if name in SIGNALS:
-        return ("eta_b", "eta_c", "k_min", "s_max")
-    return {"lenience": ("lenience",), "topk": ("top_k",), "periodic": ("period", "period_k", "s_max"),
-            "prefix": ("lam", "cost_ratio", "s_max", "survival", "alpha")}.get(name, ())
+    """The parameters that matter for method ``name``, as :meth:`PolicyConfig.summary` keys them
+    (the fields of ``defaults.POLICY_PARAMETERS`` that name the method, in their order)."""
+    return tuple(k for k, p in POLICY_PARAMETERS.items() if p.field and name in p.methods)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from ..defaults import POLICY_PARAMETERS
 from ..policy import policy_params
 from ..files import FileError, read_json, read_jsonl
 from ..rundir import CONFIG, ROUNDS, SAMPLES, SUMMARY, SWEEP
@@ -23,7 +24,8 @@ LABELS = {
 FRONTIER_METHODS = ("raw", "marginal", "conditional", "prefix", "prefix-model", "lenience", "topk", "periodic")
 COLORS = {"raw": "C0", "marginal": "C1", "conditional": "C2", "lenience": "C3", "topk": "C4", "periodic": "C5",
           "prefix": "C6", "prefix-model": "C7"}
-PARAMS = ("eta_b", "eta_c", "k_min", "s_max", "lenience", "top_k", "period", "period_k")
+#: the parameters of the paper's methods (not the prefix policy's own), which order a report's rows
+PARAMS = tuple(k for k, p in POLICY_PARAMETERS.items() if p.field and set(p.methods) - {"prefix"})
 TIMING_FIELDS = ("decode_seconds", "draft_seconds", "verify_seconds")
 
 

@@ -32,6 +32,30 @@ def test_parse_variant():
         parsing.parse_variant("marginal", BASE, 1)
 
 
+def test_a_configuration_may_take_the_speculative_rule(tmp_path):
+    """strict+speculative=on samples its drafts and accepts with min(1, p/q) beside plain strict in
+    the same comparison; the rule needs sampling, and it leaves the command's other settings as
+    they are."""
+    from dataclasses import replace
+
+    from vskip.policy import Sampling
+
+    warm = replace(BASE, sampling=Sampling(temperature=0.8, seed=4))
+    v = parsing.parse_variant("strict+speculative=on+gamma=4", warm, 1)
+    assert v.decode.sampling == Sampling(temperature=0.8, seed=4, speculative=True) and v.decode.gamma == 4
+    assert not parsing.parse_variant("strict", warm, 1).decode.sampling.speculative
+    with pytest.raises(ValueError, match="temperature"):
+        parsing.parse_variant("strict+speculative=on", BASE, 1)
+    with pytest.raises(ValueError, match="on or off"):
+        parsing.parse_variant("strict+speculative=maybe", warm, 1)
+    prompts = [(f"t{i}", [7, 3, 9, i + 2]) for i in range(4)]
+    chosen = [parsing.parse_variant(s, warm, 1) for s in ("ar", "strict", "strict+speculative=on")]
+    rows = compare.read_rows(compare.run_compare(prompts, _pair(), chosen, tmp_path, progress=False))
+    by = {(r["task_id"], r["config"]): r for r in rows}
+    assert all(by[(t, "strict")]["output"] == by[(t, "ar")]["output"] for t, _ in prompts)  # the coupled rule
+    assert all(by[(t, "strict+speculative=on")]["tokens"] > 0 for t, _ in prompts)
+
+
 def _pair():
     return SimpleNamespace(drafter=FakeDrafter(0.3, 2), verifier=FakeVerifier())
 

@@ -21,6 +21,7 @@ _KEYS = {"gamma": int, "gamma_max": int, "min_match": int, "trim": float, "steps
 #: a policy's own parameters (``defaults.POLICY_PARAMETERS``), and how to read them
 _POLICY_KEYS = {k: p.type for k, p in POLICY_PARAMETERS.items()}
 _SWITCH = {"on": True, "off": False}
+_ON_OFF = ("cache", "speculative")
 #: the command's policy flags every policy configuration starts from
 POLICY_FLAGS = tuple(k for k, p in POLICY_PARAMETERS.items() if p.flag)
 
@@ -83,18 +84,20 @@ def parse_variant(spec: str, base, steps: int, predictor: str | None = None, fla
         if key == "drafter" and value:
             drafter = value
             continue
-        read = _KEYS.get(key) or _POLICY_KEYS.get(key) or (_SWITCH.get if key == "cache" else None)
+        read = _KEYS.get(key) or _POLICY_KEYS.get(key) or (_SWITCH.get if key in ("cache", "speculative") else None)
         if read is None or not value:
             raise ValueError(f"bad setting {pair!r} in {spec!r}; expected key=value with key in "
-                             f"{', '.join([*_KEYS, *_POLICY_KEYS, 'cache', 'predictor', 'drafter'])}")
+                             f"{', '.join([*_KEYS, *_POLICY_KEYS, 'cache', 'speculative', 'predictor', 'drafter'])}")
         try:
             v = read(value)
         except ValueError:
             v = None
         if v is None:
-            raise ValueError(f"bad value in {pair!r} of {spec!r}" + (" (on or off)" if key == "cache" else ""))
+            raise ValueError(f"bad value in {pair!r} of {spec!r}" + (" (on or off)" if key in _ON_OFF else ""))
         if key == "cache":
             cache = v
+        elif key == "speculative":  # the standard rule of speculative sampling (docs/sampling.md)
+            kw["sampling"] = replace(base.sampling, speculative=v)
         else:
             (kw if key in _KEYS else params)[key] = v
     s = kw.pop("steps", steps)

@@ -17,7 +17,7 @@ def register(subparsers) -> None:
                    help="comma-separated: ar, a policy name with this command's settings, POLICY+key=value+... "
                         "(keys: gamma, gamma_max, min_match, trim, steps; the policy's own: eta_b, eta_c, eta_m, "
                         "epsilon, k_min, s_max, lenience, top_k, period, period_k, lam, cost_ratio, alpha, "
-                        "survival; cache=on|off for the verifier's KV cache; predictor=DIR for a learned signal's own "
+                        "survival; cache=on|off for the verifier's KV cache; speculative=on|off for the standard rule of speculative sampling (with --temperature); predictor=DIR for a learned signal's own "
                         "model instead of --predictor's), fast (Strict SDD with "
                         "the standalone drafter, --gamma 4 --gamma-max 16 --min-match 6 --trim 0.5), hf, lookupN; "
                         "drafter=NAME|DIR: this configuration's own drafter; paper (Strict SDD in the paper's shape: "
@@ -64,6 +64,9 @@ def cmd_compare(a) -> int:
     for v in variants:
         if not v.hf:
             check_sampling(v.policy_config(), v.decode)
+            if v.decode.sampling.speculative and v.policy != "ar" and v.steps != 1:
+                raise ValueError(f"{v.name}: the speculative rule needs a drafter that drafts its block in one forward "
+                                 f"(steps 1), not {v.steps} reveal steps")
     if a.predictor and not Path(a.predictor).is_dir():
         raise ValueError(f"--predictor {a.predictor} is not a directory")
     for v in variants:

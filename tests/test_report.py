@@ -272,6 +272,28 @@ def test_a_partial_run_is_marked_in_tables_and_left_out_of_figures(tmp_path, inc
     assert ("raw_one" in fig1) == include
 
 
+def test_runs_of_several_completions_per_prompt_pair_completion_by_completion(tmp_path):
+    """--samples-per-prompt runs: each completion counts as a prompt of its own (TASK#SAMPLE), so
+    ar and Strict SDD sampled with the same seed pair completion by completion; sample 0 keeps the
+    task's id; the run is complete when it holds every completion its config asked for."""
+    root = tmp_path / "s"
+    for name, policy, calls in (("ar", "ar", 10), ("strict", "strict", 5)):
+        d = write_run(root / name, policy, calls=calls, blocks=calls, seconds=1.0, passed=[True, False, False, True])
+        for f in ("samples.jsonl", "rounds.jsonl"):
+            rows = [json.loads(x) for x in (d / f).read_text().splitlines()]
+            twice = [dict(r, sample=k) for k in (0, 1) for r in rows]
+            (d / f).write_text("".join(json.dumps(r) + "\n" for r in twice))
+        cfg = json.loads((d / "config.json").read_text())
+        cfg["run"]["samples_per_prompt"] = 2
+        (d / "config.json").write_text(json.dumps(cfg))
+    rep, msgs = build([root], tmp_path / "out")
+    r = rows_by_name(rep)["ar"]
+    assert r.m.n == 8 and r.common == 8 and r.partial is None
+    assert "HumanEval/0" in r.run.ids and "HumanEval/0#1" in r.run.ids
+    assert r.rel_calls == pytest.approx(2.0) and r.m.pass_at_1 == 0.5
+    assert not any("unfinished" in m for m in msgs)
+
+
 def test_no_strict_reference(tmp_path):
     root = tmp_path / "s"
     write_run(root / "raw", "raw", calls=4, blocks=6, seconds=0.8, passed=[True] * 4, relaxed=[(6, 6)])

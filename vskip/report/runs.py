@@ -88,7 +88,7 @@ class Run:
         rc = self.run_cfg
         if rc.get("ids"):
             n = len(rc["ids"])
-            return min(n, rc["limit"]) if rc.get("limit") else n
+            return (min(n, rc["limit"]) if rc.get("limit") else n) * int(rc.get("samples_per_prompt") or 1)
         return None
 
     def command(self) -> str:
@@ -156,6 +156,7 @@ def load_run(path: Path) -> Run:
     run.summary = _read_json(path / SUMMARY, n)
     run.samples = _read_jsonl(path / SAMPLES, n)
     run.rounds = _read_jsonl(path / ROUNDS, n)
+    _completions_as_prompts(run)
     sweep_file = path.parent / SWEEP
     run.sweep = _read_json(sweep_file, n) if sweep_file.exists() else None
     if run.config is None:
@@ -177,6 +178,15 @@ def load_run(path: Path) -> Run:
     if run.policy is None:
         n.append("the policy is unknown")
     return run
+
+
+def _completions_as_prompts(run: Run) -> None:
+    """A run of several completions per prompt (``--samples-per-prompt``): each completion is
+    compared, paired and bootstrapped as a prompt of its own, ``TASK#SAMPLE`` (sample 0 keeps the
+    task's id, so it pairs with a single-completion run), and its pass@1 is the mean over them."""
+    for row in run.samples + run.rounds:
+        if isinstance(row, dict) and row.get("sample") and "task_id" in row:
+            row["task_id"] = f"{row['task_id']}#{int(row['sample'])}"
 
 
 def _labels(runs: list[Run]) -> None:

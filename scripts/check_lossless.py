@@ -17,7 +17,7 @@ from vskip.decode import DecodeConfig, decode
 from vskip.models.config import ModelConfig
 from vskip.models.load import open_pair
 from vskip.policy import PolicyConfig
-from vskip.prompting import encode_chat
+from vskip.prompting import encode_problem
 
 
 def main(argv=None) -> int:
@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     cfg = DecodeConfig(gamma=a.gamma, max_new_tokens=a.max_new_tokens, shadow=False)
     bad = checked = tokens = accepted = rounds = 0
     for p in tqdm(tasks.load_task("humaneval", limit=a.limit), unit="prompt"):
-        ids = encode_chat(pair.tokenizer, tasks.user_prompt(p))
+        ids = encode_problem(pair.tokenizer, p)
         pair.verifier.set_cache(True)
         ref = decode(ids, None, pair.verifier, PolicyConfig(name="ar"), cfg).tokens
         for cache in (True, False):

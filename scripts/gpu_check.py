@@ -25,7 +25,7 @@ from vskip.models import tiny
 from vskip.models.config import ModelConfig
 from vskip.models.load import open_pair
 from vskip.policy import PolicyConfig
-from vskip.prompting import encode_chat
+from vskip.prompting import encode_problem
 
 
 def placement() -> tuple[ModelConfig, str]:
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
             if cache:
                 runs.append(("raw", PolicyConfig.make("raw", eta_b=0.5, eta_c=0.5, k_min=2)))
             for p in tasks.load_task("humaneval", limit=a.limit):
-                ids = encode_chat(pair.tokenizer, tasks.user_prompt(p))
+                ids = encode_problem(pair.tokenizer, p)
                 ref = None
                 for name, pol in runs:
                     pair.verifier.reset()

@@ -1,5 +1,7 @@
-"""The layout stays readable: no function in vskip/ over 80 lines, no module over 500, and no
-import cycle between vskip's modules, counting the imports made inside functions."""
+"""The layout stays readable: no function in vskip/ over 80 lines, no module over 500, no import
+cycle between vskip's modules (counting the imports made inside functions and in ``__main__``
+blocks: a script entry point that imports the command line is a cycle too), and no private name
+imported from another package."""
 
 import ast
 from pathlib import Path
@@ -17,25 +19,22 @@ def _modules() -> dict[str, tuple[Path, ast.Module]]:
     return out
 
 
-def _is_main_block(node: ast.stmt) -> bool:
-    """``if __name__ == "__main__":``, a script's entry point rather than a library import."""
-    return (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
-            and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__")
+def _target(name: str, path: Path, node: ast.ImportFrom) -> str:
+    """The absolute module a ``from ... import`` reads."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    if node.level:
+        base = package[: len(package) - node.level + 1]
+        return ".".join(base + ([node.module] if node.module else []))
+    return node.module or ""
 
 
 def _imports(name: str, path: Path, tree: ast.Module, known: set[str]) -> set[str]:
-    """The vskip modules ``name`` imports anywhere in its body but a ``__main__`` block (a name
-    imported from a package counts as that submodule when it is one)."""
-    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    """The vskip modules ``name`` imports anywhere in its body, ``__main__`` blocks included (a
+    name imported from a package counts as that submodule when it is one)."""
     found = set()
-    body = ast.Module(body=[n for n in tree.body if not _is_main_block(n)], type_ignores=[])
-    for node in ast.walk(body):
+    for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package[: len(package) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = _target(name, path, node)
             for alias in node.names:
                 sub = f"{target}.{alias.name}"
                 found.add(sub if sub in known else target)
@@ -111,3 +110,26 @@ def test_the_library_does_not_import_the_command_line():
             continue
         bad = {m for m in _imports(name, path, tree, set(mods)) if m.startswith(("vskip.commands", "vskip.cli"))}
         assert not bad, (name, bad)
+
+
+def _package(module: str) -> str:
+    """The subpackage a module belongs to (``vskip`` for the modules at the root)."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 or (PACKAGE / parts[-1]).is_dir() else parts[0]
+
+
+def test_no_private_name_is_imported_from_another_package():
+    mods = _modules()
+    found = []
+    for name, (path, tree) in mods.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (target := _target(name, path, node)).startswith("vskip"):
+                private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                if private and _package(target) != _package(name):
+                    found.append(f"{name} <- {target}: {', '.join(private)}")
+    assert not found, found
+
+
+def test_packages_are_told_apart():
+    assert _package("vskip.models.load") == "vskip.models" and _package("vskip.runner") == "vskip"
+    assert _package("vskip.commands") == "vskip.commands"

@@ -92,7 +92,7 @@ def run(cfg: RunConfig, out: Path, progress: bool = True, pair=None, command: st
     if not problems:
         raise ValueError(f"no prompts selected from {cfg.task}")
     if cfg.score:
-        _check_sandbox(cfg.task)
+        check_sandbox(cfg.task)
     out = check_writable_dir(out, "run directory")
     with DirLock(out, "run directory"):
         return _run_locked(cfg, out, problems, progress, pair, command)
@@ -166,9 +166,9 @@ def _decode_prompts(cfg: RunConfig, out: Path, problems, pair, predictor, done: 
     from tqdm import tqdm
 
     from . import tasks
-    from .prompting import encode_chat
+    from .prompting import encode_problem
 
-    prompts = {p.task_id: encode_chat(pair.tokenizer, tasks.user_prompt(p)) for p in problems}
+    prompts = {p.task_id: encode_problem(pair.tokenizer, p) for p in problems}
     n = cfg.samples_per_prompt
     todo = [(p, i) for p in problems for i in range(n) if (p.task_id, i) not in done]
     if todo:
@@ -198,7 +198,7 @@ def _decode_prompts(cfg: RunConfig, out: Path, problems, pair, predictor, done: 
         bar.set_postfix(tok_s=f"{tok_total / max(sec_total, 1e-9):.1f}")
 
 
-def _check_sandbox(task: str) -> None:
+def check_sandbox(task: str) -> None:
     """Before any decoding: scoring a code task needs a sandbox that isolates (or an explicit
     VSKIP_SANDBOX=rlimits)."""
     from .scoring import CODE_TASKS

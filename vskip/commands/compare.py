@@ -105,7 +105,7 @@ def _decode_and_print(a, compare, tasks, models, dec, variants, runtime, problem
     import tempfile
 
     from ..models.load import open_pair
-    from ..prompting import encode_chat
+    from ..prompting import encode_problem
 
     # the longest block the command's drafter drafts (a configuration with a drafter of its own is
     # checked against that drafter when it decodes)
@@ -120,7 +120,7 @@ def _decode_and_print(a, compare, tasks, models, dec, variants, runtime, problem
     loaded = models.drafter or EMBEDDED_DRAFTER
     for name in sorted({v.drafter for v in variants if v.drafter} - {loaded}):
         pair.extra_drafters[name] = drafter_beside(pair, name, models)
-    prompts = [(p.task_id, encode_chat(pair.tokenizer, tasks.user_prompt(p))) for p in problems]
+    prompts = [(p.task_id, encode_problem(pair.tokenizer, p)) for p in problems]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(a.out) if a.out else Path(tmp)
         compare.run_compare(prompts, pair, variants, out, shard, dec.max_new_tokens, progress=not a.quiet,

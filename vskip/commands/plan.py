@@ -37,12 +37,12 @@ def register(subparsers) -> None:
 
 def cmd_plan(a) -> int:
     from ..files import write_atomic, write_json
-    from ..models.load import _drafter_dir, resolve_verifier_dir
+    from ..models.load import resolve_drafter_dir, resolve_verifier_dir
     from ..models.placement import plan_memory
     from ..runtime import STRATEGIES, normalize_device, parse_max_memory
 
     vdir = resolve_verifier_dir(a.verifier)
-    ddir = None if a.no_drafter else _drafter_dir(a.drafter)
+    ddir = None if a.no_drafter else resolve_drafter_dir(a.drafter)
     if ddir is not None and not ddir.exists():
         raise FileNotFoundError(f"drafter path {ddir} does not exist")
     for v, flag in ((a.prompt_tokens, "--prompt-tokens"), (a.max_new_tokens, "--max-new-tokens"), (a.gamma, "--gamma")):

@@ -25,9 +25,9 @@ def cmd_score(a) -> int:
             raise FileError(f"--out {a.out} is a directory; name a file")
         lock = DirLock(check_writable_dir(Path(a.out).parent or Path("."), "directory of --out"), "directory of --out")
         check_output_file(Path(a.out))
-    from ..runner import _check_sandbox
+    from ..runner import check_sandbox
 
-    _check_sandbox(a.task)
+    check_sandbox(a.task)
     with lock:
         res = score_samples_file(a.task, a.samples)
         if a.out:

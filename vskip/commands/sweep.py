@@ -95,9 +95,9 @@ def cmd_sweep(a) -> int:
     ids = task_ids(a.ids)
     check_writable_dir(a.out, "sweep directory")
     if a.score:
-        from ..runner import _check_sandbox
+        from ..runner import check_sandbox
 
-        _check_sandbox(a.task)
+        check_sandbox(a.task)
     n_configs = len(grid(a.grid, k_min=a.k_min, s_max=a.s_max))
     shards = a.shards or (1 if a.workers == 1 else max(1, math.ceil(a.workers / n_configs)))
     p = plan(a.task, a.grid, decode, models, limit=a.limit, ids=ids, predictor=a.predictor, score=a.score,

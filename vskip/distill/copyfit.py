@@ -20,7 +20,7 @@ import torch
 from tqdm import tqdm
 
 from ..files import read_json, write_json
-from ..models.copy import COPY_FILE, LENGTH_EDGES, OFFSET_EDGES, CopyPrior, _bucket, copy_hint, fit_lambda, mixture_nll
+from ..models.copy import COPY_FILE, LENGTH_EDGES, OFFSET_EDGES, CopyPrior, bucket_index, copy_hint, fit_lambda, mixture_nll
 from ..models.drafter import DiffusionDrafter
 from .offline import simulate_strict, strict_lengths
 from .rows import load_rows, split
@@ -83,8 +83,8 @@ def collect(drafter: DiffusionDrafter, rows, starts, gamma: int, max_len: int = 
 
 def fit_table(samples: dict, length_edges=LENGTH_EDGES, offset_edges=OFFSET_EDGES, min_count: int = 50):
     """The lam table and the sample count per bucket."""
-    lb = _bucket(samples["length"], length_edges)
-    ob = _bucket(samples["offset"], offset_edges)
+    lb = bucket_index(samples["length"], length_edges)
+    ob = bucket_index(samples["offset"], offset_edges)
     lam = np.zeros((len(length_edges), len(offset_edges)))
     count = np.zeros_like(lam, dtype=np.int64)
     fit = lambda sel: fit_lambda(samples["p_target"][sel], samples["is_hint"][sel])
@@ -101,7 +101,7 @@ def fit_table(samples: dict, length_edges=LENGTH_EDGES, offset_edges=OFFSET_EDGE
 def lam_of(samples: dict, prior: CopyPrior) -> np.ndarray:
     """The prior's mixture weight at every sample."""
     lam = np.asarray(prior.lam)
-    return lam[_bucket(samples["length"], prior.length_edges), _bucket(samples["offset"], prior.offset_edges)]
+    return lam[bucket_index(samples["length"], prior.length_edges), bucket_index(samples["offset"], prior.offset_edges)]
 
 
 def fit_summary(samples: dict, prior: CopyPrior) -> dict:

@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..models.backbone import Backbone, BackboneConfig, _rotate_half, read_hf_config, rope_tables
+from ..models.backbone import Backbone, BackboneConfig, rotate_half, read_hf_config, rope_tables
 from ..models.head import ExactHead
 
 #: the cache grows in steps of this many positions
@@ -141,8 +141,8 @@ class SlotEngine:
             q = att.q_proj(y).view(S, h, 1, hd)
             k = att.k_proj(y).view(S, kvh, 1, hd)
             v = att.v_proj(y).view(S, kvh, 1, hd)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
             self.k[i][rows, :, pos] = k[:, :, 0]
             self.v[i][rows, :, pos] = v[:, :, 0]
             qg = q.view(S, kvh, g, hd) * scale

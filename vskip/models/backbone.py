@@ -89,7 +89,7 @@ def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype) -> 
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def _rotate_half(x):
+def rotate_half(x):
     a, b = x.chunk(2, dim=-1)
     return torch.cat([-b, a], dim=-1)
 
@@ -111,8 +111,8 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(B, T, h, hd).transpose(1, 2)
         k = self.k_proj(x).view(B, T, kvh, hd).transpose(1, 2)
         v = self.v_proj(x).view(B, T, kvh, hd).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
         if past is not None:
             k = torch.cat([past[0], k], dim=2)
             v = torch.cat([past[1], v], dim=2)

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..policy import Draw
-from .backbone import MLP, BackboneConfig, RMSNorm, _rotate_half, rope_tables
+from .backbone import MLP, BackboneConfig, RMSNorm, rotate_half, rope_tables
 from .protocols import DraftBlock, common_prefix
 from .sampling import sample_draft
 
@@ -124,7 +124,7 @@ class ContextAttention(nn.Module):
             k = self.k_norm(k)
         k = k.transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.kvh, self.hd).transpose(1, 2)
-        return k * cos + _rotate_half(k) * sin, v
+        return k * cos + rotate_half(k) * sin, v
 
     def forward(self, x, cos, sin, ctx, mask):
         B, T, _ = x.shape
@@ -132,7 +132,7 @@ class ContextAttention(nn.Module):
         if self.q_norm is not None:
             q = self.q_norm(q)
         q = q.transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
+        q = q * cos + rotate_half(q) * sin
         k, v = self.kv(x, cos, sin)
         if ctx is not None:
             k, v = torch.cat([ctx[0], k], dim=2), torch.cat([ctx[1], v], dim=2)

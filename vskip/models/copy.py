@@ -68,7 +68,7 @@ def copy_hint(seq: Sequence[int] | np.ndarray, gamma: int, max_len: int = 32) ->
     return a[idx], length
 
 
-def _bucket(value: int | np.ndarray, edges: Sequence[int]) -> int | np.ndarray:
+def bucket_index(value: int | np.ndarray, edges: Sequence[int]) -> int | np.ndarray:
     return np.searchsorted(np.asarray(edges), value, side="right") - 1
 
 
@@ -101,8 +101,8 @@ class CopyPrior:
         """Mixture weight per block position for a match of ``length`` (0: no match, all 0)."""
         if length <= 0:
             return np.zeros(gamma)
-        row = np.asarray(self.lam[int(_bucket(length, self.length_edges))])
-        return row[_bucket(np.arange(gamma), self.offset_edges)]
+        row = np.asarray(self.lam[int(bucket_index(length, self.length_edges))])
+        return row[bucket_index(np.arange(gamma), self.offset_edges)]
 
     def hint(self, seq: Sequence[int], gamma: int) -> tuple[np.ndarray, np.ndarray]:
         """(hint tokens [gamma], mixture weights [gamma]) for a block after ``seq``."""

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from ..policy import Draw
-from .copy import LENGTH_EDGES, CopyPrior, _bucket, copy_hint, suffix_match
+from .copy import LENGTH_EDGES, CopyPrior, bucket_index, copy_hint, suffix_match
 from .backbone import Backbone, BackboneConfig
 from .protocols import DRAFT_FEATURES, DraftBlock, common_prefix
 from .sampling import sample_draft
@@ -169,7 +169,7 @@ def hint_code(hint, length: int, vocab_size: int):
     or torch, -1 for none) behind a match of ``length`` (0: no hint anywhere)."""
     if length <= 0:
         return hint * 0 - 1
-    bucket = int(_bucket(length, LENGTH_EDGES))
+    bucket = int(bucket_index(length, LENGTH_EDGES))
     return (hint >= 0) * (hint + bucket * vocab_size + 1) - 1
 
 

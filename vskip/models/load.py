@@ -261,7 +261,7 @@ def _warn_if_fitted_elsewhere(prior: CopyPrior, ddir: Path) -> None:
 DEFAULT_BUDGET = (1024, MAX_NEW_TOKENS, GAMMA)
 
 
-def _drafter_dir(drafter: str | None) -> Path:
+def resolve_drafter_dir(drafter: str | None) -> Path:
     if drafter == EMBEDDED_CONDITIONED:
         return embedded_drafter_dir(EMBEDDED_CONDITIONED)
     return embedded_drafter_dir() if drafter in (None, "", "default", EMBEDDED_DRAFTER) else Path(drafter)
@@ -298,7 +298,7 @@ def _load_drafter(drafter: str | None, vdir: Path, ver: HFVerifier, tok, runtime
     identity = {}
     if drafter == EMBEDDED_CONDITIONED or (drafter not in (None, "", "default", EMBEDDED_DRAFTER)
                                            and is_conditioned(Path(drafter))):
-        ddir = _drafter_dir(drafter)
+        ddir = resolve_drafter_dir(drafter)
         verify_drafter(ddir, vdir, required=drafter == EMBEDDED_CONDITIONED)
         return _conditioned_adapter(ddir, ver, tok, runtime), {"drafter": str(drafter)}
     if drafter in (None, "", "default", EMBEDDED_DRAFTER):
@@ -407,20 +407,20 @@ def load_pair(
             and not Path(copy_prior).is_file():
         raise ValueError(f"copy prior {copy_prior} is not a regular file")
     if need_drafter and drafter in (None, "", "default", EMBEDDED_DRAFTER, EMBEDDED_CONDITIONED) \
-            and not (_drafter_dir(drafter) / "drafter.json").exists():  # never a silent stand-in
-        raise FileNotFoundError(f"the embedded drafter's {_drafter_dir(drafter) / 'drafter.json'} is missing; reinstall "
+            and not (resolve_drafter_dir(drafter) / "drafter.json").exists():  # never a silent stand-in
+        raise FileNotFoundError(f"the embedded drafter's {resolve_drafter_dir(drafter) / 'drafter.json'} is missing; reinstall "
                                 f"vskip (--drafter {UNTRAINED} drafts with an untrained one built from the verifier)")
     vdir = resolve_verifier_dir(verifier)
-    if need_drafter and is_conditioned(_drafter_dir(drafter)):
+    if need_drafter and is_conditioned(resolve_drafter_dir(drafter)):
         if copy_prior not in (None, "off", "none", "auto"):
             raise ValueError(f"--copy-prior {copy_prior}: the conditioned drafter {drafter} has no copy prior")
         from .backbone import read_hf_config
         from .conditioned_io import check_against_verifier, read_spec
 
         # before any weights load: tapped layers, width, vocabulary and the block against gamma
-        check_against_verifier(read_spec(_drafter_dir(drafter)), read_hf_config(vdir), _drafter_dir(drafter),
+        check_against_verifier(read_spec(resolve_drafter_dir(drafter)), read_hf_config(vdir), resolve_drafter_dir(drafter),
                                gamma=budget[2] if budget else None)
-    plan = plan_pair(runtime, vdir, _drafter_dir(drafter) if need_drafter else None, use_cache, budget)
+    plan = plan_pair(runtime, vdir, resolve_drafter_dir(drafter) if need_drafter else None, use_cache, budget)
     ver, tok = load_verifier(vdir, runtime, use_cache, device_map=plan.verifier_map)
     identity = {"verifier": EMBEDDED_VERIFIER if verifier in (None, "", "default") else str(verifier)}
     d_adapter = None

@@ -408,8 +408,10 @@ def test_without_bubblewrap_untrusted_code_runs_only_when_rlimits_is_asked_for_b
     rc = cli.main(["score", "--task", "humaneval", "--samples", __file__])
     err = capsys.readouterr().err
     assert rc == 1 and err.startswith("vskip: error: neither bubblewrap nor namespaces") and "Traceback" not in err
-    monkeypatch.setenv("VSKIP_SANDBOX", RLIMITS)
-    assert sandbox.check_isolation() == RLIMITS
+    monkeypatch.setenv("VSKIP_SANDBOX", RLIMITS)  # read by vskip.environment and passed down
+    from vskip.environment import sandbox_preference
+
+    assert sandbox.check_isolation(sandbox_preference()) == RLIMITS
 
 
 def test_rlimits_never_runs_code_as_the_scorers_own_uid_unless_asked_for_by_that_name(monkeypatch):

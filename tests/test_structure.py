@@ -133,3 +133,17 @@ def test_no_private_name_is_imported_from_another_package():
 def test_packages_are_told_apart():
     assert _package("vskip.models.load") == "vskip.models" and _package("vskip.runner") == "vskip"
     assert _package("vskip.commands") == "vskip.commands"
+
+
+def test_only_the_environment_module_touches_the_process_environment():
+    """vskip.environment reads every variable vskip knows; no other module reads or writes
+    ``os.environ`` or calls ``os.getenv`` (the sandbox builds its programs' environments apart)."""
+    found = []
+    for name, (path, tree) in _modules().items():
+        if name == "vskip.environment":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "putenv") \
+                    and isinstance(node.value, ast.Name) and node.value.id == "os":
+                found.append(f"{name}:{node.lineno}")
+    assert not found, found

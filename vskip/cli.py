@@ -3,10 +3,10 @@ every failure into one line and an exit status."""
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 
+from . import environment
 from .commands import build_parser
 
 
@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     """Every failure becomes one line on stderr: exit 2 for bad input, 1 for a failure at run
     time, 130 when interrupted. ``--debug`` (anywhere) or ``VSKIP_DEBUG=1`` shows the traceback."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv or os.environ.get("VSKIP_DEBUG", "") not in ("", "0")
+    debug = "--debug" in argv or environment.debug()
     argv = [a for a in argv if a != "--debug"]
     args = build_parser().parse_args(argv)
     args.argv = argv[1:]  # the command as given, recorded by run directories and plans

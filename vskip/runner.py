@@ -204,9 +204,10 @@ def check_sandbox(task: str) -> None:
     from .scoring import CODE_TASKS
 
     if task in CODE_TASKS:
+        from .environment import sandbox_preference
         from .sandbox import check_isolation
 
-        check_isolation()
+        check_isolation(sandbox_preference())
 
 
 def score_samples(task: str, problems, samples: list[dict], progress: bool = True) -> str | None:
@@ -219,6 +220,7 @@ def score_samples(task: str, problems, samples: list[dict], progress: bool = Tru
         results = scoring.score_many([by_id[s["task_id"]] for s in todo], [s["completion"] for s in todo], progress=progress)
         for s, r in zip(todo, results):
             s["passed"] = bool(r.passed)
+    from .environment import sandbox_preference
     from .sandbox import sandbox_kind
 
-    return sandbox_kind()
+    return sandbox_kind(sandbox_preference())

@@ -25,6 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
+from vskip.environment import sandbox_preference
 from vskip.sandbox import run_program, sandbox_kind, verdict
 from vskip.tasks import ALL_TASKS, Problem, last_boxed, load_task
 
@@ -147,7 +148,8 @@ def _last_line(text: str, limit: int = 300) -> str:
 
 def _score_code(problem: Problem, completion: str, timeout: float) -> ScoreResult:
     nonce = f"VSKIP-DONE-{secrets.token_hex(16)}"
-    res = run_program(build_program(problem, completion), timeout=timeout, stdin=(nonce + "\n").encode())
+    res = run_program(build_program(problem, completion), timeout=timeout, stdin=(nonce + "\n").encode(),
+                      isolation=sandbox_preference())
     nonce_seen = nonce in res.stdout_tail.splitlines()
     passed = res.status == "passed" and nonce_seen
     if passed:
@@ -401,7 +403,7 @@ def score_samples_file(
         "n_tasks": len(per_task),
         "pass_at_1": pass1,
         "pass_at_k": pass_at_k_table(per_task),
-        "sandbox": sandbox_kind() if task in CODE_TASKS else None,
+        "sandbox": sandbox_kind(sandbox_preference()) if task in CODE_TASKS else None,
         "results": [asdict(r) for r in results],
     }
 

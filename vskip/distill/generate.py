@@ -95,7 +95,7 @@ def generate_batch(model, prompt_ids: Sequence[Sequence[int]], max_new_tokens: i
 def _tokenizer(verifier_dir: Path):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(verifier_dir), trust_remote_code=False)
+    return AutoTokenizer.from_pretrained(str(verifier_dir), trust_remote_code=False, local_files_only=True)
 
 
 def _verifier_hashes(verifier_dir: Path) -> dict:
@@ -330,7 +330,8 @@ def check_agreement(verifier_dir: Path, prompts: Sequence[TrainPrompt], max_new_
     model, head = load_causal_lm(verifier_dir)
     engine = SlotEngine(model, head, slots=slots, max_new_tokens=max_new_tokens, eos_id=eos_id, group=group)
     ours = {a.key: a.completion for a in engine.run(enumerate(encoded))}
-    hf = AutoModelForCausalLM.from_pretrained(str(verifier_dir), dtype=torch.float32, trust_remote_code=False).eval()
+    hf = AutoModelForCausalLM.from_pretrained(str(verifier_dir), dtype=torch.float32, trust_remote_code=False,
+                                              local_files_only=True).eval()
     diffs, same = [], 0
     total = 0
     for i, (p, e) in enumerate(zip(prompts, encoded)):

@@ -10,9 +10,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-import os
 from pathlib import Path
 
+from ..environment import cache_root
 from ..files import DirLock, file_sha256  # noqa: F401 - re-exported
 
 EMBEDDED_VERIFIER = "smollm2-135m-instruct"
@@ -26,11 +26,7 @@ EMBEDDED_CONDITIONED = "smollm2-135m-conditioned"
 
 def cache_dir() -> Path:
     """Where converted models are cached: ``$VSKIP_CACHE``, else ``$XDG_CACHE_HOME/vskip``."""
-    root = os.environ.get("VSKIP_CACHE")
-    if root:
-        return Path(root)
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "vskip"
+    return cache_root()
 
 
 def gguf_path() -> Path:
@@ -84,12 +80,12 @@ def embedded_verifier_dir() -> Path:
 
 def _convert_gguf(src: Path, dst: Path) -> None:
     """Dequantize the GGUF verifier ``src`` into a transformers directory ``dst`` (float32 safetensors)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name, trust_remote_code=False)
-    model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32, trust_remote_code=False)
+    tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name, trust_remote_code=False, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32,
+                                                 trust_remote_code=False, local_files_only=True)
     # A GGUF-loaded model refuses save_pretrained until its quantizer marks are cleared.
     model.hf_quantizer = None
     model.is_quantized = False

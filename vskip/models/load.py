@@ -1,13 +1,12 @@
 """Loading a drafter/verifier pair: the embedded default, or local checkpoint directories.
 
-Nothing here reaches a model hub (``HF_HUB_OFFLINE`` is set) and no code from a checkpoint runs
+Nothing here reaches a model hub (every read is ``local_files_only``) and no code from a checkpoint runs
 (``trust_remote_code`` stays off; the drafter is read from safetensors into our own module).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -43,11 +42,6 @@ class ModelPair:
     extra_drafters: dict = field(default_factory=dict)
 
 
-def _offline():
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-
 def resolve_verifier_dir(verifier: str | None) -> Path:
     if verifier in (None, "", "default", EMBEDDED_VERIFIER):
         return embedded_verifier_dir()
@@ -62,15 +56,14 @@ def resolve_verifier_dir(verifier: str | None) -> Path:
 def load_verifier(path: Path, runtime: Runtime, use_cache: bool = True, device_map: dict | None = None):
     """The verifier, read from safetensors straight into its dtype and onto its device (CUDA), or
     spread over several with ``device_map`` (module -> device, as :func:`plan_pair` computes it)."""
-    _offline()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False, local_files_only=True)
     where = runtime.verifier_on
     if device_map is None and where.startswith("cuda"):
         device_map = {"": where}  # straight onto the GPU: no copy of the whole model in host memory
     model = AutoModelForCausalLM.from_pretrained(path, dtype=runtime.torch_dtype(), trust_remote_code=False,
-                                                 device_map=device_map)
+                                                 local_files_only=True, device_map=device_map)
     if device_map is None:
         model.to(where)
     if all(p.device.type == "cpu" for p in model.parameters()):
@@ -92,9 +85,8 @@ def check_prompt_fits(verifier: str | None, prompt: str | list[tuple[str, str]],
 
     from ..prompting import encode_chat
 
-    _offline()
     vdir = resolve_verifier_dir(verifier)
-    tok = AutoTokenizer.from_pretrained(vdir, trust_remote_code=False)
+    tok = AutoTokenizer.from_pretrained(vdir, trust_remote_code=False, local_files_only=True)
     items = [(None, prompt)] if isinstance(prompt, str) else list(prompt)
     limit = json.loads((Path(vdir) / "config.json").read_text()).get("max_position_embeddings")
     longest = 0

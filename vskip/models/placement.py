@@ -269,7 +269,7 @@ def empty_model(verifier_dir: Path, dtype: str):
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = AutoConfig.from_pretrained(verifier_dir, trust_remote_code=False)
+    cfg = AutoConfig.from_pretrained(verifier_dir, trust_remote_code=False, local_files_only=True)
     with init_empty_weights():
         return AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype), trust_remote_code=False)
 

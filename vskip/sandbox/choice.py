@@ -126,12 +126,13 @@ def _namespaces_setup(root: bool) -> _Setup | None:
     return _Setup("namespaces", root, unshare_argv=tuple(argv), nest_user=not root)
 
 
-#: the isolation kinds a user may name (``$VSKIP_SANDBOX`` or ``isolation=``)
+#: the isolation kinds a caller may name (``isolation=``; vskip passes ``$VSKIP_SANDBOX``, read by
+#: :mod:`vskip.environment`: this package reads no environment, so it can be copied alone)
 KINDS = ("auto", "bubblewrap", "namespaces", "rlimits", "rlimits-own-uid")
 
 
 def _get_setup(isolation: str | None = None) -> _Setup:
-    prefer = isolation or os.environ.get("VSKIP_SANDBOX", "auto") or "auto"
+    prefer = isolation or "auto"
     if prefer not in KINDS:
         raise ValueError(f"unknown sandbox isolation {prefer!r}; use {', '.join(KINDS)}")
     with _SETUP_LOCK:
@@ -149,7 +150,7 @@ def check_isolation(isolation: str | None = None) -> str:
     only rlimits would, unless rlimits was asked for by name (``isolation`` or
     ``$VSKIP_SANDBOX=rlimits``): then the program would have the network, could write outside
     its directory and see other processes, so running it must be a decision, not a fallback."""
-    prefer = isolation or os.environ.get("VSKIP_SANDBOX", "auto") or "auto"
+    prefer = isolation or "auto"
     setup = _get_setup(prefer)
     if setup.kind == "rlimits" and prefer == "auto":
         as_root = " and as root" if _is_root() and not setup.drop_uid else ""

@@ -1,0 +1,34 @@
+"""The environment variables vskip reads, read here and nowhere else; vskip writes none.
+
+``VSKIP_SANDBOX``
+    the sandbox kind that runs generated code (:mod:`vskip.sandbox`): ``auto`` (default),
+    ``bubblewrap``, ``namespaces``, ``rlimits`` or ``rlimits-own-uid``.
+``VSKIP_CACHE``
+    where the embedded verifier, converted from its GGUF file, is cached (default:
+    ``$XDG_CACHE_HOME/vskip``, else ``~/.cache/vskip``).
+``VSKIP_DEBUG``
+    any value but ``0``: a failing command shows its traceback instead of one line.
+
+Models are read with ``local_files_only`` (no model hub), not by setting ``HF_HUB_OFFLINE`` for
+the whole process. Each reads the environment when called, so a test may set a variable first.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def sandbox_preference() -> str:
+    return os.environ.get("VSKIP_SANDBOX", "auto") or "auto"
+
+
+def cache_root() -> Path:
+    root = os.environ.get("VSKIP_CACHE")
+    if root:
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")) / "vskip"
+
+
+def debug() -> bool:
+    return os.environ.get("VSKIP_DEBUG", "") not in ("", "0")

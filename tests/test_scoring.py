@@ -546,6 +546,15 @@ def test_pass_at_k():
         SC.pass_at_k(3, 1, 4)
 
 
+def test_pass_at_k_table_adds_the_fewest_samples_as_k():
+    """Five samples a task: pass@1 and pass@5 (not pass@10); a task passing once in five has
+    pass@5 = 1."""
+    t = SC.pass_at_k_table({"a": [True, False, False, False, False], "b": [False] * 5})
+    assert sorted(t, key=int) == ["1", "5"]
+    assert t["1"]["estimate"] == pytest.approx(0.1) and t["5"]["estimate"] == pytest.approx(0.5)
+    assert sorted(SC.pass_at_k_table({"a": [True] * 10}), key=int) == ["1", "10"]
+
+
 def test_a_restated_function_keeps_the_prompts_imports():
     """Models often restate the function without the prompt's ``from typing import List``; the
     prompt's imports go before the extracted code, so such a solution is scored on its merits."""

@@ -445,13 +445,14 @@ def paired_bootstrap(
 
 def pass_at_k_table(per_task: dict[str, Sequence[bool]], ks: Sequence[int] = (1, 10, 100), level: float = 0.95,
                     seed: int = 0) -> dict[str, dict]:
-    """pass@k for each k in ``ks`` that every task has at least k samples for: the mean over tasks
-    of the unbiased estimator, with a percentile bootstrap interval over tasks (``level``)."""
+    """pass@k for each k in ``ks`` that every task has at least k samples for, and for k = the
+    fewest samples a task has (pass@5 of five samples a task): the mean over tasks of the unbiased
+    estimator, with a percentile bootstrap interval over tasks (``level``)."""
     from scipy.stats import bootstrap
 
     fewest = min((len(v) for v in per_task.values()), default=0)
     out = {}
-    for k in ks:
+    for k in sorted(set(ks) | ({fewest} if fewest > 1 else set())):
         if k > fewest:
             continue
         x = np.array([pass_at_k(len(v), int(sum(v)), k) for v in per_task.values()])

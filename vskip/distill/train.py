@@ -326,7 +326,7 @@ def _train_loop(model, opt, params, tr, ho, head_index, cfg: TrainConfig, dtype,
     t0, tokens_seen = time.time(), 0
     # answer tokens trained on so far (masked targets), carried over from the log on resume
     targets_seen = int(log[-1].get("targets", 0)) if log else 0
-    # wall seconds spent training, summed over the sessions of a resumed run (evaluations included)
+    # wall seconds spent training, summed over the parts of a resumed run (evaluations included)
     seconds_before = float(log[-1].get("seconds", 0.0)) if log else 0.0
     while step < cfg.steps:
         # each step's batch depends on (seed, step) alone: a resumed run repeats the same steps

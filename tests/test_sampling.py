@@ -90,13 +90,13 @@ class ResampleFromP(FakeVerifier):
     draw afresh from p instead of from the residual max(0, p - q)."""
 
     def score(self, seq, block, shadow=False, draw=None):
-        v = super().score(seq, block, shadow, draw)
+        v = super().score(seq, block, shadow, replace(draw, q=None))  # plain draws from p everywhere
         seq, out = list(seq), v.argmax.copy()
         for i, x in enumerate(draw.tokens):
             p = warp(fake_logits(seq + [int(t) for t in block[:i]]), draw.sampling)
             if draw.u_accept[i] * draw.q[i][x] >= p[x]:
-                out[i] = inverse_cdf(p, draw.u[i])
-                break
+                break  # rejected: the plain draw from p stays at i
+            out[i] = x
         return Verdict(out, v.draft_gap, v.draft_rank)
 
 

@@ -365,7 +365,7 @@ class ConditionedDrafter:
         if draw is not None:  # one forward drafts the block: each position's q depends on the context alone
             full = torch.full((gamma, int(self._ids.max()) + 1), float("-inf"), dtype=torch.float64, device=logp.device)
             full[:, self._ids] = logp.double()
-            tokens, q, _ = sample_draft(full, draw)
+            tokens, q = sample_draft(full, draw)
         return DraftBlock(
             tokens=tokens,
             confidence=top.values.exp().cpu().numpy(),

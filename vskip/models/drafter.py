@@ -438,7 +438,7 @@ class DiffusionDrafter:
         if hint is not None:
             rows = torch.nonzero(hint >= 0)[:, 0]
             full[rows, hint[rows]] = torch.logaddexp(full[rows, hint[rows]], logp[rows, n].double())
-        tokens, q, _ = sample_draft(full, draw)
+        tokens, q = sample_draft(full, draw)
         return torch.from_numpy(tokens).to(self.device), q
 
 

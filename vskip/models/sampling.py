@@ -41,13 +41,11 @@ def draw_tokens(logits: torch.Tensor, draw: Draw) -> np.ndarray:
     return torch.minimum(idx, last).cpu().numpy().astype(np.int64)
 
 
-def sample_draft(logp: torch.Tensor, draw: Draw) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def sample_draft(logp: torch.Tensor, draw: Draw) -> tuple[np.ndarray, np.ndarray]:
     """A drafter's sampled block: from its log-probabilities ``logp`` [g, V] over the verifier's
-    vocabulary (-inf for ids it never proposes), the warped distributions q [g, V] (float64
-    numpy), the tokens drawn from them with ``draw.u`` [g], and each position's confidence, the
-    largest unwarped probability (a function of the context alone, so that trimming a block by
-    it keeps the speculative rule exact)."""
+    vocabulary (-inf for ids it never proposes), the tokens drawn with ``draw.u`` [g] and the
+    warped distributions q [g, V] (float64 numpy) they were drawn from. The drafter's confidence
+    stays its largest probability at each position, a function of the context alone, so that
+    trimming a block by it keeps the speculative rule exact."""
     q = warped_probs(logp, draw.sampling).cpu().numpy()
-    tokens = np.array([inverse_cdf(row, u) for row, u in zip(q, draw.u)], dtype=np.int64)
-    confidence = logp.float().max(dim=-1).values.exp().cpu().numpy().astype(np.float32)
-    return tokens, q, confidence
+    return np.array([inverse_cdf(row, u) for row, u in zip(q, draw.u)], dtype=np.int64), q

@@ -113,7 +113,8 @@ def inverse_cdf(p: np.ndarray, u: float) -> int:
 
 def speculative_draws(p: np.ndarray, draw: Draw) -> np.ndarray:
     """The tokens a verified round commits under speculative sampling, as a verdict's argmax
-    [n + 1] (the agreeing prefix of ``draw.tokens`` is what it accepts).
+    [n + 1] (the agreeing prefix of ``draw.tokens`` is what it accepts; -1 between a rejection and the
+    bonus position, which no rule reads).
 
     ``p`` [n + 1, V]: the verifier's warped distributions at the block's positions and after it.
     Position i keeps the drafted x_i when ``u_accept_i < p_i(x_i) / q_i(x_i)`` (probability
@@ -126,9 +127,11 @@ def speculative_draws(p: np.ndarray, draw: Draw) -> np.ndarray:
     n = len(tokens)
     assert p.shape[0] == n + 1 and q.shape[0] == n, (p.shape, q.shape, n)
     V = max(p.shape[1], q.shape[1])  # a head narrower than the other model's vocabulary: no mass there
-    p = np.pad(p, ((0, 0), (0, V - p.shape[1])))
-    q = np.pad(q, ((0, 0), (0, V - q.shape[1])))
-    out = np.array([inverse_cdf(row, u) for row, u in zip(p, draw.u)], dtype=np.int64)
+    if p.shape[1] < V or q.shape[1] < V:
+        p = np.pad(p, ((0, 0), (0, V - p.shape[1])))
+        q = np.pad(q, ((0, 0), (0, V - q.shape[1])))
+    out = np.full(n + 1, -1, dtype=np.int64)  # positions between a rejection and n are never read
+    out[n] = inverse_cdf(p[n], draw.u[n])  # the bonus token, read when the whole block is kept
     for i, x in enumerate(tokens):
         x = int(x)
         qx = q[i, x] / q[i].sum()

@@ -224,8 +224,12 @@ def check_sampling(policy: PolicyConfig, cfg: DecodeConfig, drafter: Drafter | N
     The speculative rule needs a drafter that drafts its block in one forward."""
     if not cfg.sampling.greedy and policy.lossy_acceptance:
         raise ValueError(f"{policy.name} acceptance is defined on the verifier's argmax; it takes no --temperature")
-    steps = getattr(drafter, "steps", 1)
-    if cfg.sampling.speculative and steps != 1:
+    check_speculative(cfg.sampling, getattr(drafter, "steps", 1))
+
+
+def check_speculative(sampling: Sampling, steps: int) -> None:
+    """The speculative rule is exact only for a drafter that drafts its block in one forward."""
+    if sampling.speculative and steps != 1:
         raise ValueError(f"--speculative-sampling needs a drafter that drafts its block in one forward (--steps 1), "
                          f"not in {steps} reveal steps")
 

@@ -84,7 +84,7 @@ def parse_variant(spec: str, base, steps: int, predictor: str | None = None, fla
         if key == "drafter" and value:
             drafter = value
             continue
-        read = _KEYS.get(key) or _POLICY_KEYS.get(key) or (_SWITCH.get if key in ("cache", "speculative") else None)
+        read = _KEYS.get(key) or _POLICY_KEYS.get(key) or (_SWITCH.get if key in _ON_OFF else None)
         if read is None or not value:
             raise ValueError(f"bad setting {pair!r} in {spec!r}; expected key=value with key in "
                              f"{', '.join([*_KEYS, *_POLICY_KEYS, 'cache', 'speculative', 'predictor', 'drafter'])}")

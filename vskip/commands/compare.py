@@ -60,14 +60,13 @@ def cmd_compare(a) -> int:
     flags = {k: getattr(a, k) for k in variants.POLICY_FLAGS if getattr(a, k, None) is not None}
     variants = [variants.parse_variant(s, dec, models.steps, a.predictor, flags) for s in a.configs.split(",")
                 if s.strip()]
-    from ..decode import check_sampling
+    from ..decode import check_sampling, check_speculative
 
     for v in variants:
         if not v.hf:
             check_sampling(v.policy_config(), v.decode)
-            if v.decode.sampling.speculative and v.policy != "ar" and v.steps != 1:
-                raise ValueError(f"{v.name}: the speculative rule needs a drafter that drafts its block in one forward "
-                                 f"(steps 1), not {v.steps} reveal steps")
+            if v.policy != "ar":
+                check_speculative(v.decode.sampling, v.steps)
     if a.predictor and not Path(a.predictor).is_dir():
         raise ValueError(f"--predictor {a.predictor} is not a directory")
     for v in variants:

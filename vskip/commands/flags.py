@@ -133,7 +133,7 @@ def model_config(a):
 
 
 def configs(a, policy_name: str | None = None):
-    from ..decode import DecodeConfig, check_sampling
+    from ..decode import DecodeConfig, check_sampling, check_speculative
     from ..policy import PolicyConfig
 
     apply_preset(a)
@@ -145,9 +145,7 @@ def configs(a, policy_name: str | None = None):
                        min_match=a.min_match, trim=a.trim, sampling=sampling(a),
                        trace=getattr(a, "trace", False), task=getattr(a, "task", None))
     check_sampling(policy, dec)
-    if dec.sampling.speculative and a.steps != 1:
-        raise ValueError(f"--speculative-sampling needs a drafter that drafts its block in one forward (--steps 1), "
-                         f"not in {a.steps} reveal steps")
+    check_speculative(dec.sampling, a.steps)
     return policy, dec, model_config(a)
 
 

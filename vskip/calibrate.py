@@ -81,3 +81,102 @@ def replay_promise(pred, ts, alphas=(0.01, 0.02, 0.05), n_boot: int = 10_000, se
                      "skipped_blocks": skips, "wrong_skip_share": wrong / skips if skips else None,
                      "mean_skip": skipped / skips if skips else None})
     return rows
+
+
+# ----------------------------------------------------------------------------- online
+
+
+#: the run settings that calibration and test must share
+_SHARED = (("policy", "name"), ("policy", "survival"), ("policy", "cost_ratio"), ("policy", "s_max"),
+           ("policy", "guards"), ("decode", "gamma"), ("decode", "max_new_tokens"), ("decode", "shadow"),
+           ("decode", "gamma_max"), ("decode", "trim"), ("models", "steps"), ("models", "drafter"),
+           ("models", "verifier"), ("models", "copy_prior"), ("models", "dtype"), ("models", "drafter_dtype"))
+
+
+def _setting(cfg: dict, key: tuple[str, str]):
+    return (cfg.get(key[0]) or {}).get(key[1])
+
+
+def online_losses(pred, run_dirs) -> tuple[np.ndarray, list[str], np.ndarray, dict]:
+    """(thresholds, prompt ids, losses [thresholds, prompts], shared settings) from complete runs of
+    ``--policy prefix --lam LAM`` with the one-rotation model ``pred`` on its calibration prompts.
+    The loss is :func:`vskip.report.compare.prompt_disagreement`, the same function the report
+    scores the test prompts with. Refuses runs of another model, of other settings, or that lack a
+    calibration prompt another run has."""
+    from pathlib import Path
+
+    from .report.compare import prompt_disagreement
+    from .report.runs import load_run
+
+    cal = set(pred.online_ids[0])
+    by_lam: dict[float, list] = {}
+    shared = None
+    for d in run_dirs:
+        run = load_run(Path(d))
+        cfg = run.run_cfg
+        pol = cfg.get("policy") or {}
+        if pol.get("name") != "prefix" or pol.get("alpha") is not None or pol.get("survival") != "model":
+            raise ValueError(f"{d} is not a run of --policy prefix --predictor ... --lam LAM")
+        if Path(str(cfg.get("predictor"))).resolve() not in (Path(pred.path).resolve(), Path(pred.path).resolve().parent):
+            raise ValueError(f"{d} decoded with the model at {cfg.get('predictor')}, not {pred.path}")
+        s = {"/".join(k): _setting(cfg, k) for k in _SHARED}
+        if shared is not None and s != shared:
+            diff = [k for k in s if s[k] != shared[k]]
+            raise ValueError(f"{d} differs from the other runs in {', '.join(diff)}")
+        shared = s
+        if not set(run.ids) <= cal:
+            raise ValueError(f"{d} decoded prompts outside the calibration folds: {sorted(set(run.ids) - cal)[:3]}")
+        by_lam.setdefault(float(pol["lam"]), []).append(run)
+    if not by_lam:
+        raise ValueError("no calibration runs given")
+    ids = sorted({i for runs in by_lam.values() for r in runs for i in r.ids})
+    grid = np.array(sorted(by_lam, reverse=True))
+    losses = np.zeros((len(grid), len(ids)))
+    for g, lam in enumerate(grid):
+        got = {}
+        for run in by_lam[lam]:
+            d = prompt_disagreement(run, run.ids)
+            if d is None:
+                raise ValueError(f"{run.path} has skipped rounds without a shadow L: decode with --shadow")
+            got.update(zip(run.ids, d))
+        missing = [i for i in ids if i not in got]
+        if missing:
+            raise ValueError(f"the runs at lam {lam:g} lack {len(missing)} calibration prompts (e.g. {missing[0]}): "
+                             "finish them, or leave that threshold out")
+        losses[g] = [got[i] for i in ids]
+    return grid, ids, losses, shared
+
+
+def choose_online(path, run_dirs, alphas, delta: float = 0.1) -> dict:
+    """Choose the online thresholds of the one-rotation model at ``path`` for each risk of ``alphas``
+    from its calibration runs: conformal risk control on the loss's envelope (what ``--alpha``
+    decodes with) and Learn then Test at ``delta`` beside it. Writes them into the model's manifest
+    and returns the record (also written as ``online.json`` beside it)."""
+    import json
+    from pathlib import Path
+
+    from .files import write_json
+    from .policy.prefix import crc_online, ltt_fixed_sequence, online_envelope
+    from .prefix_model import load_prefix_predictor
+    from .rotations import MANIFEST
+
+    pred = load_prefix_predictor(path)
+    grid, ids, losses, shared = online_losses(pred, run_dirs)
+    env = online_envelope(grid, losses)
+    rows = []
+    for alpha in alphas:
+        cal = crc_online(grid, losses, alpha)
+        ltt, p = ltt_fixed_sequence(grid, losses, alpha, delta)
+        rows.append({"alpha": alpha, "lam": None if cal.lam == float("inf") else cal.lam, "crc_bound": cal.bound,
+                     "envelope_risk": cal.risk, "ltt_lam": None if ltt == float("inf") else ltt, "ltt_pvalues": p})
+    record = {"rotation": pred.online["rotation"], "n_prompts": len(ids), "grid": grid.tolist(),
+              "risk": losses.mean(1).tolist(), "envelope_risk": env.mean(1).tolist(),
+              "delta": delta, "settings": shared, "choices": rows,
+              "runs": [str(d) for d in run_dirs]}
+    kdir = Path(pred.path)
+    man = json.loads((kdir / MANIFEST).read_text())
+    man["online"]["thresholds"] = {f"{r['alpha']:g}": r["lam"] for r in rows}
+    man["online"]["settings"] = shared
+    write_json(kdir / "online.json", record, indent=1)
+    write_json(kdir / MANIFEST, man, indent=1)
+    return record

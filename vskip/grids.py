@@ -156,6 +156,30 @@ def _prefix(s_max: int) -> list[GridPoint]:
     return pts
 
 
+#: the thresholds the online calibration decodes, from the most cautious down (vskip calibrate-online)
+ONLINE_LAM = (0.95, 0.90, 0.85, 0.80, 0.75, 0.70)
+#: the risks it is tested at
+ONLINE_ALPHA = (0.05, 0.02)
+#: c_D / c_V fixed for the online calibration, so that decisions depend on the tokens alone and
+#: calibration and test decode with one policy: Strict SDD's measured ratio at full scale (0.220 on
+#: HumanEval, 0.212 on MBPP, docs/results/full/report), rounded
+ONLINE_COST_RATIO = 0.22
+
+
+def _online_cal(s_max: int) -> list[GridPoint]:
+    """Beyond the paper: the prefix model at each threshold of :data:`ONLINE_LAM`, the most cautious
+    first, so that a sweep stopped early holds the top of the grid, which the calibration reads."""
+    return [_point("prefix", "frontier", survival="model", lam=lam, cost_ratio=ONLINE_COST_RATIO, s_max=s_max)
+            for lam in ONLINE_LAM]
+
+
+def _online_test(s_max: int) -> list[GridPoint]:
+    """Strict SDD and the online-calibrated prefix model at each risk of :data:`ONLINE_ALPHA`."""
+    return [_point("strict", "reference")] + [
+        _point("prefix", "frontier", survival="model", alpha=a, cost_ratio=ONLINE_COST_RATIO, s_max=s_max)
+        for a in ONLINE_ALPHA]
+
+
 def _full(s_max: int) -> list[GridPoint]:
     """The full-scale evidence (docs/results/full.md): the cpu-signals and prefix grids together,
     in the order the verdicts need them, so that a sweep stopped early has the most useful part:
@@ -199,6 +223,10 @@ GRIDS: dict[str, tuple[str, Callable[[int, int], list[GridPoint]]]] = {
                 "(an on-policy round's retrained model; the largest risk, where round 0 broke its promise, first)",
                 lambda k, s: sorted((pt for pt in _prefix(s) if pt.policy.survival == "model" and pt.policy.alpha <= 0.05),
                                     key=lambda pt: -pt.policy.alpha)),
+    "online-cal": ("beyond the paper: a one-rotation prefix model at lam 0.95 down to 0.70 (cost ratio 0.22), "
+                   "decoded on its calibration prompts for `vskip calibrate-online choose`", lambda k, s: _online_cal(s)),
+    "online-test": ("beyond the paper: Strict SDD and the online-calibrated prefix model at alpha 0.05 and 0.02 "
+                    "(cost ratio 0.22), for its test prompts", lambda k, s: _online_test(s)),
     "full": ("full scale: cpu-signals, prefix, raw (0.90, 0.93) and (0.95, 0.97) at k_min 3, and raw (0.70, "
              "0.70) at k_min 0 and 6; Strict SDD and the promise at alpha <= 0.05 first",
              lambda k, s: _full(s)),

@@ -281,11 +281,18 @@ class PrefixPredictor:
 
     kind = KIND
 
-    def __init__(self, gamma: int, d_model: int, rotations: Sequence[_Rotation], path: str | None = None):
+    def __init__(self, gamma: int, d_model: int, rotations: Sequence[_Rotation], path: str | None = None,
+                 online: dict | None = None):
         self.gamma, self.d_model, self.path = gamma, d_model, path
         self._rots = list(rotations)
-        self._owner = test_owners([(r.rotation.index, r.rotation.test,
-                                    r.rotation.train + r.rotation.stop + r.rotation.cal) for r in self._rots], path)
+        #: a one-rotation model calibrated online (:func:`write_online_predictor`): it scores its test
+        #: and its calibration prompts, and its thresholds are ``online["thresholds"]``
+        self.online = online
+        if online is not None and len(self._rots) != 1:
+            raise ValueError(f"{path}: an online-calibrated prefix model has one rotation, not {len(self._rots)}")
+        self._owner = test_owners([(r.rotation.index, r.rotation.test + (r.rotation.cal if online else ()),
+                                    r.rotation.train + r.rotation.stop + (() if online else r.rotation.cal))
+                                   for r in self._rots], path)
 
     @property
     def rotations(self):
@@ -296,6 +303,14 @@ class PrefixPredictor:
         return [Rotation(r.rotation.index, r.rotation.test, r.rotation.cal, r.rotation.train + r.rotation.stop)
                 for r in self._rots]
 
+    @property
+    def online_ids(self) -> tuple[list[str], list[str]]:
+        """(calibration ids, test ids) of a one-rotation model calibrated online."""
+        if self.online is None:
+            raise ValueError(f"{self.path} is not a model to calibrate online (make one with `vskip calibrate-online init`)")
+        rot = self._rots[0].rotation
+        return list(rot.cal), list(rot.test)
+
     def rotation_of(self, task_id: str | None) -> int:
         return owner_of(self._owner, task_id, KIND, self.path)
 
@@ -305,12 +320,29 @@ class PrefixPredictor:
         from .policy.prefix import crc_threshold
 
         r = self._rots[self.rotation_of(task_id)]
+        if self.online is not None:
+            if str(task_id) in r.rotation.cal:
+                raise ValueError(f"prompt {task_id} calibrated the online thresholds of {self.path}: decode it with "
+                                 "--lam, or test the thresholds on the rotation's test prompts")
+            return self._online_lam(alpha)
         return crc_threshold(r.grid, r.risk, r.n_cal, alpha).lam
+
+    def _online_lam(self, alpha: float) -> float:
+        lams = self.online.get("thresholds") or {}
+        if f"{alpha:g}" not in lams:
+            have = ", ".join(sorted(lams)) or "none yet"
+            raise ValueError(f"{self.path} holds no online threshold for alpha {alpha:g} (calibrated: {have}); "
+                             "choose one with `vskip calibrate-online choose`")
+        lam = lams[f"{alpha:g}"]
+        return float("inf") if lam is None else float(lam)
 
     def thresholds(self, alpha: float) -> list[tuple[int, int, float]]:
         """(rotation, calibration prompts, calibrated ``lam``) of every rotation at risk ``alpha``."""
         from .policy.prefix import crc_threshold
 
+        if self.online is not None:
+            r = self._rots[0]
+            return [(r.rotation.index, len(r.rotation.cal), self._online_lam(alpha))]
         return [(r.rotation.index, r.n_cal, crc_threshold(r.grid, r.risk, r.n_cal, alpha).lam) for r in self._rots]
 
     def scores(self, block, features: np.ndarray, task_id: str | None = None) -> np.ndarray:
@@ -347,4 +379,31 @@ def load_prefix_predictor(path, runtime=None) -> PrefixPredictor:
         rots.append(_Rotation(PrefixRotation(int(meta["rotation"]), **ids), model.eval(), mean, std,
                               np.asarray(json.loads(meta["grid"])), np.asarray(json.loads(meta["risk"])),
                               int(meta["n_cal"])))
-    return PrefixPredictor(int(man["gamma"]), int(man["d_model"]), rots, path=str(d))
+    return PrefixPredictor(int(man["gamma"]), int(man["d_model"]), rots, path=str(d), online=man.get("online"))
+
+
+def write_online_predictor(src, rotation: int, out) -> dict:
+    """Copy rotation ``rotation`` of the prefix model at ``src`` to ``out/prefix`` as a model to be
+    calibrated online (``vskip calibrate-online``): it scores the rotation's test prompts and its
+    calibration prompts, neither of which it trained on, and ``--alpha`` reads the thresholds that
+    :func:`vskip.calibrate.choose_online` writes into its manifest (none at first). Returns the
+    manifest."""
+    import shutil
+    from pathlib import Path
+
+    from .files import write_json
+
+    d, man, _ = read_rotations(src, KIND, FORMAT)
+    if man.get("online"):
+        raise ValueError(f"{d} is already a one-rotation model calibrated online; give the model it came from")
+    entry = next((e for e in man["rotations"] if e["rotation"] == rotation), None)
+    if entry is None:
+        raise ValueError(f"{d} has no rotation {rotation} (it has {', '.join(str(e['rotation']) for e in man['rotations'])})")
+    kdir = Path(out) / KIND
+    if (kdir / MANIFEST).exists():
+        raise FileExistsError(f"{kdir / MANIFEST} exists: choose a new --out")
+    kdir.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(d / entry["file"], kdir / entry["file"])
+    manifest = {**man, "rotations": [entry], "online": {"source": str(src), "rotation": rotation, "thresholds": {}}}
+    write_json(kdir / MANIFEST, manifest, indent=1)
+    return manifest

@@ -1,5 +1,5 @@
-"""The learned signals' commands: ``vskip train-predictor``, ``vskip diagnose`` and
-``vskip calibrate-prefix``."""
+"""The learned signals' commands: ``vskip train-predictor``, ``vskip diagnose``,
+``vskip calibrate-prefix`` and ``vskip calibrate-online``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ PREDICTOR_KINDS = ("marginal", "conditional", "prefix")
 
 
 def register(subparsers) -> None:
-    for add in (_train_predictor, _diagnose, _calibrate_prefix):
+    for add in (_train_predictor, _diagnose, _calibrate_prefix, _calibrate_online):
         add(subparsers)
 
 
@@ -175,4 +175,61 @@ def cmd_calibrate_prefix(a) -> int:
         print(f"--lam {cal.lam:g}: replayed risk {cal.risk:.4f} on {cal.n} prompts, bound {cal.bound:.4f} <= "
               f"alpha {a.alpha}", file=sys.stderr)
     print(f"{cal.lam:g}")
+    return 0
+
+
+def _calibrate_online(subparsers) -> None:
+    """Add ``vskip calibrate-online init|choose`` to the CLI's subparsers."""
+    c = subparsers.add_parser(
+        "calibrate-online", help="thresholds of the prefix model chosen on its own online decodes (beyond the paper)",
+        description="Calibrate the prefix scheduler on the policy's own behaviour. `init` copies one rotation of a "
+                    "trained prefix model and writes its calibration and test prompt ids per task; decode the "
+                    "calibration prompts at a grid of --lam (`vskip sweep --grid online-cal`); `choose` reads those "
+                    "runs and picks, per alpha, the threshold by conformal risk control on the loss's envelope "
+                    "(and by Learn then Test beside it); then `--alpha A` with this model decodes the test prompts "
+                    "(`vskip sweep --grid online-test`). See docs/prefix.md.",
+    )
+    sub = c.add_subparsers(dest="action", required=True)
+    i = sub.add_parser("init", help="copy one rotation of a prefix model, and write its prompt ids")
+    i.add_argument("--predictor", required=True, help="a trained prefix model (train-predictor --kind prefix)")
+    i.add_argument("--rotation", type=bounded(int, 0, 99), default=0, help="which rotation (default: 0)")
+    i.add_argument("--out", required=True, help="new directory for the one-rotation model")
+    i.set_defaults(fn=cmd_calibrate_online_init)
+    ch = sub.add_parser("choose", help="choose the thresholds from the calibration runs")
+    ch.add_argument("predictor", help="the directory `init` wrote")
+    ch.add_argument("runs", nargs="+", help="run directories of --lam decodes of the calibration prompts "
+                                            "(a sweep's run directories; every task's)")
+    ch.add_argument("--alpha", type=bounded(float, 1e-6, 0.999), action="append", required=True,
+                    help="a promised risk (repeat for several)")
+    ch.add_argument("--delta", type=bounded(float, 1e-6, 0.5), default=0.1,
+                    help="Learn then Test's error level, reported beside (default: 0.1)")
+    ch.set_defaults(fn=cmd_calibrate_online_choose)
+
+
+def cmd_calibrate_online_init(a) -> int:
+    from ..files import check_writable_dir
+    from ..prefix_model import load_prefix_predictor, write_online_predictor
+
+    check_writable_dir(Path(a.out).parent or Path("."), "directory of --out")
+    write_online_predictor(a.predictor, a.rotation, a.out)
+    cal, test = load_prefix_predictor(a.out).online_ids
+    for name, ids in (("cal", cal), ("test", test)):
+        tasks = sorted({i.split("/")[0] for i in ids})
+        for t in tasks:
+            part = [i for i in ids if i.split("/")[0] == t]
+            (Path(a.out) / "ids").mkdir(parents=True, exist_ok=True)
+            (Path(a.out) / "ids" / f"{t.lower()}.{name}").write_text(",".join(part) + "\n")
+            print(f"{Path(a.out) / 'ids' / f'{t.lower()}.{name}'}: {len(part)} {name} prompts", file=sys.stderr)
+    return 0
+
+
+def cmd_calibrate_online_choose(a) -> int:
+    from ..calibrate import choose_online
+
+    rec = choose_online(a.predictor, a.runs, a.alpha, a.delta)
+    for r in rec["choices"]:
+        lam = "never skip" if r["lam"] is None else f"lam {r['lam']:g}"
+        ltt = "never skip" if r["ltt_lam"] is None else f"lam {r['ltt_lam']:g}"
+        print(f"alpha {r['alpha']:g}: {lam} (CRC on the envelope, bound {r['crc_bound']:.4f}, {rec['n_prompts']} "
+              f"prompts); Learn then Test at delta {rec['delta']:g}: {ltt}")
     return 0

@@ -132,6 +132,77 @@ def calibrate(prompts: Sequence[tuple[np.ndarray, np.ndarray]], alpha: float, gr
     return crc_threshold(grid, risk_curve(prompts, grid, k_min), len(prompts), alpha)
 
 
+# ----------------------------------------------------------------------------- online calibration
+#
+# Calibrated on the policy's own online decodes: each calibration prompt is decoded at every
+# threshold of a grid, and its loss at each is the realised disagreement of that decode (drafted
+# tokens committed beyond the shadow verifier's L, over the prompt's generated tokens; in [0, 1]).
+# Online, that loss need not fall as the threshold rises (a skip changes what follows). Two ways
+# keep a guarantee:
+# - conformal risk control on the loss's upper envelope from above (:func:`online_envelope`): for
+#   every threshold, the largest loss the prompt had at that threshold or any more cautious one of
+#   the grid. It does not increase with lambda and bounds the loss at lambda, so CRC on it bounds
+#   the expected loss of a new exchangeable prompt, in expectation over calibration and test.
+# - Learn then Test [Angelopoulos, Bates, Candes, Jordan and Lei, 2021] with fixed-sequence testing
+#   from the most cautious threshold down and the Hoeffding-Bentkus p-value (:func:`hb_pvalue`):
+#   with probability at least 1 - delta over the calibration prompts, the chosen threshold's risk
+#   is at most alpha. No monotonicity is needed.
+
+
+def online_envelope(grid: Sequence[float], losses: np.ndarray) -> np.ndarray:
+    """``E[i, p] = max_{j : grid[j] >= grid[i]} losses[j, p]`` for losses [thresholds, prompts]: the
+    smallest bound of each prompt's loss that does not increase with the threshold."""
+    grid, losses = np.asarray(grid, np.float64), np.asarray(losses, np.float64)
+    if losses.ndim != 2 or losses.shape[0] != grid.shape[0]:
+        raise ValueError("losses must be [thresholds, prompts], one row per grid value")
+    order = np.argsort(-grid, kind="stable")
+    env = np.maximum.accumulate(losses[order], axis=0)
+    out = np.empty_like(env)
+    out[order] = env
+    return out
+
+
+def crc_online(grid: Sequence[float], losses: np.ndarray, alpha: float) -> Calibration:
+    """Conformal risk control on :func:`online_envelope` of online losses [thresholds, prompts]."""
+    grid = np.asarray(grid, np.float64)
+    order = np.argsort(grid)
+    risk = online_envelope(grid, losses).mean(axis=1)
+    return crc_threshold(grid[order], risk[order], np.asarray(losses).shape[1], alpha)
+
+
+def hb_pvalue(risk: float, n: int, alpha: float) -> float:
+    """The Hoeffding-Bentkus p-value of ``H0: E[loss] > alpha`` from the mean ``risk`` of ``n``
+    losses in [0, 1] (Bates, Angelopoulos, Lei, Malik and Jordan, 2021, Prop. 3 and 5)."""
+    from scipy.stats import binom
+
+    if not 0.0 < alpha < 1.0 or n < 1:
+        raise ValueError("alpha must lie in (0, 1) and n >= 1")
+    r = min(max(float(risk), 0.0), alpha)
+    h1 = (r * np.log(r / alpha) if r > 0 else 0.0) + ((1 - r) * np.log((1 - r) / (1 - alpha)) if r < 1 else 0.0)
+    hoeffding = float(np.exp(-n * h1))
+    bentkus = float(np.e * binom.cdf(np.ceil(n * float(risk)), n, alpha))
+    return min(hoeffding, bentkus, 1.0)
+
+
+def ltt_fixed_sequence(grid: Sequence[float], losses: np.ndarray, alpha: float, delta: float) -> tuple[float, list[float]]:
+    """Learn then Test: test ``E[loss(lambda)] > alpha`` at each threshold from the most cautious
+    down, each at level ``delta``, and stop at the first not rejected. Returns the last threshold
+    rejected (``inf``: none, never skip) and the p-values in ``grid``'s order (``nan`` where not
+    reached)."""
+    if not 0.0 < delta < 1.0:
+        raise ValueError(f"delta must lie in (0, 1), got {delta}")
+    grid, losses = np.asarray(grid, np.float64), np.asarray(losses, np.float64)
+    n = losses.shape[1]
+    p = np.full(grid.shape, np.nan)
+    lam = float("inf")
+    for i in np.argsort(-grid, kind="stable"):
+        p[i] = hb_pvalue(float(losses[i].mean()), n, alpha)
+        if p[i] > delta:
+            break
+        lam = float(grid[i])
+    return lam, p.tolist()
+
+
 @dataclass(frozen=True)
 class Choice:
     K: int  # tokens to skip with (0: verify)

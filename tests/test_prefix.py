@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from vskip.policy.prefix import (calibrate, choose, prompt_loss, skip_lengths, survival_from_hazards,
-                                 survival_nll)
+from vskip.policy.prefix import (calibrate, choose, crc_online, crc_threshold, hb_pvalue, ltt_fixed_sequence,
+                                 online_envelope, prompt_loss, skip_lengths, survival_from_hazards, survival_nll)
 
 G = 8
 hazards = arrays(np.float64, (5, G), elements=st.floats(0.0, 1.0))
@@ -120,3 +120,74 @@ def test_calibrate_prefix_on_traces(tmp_path, capsys):
     assert json.loads(out.read_text())["command"].startswith("vskip calibrate-prefix")
     never, _ = calibrate_traces([runs], alpha=0.02)  # 1 / 31 > 0.02: nothing can be promised
     assert never.lam == float("inf")
+
+
+# ----------------------------------------------------------------------------- online calibration
+
+losses = arrays(np.float64, (6, 7), elements=st.floats(0.0, 1.0))
+GRID6 = np.array([0.95, 0.9, 0.85, 0.8, 0.75, 0.7])
+
+
+@given(losses)
+def test_the_envelope_bounds_the_loss_and_falls_with_the_threshold(x):
+    env = online_envelope(GRID6, x)
+    assert np.all(env >= x)
+    assert np.all(np.diff(env, axis=0) >= 0)  # GRID6 descends: the envelope grows as lam falls
+    assert np.array_equal(env[0], x[0])  # the most cautious threshold is its own bound
+    shuffled = np.random.default_rng(0).permutation(6)  # the grid's order in the input does not matter
+    assert np.array_equal(online_envelope(GRID6[shuffled], x[shuffled]), env[shuffled])
+
+
+@given(losses)
+def test_crc_online_is_crc_when_the_loss_already_falls_with_the_threshold(x):
+    mono = np.maximum.accumulate(x, axis=0)  # rows from the most cautious threshold down
+    a = crc_online(GRID6, mono, 0.3)
+    b = crc_threshold(GRID6[::-1], mono.mean(1)[::-1], x.shape[1], 0.3)
+    assert a == b
+
+
+def test_the_hoeffding_bentkus_p_value():
+    # the Bentkus term: e * P(Binomial(n, alpha) <= n * risk); zero observed loss in n = 100 at alpha 0.05
+    assert hb_pvalue(0.0, 100, 0.05) == pytest.approx(min(np.exp(100 * np.log(0.95)), np.e * 0.95 ** 100))
+    p = [hb_pvalue(r, 200, 0.05) for r in (0.0, 0.01, 0.02, 0.04, 0.05, 0.2)]
+    assert all(x <= y for x, y in zip(p, p[1:])) and p[-1] == 1.0 and p[0] < 1e-4
+    assert hb_pvalue(0.01, 1000, 0.05) < hb_pvalue(0.01, 100, 0.05)  # more prompts, more evidence
+    with pytest.raises(ValueError):
+        hb_pvalue(0.0, 0, 0.05)
+
+
+def test_learn_then_test_stops_at_the_first_threshold_it_cannot_certify():
+    n = 400
+    x = np.zeros((6, n))
+    x[2, :4] = 1.0  # 0.01 at lam 0.85
+    x[3, :60] = 1.0  # 0.15 at 0.8: not certified, so 0.75 below it is never tested
+    lam, p = ltt_fixed_sequence(GRID6, x, alpha=0.05, delta=0.1)
+    assert lam == 0.85 and p[3] > 0.1 and np.isnan(p[4]) and np.isnan(p[5])
+    lam0, _ = ltt_fixed_sequence(GRID6, np.ones((6, n)), alpha=0.05, delta=0.1)
+    assert lam0 == float("inf")
+
+
+def test_crc_on_the_envelope_keeps_the_promise_where_crc_on_the_raw_loss_breaks_it():
+    """Online losses need not fall as the threshold rises. Here every threshold below the most
+    cautious has the same risk 0.08 > alpha, drawn independently per threshold: CRC on the raw risk
+    curve picks whichever threshold passed by chance and breaks the promise; CRC on the envelope
+    keeps it."""
+    rng = np.random.default_rng(0)
+    alpha, n, grid = 0.05, 40, np.linspace(1.0, 0.05, 20)
+
+    def draw(m):
+        x = (rng.random((len(grid), m)) < 0.08).astype(float)
+        x[0] = 0.0
+        return x
+
+    raw, env = [], []
+    for _ in range(400):
+        cal, test = draw(n), draw(200)
+        order = np.argsort(grid)
+        lam_raw = crc_threshold(grid[order], cal.mean(1)[order], n, alpha).lam
+        lam_env = crc_online(grid, cal, alpha).lam
+        for lam, out in ((lam_raw, raw), (lam_env, env)):
+            out.append(0.0 if lam == float("inf") else test[int(np.nonzero(grid == lam)[0][0])].mean())
+    assert np.mean(env) <= alpha
+    assert np.mean(raw) > alpha + 0.015
+

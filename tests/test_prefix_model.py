@@ -380,3 +380,85 @@ def test_alpha_needs_the_prefix_model():
     with pytest.raises(ValueError, match="alpha must lie"):
         PolicyConfig(name="prefix", survival="model", alpha=1.5)
     assert PolicyConfig(name="prefix", survival="model", lam=float("inf")).learned
+
+
+# ----------------------------------------------------------------------------- online calibration
+
+
+def test_online_calibration_from_decodes_to_a_tested_threshold(tmp_path, capsys):
+    """`calibrate-online init` → decode its calibration prompts at a grid of --lam → `choose` →
+    `--alpha A` on its test prompts: the thresholds are CRC on the envelope of the very losses the
+    report scores, a calibration prompt cannot be tested, and runs of another model or other
+    settings are refused."""
+    import json
+
+    from fakes import trace_run
+    from test_sweep import fake_pair
+    from vskip import runner
+    from vskip.calibrate import online_losses
+    from vskip.cli import build_parser
+    from vskip.decode import DecodeConfig
+    from vskip.policy import PolicyConfig
+    from vskip.policy.prefix import crc_online
+    from vskip.predictor import load_predictor
+    from vskip.prefix_model import train_prefix_predictor, write_online_predictor
+    from vskip.report.compare import prompt_disagreement
+    from vskip.report.runs import load_run
+    from vskip.runner import ModelConfig, RunConfig
+    from vskip.traces import load_traces
+
+    torch.set_num_threads(1)
+    trace_run(tmp_path / "strict", 40)
+    train_prefix_predictor(load_traces(tmp_path / "strict"), PrefixTrainConfig(epochs=1, hidden=8), tmp_path / "p",
+                           calibration_folds=2, progress=False)
+    parser = build_parser()
+    o = tmp_path / "online"
+    a = parser.parse_args(["calibrate-online", "init", "--predictor", str(tmp_path / "p"), "--rotation", "1",
+                           "--out", str(o)])
+    assert a.fn(a) == 0
+    pp = load_predictor(o, "prefix")
+    cal, test = pp.online_ids
+    assert len(cal) == 16 and len(test) == 8 and not set(cal) & set(test)
+    assert (o / "ids" / "humaneval.cal").read_text().strip().split(",") == cal
+    with pytest.raises(FileExistsError):
+        write_online_predictor(tmp_path / "p", 1, o)
+    with pytest.raises(ValueError, match="no rotation 7"):
+        write_online_predictor(tmp_path / "p", 7, tmp_path / "o7")
+
+    def decode(name, ids, max_new=24, predictor=o, **pol):
+        cfg = RunConfig(task="humaneval", policy=PolicyConfig(name="prefix", survival="model", cost_ratio=0.05, **pol),
+                        decode=DecodeConfig(gamma=8, max_new_tokens=max_new, task="humaneval"), models=ModelConfig(),
+                        ids=tuple(ids), score=False, predictor=str(predictor))
+        runner.run(cfg, tmp_path / name, progress=False, pair=fake_pair(None, True))
+        return tmp_path / name
+
+    runs = [decode(f"cal{lam}", cal, lam=lam) for lam in (0.9, 0.6, 0.3, 0.05)]
+    grid, ids, x, _ = online_losses(pp, runs)
+    assert grid.tolist() == [0.9, 0.6, 0.3, 0.05] and ids == sorted(cal)
+    assert np.allclose(x[2], prompt_disagreement(load_run(runs[2]), ids)) and x.max() > 0
+    a = parser.parse_args(["calibrate-online", "choose", str(o), *map(str, runs), "--alpha", "0.3", "--alpha", "0.05"])
+    assert a.fn(a) == 0
+    assert "alpha 0.3: lam" in capsys.readouterr().out
+    man = json.loads((o / "prefix" / "manifest.json").read_text())
+    want = crc_online(grid, x, 0.3).lam
+    assert man["online"]["thresholds"]["0.3"] == (None if want == float("inf") else want)
+    rec = json.loads((o / "prefix" / "online.json").read_text())
+    assert rec["n_prompts"] == 16 and np.allclose(rec["risk"], x.mean(1))
+    pp = load_predictor(o, "prefix")
+    assert pp.threshold(test[0], 0.3) == want
+    with pytest.raises(ValueError, match="calibrated the online thresholds"):
+        pp.threshold(cal[0], 0.3)
+    with pytest.raises(ValueError, match="no online threshold for alpha 0.1"):
+        pp.threshold(test[0], 0.1)
+    r = decode("test", test[:2], alpha=0.3)
+    cfg = json.loads((r / "config.json").read_text())
+    assert cfg["thresholds"]["rotations"] == [{"rotation": 1, "n_calibration": 16,
+                                               "lam": None if want == float("inf") else want}]
+    # refused: a run at another budget, a run missing a calibration prompt, a run of another model
+    for bad, match in ((decode("long", cal, max_new=32, lam=0.5), "differs from the other runs in decode/max_new_tokens"),
+                       (decode("few", cal[:3], lam=0.5), "lack 13 calibration prompts"),
+                       (decode("other", cal, predictor=tmp_path / "p", lam=0.5), "not .*online")):
+        with pytest.raises(ValueError, match=match):
+            online_losses(pp, runs + [bad])
+    with pytest.raises(ValueError, match="outside the calibration folds"):
+        online_losses(pp, [decode("t", test[:1], lam=0.5)])

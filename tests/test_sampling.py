@@ -260,7 +260,7 @@ def test_lossy_acceptance_is_refused_when_sampling(policy):
 @settings(max_examples=40, deadline=None)
 @given(n=st.integers(1, 9), data=st.data())
 def test_pass_at_k_is_the_chance_that_k_drawn_samples_hold_a_pass(n, data):
-    from vskip.scoring import pass_at_k
+    from vskip.metrics import pass_at_k
 
     c = data.draw(st.integers(0, n))
     k = data.draw(st.integers(1, n))

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+import numpy as np
+
 
 def agreement_from_rounds(rounds: Iterable[dict]) -> tuple[float, float, int]:
     """(StrictToken Eq. 1, FullPrefix Eq. 2, |A|) over rounds where a relaxed rule committed a
@@ -122,7 +124,6 @@ def summarize(samples: Sequence[dict], rounds: Sequence[dict]) -> dict:
             if s.get("passed") is not None:
                 per_task.setdefault(s.get("task_id"), []).append(bool(s["passed"]))
         if per_task:
-            from .scoring import pass_at_k_table  # noqa: PLC0415 - only for sampled runs
 
             out["pass_at_k"] = pass_at_k_table(per_task)
     if missing:
@@ -160,3 +161,34 @@ def auroc(scores, labels) -> float:
     if y.all() or not y.any():
         return float("nan")
     return float(roc_auc_score(y, np.asarray(scores, np.float64)))
+
+
+def pass_at_k_table(per_task: dict[str, Sequence[bool]], ks: Sequence[int] = (1, 10, 100), level: float = 0.95,
+                    seed: int = 0) -> dict[str, dict]:
+    """pass@k for each k in ``ks`` that every task has at least k samples for, and for k = the
+    fewest samples a task has (pass@5 of five samples a task): the mean over tasks of the unbiased
+    estimator, with a percentile bootstrap interval over tasks (``level``)."""
+    from scipy.stats import bootstrap
+
+    fewest = min((len(v) for v in per_task.values()), default=0)
+    out = {}
+    for k in sorted(set(ks) | ({fewest} if fewest > 1 else set())):
+        if k > fewest:
+            continue
+        x = np.array([pass_at_k(len(v), int(sum(v)), k) for v in per_task.values()])
+        if len(x) > 1 and np.ptp(x) > 0:
+            ci = bootstrap((x,), np.mean, confidence_level=level, n_resamples=2000, method="percentile", rng=seed)
+            lo, hi = float(ci.confidence_interval.low), float(ci.confidence_interval.high)
+        else:  # one task, or every task alike: nothing to resample
+            lo = hi = float(x.mean())
+        out[str(k)] = {"estimate": float(x.mean()), "ci": [lo, hi], "tasks": len(x), "samples_per_task": fewest}
+    return out
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k)."""
+    if not (0 <= c <= n) or k < 1 or k > n:
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n (n={n}, c={c}, k={k})")
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))

@@ -319,7 +319,10 @@ def note_thresholds(predictor, alpha: float | None) -> None:
     rows = predictor.thresholds(alpha)
     print(f"vskip: alpha {alpha}: lam per fold " + ", ".join(f"{r}: {lam:g}" for r, _, lam in rows), file=sys.stderr)
     short = [(r, n) for r, n, lam in rows if lam == float("inf")]
-    if short:
+    if short and getattr(predictor, "online", None) is not None:
+        print(f"vskip: note: the online calibration found no threshold that keeps alpha {alpha} on its {short[0][1]} "
+              "prompts, so this run never skips", file=sys.stderr)
+    elif short:
         print(f"vskip: note: at alpha {alpha} conformal risk control needs at least {int(np.ceil(1 / alpha - 1))} "
               "calibration prompts; " + ", ".join(f"fold {r} has {n}" for r, n in short)
               + f", so {'its' if len(short) == 1 else 'their'} prompts are never skipped", file=sys.stderr)

@@ -25,11 +25,3 @@ def encode_chat(tokenizer, user_text: str, system: str | None = None) -> list[in
 def _has_thinking_switch(template) -> bool:
     texts = template.values() if isinstance(template, dict) else [template]
     return any("enable_thinking" in str(t) for t in texts)
-
-
-def encode_problem(tokenizer, problem) -> list[int]:
-    """The token ids a benchmark problem is decoded from: its user message
-    (:func:`vskip.tasks.user_prompt`) in the chat template."""
-    from .tasks import user_prompt
-
-    return encode_chat(tokenizer, user_prompt(problem))

@@ -166,7 +166,7 @@ def _decode_prompts(cfg: RunConfig, out: Path, problems, pair, predictor, done: 
     from tqdm import tqdm
 
     from . import tasks
-    from .prompting import encode_problem
+    from .tasks import encode_problem
 
     prompts = {p.task_id: encode_problem(pair.tokenizer, p) for p in problems}
     n = cfg.samples_per_prompt

@@ -26,6 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from vskip.environment import sandbox_preference
+from vskip.metrics import pass_at_k_table
 from vskip.sandbox import run_program, sandbox_kind, verdict
 from vskip.tasks import ALL_TASKS, Problem, last_boxed, load_task
 
@@ -40,7 +41,6 @@ __all__ = [
     "score_many",
     "score_samples_file",
     "paired_bootstrap",
-    "pass_at_k",
     "CODE_TASKS",
     "MATH_TASKS",
 ]
@@ -441,34 +441,3 @@ def paired_bootstrap(
     alpha = (1.0 - level) / 2.0
     lo, hi = np.quantile(means, [alpha, 1.0 - alpha])
     return BootstrapResult(float(d.mean()), float(lo), float(hi))
-
-
-def pass_at_k_table(per_task: dict[str, Sequence[bool]], ks: Sequence[int] = (1, 10, 100), level: float = 0.95,
-                    seed: int = 0) -> dict[str, dict]:
-    """pass@k for each k in ``ks`` that every task has at least k samples for, and for k = the
-    fewest samples a task has (pass@5 of five samples a task): the mean over tasks of the unbiased
-    estimator, with a percentile bootstrap interval over tasks (``level``)."""
-    from scipy.stats import bootstrap
-
-    fewest = min((len(v) for v in per_task.values()), default=0)
-    out = {}
-    for k in sorted(set(ks) | ({fewest} if fewest > 1 else set())):
-        if k > fewest:
-            continue
-        x = np.array([pass_at_k(len(v), int(sum(v)), k) for v in per_task.values()])
-        if len(x) > 1 and np.ptp(x) > 0:
-            ci = bootstrap((x,), np.mean, confidence_level=level, n_resamples=2000, method="percentile", rng=seed)
-            lo, hi = float(ci.confidence_interval.low), float(ci.confidence_interval.high)
-        else:  # one task, or every task alike: nothing to resample
-            lo = hi = float(x.mean())
-        out[str(k)] = {"estimate": float(x.mean()), "ci": [lo, hi], "tasks": len(x), "samples_per_task": fewest}
-    return out
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k)."""
-    if not (0 <= c <= n) or k < 1 or k > n:
-        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n (n={n}, c={c}, k={k})")
-    if n - c < k:
-        return 1.0
-    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))

@@ -149,9 +149,9 @@ def _unknown_task(name) -> str:
 
 
 def _cache_root() -> Path:
-    from vskip.models.embedded import cache_dir
+    from .environment import cache_root
 
-    return cache_dir() / "data"
+    return cache_root() / "data"
 
 
 def _digest(path: Path) -> str:
@@ -398,3 +398,11 @@ def user_prompt(problem: Problem) -> str:
     if problem.task in ("math500", "gsm8k"):
         return _MATH_TEMPLATE.format(problem=problem.prompt)
     raise ValueError(_unknown_task(problem.task))
+
+
+def encode_problem(tokenizer, problem: Problem) -> list[int]:
+    """The token ids a benchmark problem is decoded from: its user message (:func:`user_prompt`)
+    in the verifier's chat template."""
+    from .prompting import encode_chat
+
+    return encode_chat(tokenizer, user_prompt(problem))

@@ -104,7 +104,7 @@ def _decode_and_print(a, compare, tasks, models, dec, variants, runtime, problem
     import tempfile
 
     from ..models.load import open_pair
-    from ..prompting import encode_problem
+    from ..tasks import encode_problem
 
     # the longest block the command's drafter drafts (a configuration with a drafter of its own is
     # checked against that drafter when it decodes)

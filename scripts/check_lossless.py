@@ -12,12 +12,12 @@ import sys
 
 from tqdm import tqdm
 
-from vskip import tasks
-from vskip.decode import DecodeConfig, decode
-from vskip.models.config import ModelConfig
-from vskip.models.load import open_pair
-from vskip.policy import PolicyConfig
-from vskip.prompting import encode_problem
+from vskip.bench import tasks
+from vskip.bench.tasks import encode_problem
+from vskip.engine.decode import DecodeConfig, decode
+from vskip.engine.models.config import ModelConfig
+from vskip.engine.models.load import open_pair
+from vskip.engine.policy import PolicyConfig
 
 
 def main(argv=None) -> int:

@@ -87,12 +87,14 @@ unpack() {
 }
 
 traces() {  # one process per task, one thread each
+  local pids=()
   for t in "${TASKS[@]}"; do
     set -- $t
     $VSKIP run --task "$1" --limit "$2" --policy strict --trace --max-new-tokens "$MNT" --threads 1 $PIN --quiet \
       --out "$R/traces/$1" &
+    pids+=($!)
   done
-  wait
+  waitall "${pids[@]}"
 }
 
 train() {
@@ -131,7 +133,12 @@ sweep() {  # the grid on both tasks, one worker and one thread each, until UNTIL
 }
 
 every() {  # $1 task, $2 prompts, $3 n: every n-th of the selected prompts, as --ids
-  $PY -c "from vskip import tasks; print(','.join(p.task_id for p in tasks.load_task('$1', limit=$2)[::$3]))"
+  $PY - "$1" "$2" "$3" <<'PY'
+import sys
+from vskip.bench.tasks import load_task
+task, limit, nth = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+print(",".join(p.task_id for p in load_task(task, limit=limit)[::nth]))
+PY
 }
 
 timing() {  # the key points timed again, paired per prompt: 3 interleaved repeats with the cache, 1 without
@@ -175,7 +182,7 @@ model_of() {  # $1 round: the prefix model of that round (round 0: trained on St
 }
 
 onpolicy() {  # one DAgger-style round: decode with the last round's model, retrain on every round's blocks
-  local n pids=() t i prev model onp=()
+  local n pids=() t i prev model onp=() r
   prev=$(model_of $((ROUND - 1)))
   [ -f "$prev/prefix/manifest.json" ] || { echo "fullscale: no model of round $((ROUND - 1)) ($prev)" >&2; return 2; }
   for i in $(seq 1 $((ROUND - 1))); do
@@ -189,7 +196,7 @@ onpolicy() {  # one DAgger-style round: decode with the last round's model, retr
   for t in humaneval mbpp; do
     if [ ! -f "$R/traces/$t/summary.json" ]; then
       echo "fullscale: no traces here: making them again (a fresh machine)" >&2
-      timeout -s TERM "$n" bash "$0" traces || return 0
+      timeout -s TERM "$n" bash "$0" traces || { r=$?; [ "$r" -eq 124 ] || return "$r"; echo "fullscale: $UNTIL has passed" >&2; return 0; }
       break
     fi
   done
@@ -203,7 +210,11 @@ onpolicy() {  # one DAgger-style round: decode with the last round's model, retr
   done
   waitall "${pids[@]}"
   for t in humaneval mbpp; do
-    [ -f "$R/onpolicy$ROUND/$t/summary.json" ] || { echo "fullscale: the on-policy run of $t is unfinished" >&2; return 0; }
+    if [ ! -f "$R/onpolicy$ROUND/$t/summary.json" ]; then  # stopped at UNTIL: not a failure; otherwise it is
+      echo "fullscale: the on-policy run of $t is unfinished" >&2
+      [ "$(left)" -le 60 ] && return 0
+      return 1
+    fi
   done
   # trained on every kind of block so far, its thresholds calibrated on this round's on-policy blocks,
   # the kind the policy meets after its own skips (docs/results/scheduler.md says why)
@@ -303,7 +314,9 @@ pack() {
   done
   # the promise per alpha where docs/results/scheduler.md reads it: the newest round's report, which
   # holds that round, every earlier one and round 0 (each entry names its predictor)
-  for d in $(ls -d "$A"/report-round* 2>/dev/null | sort -V -r) "$A/report"; do
+  local newest=()
+  mapfile -t newest < <(for d in "$A"/report-round*; do [ -d "$d" ] && printf '%s\n' "$d"; done | sort -V -r)
+  for d in "${newest[@]}" "$A/report"; do
     if [ -f "$d/scheduler.json" ]; then cp "$d/scheduler.json" "$(dirname "$A")/scheduler.json"; break; fi
   done
 }

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import torch
 
-from vskip import tasks
-from vskip.decode import DecodeConfig, decode
-from vskip.models import tiny
-from vskip.models.config import ModelConfig
-from vskip.models.load import open_pair
-from vskip.policy import PolicyConfig
-from vskip.prompting import encode_problem
+from vskip.bench import tasks
+from vskip.bench.tasks import encode_problem
+from vskip.engine.decode import DecodeConfig, decode
+from vskip.engine.models import tiny
+from vskip.engine.models.config import ModelConfig
+from vskip.engine.models.load import open_pair
+from vskip.engine.policy import PolicyConfig
 
 
 def placement() -> tuple[ModelConfig, str]:

@@ -22,7 +22,7 @@ import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
 
-from vskip import sandbox
+from vskip.bench import sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("bubblewrap", "namespaces", "rlimits", "rlimits-own-uid")

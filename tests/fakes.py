@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from vskip.models.protocols import DRAFT_FEATURES, DraftBlock
-from vskip.policy import Verdict
-from vskip.policy.sampling import speculative_draws
+from vskip.engine.models.protocols import DRAFT_FEATURES, DraftBlock
+from vskip.engine.policy import Verdict
+from vskip.engine.policy.sampling import speculative_draws
 
 V = 50
 EOS = 0
@@ -32,7 +32,7 @@ def fake_logits(seq) -> np.ndarray:
 def warp(z: np.ndarray, s) -> np.ndarray:
     """The fake verifier's sampling distribution for logits ``z`` under settings ``s``: written
     here from the definitions (temperature, then the top_k largest, then the smallest set of
-    mass top_p), independently of :mod:`vskip.models.sampling`."""
+    mass top_p), independently of :mod:`vskip.engine.models.sampling`."""
     z = np.asarray(z, np.float64) / s.temperature
     if 0 < s.top_k < len(z):
         z = np.where(z >= np.sort(z)[-s.top_k], z, -np.inf)
@@ -178,9 +178,9 @@ def trace_run(path, n: int, policy=None, predictor=None, gamma: int = 8, max_new
     import json
     from pathlib import Path
 
-    from vskip.decode import DecodeConfig, decode
-    from vskip.policy import PolicyConfig
-    from vskip.traces import append_traces
+    from vskip.engine.decode import DecodeConfig, decode
+    from vskip.engine.policy import PolicyConfig
+    from vskip.study.traces import append_traces
 
     policy = policy or PolicyConfig(name="strict")
     path = Path(path)

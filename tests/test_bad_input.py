@@ -252,7 +252,7 @@ def test_the_corpus_is_large():
 def test_bad_input_is_one_line_naming_the_problem(argv, fragment, tmp_path, capsys, monkeypatch):
     import shlex
 
-    import vskip.models.load as load
+    import vskip.engine.models.load as load
 
     def no_models(*a, **k):  # every case must fail before a model loads
         raise AssertionError("a model was loaded")

@@ -73,8 +73,9 @@ def test_the_parser_imports_neither_torch_nor_numpy():
 
 
 def test_the_light_registrations_name_what_the_modules_hold():
-    from vskip import grids, prefix_model, traces
     from vskip.commands import predictors, sweep
+    from vskip.study import grids, traces
+    from vskip.study.prefix import model as prefix_model
 
     assert sweep.GRID_NAMES == tuple(grids.GRIDS)
     assert predictors.PREDICTOR_KINDS == traces.KINDS + (prefix_model.KIND,)

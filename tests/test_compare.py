@@ -4,11 +4,11 @@ import json
 from types import SimpleNamespace
 
 import pytest
-
 from fakes import FakeDrafter, FakeVerifier
-from vskip import compare
-from vskip import variants as parsing
-from vskip.decode import DecodeConfig
+
+from vskip.engine.decode import DecodeConfig
+from vskip.study import compare
+from vskip.study import variants as parsing
 
 BASE = DecodeConfig(gamma=8, max_new_tokens=40)
 
@@ -38,7 +38,7 @@ def test_a_configuration_may_take_the_speculative_rule(tmp_path):
     they are."""
     from dataclasses import replace
 
-    from vskip.policy import Sampling
+    from vskip.engine.policy import Sampling
 
     warm = replace(BASE, sampling=Sampling(temperature=0.8, seed=4))
     v = parsing.parse_variant("strict+speculative=on+gamma=4", warm, 1)
@@ -174,8 +174,8 @@ def test_the_summary_sets_calls_and_blocks_against_strict_and_reads_eq8():
 
 
 def test_an_out_directory_refuses_rows_made_otherwise(tmp_path):
-    from vskip.runner import ModelConfig
-    from vskip.runtime import Runtime
+    from vskip.engine.runtime import Runtime
+    from vskip.study.runner import ModelConfig
 
     def record(max_new=40, gamma=8, configs=("ar", "strict")):
         dec = DecodeConfig(gamma=gamma, max_new_tokens=max_new)
@@ -273,7 +273,7 @@ def test_repeats_rotate_and_give_each_repeats_ratio(tmp_path):
 
 
 def test_a_learned_configuration_reads_its_predictor(tmp_path, monkeypatch):
-    import vskip.predictor
+    import vskip.study.predictor
 
     asked, scored = [], []
 
@@ -282,7 +282,7 @@ def test_a_learned_configuration_reads_its_predictor(tmp_path, monkeypatch):
             scored.append(task_id)
             return [0.999] * len(block.tokens)
 
-    monkeypatch.setattr(vskip.predictor, "load_predictor", lambda d, kind, runtime=None: asked.append((d, kind)) or Half())
+    monkeypatch.setattr(vskip.study.predictor, "load_predictor", lambda d, kind, runtime=None: asked.append((d, kind)) or Half())
     variants = [parsing.parse_variant(s, BASE, 1, "pred") for s in ("ar", "marginal+eta_m=0.5+k_min=1", "strict")]
     path = compare.run_compare([("t0", [7, 3, 9, 2])], _pair(), variants, tmp_path, progress=False, predictor="pred")
     assert asked == [("pred", "marginal")] and set(scored) == {"t0"}
@@ -294,7 +294,7 @@ def test_a_configuration_may_name_its_own_predictor(tmp_path, monkeypatch):
     """Two rounds of one model side by side: `predictor=DIR` in a configuration loads that directory
     for it alone; the others read --predictor, each (kind, directory) loaded once, and the settings
     record which directory each configuration read."""
-    import vskip.predictor
+    import vskip.study.predictor
 
     class Sure:
         def __init__(self, q):
@@ -307,7 +307,7 @@ def test_a_configuration_may_name_its_own_predictor(tmp_path, monkeypatch):
             return 0.5
 
     asked = []
-    monkeypatch.setattr(vskip.predictor, "load_predictor",
+    monkeypatch.setattr(vskip.study.predictor, "load_predictor",
                         lambda d, kind, runtime=None: asked.append((d, kind)) or Sure(0.999 if d == "pred" else 0.0))
     specs = ("ar", "prefix+alpha=0.05", "prefix+alpha=0.05+predictor=round2", "prefix+alpha=0.02+predictor=round2")
     variants = [parsing.parse_variant(s, BASE, 1, "pred") for s in specs]
@@ -317,7 +317,7 @@ def test_a_configuration_may_name_its_own_predictor(tmp_path, monkeypatch):
     assert asked == [("pred", "prefix"), ("round2", "prefix")]
     rows = {r["config"]: r for r in compare.read_rows(path)}
     assert rows[specs[1]]["skipped"] > 0 and rows[specs[2]]["skipped"] == rows[specs[3]]["skipped"] == 0
-    from vskip.runner import ModelConfig
+    from vskip.study.runner import ModelConfig
 
     rec = compare.settings_record("humaneval", 24, ModelConfig(), ModelConfig(), variants, "pred")
     assert rec["configs"][specs[2]]["predictor"] == "round2" and "predictor" not in rec["configs"][specs[1]]
@@ -331,10 +331,10 @@ def test_a_configuration_may_name_its_own_predictor(tmp_path, monkeypatch):
 
 def test_a_shard_without_prompts_ends_at_once(tmp_path, capsys, monkeypatch):
     """More shards than prompts: the idle shard says so and exits 0 before any model loads."""
-    import vskip.models.load
+    import vskip.engine.models.load
     from vskip.cli import main
 
-    monkeypatch.setattr(vskip.models.load, "open_pair", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(vskip.engine.models.load, "open_pair", lambda *a, **k: pytest.fail("a model was loaded"))
     rc = main(["compare", "--task", "humaneval", "--ids", "HumanEval/0", "--configs", "ar,strict",
                "--shard", "2/2", "--out", str(tmp_path / "c"), "--quiet"])
     assert rc == 0 and "shard 2/2 has no prompts of the 1 selected" in capsys.readouterr().out

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from vskip.cli import main
-from vskip.decode import DecodeConfig, decode
-from vskip.models import tiny
-from vskip.models.conditioned import ConditionedDrafter, HiddenTap, default_target_layers
-from vskip.models.config import ModelConfig
-from vskip.models.load import open_pair
-from vskip.policy import PolicyConfig
-from vskip.prompting import encode_chat
+from vskip.engine.decode import DecodeConfig, decode
+from vskip.engine.models import tiny
+from vskip.engine.models.conditioned import ConditionedDrafter, HiddenTap, default_target_layers
+from vskip.engine.models.config import ModelConfig
+from vskip.engine.models.load import open_pair
+from vskip.engine.policy import PolicyConfig
+from vskip.engine.prompting import encode_chat
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +161,7 @@ def test_strict_sdd_is_lossless_with_a_dflash_drafter(dirs, cache):
 def test_sampled_strict_sdd_commits_what_sampled_ar_draws(dirs, exact_head):
     """Through the transformers verifier (exact head or the model's own): at temperature 0.8 and
     top-p 0.9, Strict SDD commits ar's draws for each seed, and seeds draw different text."""
-    from vskip.policy import Sampling
+    from vskip.engine.policy import Sampling
 
     v, d = dirs
     pair = open_pair(ModelConfig(drafter=str(d), verifier=str(v), device="cpu", dtype="float32", drafter_dtype="float32"))
@@ -183,7 +183,7 @@ def test_the_speculative_rule_runs_through_the_transformers_verifier(dirs):
     """--speculative-sampling with the conditioned drafter (one forward per block) and the
     transformers verifier: near temperature 0 both distributions are point masses, so the rule
     commits exactly ar's greedy text; at 0.8 a seed reproduces its text."""
-    from vskip.policy import Sampling
+    from vskip.engine.policy import Sampling
 
     v, d = dirs
     pair = open_pair(ModelConfig(drafter=str(d), verifier=str(v), device="cpu", dtype="float32", drafter_dtype="float32"))
@@ -227,9 +227,9 @@ def _variant(tmp_path, d: Path, name: str, **change) -> Path:
 def test_a_bad_drafter_directory_is_refused_in_one_line(dirs, tmp_path, capsys, monkeypatch, case, change, gamma, words):
     v, d = dirs
     bad = _variant(tmp_path, d, case, **change)
-    import vskip.decode
+    import vskip.engine.decode
 
-    monkeypatch.setattr(vskip.decode, "decode", lambda *a, **k: pytest.fail("decoding started"))
+    monkeypatch.setattr(vskip.engine.decode, "decode", lambda *a, **k: pytest.fail("decoding started"))
     rc = main(["generate", "def f():", "--drafter", str(bad), "--verifier", str(v), "--policy", "strict",
                "--gamma", str(gamma), "--max-new-tokens", "8"])
     err = capsys.readouterr().err.strip().splitlines()
@@ -375,8 +375,8 @@ def test_extract_train_export_and_decode_end_to_end(llama_dir, tmp_path):
     from vskip.distill.rows import load_rows
     from vskip.distill.taps import extract, load_taps, summary
     from vskip.distill.train_conditioned import export, read_state, train
+    from vskip.engine.models.conditioned_io import load_conditioned
     from vskip.files import file_sha256
-    from vskip.models.conditioned_io import load_conditioned
 
     data = _tiny_data(tmp_path / "data", n=12)
     feats = tmp_path / "feats"
@@ -411,7 +411,7 @@ def test_extract_train_export_and_decode_end_to_end(llama_dir, tmp_path):
     assert len(pos) == 4 and all(0 <= x <= 1 for x in pos)
     assert pos[0] == pytest.approx(m["holdout"]["tails"]["0"]["p_L_ge_1"], abs=1e-4)
     assert (out / "curve.png").exists() and load_conditioned(ddir, verifier).spec.block_size == 5
-    from vskip.models.verifier import HFVerifier
+    from vskip.engine.models.verifier import HFVerifier
 
     ver = HFVerifier(verifier, eos_ids=[2])  # the tiny checkpoint has no tokenizer: wired as the loader wires it
     tap = HiddenTap((0, 1))
@@ -426,9 +426,9 @@ def test_extract_train_export_and_decode_end_to_end(llama_dir, tmp_path):
 def test_transformers_baselines_sample_with_the_same_settings_seeded_per_prompt(pair):
     """compare's hf and lookup configurations under --temperature: transformers' own sampling,
     the same tokens for the same seed and prompt, others for another seed; greedy is ar."""
-    from vskip.compare import _hf_generate
-    from vskip.policy import Sampling
-    from vskip.variants import parse_variant
+    from vskip.engine.policy import Sampling
+    from vskip.study.compare import _hf_generate
+    from vskip.study.variants import parse_variant
 
     ids = encode_chat(pair.tokenizer, "def add(a, b):")
     s = dict(parse_variant("hf", DecodeConfig(gamma=4, sampling=Sampling(temperature=0.9, top_k=20, seed=1)), 1).params)

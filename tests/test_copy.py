@@ -9,9 +9,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vskip.models.backbone import BackboneConfig
-from vskip.models.copy import CopyPrior, copy_hint, fit_lambda, mixture_nll, suffix_match
-from vskip.models.drafter import DiffusionDrafter, DiffusionLM, DrafterSpec
+from vskip.engine.models.backbone import BackboneConfig
+from vskip.engine.models.copy import CopyPrior, copy_hint, fit_lambda, mixture_nll, suffix_match
+from vskip.engine.models.drafter import DiffusionDrafter, DiffusionLM, DrafterSpec
 
 V = 64
 
@@ -118,7 +118,7 @@ def test_a_sampled_draft_draws_from_the_copy_mixture_over_the_vocabulary():
     mapped onto vocabulary ids (the extra column onto the hint's id outside the head); at
     temperature 1 q is that mixture, so a full-weight prior puts all mass on the hint and a
     weight of 0.4 at least 0.4. A drafter of two reveal steps refuses to sample."""
-    from vskip.policy import Draw, Sampling
+    from vskip.engine.policy import Draw, Sampling
 
     s = Sampling(temperature=1.0, speculative=True)
     hints = [6, 7, 8, 9, 10, 3, 4, 5]
@@ -190,7 +190,7 @@ def write_copy_data(path, n_rows, seed):
 
 def test_fit_on_copying_answers_learns_to_copy(tmp_path):
     from vskip.distill.copyfit import fit_copy_prior, write_copy_prior
-    from vskip.models.load import resolve_copy_prior
+    from vskip.engine.models.load import resolve_copy_prior
 
     write_copy_data(tmp_path / "shard_00000.npz", 8, 0)
     write_copy_data(tmp_path / "shard_00001.npz", 4, 1)
@@ -209,7 +209,7 @@ def test_fit_on_copying_answers_learns_to_copy(tmp_path):
 
     (tmp_path / "manifest.json").write_text(json.dumps({"format": "vskip-drafter-manifest/1"}))
     path = write_copy_prior(prior, tmp_path)
-    from vskip.models.embedded import file_sha256
+    from vskip.engine.models.embedded import file_sha256
 
     recorded = json.loads((tmp_path / "manifest.json").read_text())["copy_prior"]
     assert recorded["sha256"] == file_sha256(path) and recorded["heldout"] == ho
@@ -232,7 +232,7 @@ class ScriptedDrafter:
         self.row, self.wrong_at, self.calls = row, list(wrong_at), 0
 
     def propose(self, seq, gamma, features=False):
-        from vskip.models.protocols import DraftBlock
+        from vskip.engine.models.protocols import DraftBlock
 
         b = len(seq)
         toks = np.array(self.row[b:b + gamma])
@@ -308,9 +308,9 @@ def test_asking_for_features_never_changes_the_draft():
 
 
 def test_a_prior_fitted_to_other_weights_warns(tmp_path, capsys):
-    from vskip.models.copy import CopyPrior
-    from vskip.models.embedded import file_sha256
-    from vskip.models.load import _warn_if_fitted_elsewhere
+    from vskip.engine.models.copy import CopyPrior
+    from vskip.engine.models.embedded import file_sha256
+    from vskip.engine.models.load import _warn_if_fitted_elsewhere
 
     LAM = [[0.5]]
     (tmp_path / "drafter.safetensors").write_bytes(b"weights one")

@@ -2,12 +2,12 @@
 
 import numpy as np
 import pytest
+from fakes import EOS, SPECIAL, FakeDrafter, FakeVerifier, StubPredictor
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fakes import EOS, SPECIAL, FakeDrafter, FakeVerifier, StubPredictor
-from vskip.decode import DecodeConfig, agreement, decode
-from vskip.policy import PolicyConfig
+from vskip.engine.decode import DecodeConfig, agreement, decode
+from vskip.engine.policy import PolicyConfig
 
 PROMPT = [7, 3, 9, 4]
 
@@ -246,8 +246,8 @@ def test_prefix_policy_skips_only_beyond_the_break_even_length():
 
 
 def test_prefix_decision_is_pure_and_respects_staleness():
-    from vskip.policy import decide
-    from vskip.policy.guards import GuardContext
+    from vskip.engine.policy import decide
+    from vskip.engine.policy.guards import GuardContext
 
     ctx = GuardContext(np.array([5, 6, 7]), frozenset(), frozenset({0}))
     pol = PolicyConfig(name="prefix", lam=0.8, cost_ratio=0.1, s_max=10)

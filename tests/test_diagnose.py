@@ -4,18 +4,16 @@ import json
 
 import numpy as np
 import pytest
+from fakes import FakeDrafter, FakeVerifier
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fakes import FakeDrafter, FakeVerifier
-from vskip.decode import DecodeConfig, decode
-from vskip.diagnose import (
-    auroc, feasible_prefix_rows, permutation_diagnostic, permutation_pool, permute_pairs, position_rates,
-    positionwise_auroc, positionwise_bce, proposition1,
-)
-from vskip.policy import PolicyConfig, feasible_prefix
-from vskip.predictor import PredictorTrainConfig, train_predictor
-from vskip.traces import Rotation, TraceSet, append_traces, survival_labels
+from vskip.engine.decode import DecodeConfig, decode
+from vskip.engine.policy import PolicyConfig, feasible_prefix
+from vskip.study.diagnose import (auroc, feasible_prefix_rows, permutation_diagnostic, permutation_pool, permute_pairs,
+                                  position_rates, positionwise_auroc, positionwise_bce, proposition1)
+from vskip.study.predictor import PredictorTrainConfig, train_predictor
+from vskip.study.traces import Rotation, TraceSet, append_traces, survival_labels
 
 
 def brute_auroc(s, y):
@@ -184,7 +182,7 @@ def test_diagnose_raw_only(tmp_path):
 
 
 def test_raw_reliability_counts_agreement_per_bin_and_finds_levels():
-    from vskip.ranking import raw_reliability
+    from vskip.study.ranking import raw_reliability
 
     # 4 blocks of 4: two copy-like blocks at one level (0.9607), agreeing 3 deep and 1 deep
     C = np.array([[0.9607] * 4, [0.9607] * 4, [0.2, 0.3, 0.4, 0.5], [0.85, 0.99, 0.2, 0.2]], np.float32)
@@ -203,14 +201,14 @@ def test_raw_reliability_counts_agreement_per_bin_and_finds_levels():
 
 
 def test_diagnose_with_predictors(tmp_path):
-    from vskip.diagnose import DiagnoseConfig, diagnose
-    from vskip.traces import load_traces
+    from vskip.study.diagnose import DiagnoseConfig, diagnose
+    from vskip.study.traces import load_traces
 
     _fake_trace_run(tmp_path / "run")
     ts = load_traces(tmp_path / "run")
     for kind in ("marginal", "conditional"):
         train_predictor(ts, PredictorTrainConfig(kind, epochs=1, batch_size=256), tmp_path / "pred", progress=False)
-    from vskip.prefix_model import PrefixTrainConfig, load_prefix_predictor, train_prefix_predictor
+    from vskip.study.prefix.model import PrefixTrainConfig, load_prefix_predictor, train_prefix_predictor
 
     train_prefix_predictor(ts, PrefixTrainConfig(epochs=2, hidden=8), tmp_path / "pred", progress=False)
     s = diagnose([tmp_path / "run"], tmp_path / "d", predictors=tmp_path / "pred",
@@ -235,7 +233,7 @@ def test_diagnose_with_predictors(tmp_path):
 
 
 def test_position_rates_smoothed_and_the_papers_empirical_rate():
-    from vskip.diagnose import position_rates
+    from vskip.study.diagnose import position_rates
 
     Y = np.array([[1, 0], [1, 1], [0, 0]], float)
     M = np.ones_like(Y, bool)
@@ -246,7 +244,7 @@ def test_position_rates_smoothed_and_the_papers_empirical_rate():
 
 
 def test_top_precision_reads_the_top_of_each_ranking():
-    from vskip.ranking import top_precision
+    from vskip.study.ranking import top_precision
 
     rng = np.random.default_rng(0)
     B, g = 400, 4

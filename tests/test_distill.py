@@ -14,15 +14,8 @@ import numpy as np
 import pytest
 
 from vskip.distill import generate as gen
-from vskip.distill.prompts import (
-    CODE_TEMPLATE,
-    MATH_TEMPLATE,
-    TrainPrompt,
-    build_prompts,
-    count_by_source,
-    exclude_eval_items,
-    read_prompts,
-)
+from vskip.distill.prompts import (CODE_TEMPLATE, MATH_TEMPLATE, TrainPrompt, build_prompts, count_by_source,
+                                   exclude_eval_items, read_prompts)
 
 
 @pytest.fixture(autouse=True)
@@ -75,7 +68,7 @@ def _eval_items() -> dict[str, list[str]]:
     """The evaluation items through the benchmark loader (with the user messages the
     benchmarks send), or straight from the data files when the loader is unavailable."""
     try:
-        from vskip.tasks import load_task, user_prompt
+        from vskip.bench.tasks import load_task, user_prompt
     except ImportError:
         return _eval_items_from_files()
     tasks = {name: load_task(name) for name in ("humaneval", "mbpp", "math500", "gsm8k")}

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vskip.decode import DecodeConfig, decode
-from vskip.models.protocols import DraftBlock
-from vskip.policy import PolicyConfig
+from vskip.engine.decode import DecodeConfig, decode
+from vskip.engine.models.protocols import DraftBlock
+from vskip.engine.policy import PolicyConfig
 
 pytestmark = pytest.mark.model
 THREADS = os.environ.get("VSKIP_TEST_THREADS", "1")
@@ -20,16 +20,16 @@ THREADS = os.environ.get("VSKIP_TEST_THREADS", "1")
 
 @pytest.fixture(scope="module")
 def pair():
-    from vskip.models.load import load_pair
-    from vskip.runtime import resolve_runtime
+    from vskip.engine.models.load import load_pair
+    from vskip.engine.runtime import resolve_runtime
 
     return load_pair(resolve_runtime("cpu", "float32"))
 
 
 @pytest.fixture(scope="module")
 def prompts(pair):
-    from vskip import tasks
-    from vskip.prompting import encode_chat
+    from vskip.bench import tasks
+    from vskip.engine.prompting import encode_chat
 
     return [encode_chat(pair.tokenizer, tasks.user_prompt(p)) for p in tasks.load_task("humaneval", ids=["HumanEval/0", "HumanEval/2"])]
 
@@ -80,8 +80,8 @@ def test_strict_is_lossless_with_any_drafter_dtype_steps_and_block_length(drafte
     one or two reveal steps, and a block length chosen per round all give the verifier's output."""
     import copy
 
-    from vskip.models.load import load_pair
-    from vskip.runtime import resolve_runtime
+    from vskip.engine.models.load import load_pair
+    from vskip.engine.runtime import resolve_runtime
 
     p = load_pair(resolve_runtime("cpu", "float32", drafter_dtype=drafter_dtype), steps=1)
     assert str(p.drafter._W.dtype) == f"torch.{drafter_dtype}"
@@ -152,9 +152,9 @@ def test_run_writes_the_four_files(tmp_path):
 def test_a_drafter_whose_vocabulary_does_not_fit_is_refused(tmp_path):
     import torch
 
-    from vskip.models.backbone import BackboneConfig
-    from vskip.models.drafter import DiffusionLM, DrafterSpec
-    from vskip.models.drafter_io import save_drafter
+    from vskip.engine.models.backbone import BackboneConfig
+    from vskip.engine.models.drafter import DiffusionLM, DrafterSpec
+    from vskip.engine.models.drafter_io import save_drafter
 
     spec = DrafterSpec(backbone=BackboneConfig(96, 32, 64, 1, 4, 2), mask_token_id=None, head="tied")
     save_drafter(DiffusionLM(spec), tmp_path / "small", dtype=torch.float32)
@@ -165,7 +165,7 @@ def test_a_drafter_whose_vocabulary_does_not_fit_is_refused(tmp_path):
 
 
 def test_the_shipped_drafter_loads_matches_its_manifest_and_is_trained(pair):
-    from vskip.models.embedded import EMBEDDED_DRAFTER, embedded_drafter_dir, embedded_verifier_dir, file_sha256
+    from vskip.engine.models.embedded import EMBEDDED_DRAFTER, embedded_drafter_dir, embedded_verifier_dir, file_sha256
 
     d = embedded_drafter_dir()
     manifest = json.loads((d / "manifest.json").read_text())
@@ -181,8 +181,8 @@ def test_the_shipped_drafter_loads_matches_its_manifest_and_is_trained(pair):
 
 
 def test_the_shipped_copy_prior_is_on_by_default_recorded_and_copies(pair, prompts):
-    from vskip.models.copy import COPY_FILE
-    from vskip.models.embedded import embedded_drafter_dir, file_sha256
+    from vskip.engine.models.copy import COPY_FILE
+    from vskip.engine.models.embedded import embedded_drafter_dir, file_sha256
 
     d = embedded_drafter_dir()
     manifest = json.loads((d / "manifest.json").read_text())
@@ -217,7 +217,7 @@ def test_the_shipped_copy_prior_is_on_by_default_recorded_and_copies(pair, promp
     start = len(ids) // 2
     seq = ids + ids[start:start + 8]
     assert sum(ids[i:i + 8] == ids[start:start + 8] for i in range(len(ids))) == 1
-    from vskip.models.copy import copy_hint
+    from vskip.engine.models.copy import copy_hint
 
     hint, length = copy_hint(seq, 4)
     assert length >= 8 and hint.tolist() == ids[start + 8:start + 12]

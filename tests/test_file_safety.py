@@ -8,14 +8,14 @@ import os
 import shlex
 
 import pytest
-
 from test_sweep import IDS, fake_pair
-from vskip import cli, runner
-from vskip.decode import DecodeConfig
-from vskip.files import (DirLock, FileError, check_writable_dir, open_append, save_figure, write_atomic,
-                         write_json)
-from vskip.policy import PolicyConfig
-from vskip.runner import ModelConfig, RunConfig
+
+from vskip import cli
+from vskip.engine.decode import DecodeConfig
+from vskip.engine.policy import PolicyConfig
+from vskip.files import DirLock, FileError, check_writable_dir, open_append, save_figure, write_atomic, write_json
+from vskip.study import runner
+from vskip.study.runner import ModelConfig, RunConfig
 
 
 @pytest.fixture
@@ -99,7 +99,7 @@ def test_a_run_refuses_a_directory_of_someone_elses_samples(tmp_path):
 
 
 def test_a_sweep_refuses_a_damaged_sweep_record(tmp_path):
-    from vskip.sweep import plan, run_sweep
+    from vskip.study.sweep import plan, run_sweep
 
     out = tmp_path / "sweep"
     out.mkdir()
@@ -112,7 +112,7 @@ def test_a_sweep_refuses_a_damaged_sweep_record(tmp_path):
 
 
 def test_a_sweep_directory_has_one_writer(tmp_path):
-    from vskip.sweep import plan, run_sweep
+    from vskip.study.sweep import plan, run_sweep
 
     out = tmp_path / "sweep"
     p = plan("humaneval", "cpu-small", DecodeConfig(gamma=8, max_new_tokens=16, task="humaneval"), ModelConfig(),
@@ -129,7 +129,7 @@ def test_a_sweep_directory_has_one_writer(tmp_path):
     ("report {out}/runs --out {out}", ".lock", "report directory"),
 ])
 def test_a_second_writer_is_refused_before_any_model_loads(argv, lock, words, tmp_path, capsys, monkeypatch):
-    import vskip.models.load as load
+    import vskip.engine.models.load as load
 
     def no_models(*a, **k):
         raise AssertionError("a model was loaded")
@@ -162,7 +162,7 @@ def test_score_refuses_a_device_as_out_before_scoring(tmp_path, capsys):
 def test_sandbox_directories_a_killed_scorer_left_are_removed(tmp_path, monkeypatch):
     import subprocess
 
-    from vskip.sandbox import run as sbx
+    from vskip.bench.sandbox import run as sbx
 
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     dead = subprocess.Popen(["true"])
@@ -184,7 +184,7 @@ def test_pids_cgroups_a_killed_scorer_left_are_removed(tmp_path, monkeypatch):
     standing in for the cgroup parent)."""
     import subprocess
 
-    from vskip.sandbox import run as sbx
+    from vskip.bench.sandbox import run as sbx
 
     parent = tmp_path / "cgroup"
     parent.mkdir()
@@ -204,7 +204,7 @@ def test_pids_cgroups_a_killed_scorer_left_are_removed(tmp_path, monkeypatch):
 
 
 def test_an_edited_benchmark_cache_is_not_trusted(tmp_path, monkeypatch, capsys):
-    from vskip import tasks
+    from vskip.bench import tasks
 
     monkeypatch.setattr(tasks, "_cache_root", lambda: tmp_path)
     monkeypatch.setattr(tasks, "_MEMO", {})
@@ -222,9 +222,9 @@ def test_an_edited_benchmark_cache_is_not_trusted(tmp_path, monkeypatch, capsys)
 def test_a_damaged_safetensors_file_is_named(tmp_path):
     import shutil
 
-    from vskip.models.backbone import read_safetensors_dir, read_safetensors_file
-    from vskip.models.drafter_io import load_drafter_model
-    from vskip.models.embedded import embedded_drafter_dir
+    from vskip.engine.models.backbone import read_safetensors_dir, read_safetensors_file
+    from vskip.engine.models.drafter_io import load_drafter_model
+    from vskip.engine.models.embedded import embedded_drafter_dir
 
     bad = tmp_path / "d"
     bad.mkdir()

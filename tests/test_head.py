@@ -6,7 +6,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vskip.models.head import RANK_EXACT, ExactHead, plain_head
+from vskip.engine.models.head import RANK_EXACT, ExactHead, plain_head
 
 
 def _exact_logits(h, W):
@@ -74,7 +74,7 @@ def test_plain_head_only_for_plain_float32_heads():
 def test_verifier_with_the_exact_head_agrees_with_the_model(seed):
     from test_models import tiny_llama
 
-    from vskip.models.verifier import HFVerifier
+    from vskip.engine.models.verifier import HFVerifier
 
     model = tiny_llama(seed)
     exact = HFVerifier(model, eos_ids=[0])

@@ -1,8 +1,8 @@
-"""The run aggregates of vskip.metrics.summarize, the one place they are computed."""
+"""The run aggregates of vskip.engine.metrics.summarize, the one place they are computed."""
 
 import pytest
 
-from vskip.metrics import summarize
+from vskip.engine.metrics import summarize
 
 
 def _sample(tid, **kw):

@@ -5,15 +5,15 @@ import json
 import numpy as np
 import pytest
 import torch
-
 from fakes import FakeDrafter
-from vskip.decode import DecodeConfig, decode
-from vskip.models.backbone import BackboneConfig
-from vskip.models.protocols import DraftBlock
-from vskip.models.drafter import DiffusionDrafter, DiffusionLM, DrafterSpec, reveal_counts
-from vskip.models.drafter_io import load_drafter_model, save_drafter
-from vskip.models.verifier import HFVerifier
-from vskip.policy import GuardConfig, PolicyConfig
+
+from vskip.engine.decode import DecodeConfig, decode
+from vskip.engine.models.backbone import BackboneConfig
+from vskip.engine.models.drafter import DiffusionDrafter, DiffusionLM, DrafterSpec, reveal_counts
+from vskip.engine.models.drafter_io import load_drafter_model, save_drafter
+from vskip.engine.models.protocols import DraftBlock
+from vskip.engine.models.verifier import HFVerifier
+from vskip.engine.policy import GuardConfig, PolicyConfig
 
 V = 96
 
@@ -75,7 +75,7 @@ def test_backbone_matches_transformers_qwen2(tmp_path):
 def test_backbone_matches_transformers_llama(tmp_path):
     ref = tiny_llama()
     ref.save_pretrained(tmp_path / "llama", safe_serialization=True)
-    from vskip.models.drafter_io import drafter_from_verifier
+    from vskip.engine.models.drafter_io import drafter_from_verifier
 
     model = drafter_from_verifier(tmp_path / "llama", num_layers=2)
     ids = torch.randint(0, V, (1, 9))
@@ -119,7 +119,7 @@ def test_block_attention_cache_is_consistent(tmp_path):
 def test_save_and_load_drafter_as_difference(tmp_path):
     ref = tiny_llama()
     ref.save_pretrained(tmp_path / "verifier", safe_serialization=True)
-    from vskip.models.drafter_io import drafter_from_verifier
+    from vskip.engine.models.drafter_io import drafter_from_verifier
 
     head = torch.arange(0, V, 2)
     model = drafter_from_verifier(tmp_path / "verifier", num_layers=1, head_ids=head)
@@ -233,7 +233,7 @@ class _Tok:
 
 
 def test_vocabulary_fit_never_allows_ids_the_verifier_lacks():
-    from vskip.models.load import vocabulary_fit
+    from vskip.engine.models.load import vocabulary_fit
 
     words = [f"t{i}" for i in range(200)]
     drafter_tok = _Tok(words[:180] + ["<|mask|>"] * 20)

@@ -10,15 +10,14 @@ import pytest
 import torch
 
 from vskip.cli import main
-from vskip.decode import DecodeConfig, decode
-from vskip.models import tiny
-from vskip.models.config import ModelConfig
-from vskip.models.load import load_verifier, open_pair, read_token_table, vocabulary_fit
-from vskip.models.placement import MemoryPlanError, Shape, plan_memory, read_shape
-from vskip.runtime import parse_max_memory
-from vskip.policy import PolicyConfig
-from vskip.prompting import encode_chat
-from vskip.runtime import Runtime, resolve_runtime, set_sync, sync
+from vskip.engine.decode import DecodeConfig, decode
+from vskip.engine.models import tiny
+from vskip.engine.models.config import ModelConfig
+from vskip.engine.models.load import load_verifier, open_pair, read_token_table, vocabulary_fit
+from vskip.engine.models.placement import MemoryPlanError, Shape, plan_memory, read_shape
+from vskip.engine.policy import PolicyConfig
+from vskip.engine.prompting import encode_chat
+from vskip.engine.runtime import Runtime, parse_max_memory, resolve_runtime, set_sync, sync
 
 PAPER = Path(__file__).parent / "data" / "paper"
 GIB = 1 << 30
@@ -72,7 +71,7 @@ def test_a_vskip_drafter_counts_its_restricted_head():
 
     from safetensors import safe_open
 
-    from vskip.models.embedded import embedded_drafter_dir
+    from vskip.engine.models.embedded import embedded_drafter_dir
 
     ddir = embedded_drafter_dir()
     d = read_shape(ddir, "drafter")

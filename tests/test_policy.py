@@ -8,31 +8,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vskip.policy import (
-    GuardConfig,
-    GuardContext,
-    PolicyConfig,
-    policy_params,
-    Verdict,
-    break_even_length,
-    committed_tokens,
-    decide,
-    feasible_prefix,
-    lenience_accept,
-    local_scores,
-    prefix_scores,
-    repetition,
-    select_prefix,
-    strict_accept,
-    topk_accept,
-)
+from vskip.engine.policy import (GuardConfig, GuardContext, PolicyConfig, Verdict, break_even_length, committed_tokens,
+                                 decide, feasible_prefix, lenience_accept, local_scores, policy_params, prefix_scores,
+                                 repetition, select_prefix, strict_accept, topk_accept)
 
 probs = st.lists(st.floats(0.0, 1.0, allow_nan=False), min_size=1, max_size=40).map(np.array)
 gate = st.floats(0.0, 1.0)
 
 
 def test_policy_does_not_import_torch():
-    code = "import sys, vskip.policy, vskip.decode; print('torch' in sys.modules)"
+    code = "import sys, vskip.engine.policy, vskip.engine.decode; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -257,7 +242,7 @@ def test_break_even():
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(1, 64), st.integers(0, 64), st.integers(1, 40), st.integers(0, 60), st.booleans())
 def test_block_length_is_base_or_long(gamma, extra, min_match, match, last_full):
-    from vskip.policy import BlockLength, block_length
+    from vskip.engine.policy import BlockLength, block_length
 
     cfg = BlockLength(gamma, gamma + extra, min_match)
     g = block_length(cfg, match, last_full)
@@ -267,7 +252,7 @@ def test_block_length_is_base_or_long(gamma, extra, min_match, match, last_full)
 
 
 def test_block_length_rejects_bad_settings():
-    from vskip.policy import BlockLength
+    from vskip.engine.policy import BlockLength
 
     for kw in ({"gamma": 0}, {"gamma": 8, "gamma_max": 4}, {"gamma": 8, "min_match": 0}):
         with pytest.raises(ValueError):
@@ -277,7 +262,7 @@ def test_block_length_rejects_bad_settings():
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=32), st.floats(0.0, 1.0))
 def test_verify_length_is_the_confident_run(q, trim):
-    from vskip.policy import verify_length
+    from vskip.engine.policy import verify_length
 
     q = np.array(q)
     n = verify_length(q, trim)
@@ -294,7 +279,7 @@ def test_the_policys_fields_are_the_declared_parameters():
     from dataclasses import fields
 
     from vskip.defaults import POLICY_PARAMETERS
-    from vskip.variants import POLICY_FLAGS
+    from vskip.study.variants import POLICY_FLAGS
 
     declared = {k: p for k, p in POLICY_PARAMETERS.items() if p.field}
     own = [f for f in fields(PolicyConfig) if f.name not in ("name", "guards")]

@@ -5,17 +5,16 @@ import json
 import numpy as np
 import pytest
 import torch
+from fakes import FakeDrafter, FakeVerifier, trace_run
 from safetensors import safe_open
 
-from fakes import FakeDrafter, FakeVerifier, trace_run
-from vskip.decode import DecodeConfig, decode
-from vskip.diagnose import positionwise_bce
-from vskip.models.protocols import DraftBlock
-from vskip.policy import PolicyConfig
-from vskip.predictor import (
-    PredictorTrainConfig, examples, input_rows, load_fold_predictor, make_mlp, normalisation, train_predictor,
-)
-from vskip.traces import TraceSet, append_traces, folds, load_traces, rotations
+from vskip.engine.decode import DecodeConfig, decode
+from vskip.engine.models.protocols import DraftBlock
+from vskip.engine.policy import PolicyConfig
+from vskip.study.diagnose import positionwise_bce
+from vskip.study.predictor import (PredictorTrainConfig, examples, input_rows, load_fold_predictor, make_mlp,
+                                   normalisation, train_predictor)
+from vskip.study.traces import TraceSet, append_traces, folds, load_traces, rotations
 
 G, D = 6, 4
 

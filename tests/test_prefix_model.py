@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from vskip.policy.prefix import survival_nll
-from vskip.prefix_model import PrefixTrainConfig, held_out_survival, nll, survival, train_prefix_model
-from vskip.traces import folds, rotations
+from vskip.engine.policy.prefix import survival_nll
+from vskip.study.prefix.model import PrefixTrainConfig, held_out_survival, nll, survival, train_prefix_model
+from vskip.study.traces import folds, rotations
 
 G, F = 8, 3
 
@@ -66,7 +66,7 @@ def test_every_block_is_scored_by_a_model_that_never_saw_its_prompt():
 
 def _traces(n_prompts=40, per=15, seed=2):
     """A TraceSet of synthetic blocks (features in the first F of the 19 columns, no hidden states)."""
-    from vskip.traces import TraceSet
+    from vskip.study.traces import TraceSet
 
     rng = np.random.default_rng(seed)
     X, L = _blocks(rng, n_prompts * per)
@@ -79,7 +79,7 @@ def _traces(n_prompts=40, per=15, seed=2):
 
 
 def test_prefix_rotations_keep_test_calibration_and_training_apart():
-    from vskip.prefix_model import prefix_rotations
+    from vskip.study.prefix.model import prefix_rotations
 
     ids = [f"HumanEval/{i}" for i in range(40)]
     fl = folds(ids)
@@ -96,10 +96,10 @@ def test_prefix_rotations_keep_test_calibration_and_training_apart():
 
 
 def test_the_prefix_predictor_scores_by_fold_and_calibrates_its_threshold(tmp_path):
-    from vskip.policy.prefix import risk_curve
-    from vskip.prefix_model import PrefixPredictor, train_prefix_predictor
-    from vskip.predictor import load_predictor
-    from vskip.models.protocols import DraftBlock
+    from vskip.engine.models.protocols import DraftBlock
+    from vskip.engine.policy.prefix import risk_curve
+    from vskip.study.predictor import load_predictor
+    from vskip.study.prefix.model import PrefixPredictor, train_prefix_predictor
 
     torch.set_num_threads(1)
     ts = _traces()
@@ -134,8 +134,8 @@ def test_the_prefix_predictor_scores_by_fold_and_calibrates_its_threshold(tmp_pa
 
 
 def test_a_run_says_which_folds_cannot_keep_alpha(tmp_path, capsys):
-    from vskip.predictor import load_predictor, note_thresholds
-    from vskip.prefix_model import train_prefix_predictor
+    from vskip.study.predictor import load_predictor, note_thresholds
+    from vskip.study.prefix.model import train_prefix_predictor
 
     torch.set_num_threads(1)
     train_prefix_predictor(_traces(), PrefixTrainConfig(epochs=1, hidden=8), tmp_path, progress=False)
@@ -146,7 +146,7 @@ def test_a_run_says_which_folds_cannot_keep_alpha(tmp_path, capsys):
     note_thresholds(pp, 0.5)
     assert "never skipped" not in capsys.readouterr().err
     # what a run's config.json keeps of it: no rotation skips at 0.05, each its own lam at 0.5
-    from vskip.predictor import threshold_record
+    from vskip.study.predictor import threshold_record
 
     assert threshold_record(pp, None) is None
     rec = threshold_record(pp, 0.05)
@@ -160,17 +160,18 @@ def test_a_run_records_the_thresholds_it_decoded_with(tmp_path):
     so the promise a run kept can be read from the run itself; a resume rewrites the same record."""
     from fakes import trace_run
     from test_sweep import IDS, fake_pair
-    from vskip import runner
-    from vskip.decode import DecodeConfig
+
+    from vskip.engine.decode import DecodeConfig
+    from vskip.engine.policy import PolicyConfig
     from vskip.files import read_json
-    from vskip.policy import PolicyConfig
-    from vskip.predictor import load_predictor
-    from vskip.prefix_model import train_prefix_predictor
-    from vskip.runner import ModelConfig, RunConfig
+    from vskip.study import runner
+    from vskip.study.predictor import load_predictor
+    from vskip.study.prefix.model import train_prefix_predictor
+    from vskip.study.runner import ModelConfig, RunConfig
 
     torch.set_num_threads(1)
     trace_run(tmp_path / "strict", 15)
-    from vskip.traces import load_traces
+    from vskip.study.traces import load_traces
 
     train_prefix_predictor(load_traces(tmp_path / "strict"), PrefixTrainConfig(epochs=1, hidden=8), tmp_path / "p",
                            progress=False)
@@ -198,11 +199,12 @@ def test_the_prefix_policy_reads_the_model_and_its_calibrated_threshold(tmp_path
     import json
 
     from fakes import FakeDrafter, FakeVerifier, trace_run
+
     from vskip.cli import build_parser
-    from vskip.decode import DecodeConfig, decode
-    from vskip.policy import PolicyConfig
-    from vskip.predictor import load_predictor
-    from vskip.traces import load_traces
+    from vskip.engine.decode import DecodeConfig, decode
+    from vskip.engine.policy import PolicyConfig
+    from vskip.study.predictor import load_predictor
+    from vskip.study.traces import load_traces
 
     runs = tmp_path / "strict"
     prompts = trace_run(runs, 15)
@@ -298,9 +300,9 @@ def _shifted(ts, drop=2):
 
 
 def test_calibrating_on_policy_blocks_raises_the_threshold_where_they_fail_earlier(tmp_path):
-    from vskip.policy.prefix import risk_curve
-    from vskip.predictor import load_predictor
-    from vskip.prefix_model import block_inputs, train_prefix_predictor
+    from vskip.engine.policy.prefix import risk_curve
+    from vskip.study.predictor import load_predictor
+    from vskip.study.prefix.model import block_inputs, train_prefix_predictor
 
     torch.set_num_threads(1)
     ts = _traces()
@@ -341,10 +343,10 @@ def test_the_promise_replayed_on_new_blocks_and_on_shifted_ones(tmp_path):
     the calibration's."""
     from dataclasses import replace
 
-    from vskip.calibrate import replay_promise
-    from vskip.policy.prefix import prompt_loss
-    from vskip.predictor import load_predictor
-    from vskip.prefix_model import train_prefix_predictor
+    from vskip.engine.policy.prefix import prompt_loss
+    from vskip.study.predictor import load_predictor
+    from vskip.study.prefix.calibrate import replay_promise
+    from vskip.study.prefix.model import train_prefix_predictor
 
     torch.set_num_threads(1)
     ts = _traces()
@@ -371,7 +373,7 @@ def test_the_promise_replayed_on_new_blocks_and_on_shifted_ones(tmp_path):
 
 
 def test_alpha_needs_the_prefix_model():
-    from vskip.policy import PolicyConfig
+    from vskip.engine.policy import PolicyConfig
 
     with pytest.raises(ValueError, match="alpha"):
         PolicyConfig(name="prefix", alpha=0.05)
@@ -394,18 +396,19 @@ def test_online_calibration_from_decodes_to_a_tested_threshold(tmp_path, capsys)
 
     from fakes import trace_run
     from test_sweep import fake_pair
-    from vskip import runner
-    from vskip.calibrate import online_losses
+
     from vskip.cli import build_parser
-    from vskip.decode import DecodeConfig
-    from vskip.policy import PolicyConfig
-    from vskip.policy.prefix import crc_online
-    from vskip.predictor import load_predictor
-    from vskip.prefix_model import train_prefix_predictor, write_online_predictor
-    from vskip.report.compare import prompt_disagreement
-    from vskip.report.runs import load_run
-    from vskip.runner import ModelConfig, RunConfig
-    from vskip.traces import load_traces
+    from vskip.engine.decode import DecodeConfig
+    from vskip.engine.metrics import prompt_disagreement
+    from vskip.engine.policy import PolicyConfig
+    from vskip.engine.policy.prefix import crc_online
+    from vskip.study import runner
+    from vskip.study.predictor import load_predictor
+    from vskip.study.prefix.calibrate import online_losses
+    from vskip.study.prefix.model import train_prefix_predictor, write_online_predictor
+    from vskip.study.rundir import load_run
+    from vskip.study.runner import ModelConfig, RunConfig
+    from vskip.study.traces import load_traces
 
     torch.set_num_threads(1)
     trace_run(tmp_path / "strict", 40)

@@ -7,7 +7,11 @@ a reader sees in the source and not in the rendered page:
 - ``<!-- setting: why -->``: a number that is chosen, not measured (a target, a promise).
 
 Decimals inside code (commands, flags) and section references (§3.2) are not quoted results. A
-mutation test changes each quoted digit in turn and checks that the check fails."""
+mutation test changes each quoted digit in turn and checks that the check fails.
+
+The same holds, with the same check, for every region of a results page (docs/results/*.md) between
+``<!-- checked -->`` and ``<!-- /checked -->``: the parts of those pages whose every number is
+annotated at its source."""
 
 import json
 import re
@@ -98,3 +102,30 @@ def test_counts_are_in_committed_results():
     pages = [p.read_text(errors="ignore") for p in RESULTS.rglob("*.md")]
     for a, b in re.findall(r"\b(\d+)/(\d+)\b", text):  # counts such as 164/164
         assert any(f"{a}/{b}" in p for p in pages), f"{a}/{b}"
+
+
+CHECKED = re.compile(r"<!-- checked -->(.*?)<!-- /checked -->", re.S)
+
+
+def _checked_regions() -> list[tuple[str, str]]:
+    """(page, text) of every checked region of the results pages."""
+    out = []
+    for page in sorted(RESULTS.glob("*.md")):
+        text = page.read_text()
+        assert text.count("<!-- checked -->") == text.count("<!-- /checked -->"), f"{page.name}: unbalanced markers"
+        out += [(page.name, m.group(1)) for m in CHECKED.finditer(text)]
+    return out
+
+
+def test_every_number_of_a_checked_region_names_its_source_and_matches_it():
+    regions = _checked_regions()
+    assert regions, "no results page has a checked region"
+    bad = [f"{page}: {p}" for page, text in regions for p in problems(text)]
+    assert not bad, bad
+
+
+def test_changing_any_digit_of_a_checked_region_fails_the_check():
+    mutants = [t for _, text in _checked_regions() for t in _mutations(text)]
+    assert len(mutants) >= 20
+    assert all(problems(t) for t in mutants)
+

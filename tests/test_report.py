@@ -10,7 +10,7 @@ import pytest
 
 from vskip import report
 from vskip.cli import main
-from vskip.policy import break_even_length
+from vskip.engine.policy import break_even_length
 
 IDS = ["HumanEval/0", "HumanEval/1", "HumanEval/2", "HumanEval/3"]
 
@@ -204,7 +204,7 @@ def test_tables(sweep_dir, tmp_path):
 
 
 def test_a_sweep_unit_shows_its_sweep_command_and_an_unrecorded_run_says_so(tmp_path):
-    from vskip.report.runs import load_run
+    from vskip.study.rundir import load_run
 
     unit = write_run(tmp_path / "s" / "raw_a", "raw", calls=4, blocks=6, seconds=0.8, passed=[True] * 4, config=False)
     (tmp_path / "s" / "sweep.json").write_text(json.dumps({"command": "vskip sweep --grid cpu-small --out s"}))
@@ -507,7 +507,7 @@ def test_the_promise_over_the_tasks_it_was_calibrated_on(tmp_path):
     lo, hi = both["realised_disagreement_ci95"]
     assert lo < 0.05 < hi
     # one prompt of HumanEval over alpha, the rest at 0: above alpha, yet the interval holds it
-    from vskip.report.scheduler import verdict
+    from vskip.study.prefix.calibrate import verdict
 
     assert verdict(0.06, (0.01, 0.12), 0.05) == "above, unresolved" and verdict(0.06, (0.055, 0.07), 0.05) == "exceeded"
 

@@ -8,15 +8,15 @@ import json
 from pathlib import Path
 
 import pytest
-
 from test_report import IDS, build, write_run
-from vskip import compare
-from vskip.variants import parse_variant
-from vskip.decode import DecodeConfig
-from vskip.policy import PolicyConfig
+
+from vskip.engine.decode import DecodeConfig
+from vskip.engine.policy import PolicyConfig
+from vskip.engine.runtime import Runtime
 from vskip.report.timing import Timing, timed_fields
-from vskip.runner import ModelConfig, RunConfig
-from vskip.runtime import Runtime
+from vskip.study import compare
+from vskip.study.runner import ModelConfig, RunConfig
+from vskip.study.variants import parse_variant
 
 P_ALPHA = "prefix+survival=model+alpha=0.05"
 SPECS = ("ar", "strict", P_ALPHA, "prefix+survival=model+alpha=0.02", P_ALPHA + "+predictor=p1",

@@ -8,13 +8,13 @@ import json
 from pathlib import Path
 
 import pytest
-
 from test_sweep import IDS, fake_pair, read_dir
-from vskip import runner
-from vskip.decode import DecodeConfig
+
+from vskip.engine.decode import DecodeConfig
+from vskip.engine.policy import PolicyConfig, Sampling
 from vskip.files import DirLock, FileError, read_json, read_jsonl, write_atomic
-from vskip.policy import PolicyConfig, Sampling
-from vskip.runner import ModelConfig, RunConfig
+from vskip.study import runner
+from vskip.study.runner import ModelConfig, RunConfig
 
 
 def _cfg(policy="strict", n=1):
@@ -230,7 +230,7 @@ def test_a_run_killed_at_any_point_resumes_to_the_same_files(tmp_path, clean, ki
 
 
 def test_the_command_line_is_recorded_and_shown_by_the_report(tmp_path):
-    from vskip.report.runs import load_run
+    from vskip.study.rundir import load_run
 
     out = tmp_path / "r"
     runner.run(_cfg("strict"), out, progress=False, pair=fake_pair(None, True),
@@ -244,8 +244,8 @@ def test_every_sample_names_the_machine_its_clocks_were_read_on(tmp_path):
     """A run resumed elsewhere mixes machines; the report says so, and says when a run was timed
     on other machines than its Strict SDD reference."""
     from vskip import report
-    from vskip.report.runs import load_run
-    from vskip.runtime import machine_id
+    from vskip.engine.runtime import machine_id
+    from vskip.study.rundir import load_run
 
     strict, raw = tmp_path / "strict", tmp_path / "raw"
     runner.run(_cfg("strict"), strict, progress=False, pair=fake_pair(None, True))

@@ -10,13 +10,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from fakes import FakeDrafter, FakeVerifier, V, fake_logits, inverse_cdf, warp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fakes import V, FakeDrafter, FakeVerifier, fake_logits, inverse_cdf, warp
-from vskip.decode import DecodeConfig, decode
-from vskip.models.sampling import draw_tokens, warped_probs
-from vskip.policy import Draw, PolicyConfig, Sampling, Verdict, prompt_key
+from vskip.engine.decode import DecodeConfig, decode
+from vskip.engine.models.sampling import draw_tokens, warped_probs
+from vskip.engine.policy import Draw, PolicyConfig, Sampling, Verdict, prompt_key
 
 PROMPT = [5, 6, 7]
 
@@ -138,7 +138,7 @@ def test_the_speculative_rule_accepts_more_and_reproduces_across_a_resume_of_its
 def test_speculative_draws_follow_the_rule_position_by_position():
     """speculative_draws on hand-made rows: kept while u * q(x) < p(x); at the first rejection a
     token of the residual (never the rejected one); the bonus from p after a whole block."""
-    from vskip.policy.sampling import speculative_draws
+    from vskip.engine.policy.sampling import speculative_draws
 
     p = np.array([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5], [0.0, 0.0, 1.0]])
     q = np.array([[0.25, 0.75, 0.0], [0.0, 1.0, 0.0]])
@@ -226,8 +226,7 @@ def test_torch_warp_matches_the_definition(temperature, top_p, top_k, seed):
 
 def test_torch_warp_keeps_what_transformers_warpers_keep():
     """The same support and probabilities as transformers' temperature, top-k and top-p warpers."""
-    from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
-                                                        TopPLogitsWarper)
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
     rng = np.random.default_rng(0)
     for temperature, top_k, top_p in [(0.6, 0, 0.9), (1.0, 20, 1.0), (1.3, 10, 0.7), (0.2, 0, 0.95)]:
@@ -260,7 +259,7 @@ def test_lossy_acceptance_is_refused_when_sampling(policy):
 @settings(max_examples=40, deadline=None)
 @given(n=st.integers(1, 9), data=st.data())
 def test_pass_at_k_is_the_chance_that_k_drawn_samples_hold_a_pass(n, data):
-    from vskip.metrics import pass_at_k
+    from vskip.engine.metrics import pass_at_k
 
     c = data.draw(st.integers(0, n))
     k = data.draw(st.integers(1, n))
@@ -271,7 +270,7 @@ def test_pass_at_k_is_the_chance_that_k_drawn_samples_hold_a_pass(n, data):
 
 
 def test_a_sampled_runs_summary_counts_prompts_and_reports_pass_at_k():
-    from vskip.metrics import summarize
+    from vskip.engine.metrics import summarize
 
     samples = [{"task_id": t, "passed": p, "generated_tokens": 1, "decode_seconds": 1.0, "verifier_calls": 1,
                 "draft_blocks": 0, "skipped_rounds": 0, "draft_seconds": 0.0, "verify_seconds": 1.0}

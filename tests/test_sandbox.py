@@ -18,7 +18,8 @@ import time
 
 import pytest
 
-from vskip import sandbox as S
+from vskip.bench import sandbox as S
+
 
 def _works(kind: str) -> bool:
     try:
@@ -150,7 +151,7 @@ def test_fork_bomb_watchdog_as_root(monkeypatch):
     # process-count watchdog must kill the group at once.
     if os.geteuid() != 0:
         pytest.skip("only root without a uid of its own relies on the process-count watchdog")
-    import vskip.sandbox.run as sandbox_run
+    import vskip.bench.sandbox.run as sandbox_run
 
     monkeypatch.setattr(sandbox_run, "_make_pids_cgroup", lambda limit: None)
     r = S.run_program("import os\nwhile True:\n    try:\n        os.fork()\n"
@@ -398,7 +399,8 @@ def test_sigterm_ignoring_program_still_times_out(kind):
 def test_without_bubblewrap_untrusted_code_runs_only_when_rlimits_is_asked_for_by_name(monkeypatch, capsys):
     """auto falls back to rlimits only with consent: the refusal comes before any program runs,
     and as one line from the command line."""
-    from vskip import cli, sandbox
+    from vskip import cli
+    from vskip.bench import sandbox
 
     monkeypatch.delenv("VSKIP_SANDBOX", raising=False)
     monkeypatch.setitem(sandbox._SETUPS, "auto", sandbox._Setup("rlimits", False))
@@ -417,7 +419,7 @@ def test_without_bubblewrap_untrusted_code_runs_only_when_rlimits_is_asked_for_b
 def test_rlimits_never_runs_code_as_the_scorers_own_uid_unless_asked_for_by_that_name(monkeypatch):
     """When no fresh uid can run Python (as root with a closed installation, or without root),
     rlimits refuses, naming why and the opt-in; only rlimits-own-uid runs the program so."""
-    from vskip.sandbox import choice
+    from vskip.bench.sandbox import choice
 
     monkeypatch.setattr(choice, "_probe", lambda setup: False)
     monkeypatch.setattr(choice, "_SETUPS", {})

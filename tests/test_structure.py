@@ -113,9 +113,10 @@ def test_the_library_does_not_import_the_command_line():
 
 
 def _package(module: str) -> str:
-    """The subpackage a module belongs to (``vskip`` for the modules at the root)."""
+    """The package a module belongs to: itself for a package, else its parent (``vskip`` for the
+    modules at the root)."""
     parts = module.split(".")
-    return ".".join(parts[:2]) if len(parts) > 2 or (PACKAGE / parts[-1]).is_dir() else parts[0]
+    return module if PACKAGE.parent.joinpath(*parts).is_dir() else ".".join(parts[:-1])
 
 
 def test_no_private_name_is_imported_from_another_package():
@@ -131,8 +132,8 @@ def test_no_private_name_is_imported_from_another_package():
 
 
 def test_packages_are_told_apart():
-    assert _package("vskip.models.load") == "vskip.models" and _package("vskip.runner") == "vskip"
-    assert _package("vskip.commands") == "vskip.commands"
+    assert _package("vskip.engine.models.load") == "vskip.engine.models" and _package("vskip.study.runner") == "vskip.study"
+    assert _package("vskip.commands") == "vskip.commands" and _package("vskip.files") == "vskip"
 
 
 def test_only_the_environment_module_touches_the_process_environment():
@@ -147,3 +148,36 @@ def test_only_the_environment_module_touches_the_process_environment():
                     and isinstance(node.value, ast.Name) and node.value.id == "os":
                 found.append(f"{name}:{node.lineno}")
     assert not found, found
+
+
+#: The floors of the layout (docs/architecture.md): a module may import its own floor's and the
+#: floors below, never one above. The root modules are the ground floor.
+FLOORS = {"defaults": 0, "environment": 0, "files": 0, "stats": 0, "engine": 1, "bench": 2, "study": 3,
+          "distill": 3, "report": 4, "commands": 5, "cli": 6, "__main__": 7}
+
+
+def _floor(module: str) -> int | None:
+    parts = module.split(".")
+    return FLOORS.get(parts[1]) if len(parts) > 1 else None
+
+
+def test_every_module_has_a_floor_and_no_import_goes_up():
+    mods = _modules()
+    unplaced = [m for m in mods if m != "vskip" and _floor(m) is None]
+    assert not unplaced, f"give these a floor in FLOORS: {unplaced}"
+    up = [f"{name} -> {m}" for name, (path, tree) in mods.items() if name != "vskip"
+          for m in _imports(name, path, tree, set(mods)) if m != "vskip" and _floor(m) > _floor(name)]
+    assert not up, up
+
+
+def test_the_floor_check_sees_an_arrow_up():
+    tree = ast.parse("def f():\n    from ..study.runner import run\n")
+    found = _imports("vskip.engine.decode", PACKAGE / "engine" / "decode.py", tree, {"vskip.study.runner"})
+    assert found == {"vskip.study.runner"} and _floor("vskip.study.runner") > _floor("vskip.engine.decode")
+
+
+def test_every_package_says_what_it_owns():
+    missing = [name for name, (path, tree) in _modules().items()
+               if path.name == "__init__.py" and not (ast.get_docstring(tree) or "").strip()]
+    assert not missing, missing
+

@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-
 from fakes import FakeDrafter, FakeVerifier
-from vskip import sweep
-from vskip.decode import DecodeConfig
-from vskip.runner import ModelConfig
+
+from vskip.engine.decode import DecodeConfig
+from vskip.study import sweep
+from vskip.study.runner import ModelConfig
 
 TIMING = {"decode_seconds", "draft_seconds", "verify_seconds", "predict_seconds", "shadow_seconds",
           "tokens_per_s", "policy_seconds", "policy_share", "c_D", "c_V"}
@@ -33,7 +33,7 @@ class FakeTokenizer:
 
 
 def fake_pair(models, need_drafter):
-    from vskip.models.load import ModelPair
+    from vskip.engine.models.load import ModelPair
 
     return ModelPair(FakeDrafter(error=0.15) if need_drafter else None, FakeVerifier(), FakeTokenizer(),
                      {"verifier": "fake", "drafter": "fake"})
@@ -158,7 +158,7 @@ def test_the_full_grid_is_the_two_cpu_grids_with_what_the_verdicts_need_first():
 
 
 def test_config_names():
-    from vskip.policy import PolicyConfig
+    from vskip.engine.policy import PolicyConfig
 
     assert sweep.config_name(PolicyConfig.make("raw", eta_b=0.9, eta_c=0.93)) == "raw_eb0.90_ec0.93_k6_s64"
     assert sweep.config_name(PolicyConfig.make("raw", eta_b=0.95, eta_c=0.995, k_min=0)) == "raw_eb0.95_ec0.995_k0_s64"
@@ -286,7 +286,7 @@ def _start_sweep(out: Path, workers: int) -> subprocess.Popen:
     script = (
         "import sys; sys.path.insert(0, %r); sys.path.insert(0, %r)\n"
         "import test_sweep as t\n"
-        "from vskip import sweep\n"
+        "from vskip.study import sweep\n"
         "sweep.run_sweep(t.make_plan(shards=2), %r, workers=%d, pair_factory=t.slow_pair, progress=False)\n"
     ) % (str(Path(__file__).parent), str(Path(__file__).parent.parent), str(out), workers)
     return subprocess.Popen([sys.executable, "-c", script], start_new_session=True)

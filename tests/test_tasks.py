@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from vskip import tasks as T
-from vskip.mbpp_plus import load_mbpp_plus_file
+from vskip.bench import tasks as T
+from vskip.bench.mbpp_plus import load_mbpp_plus_file
 
 
 @pytest.fixture(autouse=True)
@@ -166,8 +166,8 @@ def test_user_prompt_templates():
 
 
 def test_modules_do_not_import_torch():
-    code = ("import sys, vskip.tasks, vskip.sandbox, vskip.scoring\n"
-            "vskip.tasks.load_task('humaneval', limit=1)\n"
+    code = ("import sys, vskip.bench.tasks, vskip.bench.sandbox, vskip.bench.scoring\n"
+            "vskip.bench.tasks.load_task('humaneval', limit=1)\n"
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)
@@ -215,7 +215,7 @@ def _plus_records():
 
 
 def test_load_mbpp_plus_file(tmp_path):
-    from vskip.scoring import score
+    from vskip.bench.scoring import score
 
     path = tmp_path / "MbppPlus.jsonl.gz"
     with gzip.open(path, "wt") as f:

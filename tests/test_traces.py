@@ -4,14 +4,13 @@ import json
 
 import numpy as np
 import pytest
+from fakes import FakeDrafter, FakeVerifier
 from safetensors import safe_open
 
-from fakes import FakeDrafter, FakeVerifier
-from vskip.decode import BlockTrace, DecodeConfig, decode
-from vskip.policy import PolicyConfig
-from vskip.traces import (
-    append_traces, folds, load_traces, natural_sorted, rotations, survival_labels, trace_files, trace_path,
-)
+from vskip.engine.decode import BlockTrace, DecodeConfig, decode
+from vskip.engine.policy import PolicyConfig
+from vskip.study.traces import (append_traces, folds, load_traces, natural_sorted, rotations, survival_labels,
+                                trace_files, trace_path)
 
 GAMMA = 8
 

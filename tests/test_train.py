@@ -2,18 +2,18 @@
 the loss, and a killed run resumes to the same state."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
-from pathlib import Path
 import torch
-
 from test_models import tiny_llama
+
 from vskip.distill.config import TrainConfig
 from vskip.distill.rows import Data
 from vskip.distill.train import load_state, make_batch, save_state, trainable
-from vskip.models.drafter import DiffusionDrafter
-from vskip.models.drafter_io import drafter_from_verifier
+from vskip.engine.models.drafter import DiffusionDrafter
+from vskip.engine.models.drafter_io import drafter_from_verifier
 
 
 @pytest.fixture()
@@ -121,8 +121,8 @@ def test_manifest_records_verifier_data_and_weights(verifier_dir, tmp_path):
 
     from vskip.distill.shards import data_fingerprint
     from vskip.distill.train import write_manifest
-    from vskip.models.drafter_io import save_drafter
-    from vskip.models.embedded import file_sha256
+    from vskip.engine.models.drafter_io import save_drafter
+    from vskip.engine.models.embedded import file_sha256
 
     model = drafter_from_verifier(verifier_dir, num_layers=1)
     ddir = save_drafter(model, tmp_path / "run" / "drafter", base_dir=verifier_dir,
@@ -149,8 +149,8 @@ def test_manifest_records_verifier_data_and_weights(verifier_dir, tmp_path):
 
 
 def test_a_drafter_from_chosen_verifier_layers_round_trips(verifier_dir, tmp_path):
-    from vskip.models.drafter_io import load_drafter_model, save_drafter
-    from vskip.models.backbone import read_safetensors_dir
+    from vskip.engine.models.backbone import read_safetensors_dir
+    from vskip.engine.models.drafter_io import load_drafter_model, save_drafter
 
     model = drafter_from_verifier(verifier_dir, layers=[1, 0])
     assert model.spec.base_layers == (1, 0) and model.spec.backbone.num_layers == 2
@@ -175,7 +175,7 @@ def test_a_drafter_from_chosen_verifier_layers_round_trips(verifier_dir, tmp_pat
 def test_a_manifest_naming_another_verifier_warns(tmp_path, capsys):
     import json
 
-    from vskip.models.load import verify_drafter
+    from vskip.engine.models.load import verify_drafter
 
     (tmp_path / "v").mkdir()
     (tmp_path / "d").mkdir()
@@ -188,8 +188,8 @@ def test_a_manifest_naming_another_verifier_warns(tmp_path, capsys):
 
 def test_block_hint_follows_the_inference_rule():
     from vskip.distill.train import _block_hint
-    from vskip.models.copy import copy_hint
-    from vskip.models.drafter import hint_code
+    from vskip.engine.models.copy import copy_hint
+    from vskip.engine.models.drafter import hint_code
 
     V = 96
     ctx = np.array([5, 6, 7, 8, 5, 6], dtype=np.int64)  # suffix [5, 6] recurs: hint 7, 8, 5, 6 ...
@@ -210,7 +210,7 @@ def test_block_hint_follows_the_inference_rule():
 
 
 def test_a_copy_input_drafter_round_trips_and_reads_its_hints(verifier_dir, tmp_path):
-    from vskip.models.drafter_io import load_drafter_model, save_drafter
+    from vskip.engine.models.drafter_io import load_drafter_model, save_drafter
 
     torch.manual_seed(0)
     model = drafter_from_verifier(verifier_dir, num_layers=1, copy_input=True).eval()
@@ -244,8 +244,8 @@ def shipped(verifier_dir, tmp_path):
     """A drafter directory with weights, a copy prior and a manifest pinning both."""
     from vskip.distill.copyfit import write_copy_prior
     from vskip.distill.train import write_manifest
-    from vskip.models.copy import CopyPrior
-    from vskip.models.drafter_io import save_drafter
+    from vskip.engine.models.copy import CopyPrior
+    from vskip.engine.models.drafter_io import save_drafter
 
     model = drafter_from_verifier(verifier_dir, num_layers=1)
     with torch.no_grad():
@@ -259,15 +259,15 @@ def shipped(verifier_dir, tmp_path):
 
 
 def test_a_drafter_matching_its_manifest_loads(shipped, verifier_dir):
-    from vskip.models.load import verify_drafter
+    from vskip.engine.models.load import verify_drafter
 
     verify_drafter(shipped, verifier_dir, required=True)
 
 
 @pytest.mark.parametrize("name", ["drafter.safetensors", "copy_prior.json"])
 def test_a_damaged_drafter_file_refuses_naming_it(shipped, verifier_dir, name):
+    from vskip.engine.models.load import verify_drafter
     from vskip.files import FileError
-    from vskip.models.load import verify_drafter
 
     f = shipped / name
     data = bytearray(f.read_bytes())
@@ -278,8 +278,8 @@ def test_a_damaged_drafter_file_refuses_naming_it(shipped, verifier_dir, name):
 
 
 def test_a_missing_or_damaged_manifest_refuses_where_one_is_required(shipped, verifier_dir):
+    from vskip.engine.models.load import verify_drafter
     from vskip.files import FileError
-    from vskip.models.load import verify_drafter
 
     m = shipped / "manifest.json"
     m.write_text("{")
@@ -292,7 +292,7 @@ def test_a_missing_or_damaged_manifest_refuses_where_one_is_required(shipped, ve
 
 
 def test_a_shipped_drafter_without_the_copy_prior_its_manifest_names_refuses(shipped, verifier_dir):
-    from vskip.models.load import verify_drafter
+    from vskip.engine.models.load import verify_drafter
 
     (shipped / "copy_prior.json").unlink()
     with pytest.raises(FileNotFoundError, match="copy_prior.json is missing"):
@@ -302,7 +302,7 @@ def test_a_shipped_drafter_without_the_copy_prior_its_manifest_names_refuses(shi
 
 @pytest.mark.model
 def test_a_missing_embedded_drafter_refuses_and_an_untrained_one_needs_its_name(tmp_path, monkeypatch, capsys):
-    import vskip.models.load as load
+    import vskip.engine.models.load as load
     from vskip.cli import main
 
     monkeypatch.setattr(load, "embedded_drafter_dir", lambda name=None: tmp_path / "gone")
@@ -316,7 +316,7 @@ def test_a_missing_embedded_drafter_refuses_and_an_untrained_one_needs_its_name(
 def test_the_cached_verifier_is_sound_only_when_its_weights_match_their_hash(tmp_path):
     import json
 
-    from vskip.models.embedded import _cache_is_sound, file_sha256
+    from vskip.engine.models.embedded import _cache_is_sound, file_sha256
 
     w = tmp_path / "model.safetensors"
     w.write_bytes(b"weights")
@@ -338,8 +338,8 @@ def test_processes_that_start_together_build_the_cached_verifier_once(tmp_path, 
     import threading
     import time
 
+    from vskip.engine.models import embedded
     from vskip.files import LOCK_FILE
-    from vskip.models import embedded
 
     src = tmp_path / "src" / "model.gguf"
     src.parent.mkdir()

@@ -2,7 +2,7 @@
 
 ``GAMMA`` and ``STEPS`` are the fastest lossless Strict SDD configuration of the embedded pair on
 a CPU (docs/results/speed.md); the drafter runs in bfloat16 where the device has it natively
-(:func:`vskip.runtime.resolve_runtime`). The paper's main setting is gamma 32 with two reveal
+(:func:`vskip.engine.runtime.resolve_runtime`). The paper's main setting is gamma 32 with two reveal
 steps (§5.1): pass ``--gamma 32 --steps 2`` for it.
 """
 
@@ -38,7 +38,7 @@ PRESETS = {
 @dataclass(frozen=True)
 class Param:
     """One parameter of the decoding methods, declared once: how to read it, its default, the
-    methods it belongs to, and its flag. ``field``: a field of :class:`vskip.policy.PolicyConfig`
+    methods it belongs to, and its flag. ``field``: a field of :class:`vskip.engine.policy.PolicyConfig`
     (False: a parameterisation its ``make`` resolves into fields); ``flag``: a command-line flag
     (``--name-with-dashes``) with the default ``flag_default`` (``...``: the parameter's default)."""
 

@@ -1,7 +1,7 @@
 """The environment variables vskip reads, read here and nowhere else; vskip writes none.
 
 ``VSKIP_SANDBOX``
-    the sandbox kind that runs generated code (:mod:`vskip.sandbox`): ``auto`` (default),
+    the sandbox kind that runs generated code (:mod:`vskip.bench.sandbox`): ``auto`` (default),
     ``bubblewrap``, ``namespaces``, ``rlimits`` or ``rlimits-own-uid``.
 ``VSKIP_CACHE``
     where the embedded verifier, converted from its GGUF file, is cached (default:

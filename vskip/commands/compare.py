@@ -35,8 +35,9 @@ def register(subparsers) -> None:
 
 
 def cmd_compare(a) -> int:
-    from .. import compare, tasks, variants
-    from ..runtime import resolve_runtime
+    from ..bench import tasks
+    from ..engine.runtime import resolve_runtime
+    from ..study import compare, variants
 
     if a.summary:
         if not a.out or not Path(a.out).is_dir():
@@ -60,7 +61,7 @@ def cmd_compare(a) -> int:
     flags = {k: getattr(a, k) for k in variants.POLICY_FLAGS if getattr(a, k, None) is not None}
     variants = [variants.parse_variant(s, dec, models.steps, a.predictor, flags) for s in a.configs.split(",")
                 if s.strip()]
-    from ..decode import check_sampling, check_speculative
+    from ..engine.decode import check_sampling, check_speculative
 
     for v in variants:
         if not v.hf:
@@ -83,7 +84,7 @@ def cmd_compare(a) -> int:
         return 0
     runtime = resolve_runtime(models.device, models.dtype, models.threads, models.drafter_dtype,
                               models.drafter_device, models.verifier_device, models.max_memory)
-    from ..models.load import check_prompt_fits
+    from ..engine.models.load import check_prompt_fits
 
     n = check_prompt_fits(models.verifier, [(p.task_id, tasks.user_prompt(p)) for p in problems], dec.max_new_tokens)
     import contextlib
@@ -103,8 +104,8 @@ def cmd_compare(a) -> int:
 def _decode_and_print(a, compare, tasks, models, dec, variants, runtime, problems, shard, n) -> int:
     import tempfile
 
-    from ..models.load import open_pair
-    from ..tasks import encode_problem
+    from ..bench.tasks import encode_problem
+    from ..engine.models.load import open_pair
 
     # the longest block the command's drafter drafts (a configuration with a drafter of its own is
     # checked against that drafter when it decodes)
@@ -112,9 +113,8 @@ def _decode_and_print(a, compare, tasks, models, dec, variants, runtime, problem
                                if v.decode is not None and not v.drafter])
     pair = open_pair(models, need_drafter=any(v.policy not in (None, "ar") for v in variants),
                      budget=(n, dec.max_new_tokens, gamma))
-    from ..models.load import drafter_beside
-
-    from ..models.embedded import EMBEDDED_DRAFTER
+    from ..engine.models.embedded import EMBEDDED_DRAFTER
+    from ..engine.models.load import drafter_beside
 
     loaded = models.drafter or EMBEDDED_DRAFTER
     for name in sorted({v.drafter for v in variants if v.drafter} - {loaded}):

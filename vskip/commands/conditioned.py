@@ -87,7 +87,7 @@ def _verifier(a) -> Path:
         if not Path(a.verifier).is_dir():
             raise FileNotFoundError(f"verifier directory {a.verifier} does not exist")
         return Path(a.verifier)
-    from ..models.embedded import embedded_verifier_dir
+    from ..engine.models.embedded import embedded_verifier_dir
 
     return embedded_verifier_dir()
 
@@ -100,14 +100,14 @@ def cmd_extract(a) -> int:
     if a.taps < 1 or a.holdout < 0 or (a.max_rows is not None and a.max_rows < 0):
         raise ValueError("--taps must be >= 1, --holdout and --max-rows >= 0")
     until = _until(a.until)
-    from ..runtime import training_device
+    from ..engine.runtime import training_device
 
     device = training_device(a.device)
     check_writable_dir(a.out, "features directory")
     vdir = _verifier(a)
-    from ..models.backbone import read_hf_config
-    from ..models.conditioned import default_target_layers
     from ..distill.taps import extract, summary
+    from ..engine.models.backbone import read_hf_config
+    from ..engine.models.conditioned import default_target_layers
 
     layers = a.layers or default_target_layers(int(read_hf_config(vdir)["num_hidden_layers"]), a.taps)
     idx = extract(Path(a.data), Path(a.out), vdir, tuple(layers), holdout=a.holdout, seed=a.seed,
@@ -117,16 +117,16 @@ def cmd_extract(a) -> int:
 
 
 def cmd_train(a) -> int:
-    from ..files import check_writable_dir
     from ..distill.config import ConditionedTrainConfig
     from ..distill.train_conditioned import export, train
+    from ..files import check_writable_dir
 
     cfg = ConditionedTrainConfig(**{k: getattr(a, k) for k in (
         "num_layers", "block_size", "blocks_per_seq", "batch_seqs", "steps", "warmup", "max_tail", "holdout", "seed",
         "checkpoint_every", "eval_every", "eval_blocks", "replay_answers", "replay_tokens", "lr", "no_tail_share",
         "loss_decay", "threads")})
     until = _until(a.until)
-    from ..runtime import training_device
+    from ..engine.runtime import training_device
 
     device = training_device(a.device)
     for what, p in (("data directory", a.data), ("features directory", a.features)):

@@ -93,13 +93,11 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def _cmd_fit_copy(a) -> int:
-    from ..models.embedded import embedded_drafter_dir, file_sha256
-    from ..models.config import ModelConfig
-    from ..models.load import open_pair
-    from ..files import read_json
     from ..distill.copyfit import fit_copy_prior, fit_copy_prior_rows, holdout_answers, rows_sha256, write_copy_prior
-
-    from ..files import check_writable_dir
+    from ..engine.models.config import ModelConfig
+    from ..engine.models.embedded import embedded_drafter_dir, file_sha256
+    from ..engine.models.load import open_pair
+    from ..files import check_writable_dir, read_json
 
     if (a.holdout_of is None) == (a.fit_shards is None):
         raise ValueError("give either --fit-shards (with --data) or --holdout-of TRAIN_DIR")
@@ -148,10 +146,10 @@ def _layer_list(text: str) -> tuple[int, ...]:
 
 
 def _cmd_train(a) -> int:
-    from ..files import check_writable_dir
-    from ..models.embedded import embedded_verifier_dir
     from ..distill.config import TrainConfig
     from ..distill.train import train
+    from ..engine.models.embedded import embedded_verifier_dir
+    from ..files import check_writable_dir
 
     if a.layers:
         a.num_layers = len(a.layers)
@@ -171,7 +169,7 @@ def _cmd_train(a) -> int:
                                 "directory)")
     check_writable_dir(a.out, "training directory")
     vdir = Path(a.verifier) if a.verifier else embedded_verifier_dir()
-    from ..models.backbone import read_hf_config
+    from ..engine.models.backbone import read_hf_config
 
     total = int(read_hf_config(vdir).get("num_hidden_layers", 0))
     if max(cfg.layers or [cfg.num_layers - 1]) >= total:
@@ -239,7 +237,7 @@ def cmd_generate_data(a) -> int:
     if a.verifier:
         verifier_dir = Path(a.verifier)
     else:
-        from ..models.embedded import embedded_verifier_dir
+        from ..engine.models.embedded import embedded_verifier_dir
 
         verifier_dir = embedded_verifier_dir()
     from ..distill.prompts import SOURCES
@@ -250,7 +248,7 @@ def cmd_generate_data(a) -> int:
         raise ValueError(f"--sources: unknown {', '.join(unknown) or '(none given)'}; expected some of {', '.join(SOURCES)}")
     prompts = resolve_prompts(a.out, a.prompts, sources, a.seed)
     if a.check:
-        from ..runtime import Runtime
+        from ..engine.runtime import Runtime
 
         Runtime(threads=a.threads).activate()
         step = max(1, len(prompts) // a.check)

@@ -116,8 +116,8 @@ def apply_preset(a) -> None:
 
 
 def model_config(a):
-    """The :class:`vskip.models.config.ModelConfig` of parsed model flags (``--steps`` included)."""
-    from ..models.config import ModelConfig
+    """The :class:`vskip.engine.models.config.ModelConfig` of parsed model flags (``--steps`` included)."""
+    from ..engine.models.config import ModelConfig
 
     apply_preset(a)
     cp = getattr(a, "copy_prior", None)
@@ -133,8 +133,8 @@ def model_config(a):
 
 
 def configs(a, policy_name: str | None = None):
-    from ..decode import DecodeConfig, check_sampling, check_speculative
-    from ..policy import PolicyConfig
+    from ..engine.decode import DecodeConfig, check_sampling, check_speculative
+    from ..engine.policy import PolicyConfig
 
     apply_preset(a)
     policy = PolicyConfig.make(
@@ -150,8 +150,8 @@ def configs(a, policy_name: str | None = None):
 
 
 def sampling(a):
-    """The :class:`~vskip.policy.sampling.Sampling` of parsed sampling flags (greedy without them)."""
-    from ..policy import Sampling
+    """The :class:`~vskip.engine.policy.sampling.Sampling` of parsed sampling flags (greedy without them)."""
+    from ..engine.policy import Sampling
 
     if not hasattr(a, "temperature"):
         return Sampling()

@@ -15,10 +15,10 @@ def register(subparsers) -> None:
 
 
 def cmd_generate(a) -> int:
-    from ..decode import decode, warmup
-    from ..models.load import open_pair
-    from ..prompting import encode_chat
-    from ..runtime import resolve_runtime
+    from ..engine.decode import decode, warmup
+    from ..engine.models.load import open_pair
+    from ..engine.prompting import encode_chat
+    from ..engine.runtime import resolve_runtime
 
     if not a.prompt.strip():
         raise ValueError("the prompt is empty")
@@ -29,13 +29,13 @@ def cmd_generate(a) -> int:
     policy, dec, models = configs(a)
     runtime = resolve_runtime(models.device, models.dtype, models.threads, models.drafter_dtype,
                               models.drafter_device, models.verifier_device, models.max_memory)
-    from ..models.load import check_prompt_fits
+    from ..engine.models.load import check_prompt_fits
 
     n = check_prompt_fits(models.verifier, a.prompt, dec.max_new_tokens)  # tokenizer only: before any model loads
     pair = open_pair(models, need_drafter=policy.uses_drafter, budget=(n, dec.max_new_tokens, dec.gamma))
     predictor = None
     if policy.learned:
-        from ..predictor import load_predictor, note_thresholds
+        from ..study.predictor import load_predictor, note_thresholds
 
         predictor = load_predictor(a.predictor, policy.predictor_kind, runtime)
         note_thresholds(predictor, policy.alpha)

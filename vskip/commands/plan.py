@@ -36,10 +36,10 @@ def register(subparsers) -> None:
 
 
 def cmd_plan(a) -> int:
+    from ..engine.models.load import resolve_drafter_dir, resolve_verifier_dir
+    from ..engine.models.placement import plan_memory
+    from ..engine.runtime import STRATEGIES, normalize_device, parse_max_memory
     from ..files import write_atomic, write_json
-    from ..models.load import resolve_drafter_dir, resolve_verifier_dir
-    from ..models.placement import plan_memory
-    from ..runtime import STRATEGIES, normalize_device, parse_max_memory
 
     vdir = resolve_verifier_dir(a.verifier)
     ddir = None if a.no_drafter else resolve_drafter_dir(a.drafter)

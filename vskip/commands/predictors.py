@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .flags import MAX_SEED, bounded
 
-#: the survival predictors (``vskip.traces.KINDS``) and the prefix model (``vskip.prefix_model.KIND``)
+#: the survival predictors (``vskip.study.traces.KINDS``) and the prefix model (``vskip.study.prefix.model.KIND``)
 PREDICTOR_KINDS = ("marginal", "conditional", "prefix")
 
 
@@ -56,16 +56,16 @@ def _train_predictor(subparsers) -> None:
 
 
 def cmd_train_predictor(a) -> int:
-    from ..predictor import PredictorTrainConfig, train_predictor
+    from ..engine.runtime import resolve_runtime
     from ..files import check_writable_dir
-    from ..runtime import resolve_runtime
-    from ..traces import load_traces, run_policy
+    from ..study.predictor import PredictorTrainConfig, train_predictor
+    from ..study.traces import load_traces, run_policy
 
     runtime = resolve_runtime(a.device, None, a.threads)
     runtime.activate()
     given = {k: getattr(a, k) for k in ("epochs", "batch_size", "lr") if getattr(a, k) is not None}
     if a.kind == "prefix":
-        from ..prefix_model import PrefixTrainConfig
+        from ..study.prefix.model import PrefixTrainConfig
 
         cfg = PrefixTrainConfig(seed=a.seed, hidden=a.hidden, **given)
     else:
@@ -83,7 +83,7 @@ def cmd_train_predictor(a) -> int:
     if a.calibrate_on == "on-policy" and not a.on_policy:
         raise ValueError("--calibrate-on on-policy needs --on-policy traces")
     if a.kind == "prefix":
-        from ..prefix_model import train_prefix_predictor
+        from ..study.prefix.model import train_prefix_predictor
 
         on_policy = []
         for group in a.on_policy or []:  # one trace set per round
@@ -125,8 +125,8 @@ def _diagnose(subparsers) -> None:
 
 
 def cmd_diagnose(a) -> int:
-    from ..diagnose import DiagnoseConfig, diagnose
-    from ..runtime import resolve_runtime
+    from ..engine.runtime import resolve_runtime
+    from ..study.diagnose import DiagnoseConfig, diagnose
 
     runtime = resolve_runtime(a.device, None, a.threads)
     runtime.activate()
@@ -159,8 +159,8 @@ def _calibrate_prefix(subparsers) -> None:
 def cmd_calibrate_prefix(a) -> int:
     import numpy as np
 
-    from ..calibrate import calibrate_traces
     from ..files import check_writable_dir, write_json
+    from ..study.prefix.calibrate import calibrate_traces
 
     if a.out:
         check_writable_dir(Path(a.out).parent or Path("."), "directory of --out")
@@ -208,7 +208,7 @@ def _calibrate_online(subparsers) -> None:
 
 def cmd_calibrate_online_init(a) -> int:
     from ..files import check_writable_dir
-    from ..prefix_model import load_prefix_predictor, write_online_predictor
+    from ..study.prefix.model import load_prefix_predictor, write_online_predictor
 
     check_writable_dir(Path(a.out).parent or Path("."), "directory of --out")
     write_online_predictor(a.predictor, a.rotation, a.out)
@@ -224,7 +224,7 @@ def cmd_calibrate_online_init(a) -> int:
 
 
 def cmd_calibrate_online_choose(a) -> int:
-    from ..calibrate import choose_online
+    from ..study.prefix.calibrate import choose_online
 
     rec = choose_online(a.predictor, a.runs, a.alpha, a.delta)
     for r in rec["choices"]:

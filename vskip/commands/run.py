@@ -24,8 +24,8 @@ def register(subparsers) -> None:
 
 
 def cmd_run(a) -> int:
-    from .. import tasks
-    from ..runner import RunConfig, run
+    from ..bench import tasks
+    from ..study.runner import RunConfig, run
 
     if a.task not in tasks.ALL_TASKS:
         raise ValueError(f"unknown task {a.task!r}; expected one of {', '.join(tasks.ALL_TASKS)}")

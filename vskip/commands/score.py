@@ -16,8 +16,8 @@ def register(subparsers) -> None:
 def cmd_score(a) -> int:
     import contextlib
 
+    from ..bench.scoring import score_samples_file
     from ..files import DirLock, FileError, check_output_file, check_writable_dir, write_json
-    from ..scoring import score_samples_file
 
     lock = contextlib.nullcontext()
     if a.out:  # before scoring: results must not be lost to an unwritable --out
@@ -25,7 +25,7 @@ def cmd_score(a) -> int:
             raise FileError(f"--out {a.out} is a directory; name a file")
         lock = DirLock(check_writable_dir(Path(a.out).parent or Path("."), "directory of --out"), "directory of --out")
         check_output_file(Path(a.out))
-    from ..runner import check_sandbox
+    from ..study.runner import check_sandbox
 
     check_sandbox(a.task)
     with lock:

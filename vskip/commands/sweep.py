@@ -11,9 +11,9 @@ from pathlib import Path
 from ..defaults import GAMMA, K_MIN, MAX_NEW_TOKENS, S_MAX, STEPS
 from .flags import add_block_flags, add_model_flags, add_sampling_flags, bounded, model_config, sampling, task_ids
 
-#: the named grids of ``vskip sweep`` (``vskip.sweep.GRIDS`` holds them; a test keeps both equal)
+#: the named grids of ``vskip sweep`` (``vskip.study.sweep.GRIDS`` holds them; a test keeps both equal)
 GRID_NAMES = ("table5", "kmin", "gates", "periodic", "transfer", "cpu-small", "cpu-kmin", "cpu-signals", "prefix",
-              "promise", "full")
+              "promise", "online-cal", "online-test", "full")
 
 
 def _sweep_flags(s) -> None:
@@ -61,9 +61,9 @@ def register(subparsers) -> None:
 
 
 def cmd_sweep(a) -> int:
-    from ..decode import DecodeConfig
-    from ..grids import GRIDS, grid
-    from ..sweep import plan, run_sweep
+    from ..engine.decode import DecodeConfig
+    from ..study.grids import GRIDS, grid
+    from ..study.sweep import plan, run_sweep
 
     if not a.grid:
         raise ValueError(f"--grid is required; expected one of {', '.join(GRIDS)}")
@@ -86,8 +86,8 @@ def cmd_sweep(a) -> int:
     if lossy and not decode.sampling.greedy:
         raise ValueError(f"grid {a.grid} holds lenience or top-k acceptance ({', '.join(lossy[:3])}...), which takes no "
                          "--temperature; sample with another grid")
+    from ..engine.runtime import resolve_runtime
     from ..files import check_writable_dir
-    from ..runtime import resolve_runtime
 
     models = model_config(a)
     resolve_runtime(models.device, models.dtype, models.threads, models.drafter_dtype, models.drafter_device,
@@ -95,7 +95,7 @@ def cmd_sweep(a) -> int:
     ids = task_ids(a.ids)
     check_writable_dir(a.out, "sweep directory")
     if a.score:
-        from ..runner import check_sandbox
+        from ..study.runner import check_sandbox
 
         check_sandbox(a.task)
     n_configs = len(grid(a.grid, k_min=a.k_min, s_max=a.s_max))

@@ -1,4 +1,4 @@
-"""Fitting the drafter's copy prior (:mod:`vskip.models.copy`) on distillation data.
+"""Fitting the drafter's copy prior (:mod:`vskip.engine.models.copy`) on distillation data.
 
 For sampled block starts in the verifier's own answers, the drafter sees the answer so far, and
 every block position gives one sample: the match length behind the hint, the position, the
@@ -19,9 +19,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from ..engine.models.copy import (COPY_FILE, LENGTH_EDGES, OFFSET_EDGES, CopyPrior, bucket_index, copy_hint, fit_lambda,
+                                  mixture_nll)
+from ..engine.models.drafter import DiffusionDrafter
 from ..files import read_json, write_json
-from ..models.copy import COPY_FILE, LENGTH_EDGES, OFFSET_EDGES, CopyPrior, bucket_index, copy_hint, fit_lambda, mixture_nll
-from ..models.drafter import DiffusionDrafter
 from .offline import simulate_strict, strict_lengths
 from .rows import load_rows, split
 from .shards import read_shard, shard_rows
@@ -214,7 +215,7 @@ def fit_copy_prior_rows(drafter: DiffusionDrafter, rows, eval_rows=(), gamma: in
 def write_copy_prior(prior: CopyPrior, path: Path) -> Path:
     """Write the prior (to ``path/copy_prior.json`` for a directory). Beside a drafter with a
     ``manifest.json``, the manifest records the prior's file, hash and held-out figures."""
-    from ..models.embedded import file_sha256
+    from ..engine.models.embedded import file_sha256
 
     path = Path(path)
     if path.is_dir():

@@ -1,6 +1,6 @@
 """Greedy generation for distillation data, bound by throughput instead of latency.
 
-A causal LM of the Llama/Qwen2 layout runs on :class:`~vskip.models.backbone.Backbone` with a
+A causal LM of the Llama/Qwen2 layout runs on :class:`~vskip.engine.models.backbone.Backbone` with a
 key/value cache of fixed slots ``[slots, kv_heads, T, head_dim]`` per layer. Every step decodes
 one token in every busy slot; a slot whose answer ended (eos or the token budget) is refilled at
 once with the next prompt (continuous batching), so no row waits for the longest answer of its
@@ -8,7 +8,7 @@ batch, and nothing is concatenated or copied per step. Each prompt is prefilled 
 causal forward), its keys and values written into its slot.
 
 The greedy token is the exact argmax of the float32 hidden state times the float32 head
-(:class:`~vskip.models.head.ExactHead`), so an answer is the verifier's own greedy answer up to
+(:class:`~vskip.engine.models.head.ExactHead`), so an answer is the verifier's own greedy answer up to
 the rounding of the body's float32 arithmetic, which differs from transformers' kernels only in
 the last bits; :func:`agreement` measures how often that flips a token.
 """
@@ -22,8 +22,8 @@ from typing import Callable, Iterable, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..models.backbone import Backbone, BackboneConfig, rotate_half, read_hf_config, rope_tables
-from ..models.head import ExactHead
+from ..engine.models.backbone import Backbone, BackboneConfig, read_hf_config, rope_tables, rotate_half
+from ..engine.models.head import ExactHead
 
 #: the cache grows in steps of this many positions
 GROW = 128
@@ -42,7 +42,7 @@ class Answer:
 
 def load_causal_lm(path: Path | str) -> tuple[Backbone, torch.Tensor]:
     """The body and the float32 output head ``[V, d]`` of a Llama/Qwen2-layout checkpoint."""
-    from ..models.drafter_io import backbone_state_from_hf
+    from ..engine.models.drafter_io import backbone_state_from_hf
 
     path = Path(path)
     cfg = read_hf_config(path)

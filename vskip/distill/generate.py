@@ -42,21 +42,13 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from vskip.distill.prompts import (SOURCES, TrainPrompt, build_prompts, count_by_source, prompts_hash, read_prompts,
+                                   write_prompts)
+from vskip.distill.shards import (FORMAT_VERSION, INDEX_FILE, PROMPTS_FILE,  # noqa: F401 - the format, re-exported
+                                  RESUME_KEYS, SHARD_GLOBS, dataset_totals, ends_in_a_loop, file_sha256,
+                                  iter_distillation, read_index, read_shard, shard_files, shard_name, shard_rows,
+                                  write_shard)
 from vskip.files import DirLock, write_atomic
-
-from vskip.distill.shards import (  # noqa: F401 - the format, re-exported
-    FORMAT_VERSION, INDEX_FILE, PROMPTS_FILE, RESUME_KEYS, SHARD_GLOBS, dataset_totals, ends_in_a_loop, file_sha256, iter_distillation,
-    read_index, read_shard, shard_files, shard_name, shard_rows, write_shard,
-)
-from vskip.distill.prompts import (
-    SOURCES,
-    TrainPrompt,
-    build_prompts,
-    count_by_source,
-    prompts_hash,
-    read_prompts,
-    write_prompts,
-)
 
 # --------------------------------------------------------------------------------------------
 # Generation
@@ -99,7 +91,7 @@ def _tokenizer(verifier_dir: Path):
 
 
 def _verifier_hashes(verifier_dir: Path) -> dict:
-    from vskip.models.embedded import file_sha256 as sha
+    from vskip.engine.models.embedded import file_sha256 as sha
 
     out = {"verifier_sha256": sha(verifier_dir / "model.safetensors")}
     marker = verifier_dir / "vskip.json"
@@ -188,7 +180,7 @@ def generate_distillation(
     ``slots``: how many answers the engine decodes at once. Returns the index (also written to
     ``out_dir/index.json``).
     """
-    from vskip.models.backbone import read_hf_config
+    from vskip.engine.models.backbone import read_hf_config
 
     from .engine import SlotEngine, load_causal_lm
 
@@ -199,7 +191,7 @@ def generate_distillation(
     if shard_size < 1 or slots < 1 or max_new_tokens < 1 or threads < 1:
         raise ValueError("shard_size, slots, max_new_tokens and threads must be positive")
     out_dir.mkdir(parents=True, exist_ok=True)
-    from vskip.runtime import Runtime
+    from vskip.engine.runtime import Runtime
 
     Runtime(threads=threads).activate()
 
@@ -252,7 +244,7 @@ def _stream(engine, tokenizer, prompts, todo, out_dir, settings, shards, runs, s
     """Decode every shard still to do through one engine and write each as soon as it is whole."""
     from tqdm import tqdm
 
-    from vskip.prompting import encode_chat
+    from vskip.engine.prompting import encode_chat
 
     def feed():
         # shard by shard, each shard's prompts shortest first
@@ -319,8 +311,8 @@ def check_agreement(verifier_dir: Path, prompts: Sequence[TrainPrompt], max_new_
     import torch
     from transformers import AutoModelForCausalLM
 
-    from vskip.models.backbone import read_hf_config
-    from vskip.prompting import encode_chat
+    from vskip.engine.models.backbone import read_hf_config
+    from vskip.engine.prompting import encode_chat
 
     from .engine import SlotEngine, load_causal_lm
 

@@ -71,7 +71,7 @@ class EvalItem:
 
 def eval_corpus() -> dict[str, list[EvalItem]]:
     """Every evaluation item the harness scores, per domain (``code``, ``math``)."""
-    from .. import tasks
+    from ..bench import tasks
 
     out: dict[str, list[EvalItem]] = {"code": [], "math": []}
     for domain, names in (("code", CODE_TASKS), ("math", MATH_TASKS)):
@@ -196,8 +196,8 @@ def main(argv=None) -> int:
     if not Path(a.data).is_dir():
         print(f"vskip: error: --data {a.data} is not a directory", file=sys.stderr)
         return 2
-    from .shards import PROMPTS_FILE
     from .prompts import build_prompts, read_prompts
+    from .shards import PROMPTS_FILE
 
     path = Path(a.data) / PROMPTS_FILE
     prompts = read_prompts(path) if path.exists() else build_prompts()

@@ -11,8 +11,8 @@ import torch
 from tqdm import tqdm
 
 from ..defaults import GAMMA, STEPS
-from ..models.drafter import DiffusionDrafter, DiffusionLM
-from ..policy.acceptance import leading_run
+from ..engine.models.drafter import DiffusionDrafter, DiffusionLM
+from ..engine.policy.acceptance import leading_run
 from .rows import Data
 
 

@@ -304,7 +304,7 @@ def _cache_key(sources: tuple[str, ...], seed: int) -> dict:
 
 
 def default_prompts_path() -> Path:
-    from vskip.models.embedded import cache_dir
+    from vskip.engine.models.embedded import cache_dir
 
     return cache_dir() / "distill" / "prompts.jsonl"
 

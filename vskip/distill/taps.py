@@ -1,5 +1,5 @@
 """The verifier's hidden states over the distillation rows, extracted once per machine for the
-conditioned drafter (:mod:`vskip.models.conditioned`) to train on.
+conditioned drafter (:mod:`vskip.engine.models.conditioned`) to train on.
 
 The stored answers are the verifier's own greedy output, so running the verifier over a row gives
 exactly the hidden states a decode of that prompt hands the drafter. For each row the outputs of
@@ -147,11 +147,11 @@ def extract(data_dir: Path, out: Path, verifier_dir: Path, layers: tuple[int, ..
     """Extract (or resume extracting) the tapped hidden states of the distillation rows into
     ``out``. ``max_tokens`` cuts each row to its first tokens; ``until`` is a wall-clock time
     (``time.time()``) after which no new chunk starts. Returns the index."""
-    from transformers import AutoModelForCausalLM
     from tqdm import tqdm
+    from transformers import AutoModelForCausalLM
 
-    from ..models.embedded import file_sha256
-    from ..runtime import Runtime
+    from ..engine.models.embedded import file_sha256
+    from ..engine.runtime import Runtime
 
     Runtime(threads=threads).activate()
     out = Path(out)

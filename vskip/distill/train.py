@@ -28,10 +28,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..engine.models.copy import copy_hint
+from ..engine.models.drafter import HINT_MAX_LEN, DiffusionLM, hint_code
+from ..engine.models.drafter_io import drafter_from_verifier, save_drafter
 from ..files import save_figure
-from ..models.copy import copy_hint
-from ..models.drafter import HINT_MAX_LEN, DiffusionLM, hint_code
-from ..models.drafter_io import drafter_from_verifier, save_drafter
 from .config import TrainConfig
 from .offline import acceptance, replay
 from .rows import Data, head_vocabulary, load_rows, outside_head, split
@@ -237,7 +237,7 @@ def train(data_dir: Path, out: Path, verifier_dir: Path, cfg: TrainConfig, progr
     directory ``out/drafter`` (only what differs from the verifier, fp16)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    from ..runtime import Runtime
+    from ..engine.runtime import Runtime
 
     Runtime(threads=cfg.threads).activate()
     torch.manual_seed(cfg.seed)
@@ -364,7 +364,7 @@ def write_manifest(drafter_dir: Path, train_dir: Path, data_dir: Path, verifier_
     the data (prompt-file and shard hashes), the training settings and steps, and the held-out
     figures. The data files are those recorded when training started, else ``shards``, else all
     of ``data_dir``'s now."""
-    from ..models.embedded import file_sha256
+    from ..engine.models.embedded import file_sha256
     from .generate import _verifier_hashes
 
     drafter_dir, train_dir, data_dir = Path(drafter_dir), Path(train_dir), Path(data_dir)

@@ -1,4 +1,4 @@
-"""Training the conditioned drafter (:mod:`vskip.models.conditioned`) on the verifier's hidden
+"""Training the conditioned drafter (:mod:`vskip.engine.models.conditioned`) on the verifier's hidden
 states over its own greedy answers (:mod:`vskip.distill.taps`).
 
 A training block picks an anchor ``a`` inside an answer (the last committed token) and an
@@ -30,11 +30,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..models.backbone import BackboneConfig, read_hf_config
-from ..models.conditioned import ConditionedLM, ConditionedSpec, default_target_layers
+from ..engine.models.backbone import BackboneConfig, read_hf_config
+from ..engine.models.conditioned import ConditionedLM, ConditionedSpec, default_target_layers
 from .config import ConditionedTrainConfig
-from .train import lr_at, state_tensors
 from .rows import Data, head_vocabulary, load_rows, outside_head, split
+from .train import lr_at, state_tensors
 
 STATE_FILE = "train_state.safetensors"
 #: tail lengths the evaluation reports
@@ -46,7 +46,7 @@ def build_model(verifier_dir: Path, layers: tuple[int, ...], cfg: ConditionedTra
     """A conditioned drafter for the verifier in ``verifier_dir``, its draft layers started from
     the verifier's top layers, the fusion started as the last tapped layer's features, the
     embedding (and tied head) shared."""
-    from ..models.drafter_io import backbone_state_from_hf
+    from ..engine.models.drafter_io import backbone_state_from_hf
 
     hf = read_hf_config(verifier_dir)
     n = int(hf["num_hidden_layers"])
@@ -250,8 +250,8 @@ def train(data_dir: Path, features_dir: Path, out: Path, verifier_dir: Path, cfg
     run may resume elsewhere). Writes ``out/drafter`` at the end."""
     from tqdm import tqdm
 
+    from ..engine.runtime import Runtime
     from ..files import write_json
-    from ..runtime import Runtime
     from .taps import load_taps, read_index, summary
 
     out = Path(out)
@@ -357,8 +357,8 @@ def export(out: Path, data_dir: Path, features_dir: Path, verifier_dir: Path, fi
     head), its spec, and ``manifest.json`` (the verifier's hashes, the layout, the data and
     features it was made from with the extraction's time and size, the training's steps and time,
     the held-out figures, and the weights' sha256)."""
+    from ..engine.models.conditioned_io import save_conditioned
     from ..files import file_sha256, write_json
-    from ..models.conditioned_io import save_conditioned
     from .generate import _verifier_hashes
     from .shards import data_fingerprint
     from .taps import load_taps, read_index, summary

@@ -24,5 +24,4 @@ runs, no Strict SDD reference) is said in ``report.md`` and on stderr; the rest 
 from .build import build_report  # noqa: F401
 from .compare import Metrics, Row, compare, compute_metrics  # noqa: F401
 from .figures import frontiers  # noqa: F401
-from .runs import Run, find_run_dirs, load_run  # noqa: F401
 from .tables import kmin_families, pareto_front  # noqa: F401

@@ -9,15 +9,15 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..defaults import K_MIN
+from ..engine.policy import SIGNALS
 from ..files import write_atomic
-from ..policy import SIGNALS
+from ..study.rundir import SAMPLES, Run, find_run_dirs, load_run
 from .compare import Row, choose_reference, compare, equal_outputs
 from .figures import figure1, figure4, figure5, figure_disagreement
 from .interpolate import interpolated_table
-from .runs import FRONTIER_METHODS, LABELS, PARAMS, SAMPLES, Run, _labels, find_run_dirs, load_run
+from .runs import FRONTIER_METHODS, LABELS, PARAMS, _labels
 from .tables import (Table, _fmt, _params_str, eq8_table, gate_table, in_main_grid, intervals_table, kmin_families,
                      kmin_table, matched_table, periodic_table, runs_table, table4, timed_table, versus_table)
-
 
 # --------------------------------------------------------------------------- the report
 
@@ -386,8 +386,12 @@ def _scheduler_section(doc: _Doc, groups: dict, n_boot: int, seed: int, timings:
                  "Per `--policy prefix --alpha A` run: the realised disagreement (drafted tokens committed beyond "
                  "the shadow verifier's L, over generated tokens, averaged over prompts) with a percentile "
                  f"bootstrap over prompts ({n_boot} resamples), against the promise alpha; verifier calls per token "
-                 "and tokens/s relative to Strict SDD on the same prompts (paired bootstrap). The promise holds in "
-                 "expectation over prompts exchangeable with the calibration prompts. `verdict`: `within` where the "
+                 "and tokens/s relative to Strict SDD on the same prompts (paired bootstrap). The quantity is the "
+                 "disagreement with the verifier in the run's own context. A model calibrated online on it "
+                 "(`vskip calibrate-online`) promises its mean in expectation over new prompts exchangeable with "
+                 "the calibration prompts; a model calibrated on traces bounds only the loss replayed on the "
+                 "calibration's blocks, so against it this column is an observation, not a guarantee kept or "
+                 "broken. `verdict`: `within` where the "
                  "realised mean is at most alpha, `exceeded` where its whole interval lies above alpha, `above, "
                  "unresolved` between. A configuration run on several tasks with the same predictor also gets a row "
                  "over their prompts together (`task` joined by +): where the model was calibrated on those tasks "

@@ -7,9 +7,10 @@ from typing import Sequence
 
 import numpy as np
 
-from ..metrics import summarize
-from ..policy import break_even_length
-from .runs import SAMPLES, Run
+from ..engine.metrics import prompt_disagreement, summarize
+from ..engine.policy import break_even_length
+from ..stats import bootstrap_means, percentile_interval
+from ..study.rundir import SAMPLES, Run
 
 # --------------------------------------------------------------------------- metrics
 
@@ -37,7 +38,7 @@ class Metrics:
 
 def compute_metrics(run: Run, ids: set[str] | None = None) -> Metrics:
     """Aggregates over the run's prompts, or over ``ids`` only (for comparisons on the prompts
-    two runs share), by :func:`vskip.metrics.summarize`, the run's own summary: ΣN/ΣT
+    two runs share), by :func:`vskip.engine.metrics.summarize`, the run's own summary: ΣN/ΣT
     throughput, calls and blocks per generated token (§5.1, A.8), agreement (Eqs. 1-2)."""
     if not run.samples and run.summary:
         s = run.summary
@@ -147,7 +148,7 @@ def _ratio(a, b):
 
 
 def compare(run: Run, ref: Run | None, n_boot: int, seed: int) -> Row:
-    from ..scoring import paired_bootstrap
+    from ..bench.scoring import paired_bootstrap
 
     row = Row(run, metrics_of(run))
     if ref is None:
@@ -193,19 +194,6 @@ def compare(run: Run, ref: Run | None, n_boot: int, seed: int) -> Row:
     return row
 
 
-def prompt_disagreement(run, ids: Sequence[str]) -> np.ndarray | None:
-    """Per prompt of ``ids``: drafted tokens committed beyond the shadow verifier's ``L`` over
-    generated tokens (None when a skipped round has no shadow ``L``)."""
-    wrong = dict.fromkeys(ids, 0)
-    for r in run.rounds:
-        if r.get("task_id") in wrong and not r.get("verified", True) and r.get("K", 0) > 0:
-            if r.get("L") is None:
-                return None
-            wrong[r["task_id"]] += max(0, r["K"] - r["L"])
-    n = {s["task_id"]: s.get("generated_tokens") or 0 for s in run.samples if "task_id" in s}
-    return np.array([wrong[i] / n[i] if n.get(i) else 0.0 for i in ids], np.float64)
-
-
 def _disagreement(run: Run, ids: Sequence[str], n_boot: int, seed: int):
     """(mean, interval) over ``ids`` of each prompt's share of tokens committed beyond the shadow
     verifier's L; (None, None) where a skipped round has no shadow L."""
@@ -214,8 +202,7 @@ def _disagreement(run: Run, ids: Sequence[str], n_boot: int, seed: int):
         return None, None
     if n_boot <= 0:
         return float(d.mean()), None
-    boot = d[np.random.default_rng(seed).integers(0, len(d), size=(n_boot, len(d)))].mean(1)
-    return float(d.mean()), _percentile(boot)
+    return float(d.mean()), percentile_interval(bootstrap_means(d, n_boot, seed))
 
 
 # --------------------------------------------------------------------------- intervals
@@ -251,15 +238,6 @@ def per_prompt(run: Run, ids: Sequence[str]) -> dict[str, np.ndarray] | None:
     return {k: np.asarray(v, np.float64) for k, v in cols.items()}
 
 
-def _percentile(values: np.ndarray, level: float = 0.95) -> tuple[float, float] | None:
-    values = values[np.isfinite(values)]
-    if not values.size:
-        return None
-    a = (1.0 - level) / 2.0
-    lo, hi = np.quantile(values, [a, 1.0 - a])
-    return float(lo), float(hi)
-
-
 def intervals(run: Run, ref: Run, ids: Sequence[str], n_boot: int, seed: int) -> dict | None:
     """Paired percentile bootstrap over the prompts both runs hold: the same resampled prompts
     for both runs in each replicate. Intervals of relative calls and relative blocks per
@@ -287,7 +265,7 @@ def intervals(run: Run, ref: Run, ids: Sequence[str], n_boot: int, seed: int) ->
             stats["strict_token"][sl] = np.where(sa["st_den"] > 0, sa["st_num"] / sa["st_den"], 1.0)
             stats["full_prefix"][sl] = np.where(sa["fp_den"] > 0, sa["fp_num"] / sa["fp_den"], 1.0)
     for k, v in stats.items():
-        out[k] = _percentile(v)
+        out[k] = percentile_interval(v)
     if run.policy in ("strict", "ar") or run is ref:  # exact by construction
         out["strict_token"] = out["full_prefix"] = (1.0, 1.0)
     pa = {s["task_id"]: s.get("passed") for s in run.samples if "task_id" in s}
@@ -321,7 +299,7 @@ def paired_ratio(a: np.ndarray, b: np.ndarray, n_boot: int,
             return point, None
         idx = np.random.default_rng(seed).integers(0, a.shape[1], size=(n_boot, a.shape[1]))
         v = (a[0][idx].sum(1) / a[1][idx].sum(1)) / (b[0][idx].sum(1) / b[1][idx].sum(1))
-    return point, _percentile(v)
+    return point, percentile_interval(v)
 
 
 def ratio_ci(run: Run, other: Run, ids: Sequence[str], num: str, den: str, n_boot: int,

@@ -19,7 +19,9 @@ from typing import Sequence
 
 import numpy as np
 
-from .compare import Row, _percentile, eq7_sums, per_prompt, prompt_disagreement, unit_costs
+from ..engine.metrics import prompt_disagreement
+from ..stats import percentile_interval
+from .compare import Row, eq7_sums, per_prompt, unit_costs
 from .tables import Table, in_main_grid, pareto_front
 
 #: how each agreement axis is read from per-prompt sums, and whether more of it is better
@@ -119,7 +121,7 @@ def interpolated_table(name: str, rows: list[Row], k_min: int, policy: str = "pr
             out.append([r.name, len(ids), mine[0][0], mine[1][0], None, None, None, None, inside,
                         f"outside {baseline}'s observed range"])
             continue
-        c_ci, s_ci = _percentile(calls_ratio[1:]), _percentile(speed_ratio[1:])
+        c_ci, s_ci = percentile_interval(calls_ratio[1:]), percentile_interval(speed_ratio[1:])
         out.append([r.name, len(ids), mine[0][0], mine[1][0], between, read_calls, _fmt_ci(calls_ratio[0], c_ci),
                     _fmt_ci(speed_ratio[0], s_ci), inside, _words(c_ci, s_ci)])
     if not out:

@@ -5,7 +5,7 @@ speed it bought against Strict SDD.
 A prompt's realised disagreement is the share of its committed tokens that the verifier would not
 have committed at that point: the drafted tokens each skip commits beyond the shadow verifier's
 accepted length ``L`` (§3.2), over the prompt's generated tokens. Conformal risk control promises
-that its mean over new prompts stays at or below ``alpha`` (:mod:`vskip.policy.prefix`); the
+that its mean over new prompts stays at or below ``alpha`` (:mod:`vskip.engine.policy.prefix`); the
 interval is a percentile bootstrap over prompts. Like StrictToken (Eq. 1) it is measured against the
 verifier in the run's own context, which after an earlier wrong skip is not Strict SDD's.
 """
@@ -16,11 +16,13 @@ from typing import Sequence
 
 import numpy as np
 
-from .compare import Row, _percentile, eq7_sums, paired_ratio, prompt_disagreement, ratio_ci, sample_sums, unit_costs
+from ..engine.metrics import disagreement_counts
+from ..study.prefix.calibrate import promise_fields
+from .compare import Row, eq7_sums, paired_ratio, ratio_ci, sample_sums, unit_costs
 
 #: the fields of every entry of ``scheduler.json``
 FIELDS = ("task", "gamma", "config", "predictor", "alpha", "realised_disagreement", "realised_disagreement_ci95",
-          "realised_disagreement_upper95", "within_alpha", "verdict", "relative_calls", "relative_calls_ci95",
+          "realised_disagreement_upper95", "within_alpha", "verdict", "token_weighted_disagreement", "relative_calls", "relative_calls_ci95",
           "tokens_per_s_ratio", "tokens_per_s_ratio_ci95", "eq7_tokens_per_s_ratio", "eq7_tokens_per_s_ratio_ci95",
           "timed_tokens_per_s_ratio", "timed_tokens_per_s_ratio_ci95",
           "timed_prompts", "n_prompts", "skips", "wrong_skip_share", "mean_skip")
@@ -48,29 +50,14 @@ def skip_stats(runs_ids) -> dict:
             "mean_skip": float(np.mean(ks)) if ks else None}
 
 
-def verdict(mean: float, ci: tuple[float, float] | None, alpha: float) -> str:
-    """``within`` where the realised mean is at most ``alpha``; above it, ``exceeded`` where the
-    whole interval lies above ``alpha`` and ``above, unresolved`` where it still holds ``alpha``."""
-    if mean <= alpha:
-        return "within"
-    return "exceeded" if ci is not None and ci[0] > alpha else "above, unresolved"
-
-
-def promise_fields(d: np.ndarray, alpha: float, n_boot: int = 10_000, seed: int = 0) -> dict:
-    """The mean of per-prompt losses ``d`` against ``alpha``: ``mean``, its percentile bootstrap
-    interval over prompts (``ci95``), the bootstrap's 95th percentile (``upper95``) and the
-    :func:`verdict`."""
-    d = np.asarray(d, np.float64)
-    boot = d[np.random.default_rng(seed).integers(0, len(d), size=(n_boot, len(d)))].mean(1)
-    m, ci = float(d.mean()), _percentile(boot)
-    return {"mean": m, "ci95": ci, "upper95": float(np.quantile(boot, 0.95)), "verdict": verdict(m, ci, alpha)}
-
-
-def _realised(d: np.ndarray, alpha: float, n_boot: int, seed: int) -> dict:
-    f = promise_fields(d, alpha, n_boot, seed)
+def _realised(counts: tuple[np.ndarray, np.ndarray], alpha: float, n_boot: int, seed: int) -> dict:
+    """The promised quantity (per-prompt shares averaged over prompts) against ``alpha``, and the
+    token-weighted share beside it (not promised) from per-prompt (wrong, generated) ``counts``."""
+    wrong, n = counts
+    f = promise_fields(np.divide(wrong, n, out=np.zeros_like(wrong), where=n > 0), alpha, n_boot, seed)
     return {"realised_disagreement": f["mean"], "realised_disagreement_ci95": f["ci95"],
             "realised_disagreement_upper95": f["upper95"], "within_alpha": bool(f["mean"] <= alpha),
-            "verdict": f["verdict"]}
+            "verdict": f["verdict"], "token_weighted_disagreement": float(wrong.sum() / n.sum()) if n.sum() else None}
 
 
 def scheduler_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0) -> list[dict]:
@@ -82,7 +69,7 @@ def scheduler_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0) 
         if row.policy != "prefix" or alpha is None or row.ref is None or row.ref is row.run:
             continue
         ids = sorted(set(row.run.ids) & set(row.ref.ids))
-        d = prompt_disagreement(row.run, ids) if ids else None
+        d = disagreement_counts(row.run, ids) if ids else None
         if d is None:
             continue
         iv = row.intervals or {}
@@ -132,10 +119,10 @@ def pooled_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0, tim
         if len({r.run.task for r in rs}) != len(rs) or len(rs) < 2:
             continue
         parts = [(r, sorted(set(r.run.ids) & set(r.ref.ids))) for r in rs]
-        ds = [prompt_disagreement(r.run, ids) for r, ids in parts]
+        ds = [disagreement_counts(r.run, ids) for r, ids in parts]
         if any(d is None for d in ds) or not all(ids for _, ids in parts):
             continue
-        d = np.concatenate(ds)
+        d = (np.concatenate([w for w, _ in ds]), np.concatenate([n for _, n in ds]))
         ratios = {}
         for key, num, den in (("calls", "verifier_calls", "generated_tokens"),
                               ("speed", "generated_tokens", "decode_seconds")):
@@ -150,6 +137,6 @@ def pooled_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0, tim
             **_realised(d, alpha, n_boot, seed), "relative_calls": ratios["calls"][0], "relative_calls_ci95": ratios["calls"][1],
             "tokens_per_s_ratio": ratios["speed"][0], "tokens_per_s_ratio_ci95": ratios["speed"][1],
             "eq7_tokens_per_s_ratio": ratios["eq7"][0], "eq7_tokens_per_s_ratio_ci95": ratios["eq7"][1],
-            **_timed([r.run.run_cfg for r in rs], timings), "n_prompts": len(d), **skip_stats([(r.run, ids) for r, ids in parts]),
+            **_timed([r.run.run_cfg for r in rs], timings), "n_prompts": len(d[0]), **skip_stats([(r.run, ids) for r, ids in parts]),
         })
     return out

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from ..engine.policy import DEFAULT_GATES, SIGNALS, break_even_length
 from ..files import write_atomic
-from ..policy import DEFAULT_GATES, SIGNALS, break_even_length
 from .compare import Row, eq7_ratio, metrics_of, ratio_ci
 from .runs import FRONTIER_METHODS, LABELS
 

@@ -1,0 +1,219 @@
+"""Run-level metrics from per-prompt samples and per-round records (§3.2, §5.1, Eq. 7–8, A.8).
+
+Works on plain dicts as written to ``samples.jsonl`` and ``rounds.jsonl``, so reports need no model.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+
+
+def agreement_from_rounds(rounds: Iterable[dict]) -> tuple[float, float, int]:
+    """(StrictToken Eq. 1, FullPrefix Eq. 2, |A|) over rounds where a relaxed rule committed a
+    nonempty draft prefix and L is known; (1, 1, 0) when there is none (Strict SDD)."""
+    num = den = full = n = 0
+    for r in rounds:
+        if not r.get("relaxed") or r.get("L") is None:
+            continue
+        K = r["accepted"] if r["verified"] else r["K"]
+        if K <= 0:
+            continue
+        num += min(K, r["L"])
+        den += K
+        full += K <= r["L"]
+        n += 1
+    if n == 0:
+        return 1.0, 1.0, 0
+    return num / den, full / n, n
+
+
+def _total(samples: Sequence[dict], key: str, missing: list[str]):
+    """The sum of ``key`` over the samples; None (and ``key`` named in ``missing``) when a sample
+    lacks it."""
+    vals = [s.get(key) for s in samples]
+    if any(v is None for v in vals):
+        missing.append(key)
+        return None
+    return sum(vals)
+
+
+def _div(a, b):
+    return a / b if a is not None and b else None
+
+
+def _agreement(rounds: Sequence[dict], missing: list[str]) -> tuple[float | None, float | None, int]:
+    """:func:`agreement_from_rounds`, or None where the rounds cannot tell: rounds written without
+    the fields it needs, or relaxed rounds whose L nobody measured (no shadow verifier)."""
+    if any(k not in r for r in rounds for k in ("verified", "relaxed", "accepted")):
+        missing.append("relaxed/accepted round fields")
+        return None, None, 0
+    lacking = sum(1 for r in rounds if r["relaxed"] and r.get("L") is None)
+    st, fp, n = agreement_from_rounds(rounds)
+    if lacking:
+        missing.append(f"L on {lacking} relaxed rounds (no shadow verifier)")
+        if not n:
+            return None, None, 0
+    return st, fp, n
+
+
+def result_row(res) -> dict:
+    """The per-prompt fields :func:`summarize` totals, from a :class:`vskip.engine.decode.DecodeResult`
+    (as ``samples.jsonl`` holds them)."""
+    return {"generated_tokens": res.generated_tokens, "decode_seconds": res.decode_seconds,
+            "verifier_calls": res.verifier_calls, "draft_blocks": res.draft_blocks,
+            "skipped_rounds": res.skipped_rounds, "draft_seconds": res.draft_seconds,
+            "verify_seconds": res.verify_seconds, "predict_seconds": res.predict_seconds,
+            "shadow_seconds": res.shadow_seconds}
+
+
+def summarize(samples: Sequence[dict], rounds: Sequence[dict]) -> dict:
+    """The summary of one run: ΣN/ΣT throughput, calls and blocks per generated token, agreement
+    (Eqs. 1-2), pass@1 over scored samples, and the cost model of Eq. 7 (c_D, c_V, mean strict
+    commit A). Every aggregate of a run is computed here: the run's own ``summary.json``, a merged
+    sweep and the report. A total whose field some sample lacks is None, and ``missing`` (present
+    only then) names the fields that could not be found."""
+    missing: list[str] = []
+    N = _total(samples, "generated_tokens", missing)
+    T = _total(samples, "decode_seconds", missing)
+    calls = _total(samples, "verifier_calls", missing)
+    blocks = _total(samples, "draft_blocks", missing)
+    skipped = _total(samples, "skipped_rounds", missing)
+    draft_s = _total(samples, "draft_seconds", missing)
+    verify_s = _total(samples, "verify_seconds", missing)
+    predict_s = sum(s.get("predict_seconds", 0.0) for s in samples)
+    scored = [s["passed"] for s in samples if s.get("passed") is not None]
+    strict_token, full_prefix, n_relaxed = _agreement(rounds, missing)
+    verified = [r for r in rounds if r.get("verified")]
+    strict_commit = [r["committed"] for r in verified if r.get("gamma", 0) > 0]
+    policy_s = max(0.0, T - draft_s - verify_s) if None not in (T, draft_s, verify_s) else None
+    out = {
+        "n_prompts": len(samples),
+        "pass_at_1": (sum(scored) / len(scored)) if scored else None,
+        "n_scored": len(scored),
+        "generated_tokens": N,
+        "decode_seconds": T,
+        "tokens_per_s": _div(N, T),
+        "verifier_calls": calls,
+        "draft_blocks": blocks,
+        "calls_per_token": _div(calls, N),
+        "blocks_per_token": _div(blocks, N),
+        "strict_token": strict_token,
+        "full_prefix": full_prefix,
+        "relaxed_rounds": n_relaxed,
+        "skipped_rounds": skipped,
+        "rounds": len(rounds),
+        "draft_seconds": draft_s,
+        "verify_seconds": verify_s,
+        "predict_seconds": predict_s,
+        "policy_seconds": policy_s,
+        "policy_share": _div(policy_s, T),
+        "shadow_seconds": sum(s.get("shadow_seconds", 0.0) for s in samples),
+        "c_D": _div(draft_s, blocks),
+        "c_V": _div(verify_s, calls),
+        "A": sum(strict_commit) / len(strict_commit) if strict_commit else None,
+        "mean_accepted": (sum(r["L"] for r in verified if r.get("L") is not None and r.get("gamma", 0) > 0)
+                          / len(strict_commit)) if strict_commit else None,
+    }
+    tasks = {s.get("task_id") for s in samples}
+    if len(tasks) < len(samples):  # several completions per prompt (--samples-per-prompt)
+        out["n_prompts"], out["n_samples"] = len(tasks), len(samples)
+        per_task: dict = {}
+        for s in samples:
+            if s.get("passed") is not None:
+                per_task.setdefault(s.get("task_id"), []).append(bool(s["passed"]))
+        if per_task:
+
+            out["pass_at_k"] = pass_at_k_table(per_task)
+    if missing:
+        out["missing"] = missing
+    return out
+
+
+def acceptance_histogram(rounds: Iterable[dict], gamma: int) -> list[int]:
+    """Counts of the strict accepted length L = 0..gamma over full-length blocks."""
+    h = [0] * (gamma + 1)
+    for r in rounds:
+        if r.get("L") is not None and r.get("gamma") == gamma:
+            h[r["L"]] += 1
+    return h
+
+
+def survival_curve(hist: Sequence[int]) -> list[float]:
+    """P(L >= j) for j = 1..gamma from a histogram of L."""
+    n = sum(hist)
+    if n == 0:
+        return [0.0] * (len(hist) - 1)
+    out, tail = [], n
+    for j in range(1, len(hist)):
+        tail -= hist[j - 1]
+        out.append(tail / n)
+    return out
+
+
+def auroc(scores, labels) -> float:
+    """AUROC (scikit-learn's ``roc_auc_score``; ties count one half); NaN when a class is empty."""
+    import numpy as np
+    from sklearn.metrics import roc_auc_score
+
+    y = np.asarray(labels).astype(bool)
+    if y.all() or not y.any():
+        return float("nan")
+    return float(roc_auc_score(y, np.asarray(scores, np.float64)))
+
+
+def pass_at_k_table(per_task: dict[str, Sequence[bool]], ks: Sequence[int] = (1, 10, 100), level: float = 0.95,
+                    seed: int = 0) -> dict[str, dict]:
+    """pass@k for each k in ``ks`` that every task has at least k samples for, and for k = the
+    fewest samples a task has (pass@5 of five samples a task): the mean over tasks of the unbiased
+    estimator, with a percentile bootstrap interval over tasks (``level``)."""
+    from scipy.stats import bootstrap
+
+    fewest = min((len(v) for v in per_task.values()), default=0)
+    out = {}
+    for k in sorted(set(ks) | ({fewest} if fewest > 1 else set())):
+        if k > fewest:
+            continue
+        x = np.array([pass_at_k(len(v), int(sum(v)), k) for v in per_task.values()])
+        if len(x) > 1 and np.ptp(x) > 0:
+            ci = bootstrap((x,), np.mean, confidence_level=level, n_resamples=2000, method="percentile", rng=seed)
+            lo, hi = float(ci.confidence_interval.low), float(ci.confidence_interval.high)
+        else:  # one task, or every task alike: nothing to resample
+            lo = hi = float(x.mean())
+        out[str(k)] = {"estimate": float(x.mean()), "ci": [lo, hi], "tasks": len(x), "samples_per_task": fewest}
+    return out
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k)."""
+    if not (0 <= c <= n) or k < 1 or k > n:
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n (n={n}, c={c}, k={k})")
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def disagreement_counts(run, ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per prompt of ``ids`` of a run (its ``rounds`` and ``samples`` rows): the drafted tokens its
+    skips committed beyond the shadow verifier's ``L``, and its generated tokens (None when a
+    skipped round has no shadow ``L``)."""
+    wrong = dict.fromkeys(ids, 0)
+    for r in run.rounds:
+        if r.get("task_id") in wrong and not r.get("verified", True) and r.get("K", 0) > 0:
+            if r.get("L") is None:
+                return None
+            wrong[r["task_id"]] += max(0, r["K"] - r["L"])
+    n = {s["task_id"]: s.get("generated_tokens") or 0 for s in run.samples if "task_id" in s}
+    return (np.array([wrong[i] for i in ids], np.float64), np.array([n.get(i) or 0 for i in ids], np.float64))
+
+
+def prompt_disagreement(run, ids: Sequence[str]) -> np.ndarray | None:
+    """Per prompt of ``ids``: :func:`disagreement_counts`' wrong tokens over generated tokens (0
+    for a prompt that generated none), the disagreement with the verifier in the run's own context
+    that the prefix scheduler promises to bound, averaged over prompts, and is calibrated on."""
+    c = disagreement_counts(run, ids)
+    if c is None:
+        return None
+    wrong, n = c
+    return np.divide(wrong, n, out=np.zeros_like(wrong), where=n > 0)

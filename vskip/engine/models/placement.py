@@ -1,0 +1,420 @@
+"""Where each model runs, and a memory plan made from the checkpoints' configs before any weight
+loads.
+
+The drafter runs on one device. The verifier runs on one device or is spread over several with
+accelerate's ``device_map`` (``auto``, ``balanced``, ``balanced_low_0`` or ``sequential``,
+bounded by ``--max-memory``); the plan computes that map from the config alone (an empty model on
+the meta device), and the same map is then given to ``from_pretrained``, so what loads is what was
+planned.
+
+The estimate per device: weights (parameters x bytes of the dtype they run in), the key/value
+cache over the whole budget (prompt + new tokens + one block), the activations of the largest
+forward a round makes (the prompt and a block when the cache is kept; the whole sequence at the
+budget when it is recomputed every call, as the paper measured), and a fixed reserve per CUDA
+device for its context and allocator. It is an estimate: it counts the attention matrix in full
+(the math kernel's cost) and no fragmentation beyond the reserve.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..runtime import STRATEGIES, normalize_device
+
+#: reserved per CUDA device for its context, the allocator and the kernels' workspaces
+CUDA_RESERVE = 1 << 30
+#: below this share of a device left free, the plan warns that it is tight
+TIGHT = 0.05
+GIB = float(1 << 30)
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+class MemoryPlanError(ValueError):
+    """The models cannot fit where they were placed (said in one line, before anything loads)."""
+
+
+def _accelerate_key(dev: str):
+    return int(dev[5:]) if dev.startswith("cuda:") else dev
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The sizes of a decoder-only transformer (Llama, Qwen2/2.5, Qwen3, Dream), from its config."""
+
+    name: str
+    vocab: int
+    hidden: int
+    inter: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    tied: bool = False
+    bias: bool = False
+    qk_norm: bool = False
+    head_rows: int | None = None  # a restricted output head (vskip drafters)
+    extra_params: int = 0  # a vskip drafter's mask embedding and copy-hint input
+    recompute: bool = False  # re-encodes the whole sequence every call, keeping no cache (Dream)
+
+    @classmethod
+    def from_hf(cls, cfg: dict, name: str = "model") -> "Shape":
+        heads = int(cfg["num_attention_heads"])
+        mt = str(cfg.get("model_type", "")).lower()
+        return cls(
+            name=name, vocab=int(cfg["vocab_size"]), hidden=int(cfg["hidden_size"]),
+            inter=int(cfg["intermediate_size"]), layers=int(cfg["num_hidden_layers"]), heads=heads,
+            kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads),
+            tied=bool(cfg.get("tie_word_embeddings", False)),
+            bias=bool(cfg.get("attention_bias", mt in ("qwen2", "dream"))), qk_norm=mt.startswith("qwen3"),
+            recompute=mt == "dream",
+        )
+
+    @property
+    def layer_params(self) -> int:
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        attn = self.hidden * (q + 2 * kv) + q * self.hidden + (q + 2 * kv if self.bias else 0)
+        return attn + 3 * self.hidden * self.inter + 2 * self.hidden + (2 * self.head_dim if self.qk_norm else 0)
+
+    @property
+    def embed_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def head_params(self) -> int:
+        if self.head_rows is not None:
+            return self.head_rows * self.hidden
+        return 0 if self.tied else self.vocab * self.hidden
+
+    @property
+    def params(self) -> int:
+        return self.embed_params + self.layers * self.layer_params + self.hidden + self.head_params + self.extra_params
+
+    def cache_bytes(self, tokens: int, nbytes: int, layers: int | None = None) -> int:
+        """Keys and values of ``tokens`` positions over ``layers`` (all by default)."""
+        n = self.layers if layers is None else layers
+        return 2 * n * self.kv_heads * self.head_dim * tokens * nbytes
+
+    def activation_bytes(self, tokens: int, nbytes: int, logits_rows: int) -> int:
+        """The peak of one forward over ``tokens`` new positions (one layer's intermediates, the
+        attention matrix in full, the residual stream) and ``logits_rows`` float32 logits."""
+        per_token = 3 * self.hidden + 2 * (self.heads + self.kv_heads) * self.head_dim + 3 * self.inter
+        attn = self.heads * tokens * tokens
+        return (tokens * per_token + attn) * nbytes + logits_rows * (self.head_rows or self.vocab) * 4
+
+
+def _drafter_extra(d: dict, hidden: int) -> int:
+    """Parameters of a vskip drafter beyond its backbone and head (:class:`vskip.engine.models.drafter.DiffusionLM`):
+    the learned mask embedding, and the copy hint's projection and length embeddings."""
+    from .copy import LENGTH_EDGES
+
+    n = hidden if d.get("mask_token_id") is None else 0
+    if d.get("target_layers"):  # a conditioned drafter: the fusion of the tapped layers and its norm
+        n += len(d["target_layers"]) * hidden * hidden + hidden
+    return n + (hidden * hidden + len(LENGTH_EDGES) * hidden if d.get("copy_input") else 0)
+
+
+def read_shape(path: Path, name: str) -> Shape:
+    """The shape of a checkpoint directory: ``config.json`` (transformers layouts, Dream) or a
+    vskip drafter's ``drafter.json``."""
+    path = Path(path)
+    spec = path / "drafter.json"
+    if spec.exists():
+        d = json.loads(spec.read_text())
+        bb = d["backbone"]
+        heads = int(bb["num_heads"])
+        return Shape(name=name, vocab=int(bb["vocab_size"]), hidden=int(bb["hidden_size"]),
+                     inter=int(bb["intermediate_size"]), layers=int(bb["num_layers"]), heads=heads,
+                     kv_heads=int(bb["num_kv_heads"]), head_dim=int(bb["hidden_size"]) // heads,
+                     tied=d.get("head", "tied") == "tied", bias=bool(bb.get("attention_bias", False)),
+                     recompute=d.get("attention") == "full", head_rows=(d.get("meta") or {}).get("head_size"),
+                     extra_params=_drafter_extra(d, int(bb["hidden_size"])))
+    cfg = path / "config.json"
+    if not cfg.exists():
+        raise FileNotFoundError(f"no config.json in {path}")
+    try:
+        data = json.loads(cfg.read_text())
+        return Shape.from_hf(data, name)
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{cfg} does not describe a decoder-only transformer: {e}") from None
+
+
+@dataclass
+class DeviceUse:
+    device: str
+    capacity: int | None
+    weights: int = 0
+    cache: int = 0
+    activations: int = 0
+    reserve: int = 0
+    holds: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.cache + self.activations + self.reserve
+
+    @property
+    def free(self) -> int | None:
+        return None if self.capacity is None else self.capacity - self.total
+
+    @property
+    def verdict(self) -> str:
+        if self.capacity is None:
+            return "unknown capacity"
+        if self.free < 0:
+            return "does not fit"
+        return "tight" if self.free < TIGHT * self.capacity else "fits"
+
+    def to_json(self) -> dict:
+        return {"device": self.device, "capacity": self.capacity, "weights": self.weights, "cache": self.cache,
+                "activations": self.activations, "reserve": self.reserve, "total": self.total,
+                "holds": self.holds, "verdict": self.verdict}
+
+
+@dataclass
+class MemoryPlan:
+    devices: list[DeviceUse]
+    verifier_map: dict[str, str] | None  # module -> device, when the verifier is spread
+    settings: dict
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems and all(d.verdict != "does not fit" for d in self.devices)
+
+    def refusal(self) -> str:
+        """One line saying why the plan cannot run."""
+        if self.problems:
+            return self.problems[0]
+        bad = [d for d in self.devices if d.verdict == "does not fit"]
+        parts = [f"{d.device} needs {d.total / GIB:.1f} GiB of {d.capacity / GIB:.1f} GiB ({', '.join(d.holds)})"
+                 for d in bad]
+        return ("the models do not fit: " + "; ".join(parts) +
+                " (see vskip plan; --verifier-device balanced, --max-memory or another --drafter-device may help)")
+
+    def describe(self) -> str:
+        s = self.settings
+        head = (f"memory plan: verifier {_count(s['verifier']['params'])} parameters in {s['dtype']}"
+                + (f", drafter {_count(s['drafter']['params'])} in {s['drafter_dtype']}" if s.get("drafter") else "")
+                + f"; {s['tokens']} tokens at most per sequence; verifier cache "
+                + ("kept" if s["verifier_cache"] else "recomputed every call"))
+        lines = [head, "| device | capacity GiB | weights | cache | activations | reserve | total | verdict | holds |",
+                 "|---|---|---|---|---|---|---|---|---|"]
+        for d in self.devices:
+            cap = "?" if d.capacity is None else f"{d.capacity / GIB:.1f}"
+            lines.append(f"| {d.device} | {cap} | {d.weights / GIB:.2f} | {d.cache / GIB:.2f} | "
+                         f"{d.activations / GIB:.2f} | {d.reserve / GIB:.2f} | {d.total / GIB:.2f} | {d.verdict} | "
+                         f"{', '.join(d.holds)} |")
+        lines += [f"problem: {p}" for p in self.problems]
+        lines.append("verdict: " + ("fits" if self.fits else "refused: " + self.refusal()))
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {"fits": self.fits, "settings": self.settings, "devices": [d.to_json() for d in self.devices],
+                "verifier_map": self.verifier_map, "problems": self.problems}
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+
+
+def available_memory(devices) -> dict[str, int | None]:
+    """What each device has free now: CUDA's free memory, the host's MemAvailable."""
+    out: dict[str, int | None] = {}
+    for dev in devices:
+        if dev.startswith("cuda"):
+            import torch
+
+            out[dev] = int(torch.cuda.mem_get_info(int(dev[5:]))[0]) if torch.cuda.is_available() else None
+        else:
+            out[dev] = _host_available()
+    return out
+
+
+def _host_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+@contextlib.contextmanager
+def _quiet_accelerate():
+    """accelerate warns about every GPU a plan names that this machine lacks; a plan is made for
+    other machines on purpose."""
+    log = logging.getLogger("accelerate")
+    old = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
+            yield
+    finally:
+        log.setLevel(old)
+
+
+def empty_model(verifier_dir: Path, dtype: str):
+    """The verifier as an empty model on the meta device (no weights read, no memory)."""
+    import torch
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(verifier_dir, trust_remote_code=False, local_files_only=True)
+    with init_empty_weights():
+        return AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype), trust_remote_code=False)
+
+
+def spread(verifier_dir: Path, shape: Shape, strategy: str, budget: dict[str, int], dtype: str) -> dict[str, str]:
+    """accelerate's device map of the verifier over ``budget`` (bytes for weights per device)."""
+    import torch
+    from accelerate import infer_auto_device_map
+    from accelerate.utils import get_balanced_memory
+
+    model = empty_model(verifier_dir, dtype)
+    no_split = list(getattr(model, "_no_split_modules", None) or [])
+    mm = {_accelerate_key(d): max(int(b), 0) for d, b in budget.items()}
+    tdt = getattr(torch, dtype)
+    with _quiet_accelerate():
+        if strategy in ("auto", "balanced", "balanced_low_0") and len(mm) > 1:
+            mm = get_balanced_memory(model, max_memory=mm, no_split_module_classes=no_split, dtype=tdt,
+                                     low_zero=strategy == "balanced_low_0")
+        dmap = infer_auto_device_map(model, max_memory=mm, no_split_module_classes=no_split, dtype=tdt)
+    return {k: (f"cuda:{v}" if isinstance(v, int) else str(v)) for k, v in dmap.items()}
+
+
+def _module_bytes(name: str, shape: Shape, nbytes: int) -> tuple[int, int]:
+    """(weight bytes, decoder layers) of one entry of a device map."""
+    if name in ("", "model"):
+        return shape.params * nbytes, shape.layers
+    parts = name.split(".")
+    if "layers" in parts:
+        i = parts.index("layers")
+        if len(parts) == i + 1:
+            return shape.layers * shape.layer_params * nbytes, shape.layers
+        return shape.layer_params * nbytes, 1
+    if parts[-1] == "embed_tokens":
+        return shape.embed_params * nbytes, 0
+    if parts[-1] == "lm_head":
+        return shape.head_params * nbytes, 0
+    if parts[-1] == "norm":
+        return shape.hidden * nbytes, 0
+    return 0, 0
+
+
+def plan_memory(
+    verifier_dir: Path,
+    drafter_dir: Path | None,
+    *,
+    verifier_device: str,
+    drafter_device: str | None,
+    dtype: str,
+    drafter_dtype: str,
+    prompt_tokens: int,
+    max_new_tokens: int,
+    gamma: int,
+    verifier_cache: bool = True,
+    capacity: dict[str, int | None] | None = None,
+) -> MemoryPlan:
+    """The memory each device needs for this pair and placement (see the module's docstring).
+    ``capacity``: bytes per device (``--max-memory``); what is free on this machine otherwise."""
+    vshape = read_shape(verifier_dir, "verifier")
+    dshape = read_shape(drafter_dir, "drafter") if drafter_dir is not None else None
+    vb, db = DTYPE_BYTES[dtype], DTYPE_BYTES[drafter_dtype]
+    tokens = prompt_tokens + max_new_tokens + gamma + 1
+    split = verifier_device in STRATEGIES
+    if split:
+        names = list(capacity) if capacity else _visible_gpus()
+        if not names:
+            raise ValueError(f"--verifier-device {verifier_device} spreads the verifier over the GPUs, but none is "
+                             f"visible; name the devices with --max-memory (e.g. 0=40GiB,1=40GiB)")
+    else:
+        names = [normalize_device(verifier_device)]
+    if dshape is not None:
+        drafter_device = normalize_device(drafter_device or names[0])
+        if drafter_device not in names:
+            names.append(drafter_device)
+    cap = dict(capacity) if capacity else {}
+    missing = [d for d in names if d not in cap]
+    if missing:
+        cap |= available_memory(missing)
+    devices = {d: DeviceUse(d, cap.get(d), reserve=CUDA_RESERVE if d.startswith("cuda") else 0) for d in sorted(names)}
+    problems: list[str] = []
+
+    if dshape is not None:
+        u = devices[drafter_device]
+        u.weights += dshape.params * db
+        u.cache += 0 if dshape.recompute else dshape.cache_bytes(tokens, db)
+        u.activations += dshape.activation_bytes(tokens if dshape.recompute else prompt_tokens + gamma, db, gamma)
+        u.holds.append("drafter")
+
+    v_act = vshape.activation_bytes(prompt_tokens + gamma + 1 if verifier_cache else tokens, vb, gamma + 1)
+    v_cache = vshape.cache_bytes(tokens, vb) if verifier_cache else 0
+    vmap = None
+    if not split:
+        u = devices[names[0]]
+        u.weights += vshape.params * vb
+        u.cache += v_cache
+        u.activations = max(u.activations, v_act)
+        u.holds.append("verifier")
+    else:
+        vmap = _spread_verifier(verifier_dir, vshape, verifier_device, devices, names, dtype, tokens,
+                                verifier_cache, v_act, problems)
+    settings = {
+        "verifier": {"path": str(verifier_dir), "params": vshape.params},
+        "drafter": {"path": str(drafter_dir), "params": dshape.params} if dshape else None,
+        "dtype": dtype, "drafter_dtype": drafter_dtype, "verifier_device": verifier_device,
+        "drafter_device": drafter_device if dshape else None, "prompt_tokens": prompt_tokens,
+        "max_new_tokens": max_new_tokens, "gamma": gamma, "tokens": tokens, "verifier_cache": verifier_cache,
+        "cuda_reserve": CUDA_RESERVE,
+    }
+    return MemoryPlan(list(devices.values()), vmap, settings, problems)
+
+
+def _spread_verifier(verifier_dir: Path, vshape: Shape, strategy: str, devices: dict[str, DeviceUse], names: list[str],
+                     dtype: str, tokens: int, verifier_cache: bool, v_act: int, problems: list[str]) -> dict[str, str]:
+    """accelerate's map of a verifier spread over ``devices``, added to their use. Weights get what
+    is left after the reserves, the drafter and one forward's activations, scaled so that each
+    placed layer's share of the cache fits beside it."""
+    vb = DTYPE_BYTES[dtype]
+    per_layer_cache = vshape.cache_bytes(tokens, vb, layers=1) if verifier_cache else 0
+    scale = vshape.layer_params * vb / (vshape.layer_params * vb + per_layer_cache)
+    budget = {}
+    for d, u in devices.items():
+        if u.capacity is None:
+            raise ValueError(f"the capacity of {d} is unknown; give it with --max-memory")
+        left = u.capacity - u.total - max(v_act - u.activations, 0)
+        budget[d] = int(max(left, 0) * scale)
+    vmap = spread(verifier_dir, vshape, strategy, budget, dtype)
+    for d in sorted(set(vmap.values())):
+        if d == "disk" or d not in devices:
+            problems.append(f"the verifier does not fit on {', '.join(names)}: accelerate would offload "
+                            f"{sum(1 for v in vmap.values() if v == d)} module(s) to {d}")
+    layers_on: dict[str, int] = {}
+    for module, d in vmap.items():
+        if d not in devices:
+            continue
+        w, n = _module_bytes(module, vshape, vb)
+        devices[d].weights += w
+        devices[d].cache += vshape.cache_bytes(tokens, vb, layers=n) if verifier_cache else 0
+        layers_on[d] = layers_on.get(d, 0) + n
+    for d, n in layers_on.items():
+        devices[d].activations = max(devices[d].activations, v_act)
+        devices[d].holds.append(f"verifier ({n} of {vshape.layers} layers)")
+    return vmap
+
+
+def _visible_gpus() -> list[str]:
+    import torch
+
+    return [f"cuda:{i}" for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+

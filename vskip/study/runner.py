@@ -1,0 +1,225 @@
+"""``vskip run``: decode a task's prompts with one configuration and write the run directory.
+
+A run directory (docs/architecture.md, "Files a run writes") holds ``config.json``, ``samples.jsonl`` (a line per prompt),
+``rounds.jsonl`` (a line per round) and ``summary.json``. Decoding appends a prompt's rounds, then
+its sample, as soon as it finishes; a rerun of the same command skips prompts already in
+``samples.jsonl``, so a killed run loses at most the prompt in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..engine.decode import DecodeConfig, decode, warmup
+from ..engine.metrics import result_row, summarize
+from ..engine.models.config import ModelConfig, model_defaults, with_defaults  # noqa: F401 - ModelConfig: re-exported
+from ..engine.policy import PolicyConfig, Sampling
+from ..engine.runtime import machine, machine_id
+from ..files import DirLock, FileError, check_writable_dir, read_json, write_json, write_jsonl
+from .rundir import CONFIG, ROUNDS, SAMPLES, SUMMARY, append_lines, read_rows, resume_state, row_key  # noqa: F401
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    task: str
+    policy: PolicyConfig
+    decode: DecodeConfig
+    models: ModelConfig = field(default_factory=ModelConfig)
+    limit: int | None = None
+    ids: tuple[str, ...] | None = None
+    score: bool = True
+    predictor: str | None = None
+    #: completions per prompt (pass@k), each with its own random numbers; needs sampling
+    samples_per_prompt: int = 1
+
+    def __post_init__(self):
+        if self.samples_per_prompt < 1:
+            raise ValueError(f"--samples-per-prompt must be >= 1, got {self.samples_per_prompt}")
+        if self.samples_per_prompt > 1 and self.decode.sampling.greedy:
+            raise ValueError("--samples-per-prompt > 1 needs --temperature > 0 (greedy completions are all the same)")
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["policy"]["guards"] = asdict(self.policy.guards)
+        return d
+
+
+def package_versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for name in ("vskip", "torch", "transformers", "numpy", "safetensors"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _check_resume(out: Path, cfg_json: dict) -> None:
+    p = out / CONFIG
+    if not p.exists():
+        theirs = [name for name in (SAMPLES, ROUNDS, SUMMARY) if (out / name).exists()]
+        if theirs:  # not a run directory vskip wrote: never adopt (and rewrite) someone's files
+            raise FileError(f"{out} holds {', '.join(theirs)} but no {CONFIG} of a vskip run; choose another --out")
+        return
+    old = read_json(p, "run configuration")
+    run = old.get("run") if isinstance(old, dict) else None
+    if isinstance(run, dict) and isinstance(run.get("models"), dict):  # written before a model field existed
+        run = {**run, "models": with_defaults(run["models"], model_defaults())}
+    if isinstance(run, dict) and isinstance(run.get("decode"), dict):  # written before sampling existed
+        run = {**run, "decode": with_defaults(run["decode"], {"sampling": asdict(Sampling())})}
+    if isinstance(run, dict):
+        run = with_defaults(run, {"samples_per_prompt": 1})
+    if run != cfg_json:
+        raise ValueError(f"{out} holds a run with another configuration; choose another --out or remove it")
+
+
+def run(cfg: RunConfig, out: Path, progress: bool = True, pair=None, command: str | None = None) -> dict:
+    """Decode, score and summarise; returns the summary. ``pair``: an already loaded
+    :class:`vskip.engine.models.load.ModelPair` matching ``cfg.models`` (sweeps reuse one per process).
+    ``command``: the command line that started the run, recorded in ``config.json`` (reports show
+    it instead of rebuilding one). The run directory is locked while it runs: a second writer
+    refuses."""
+    from ..bench import tasks
+
+    problems = tasks.load_task(cfg.task, limit=cfg.limit, ids=list(cfg.ids) if cfg.ids else None)
+    if not problems:
+        raise ValueError(f"no prompts selected from {cfg.task}")
+    if cfg.score:
+        check_sandbox(cfg.task)
+    out = check_writable_dir(out, "run directory")
+    with DirLock(out, "run directory"):
+        return _run_locked(cfg, out, problems, progress, pair, command)
+
+
+def _run_locked(cfg: RunConfig, out: Path, problems, progress: bool, pair, command: str | None = None) -> dict:
+    cfg_json = json.loads(json.dumps(cfg.to_json()))  # tuples become lists, as when read back
+    _check_resume(out, cfg_json)
+    done, _ = resume_state(out)
+
+    m = cfg.models
+    pair, runtime, predictor = _models(cfg, problems, pair)
+    host = machine(runtime)
+    lam = None
+    if predictor is not None:
+        from .predictor import threshold_record  # noqa: PLC0415 - optional component
+
+        lam = threshold_record(predictor, cfg.policy.alpha)
+    write_json(out / CONFIG, {"run": cfg_json, "models": pair.identity, "runtime": asdict(runtime),
+                              "machine": host, "versions": package_versions(),
+                              **({"thresholds": lam} if lam else {}),
+                              **({"command": command} if command else {})})
+    _decode_prompts(cfg, out, problems, pair, predictor, done, progress, machine_id(host))
+    samples = [done[(p.task_id, i)] for p in problems for i in range(cfg.samples_per_prompt)]
+    scoring_note = None
+    if cfg.score:
+        scoring_note = score_samples(cfg.task, problems, samples, progress)
+    # both files in prompt (and sample) order, whatever order a resume finished them in
+    order = {p.task_id: i for i, p in enumerate(problems)}
+    rounds = sorted(read_rows(out / ROUNDS), key=lambda r: (order[r["task_id"]], row_key(r)[1]))
+    write_jsonl(out / ROUNDS, rounds)
+    write_jsonl(out / SAMPLES, samples)
+    dcfg = cfg.decode
+    summary = {"task": cfg.task, "policy": cfg.policy.name, **cfg.policy.summary(),
+               "gamma": dcfg.gamma, "gamma_max": dcfg.gamma_max, "steps": m.steps, "verifier_cache": m.verifier_cache,
+               "verifier_dtype": runtime.dtype, "drafter_dtype": runtime.drafter_dtype,
+               "sandbox": scoring_note, **summarize(samples, rounds)}
+    write_json(out / SUMMARY, summary)
+    return summary
+
+
+def _models(cfg: RunConfig, problems, pair):
+    """(pair, runtime, predictor) of a run: the tokenizer alone first, so that a prompt that cannot
+    fit refuses before the models load; a pair already loaded (sweeps) is used as it is."""
+    from ..bench import tasks
+    from ..engine.runtime import resolve_runtime
+
+    m = cfg.models
+    if pair is None:
+        from ..engine.models.load import check_prompt_fits, open_pair
+
+        n = check_prompt_fits(m.verifier, [(p.task_id, tasks.user_prompt(p)) for p in problems], cfg.decode.max_new_tokens)
+        pair = open_pair(m, need_drafter=cfg.policy.uses_drafter,
+                         budget=(n, cfg.decode.max_new_tokens, cfg.decode.gamma_max or cfg.decode.gamma))
+    runtime = getattr(pair, "runtime", None) or resolve_runtime(
+        m.device, m.dtype, m.threads, m.drafter_dtype, m.drafter_device, m.verifier_device, m.max_memory)
+    predictor = None
+    if cfg.policy.learned:
+        from .predictor import load_predictor, note_thresholds  # noqa: PLC0415 - optional component
+
+        predictor = load_predictor(cfg.predictor, cfg.policy.predictor_kind, runtime)
+        note_thresholds(predictor, cfg.policy.alpha)
+    return pair, runtime, predictor
+
+
+def _decode_prompts(cfg: RunConfig, out: Path, problems, pair, predictor, done: dict, progress: bool,
+                    host: str | None = None) -> None:
+    """Decode every prompt not yet ``done``, appending its rounds, then its sample (which vouches
+    for them: a kill in between leaves rounds without a sample, which the resume drops). A sample
+    names the ``machine`` its clocks were read on, since a resumed run may finish elsewhere."""
+    from tqdm import tqdm
+
+    from ..bench import tasks
+    from ..bench.tasks import encode_problem
+
+    prompts = {p.task_id: encode_problem(pair.tokenizer, p) for p in problems}
+    n = cfg.samples_per_prompt
+    todo = [(p, i) for p in problems for i in range(n) if (p.task_id, i) not in done]
+    if todo:
+        warmup(pair.drafter, pair.verifier, prompts[todo[0][0].task_id], cfg.decode.gamma)
+    bar = tqdm(todo, desc=f"{cfg.task} {cfg.policy.name}", unit="prompt" if n == 1 else "sample", disable=not progress,
+               file=sys.stderr)
+    tok_total = sec_total = 0.0
+    for p, i in bar:
+        res = decode(prompts[p.task_id], pair.drafter, pair.verifier, cfg.policy, cfg.decode, predictor,
+                     task_id=p.task_id, sample=i)
+        which = {"task_id": p.task_id, **({"sample": i} if n > 1 else {})}
+        rounds = [{**which, **asdict(r)} for r in res.rounds]
+        sample = {
+            **which, "completion": pair.tokenizer.decode(res.tokens, skip_special_tokens=True),
+            "passed": None, **result_row(res), "stop": res.stop, "prompt_tokens": len(prompts[p.task_id]),
+            "tokens": res.tokens, "rounds": len(rounds), "machine": host,
+        }
+        if res.traces:
+            from .traces import append_traces  # noqa: PLC0415 - only for --trace runs
+
+            append_traces(out, p.task_id, res.traces)
+        append_lines(out / ROUNDS, "".join(json.dumps(r) + "\n" for r in rounds))
+        append_lines(out / SAMPLES, json.dumps(sample) + "\n")
+        done[(p.task_id, i)] = sample
+        tok_total += res.generated_tokens
+        sec_total += res.decode_seconds
+        bar.set_postfix(tok_s=f"{tok_total / max(sec_total, 1e-9):.1f}")
+
+
+def check_sandbox(task: str) -> None:
+    """Before any decoding: scoring a code task needs a sandbox that isolates (or an explicit
+    VSKIP_SANDBOX=rlimits)."""
+    from ..bench.scoring import CODE_TASKS
+
+    if task in CODE_TASKS:
+        from ..bench.sandbox import check_isolation
+        from ..environment import sandbox_preference
+
+        check_isolation(sandbox_preference())
+
+
+def score_samples(task: str, problems, samples: list[dict], progress: bool = True) -> str | None:
+    """Fill ``passed`` of each sample by execution in the sandbox; returns the sandbox kind."""
+    from ..bench import scoring
+
+    by_id = {p.task_id: p for p in problems}
+    todo = [s for s in samples if s.get("passed") is None]
+    if todo:
+        results = scoring.score_many([by_id[s["task_id"]] for s in todo], [s["completion"] for s in todo], progress=progress)
+        for s, r in zip(todo, results):
+            s["passed"] = bool(r.passed)
+    from ..bench.sandbox import sandbox_kind
+    from ..environment import sandbox_preference
+
+    return sandbox_kind(sandbox_preference())

@@ -1,0 +1,121 @@
+"""Configurations of ``vskip compare`` (``--configs``): parsing an entry such as
+``raw+eta_b=0.7+k_min=3+drafter=paper`` into a :class:`Variant`, a vskip policy with its decode
+settings, reveal steps, verifier cache, predictor and drafter, or one of transformers' decoders.
+Nothing here loads a model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..defaults import POLICY_PARAMETERS
+
+#: the ``fast`` configuration of the standalone drafter (chosen on 12 HumanEval prompts;
+#: docs/results/speed.md), whatever the command's drafter
+FAST = "strict+gamma=4+gamma_max=16+min_match=6+trim=0.5+drafter=smollm2-135m-diffusion"
+#: the ``paper`` configuration: Strict SDD in the paper's shape (the standalone diffusion drafter,
+#: gamma 32, two reveal steps), whatever the command's drafter
+PAPER = "strict+gamma=32+steps=2+drafter=smollm2-135m-diffusion"
+
+#: settings a configuration may change, and how to read them
+_KEYS = {"gamma": int, "gamma_max": int, "min_match": int, "trim": float, "steps": int}
+#: a policy's own parameters (``defaults.POLICY_PARAMETERS``), and how to read them
+_POLICY_KEYS = {k: p.type for k, p in POLICY_PARAMETERS.items()}
+_SWITCH = {"on": True, "off": False}
+_ON_OFF = ("cache", "speculative")
+#: the command's policy flags every policy configuration starts from
+POLICY_FLAGS = tuple(k for k, p in POLICY_PARAMETERS.items() if p.flag)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One configuration: a vskip policy with its decode settings and reveal steps, or one of
+    transformers' decoders (``hf`` greedy, ``lookup`` with ``lookup`` tokens)."""
+
+    name: str
+    policy: str | None = None
+    decode: object = None
+    steps: int | None = None
+    lookup: int | None = None
+    params: tuple = ()  # (key, value) pairs of the policy's own parameters
+    cache: bool | None = None  # the verifier's KV cache; None: as the pair was loaded
+    predictor: str | None = None  # this configuration's predictor directory; None: the command's
+    drafter: str | None = None  # this configuration's drafter (a name or directory); None: the command's
+
+    @property
+    def hf(self) -> bool:
+        return self.policy is None
+
+    def policy_config(self):
+        from ..engine.policy import PolicyConfig
+
+        return PolicyConfig.make(self.policy, **dict(self.params))
+
+
+def parse_variant(spec: str, base, steps: int, predictor: str | None = None, flags: dict | None = None):
+    """The :class:`Variant` of a ``--configs`` entry; ``base`` is the command's DecodeConfig,
+    ``flags`` its policy flags (:data:`POLICY_FLAGS`, overridden by the entry's own) and
+    ``predictor`` the ``--predictor`` directory that learned signals read."""
+    from dataclasses import fields
+
+    from ..engine.policy import POLICIES, PolicyConfig
+
+    spec = spec.strip()
+    if spec in ("fast", "paper"):
+        return replace(parse_variant(FAST if spec == "fast" else PAPER, base, steps), name=spec)
+    # transformers' decoders sample with the same settings (their own random numbers)
+    s = base.sampling
+    sampled = () if s.greedy else (("seed", s.seed), ("temperature", s.temperature), ("top_k", s.top_k), ("top_p", s.top_p))
+    if spec == "hf":
+        return Variant(spec, params=sampled)
+    if spec.startswith("lookup"):
+        n = spec[len("lookup"):]
+        if not n.isdigit() or int(n) < 1:
+            raise ValueError(f"bad configuration {spec!r}; expected lookupN with N >= 1")
+        return Variant(spec, lookup=int(n), params=sampled)
+    name, *pairs = spec.split("+")
+    if name not in POLICIES:
+        raise ValueError(f"unknown configuration {spec!r}; expected POLICY[+key=value...], hf or lookupN")
+    kw, params, cache, own, drafter = {}, {}, None, None, None
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        if key == "predictor" and value:
+            own = value
+            continue
+        if key == "drafter" and value:
+            drafter = value
+            continue
+        read = _KEYS.get(key) or _POLICY_KEYS.get(key) or (_SWITCH.get if key in _ON_OFF else None)
+        if read is None or not value:
+            raise ValueError(f"bad setting {pair!r} in {spec!r}; expected key=value with key in "
+                             f"{', '.join([*_KEYS, *_POLICY_KEYS, 'cache', 'speculative', 'predictor', 'drafter'])}")
+        try:
+            v = read(value)
+        except ValueError:
+            v = None
+        if v is None:
+            raise ValueError(f"bad value in {pair!r} of {spec!r}" + (" (on or off)" if key in _ON_OFF else ""))
+        if key == "cache":
+            cache = v
+        elif key == "speculative":  # the standard rule of speculative sampling (docs/sampling.md)
+            kw["sampling"] = replace(base.sampling, speculative=v)
+        else:
+            (kw if key in _KEYS else params)[key] = v
+    s = kw.pop("steps", steps)
+    if s < 1:
+        raise ValueError(f"steps must be >= 1 in {spec!r}")
+    if name in ("ar", "strict") and params:
+        raise ValueError(f"{spec!r}: {name} has no parameters to set")
+    # the parameters that differ from the policy's defaults, whichever way they were given
+    ask = {k: v for k, v in (flags or {}).items() if name not in ("ar", "strict")} | params
+    if ask.get("alpha") is not None and "survival" not in ask:
+        ask["survival"] = "model"
+    p, default = PolicyConfig.make(name, **ask), PolicyConfig.make(name)  # the policy's own checks
+    changed = {f.name: getattr(p, f.name) for f in fields(p)
+               if f.name not in ("name", "guards") and getattr(p, f.name) != getattr(default, f.name)}
+    if own is not None and not p.learned:
+        raise ValueError(f"{spec!r}: predictor= is for a learned signal, and {name} reads none")
+    v = Variant(spec, policy=name, decode=replace(base, **kw), steps=s, params=tuple(sorted(changed.items())),
+                cache=cache, predictor=own, drafter=drafter)
+    if p.learned and not (own or predictor):
+        raise ValueError(f"{spec!r} reads a trained {p.predictor_kind} predictor: give --predictor DIR")
+    return v

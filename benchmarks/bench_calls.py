@@ -42,7 +42,7 @@ def _median_ms(f, reps: int) -> tuple[float, float]:
 
 def machine(threads: int) -> dict:
     """Read bandwidth (GB/s) and matrix-product throughput (GFLOP/s, float32 and bfloat16)."""
-    from vskip.runtime import Runtime
+    from vskip.engine.runtime import Runtime
 
     Runtime(threads=threads).activate()
     x = torch.ones(1 << 28)  # 1 GiB, touched
@@ -89,12 +89,12 @@ def main(argv=None) -> int:
 
     from tabulate import tabulate
 
-    from vskip import tasks
-    from vskip.models.backbone import read_hf_config
-    from vskip.models.embedded import embedded_verifier_dir
-    from vskip.models.config import ModelConfig
-    from vskip.models.load import open_pair
-    from vskip.prompting import encode_chat
+    from vskip.bench import tasks
+    from vskip.engine.models.backbone import read_hf_config
+    from vskip.engine.models.config import ModelConfig
+    from vskip.engine.models.embedded import embedded_verifier_dir
+    from vskip.engine.models.load import open_pair
+    from vskip.engine.prompting import encode_chat
 
     cfg = read_hf_config(embedded_verifier_dir())
     rows, machines = [], {}

@@ -22,17 +22,17 @@ from pathlib import Path
 from tabulate import tabulate
 from tqdm import tqdm
 
-from vskip import tasks
-from vskip.decode import DecodeConfig, decode, warmup
-from vskip.metrics import acceptance_histogram, result_row, summarize, survival_curve
-from vskip.models.config import ModelConfig
-from vskip.models.load import open_pair
-from vskip.policy import PolicyConfig
-from vskip.prompting import encode_chat
+from vskip.bench import tasks
+from vskip.engine.decode import DecodeConfig, decode, warmup
+from vskip.engine.metrics import acceptance_histogram, result_row, summarize, survival_curve
+from vskip.engine.models.config import ModelConfig
+from vskip.engine.models.load import open_pair
+from vskip.engine.policy import PolicyConfig
+from vskip.engine.prompting import encode_chat
 
 
 def measure(s: dict, rounds: list[dict], gamma: int | None) -> dict:
-    """The figures of one configuration from its summary (:func:`vskip.metrics.summarize`) and its
+    """The figures of one configuration from its summary (:func:`vskip.engine.metrics.summarize`) and its
     rounds (``L`` and ``gamma`` of each)."""
     res = {"tokens": int(s["generated_tokens"]), "seconds": s["decode_seconds"], "tok_s": s["tokens_per_s"],
            "tokens_per_call": s["generated_tokens"] / s["verifier_calls"], "c_V_ms": 1000 * s["c_V"]}
@@ -91,7 +91,7 @@ def reference_outputs(directory: str) -> dict[str, list[int]]:
             raise SystemExit(f"bench_drafter: --reference {d} is not an ar run")
         rows = [json.loads(x) for x in (d / "samples.jsonl").read_text().splitlines() if x.strip()]
         return {r["task_id"]: r["tokens"] for r in rows}
-    from vskip.compare import rows_of
+    from vskip.study.compare import rows_of
 
     ref = {r["task_id"]: r["output"] for r in rows_of(d) if r["config"] == "ar"}
     if not ref:

@@ -24,7 +24,7 @@ import torch
 
 def _prompts(n: int, tokenizer) -> list[list[int]]:
     from vskip.distill.prompts import build_prompts
-    from vskip.prompting import encode_chat
+    from vskip.engine.prompting import encode_chat
 
     ps = build_prompts(("stdlib", "codeio", "math"), seed=0)
     step = max(1, len(ps) // n)
@@ -81,12 +81,12 @@ def main() -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from vskip.distill.engine import load_causal_lm
-    from vskip.models.embedded import embedded_verifier_dir
+    from vskip.engine.models.embedded import embedded_verifier_dir
 
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_calls import machine
 
-    from vskip.runtime import Runtime
+    from vskip.engine.runtime import Runtime
 
     Runtime(threads=a.threads).activate()
     vdir = embedded_verifier_dir()

@@ -36,9 +36,9 @@ def _subset(data, keep):
 def task_rows(run_dir: Path, tokenizer):
     """Rows of a finished `vskip run` (prompt ids through the chat template + the run's output,
     which for a lossless run is the verifier's own answer)."""
-    from vskip import tasks
+    from vskip.bench import tasks
     from vskip.distill.rows import Data
-    from vskip.prompting import encode_chat
+    from vskip.engine.prompting import encode_chat
 
     cfg = json.loads((run_dir / "config.json").read_text())["run"]
     problems = {p.task_id: p for p in tasks.load_task(cfg["task"], limit=cfg.get("limit"))}
@@ -73,11 +73,11 @@ def main(argv=None) -> int:
     import torch
     from tabulate import tabulate
 
-    from vskip.distill.shards import ends_in_a_loop
     from vskip.distill.offline import acceptance
     from vskip.distill.rows import load_rows, split
-    from vskip.models.config import ModelConfig
-    from vskip.models.load import open_pair
+    from vskip.distill.shards import ends_in_a_loop
+    from vskip.engine.models.config import ModelConfig
+    from vskip.engine.models.load import open_pair
 
     cfg = json.loads((Path(a.train) / "config.json").read_text())["train"]
     pair = open_pair(ModelConfig(drafter=a.drafter, device="cpu", dtype="float32", drafter_dtype="float32",

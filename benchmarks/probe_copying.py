@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from vskip import tasks
-from vskip.models.config import ModelConfig
-from vskip.models.load import open_pair
-from vskip.prompting import encode_chat
+from vskip.bench import tasks
+from vskip.engine.models.config import ModelConfig
+from vskip.engine.models.load import open_pair
+from vskip.engine.prompting import encode_chat
 
 
 def accepted(draft, ref, g: int) -> int:

@@ -24,10 +24,10 @@ from tqdm import tqdm
 
 from vskip.distill.copyfit import load_answers
 from vskip.distill.offline import simulate_strict
-from vskip.models.copy import copy_hint
-from vskip.models.config import ModelConfig
-from vskip.models.load import open_pair
-from vskip.policy.acceptance import leading_run
+from vskip.engine.models.config import ModelConfig
+from vskip.engine.models.copy import copy_hint
+from vskip.engine.models.load import open_pair
+from vskip.engine.policy.acceptance import leading_run
 
 
 def accepted(draft, ref) -> int:

@@ -91,7 +91,7 @@ def reference_outputs(directory: str) -> dict[str, list[int]]:
             raise SystemExit(f"bench_drafter: --reference {d} is not an ar run")
         rows = [json.loads(x) for x in (d / "samples.jsonl").read_text().splitlines() if x.strip()]
         return {r["task_id"]: r["tokens"] for r in rows}
-    from vskip.study.compare import rows_of
+    from vskip.study.compare_summary import rows_of
 
     ref = {r["task_id"]: r["output"] for r in rows_of(d) if r["config"] == "ar"}
     if not ref:

@@ -7,7 +7,7 @@ import pytest
 from fakes import FakeDrafter, FakeVerifier
 
 from vskip.engine.decode import DecodeConfig
-from vskip.study import compare
+from vskip.study import compare, compare_summary
 from vskip.study import variants as parsing
 
 BASE = DecodeConfig(gamma=8, max_new_tokens=40)
@@ -76,12 +76,12 @@ def test_rows_pair_every_prompt_and_resume(tmp_path):
     compare.run_compare(prompts, _pair(), chosen, tmp_path, progress=False)
     rows = compare.read_rows(path)
     assert len({(r["task_id"], r["config"]) for r in rows}) == len(rows) == 15
-    s = compare.summarize_comparison(rows)
+    s = compare_summary.summarize_comparison(rows)
     import gzip
 
     (tmp_path / "archived").mkdir()
     (tmp_path / "archived" / (path.name + ".gz")).write_bytes(gzip.compress(path.read_bytes()))
-    assert compare.summarize_comparison(compare.rows_of(tmp_path / "archived")) == s
+    assert compare_summary.summarize_comparison(compare_summary.rows_of(tmp_path / "archived")) == s
     assert s["n_prompts"] == 5
     # Strict SDD is lossless with either block length rule
     assert s["configs"]["strict"]["same_as_ar"] == s["configs"]["strict+gamma=4+gamma_max=12+min_match=3+trim=0.6"]["same_as_ar"] == 5
@@ -89,16 +89,16 @@ def test_rows_pair_every_prompt_and_resume(tmp_path):
     assert s["configs"]["strict"]["tokens_per_call"] > 1
     acc = [x for r in rows if r["config"] == "strict" for x in r["accepted"]]
     assert s["configs"]["strict"]["p_L_ge1"] == pytest.approx(sum(x >= 1 for x in acc) / len(acc))
-    assert "× ar" in compare.format_summary(s)
+    assert "× ar" in compare_summary.format_summary(s)
     # every row names the machine it was timed on; a prompt whose rows were timed on two machines
     # is counted, and the printed summary says the ratios are not paired there
     assert len(s["machines"]) == 1 and "prompts_split_across_machines" not in s
-    assert "machines" not in compare.summarize_comparison([{k: v for k, v in r.items() if k != "machine"}
+    assert "machines" not in compare_summary.summarize_comparison([{k: v for k, v in r.items() if k != "machine"}
                                                           for r in rows])
     moved = [dict(r, machine="0123456789ab") if r["task_id"] == "t0" and r["config"] == "ar" else r for r in rows]
-    s2 = compare.summarize_comparison(moved)
+    s2 = compare_summary.summarize_comparison(moved)
     assert s2["prompts_split_across_machines"] == 1 and len(s2["machines"]) == 2
-    assert "1 prompts have configurations timed on different machines" in compare.format_summary(s2)
+    assert "1 prompts have configurations timed on different machines" in compare_summary.format_summary(s2)
 
 
 def test_summary_reports_where_outputs_diverge():
@@ -110,7 +110,7 @@ def test_summary_reports_where_outputs_diverge():
     ]
     for r in rows:
         r["digest"] = compare._digest(r["output"])
-    s = compare.summarize_comparison(rows)["configs"]["x"]
+    s = compare_summary.summarize_comparison(rows)["configs"]["x"]
     assert s["same_as_ar"] == 1 and s["first_divergence"] == {"n": 1, "median": 2.0, "min": 2}
     assert s["ratio_vs_ar"] == pytest.approx(2.0)
 
@@ -124,7 +124,7 @@ def test_every_configuration_is_set_against_every_other():
             for name, sec in (("ar", 4.0), ("strict", 2.0), ("x", 1.0 + q)):  # x: twice strict's speed, then 2/3
                 rows.append({"task_id": t, "config": name, "repeat": q, "tokens": n, "seconds": sec * n / 10,
                              "digest": "d", "output": [1]})
-    s = compare.summarize_comparison(rows)
+    s = compare_summary.summarize_comparison(rows)
     pw = s["pairwise"]
     assert set(pw) == {"ar", "strict", "x"} and set(pw["x"]) == {"ar", "strict"}
     assert pw["strict"]["ar"]["ratio"] == pytest.approx(s["configs"]["strict"]["ratio_vs_ar"]) == pytest.approx(2.0)
@@ -133,14 +133,14 @@ def test_every_configuration_is_set_against_every_other():
     assert pw["x"]["strict"]["ratio"] * pw["strict"]["x"]["ratio"] == pytest.approx(1.0)
     lo, hi = pw["x"]["strict"]["ci95"]
     assert lo == pytest.approx(hi) == pytest.approx(4 / 3)  # every prompt has the same ratio
-    text = compare.format_summary(s)
+    text = compare_summary.format_summary(s)
     assert "× strict" in text and "- x: 2.000, 1.000" in text.split("× strict by repeat:")[1]
-    no_strict = compare.summarize_comparison([r for r in rows if r["config"] != "strict"])
-    assert "× strict" not in compare.format_summary(no_strict)
+    no_strict = compare_summary.summarize_comparison([r for r in rows if r["config"] != "strict"])
+    assert "× strict" not in compare_summary.format_summary(no_strict)
     old = {k: v for k, v in s.items() if k != "pairwise"}  # a summary written before pairs existed
-    assert "× strict" not in compare.format_summary(old)
+    assert "× strict" not in compare_summary.format_summary(old)
     with pytest.raises(ValueError):
-        compare.summarize_comparison([r for r in rows if r["config"] == "x"])
+        compare_summary.summarize_comparison([r for r in rows if r["config"] == "x"])
 
 
 def test_the_summary_sets_calls_and_blocks_against_strict_and_reads_eq8():
@@ -153,7 +153,7 @@ def test_the_summary_sets_calls_and_blocks_against_strict_and_reads_eq8():
                          "calls": calls, "blocks": blocks, "accepted": [3] * blocks if name == "strict" else [],
                          "draft_seconds": 0.01 * blocks, "verify_seconds": 0.03 * calls})
         rows.append({"task_id": t, "config": "hf", "tokens": n, "seconds": 1.0, "digest": "d", "output": [1]})
-    s = compare.summarize_comparison(rows)
+    s = compare_summary.summarize_comparison(rows)
     x, st = s["configs"]["x"], s["configs"]["strict"]
     # transformers' decoders record no calls: neither relative measure exists for them
     assert s["configs"]["hf"]["rel_calls"] is None and s["configs"]["hf"]["rel_blocks"] is None
@@ -165,12 +165,12 @@ def test_the_summary_sets_calls_and_blocks_against_strict_and_reads_eq8():
     assert s["configs"]["ar"]["rel_blocks"] is None and s["configs"]["ar"]["rel_calls"] == pytest.approx(4.0)
     assert s["eq8"]["A"] == pytest.approx(4.0)  # 60 tokens in 15 calls
     assert s["eq8"]["K_star"] == pytest.approx(4.0 * 10 / (10 + 30))  # c_D 10 ms, c_V 30 ms
-    text = compare.format_summary(s)
+    text = compare_summary.format_summary(s)
     assert "rel. calls [95% CI]" in text and "K* = A c_D / (c_D + c_V) = 1.000" in text
     hf_row = next(line for line in text.splitlines() if line.startswith("| hf "))
     assert "0.000" not in hf_row
-    no_strict = compare.summarize_comparison([r for r in rows if r["config"] != "strict"])
-    assert "eq8" not in no_strict and "rel. calls" not in compare.format_summary(no_strict)
+    no_strict = compare_summary.summarize_comparison([r for r in rows if r["config"] != "strict"])
+    assert "eq8" not in no_strict and "rel. calls" not in compare_summary.format_summary(no_strict)
 
 
 def test_an_out_directory_refuses_rows_made_otherwise(tmp_path):
@@ -253,16 +253,16 @@ def test_repeats_rotate_and_give_each_repeats_ratio(tmp_path):
     assert [rows[3 * k]["config"] for k in range(4)] == ["ar", "strict", "strict+cache=off", "ar"]
     # the cache is switched off for that configuration only, and back on after it
     assert pair.verifier.seen == {True, False} and pair.verifier.switches == [False, True] * 8
-    s = compare.summarize_comparison(rows)
+    s = compare_summary.summarize_comparison(rows)
     assert s["repeats"] == 2 and s["n_prompts"] == 4
     for name in ("strict", "strict+cache=off"):
         d = s["configs"][name]
         assert d["same_as_ar"] == 4 and len(d["ratio_by_repeat"]) == 2
         assert min(d["ratio_by_repeat"]) <= d["ratio_vs_ar"] <= max(d["ratio_by_repeat"])
-    assert "× ar by repeat" in compare.format_summary(s)
+    assert "× ar by repeat" in compare_summary.format_summary(s)
     # a prompt missing one repeat of one configuration is left out of the summary
     partial = [r for r in rows if not (r["task_id"] == "t3" and r["config"] == "strict" and r["repeat"] == 1)]
-    assert compare.summarize_comparison(partial)["n_prompts"] == 3
+    assert compare_summary.summarize_comparison(partial)["n_prompts"] == 3
     # resume: nothing is decoded again
     before = len(pair.verifier.switches)
     compare.run_compare(prompts, pair, variants, tmp_path, progress=False, repeats=2)

@@ -45,7 +45,7 @@ def cmd_compare(a) -> int:
         from ..files import DirLock
 
         with DirLock(Path(a.out), "comparison directory"):
-            return _print_comparison(compare, Path(a.out), None)
+            return _print_comparison(Path(a.out), None)
     if a.task not in tasks.ALL_TASKS:
         raise ValueError(f"unknown task {a.task!r}; expected one of {', '.join(tasks.ALL_TASKS)}")
     if a.limit is not None and a.limit < 1:
@@ -124,7 +124,7 @@ def _decode_and_print(a, compare, tasks, models, dec, variants, runtime, problem
         out = Path(a.out) if a.out else Path(tmp)
         compare.run_compare(prompts, pair, variants, out, shard, dec.max_new_tokens, progress=not a.quiet,
                             repeats=a.repeats, predictor=a.predictor)
-        return _print_comparison(compare, out, Path(a.out) if a.out else None,
+        return _print_comparison(out, Path(a.out) if a.out else None,
                                  f"{a.task}, {dec.max_new_tokens} new tokens at most, verifier {runtime.dtype}, "
                                  f"drafter {runtime.drafter_dtype}{_sampled(dec.sampling)}")
 
@@ -136,9 +136,11 @@ def _sampled(s) -> str:
             "Strict SDD draws ar's tokens)")
 
 
-def _print_comparison(compare, rows_dir, out, what: str | None = None) -> int:
-    s = compare.summarize_comparison(compare.rows_of(rows_dir))
-    text = compare.format_summary(s)
+def _print_comparison(rows_dir, out, what: str | None = None) -> int:
+    from ..study import compare_summary
+
+    s = compare_summary.summarize_comparison(compare_summary.rows_of(rows_dir))
+    text = compare_summary.format_summary(s)
     print(text)
     print(f"{s['n_prompts']} prompts{' of ' + what if what else ''}; ar is the verifier alone, paired per prompt; "
           f"= ar counts outputs identical to it")

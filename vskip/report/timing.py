@@ -31,7 +31,7 @@ class Timing:
     """One comparison directory: its settings (``settings.json``) and rows."""
 
     def __init__(self, path: Path):
-        from ..study.compare import rows_of
+        from ..study.compare_summary import rows_of
 
         self.path = Path(path)
         try:
@@ -95,7 +95,7 @@ def timed_fields(run_cfgs: Sequence[dict], timings: Sequence[Timing]) -> dict:
     against Strict SDD from ``timings``: ``timed_tokens_per_s_ratio`` with its interval over
     prompts and each repeat's ratio, the prompts timed and where. Empty where some run has no timed
     configuration, or its comparison has no ``strict``."""
-    from ..study.compare import summarize_comparison
+    from ..study.compare_summary import summarize_comparison
 
     rows, dirs, kept = [], [], 0
     for cfg in run_cfgs:

@@ -234,6 +234,18 @@ class DiffusionDrafter:
         """Draft with this copy prior (None: the network alone)."""
         self.copy = prior
 
+    def with_steps(self, steps: int) -> "DiffusionDrafter":
+        """A drafter that shares this one's model and copy prior and reveals a block in ``steps``
+        steps (this one unchanged)."""
+        import copy
+
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, got {steps}")
+        other = copy.copy(self)
+        other.steps = steps
+        other.reset()
+        return other
+
     def reset(self) -> None:
         self._cache = None
         self._cached_ids: list[int] = []

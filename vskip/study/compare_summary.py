@@ -1,0 +1,200 @@
+"""The summary of a ``vskip compare`` directory (:mod:`vskip.study.compare` decodes it): its rows
+read back and checked, paired per prompt and repeat, tokens/s as ΣN/ΣT and its ratio to ``ar``
+and to Strict SDD with 95% bootstrap intervals over prompts, outputs equal to ``ar``, tokens per
+verifier call, c_D/c_V and the time outside model forwards; and its text table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .compare import read_rows
+
+
+def _ratio_interval(N, T, N0, T0, reps: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95% percentile bootstrap interval of (ΣN/ΣT) / (ΣN0/ΣT0), resampling prompts."""
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(N), size=(reps, len(N)))
+    r = (N[idx].sum(1) / T[idx].sum(1)) / (N0[idx].sum(1) / T0[idx].sum(1))
+    return float(np.percentile(r, 2.5)), float(np.percentile(r, 97.5))
+
+
+def _first_divergence(a: list[int], b: list[int]) -> int | None:
+    for j, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return j
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def rows_of(directory: Path) -> list[dict]:
+    """Every row of a comparison directory's shard files."""
+    files = sorted(directory.glob("shard-*.jsonl")) + sorted(directory.glob("shard-*.jsonl.gz"))
+    return [r for f in files for r in read_rows(f)]
+
+
+def _totals(res: dict, common: list[str], reps) -> tuple[np.ndarray, np.ndarray]:
+    """Per prompt, the tokens and seconds summed over the repeats ``reps``."""
+    N = np.array([sum(res[t][q]["tokens"] for q in reps) for t in common], float)
+    T = np.array([sum(res[t][q]["seconds"] for q in reps) for t in common], float)
+    return N, T
+
+
+def summarize_comparison(rows: list[dict]) -> dict:
+    """Per configuration, over the prompts every configuration finished in every repeat. Outputs
+    are checked on the first repeat; speed pools the repeats (ΣN/ΣT), and ``ratio_by_repeat``
+    gives each repeat's ratio to ``ar``: their spread is the timing noise. ``pairwise[a][b]`` sets
+    every configuration against every other the same way (ratio, interval, ratio by repeat)."""
+    by: dict[str, dict[str, dict[int, dict]]] = {}
+    for r in rows:
+        by.setdefault(r["config"], {}).setdefault(r["task_id"], {})[r.get("repeat", 0)] = r
+    if "ar" not in by:
+        raise ValueError("the comparison has no ar rows to measure against")
+    n_rep = 1 + max(r.get("repeat", 0) for r in rows)
+    common = sorted(t for t in set.intersection(*(set(v) for v in by.values()))
+                    if all(len(by[c][t]) == n_rep for c in by))
+    ar = {t: by["ar"][t][0] for t in common}
+    N0, T0 = _totals(by["ar"], common, range(n_rep))
+    out = {"n_prompts": len(common), **({"repeats": n_rep} if n_rep > 1 else {}), "configs": {}}
+    for name, res in by.items():
+        rs = [res[t][0] for t in common]
+        every = [res[t][q] for t in common for q in range(n_rep)]
+        N, T = _totals(res, common, range(n_rep))
+        same = sum(r["digest"] == ar[t]["digest"] for r, t in zip(rs, common))
+        div = [_first_divergence(r["output"], ar[t]["output"]) for r, t in zip(rs, common)
+               if r["digest"] != ar[t]["digest"] and "output" in r and "output" in ar[t]]
+        d = {"tokens": int(sum(r["tokens"] for r in rs)), "seconds": float(T.sum()),
+             "tokens_per_s": float(N.sum() / T.sum()), "ratio_vs_ar": float((N.sum() / T.sum()) / (N0.sum() / T0.sum())),
+             "ratio_ci95": _ratio_interval(N, T, N0, T0), "same_as_ar": same,
+             "first_divergence": {"n": len(div), "median": float(np.median(div)) if div else None,
+                                  "min": int(min(div)) if div else None}}
+        if n_rep > 1:
+            per = [(_totals(res, common, [q]), _totals(by["ar"], common, [q])) for q in range(n_rep)]
+            d["ratio_by_repeat"] = [float((n.sum() / t.sum()) / (n0.sum() / t0.sum())) for (n, t), (n0, t0) in per]
+        if rs and "calls" in rs[0]:
+            d |= _cost_figures(every, N.sum(), T.sum())
+        out["configs"][name] = d
+    # every configuration against every other, paired per prompt: (ΣN/ΣT) of the row over that of the column
+    out["pairwise"] = {a: {b: _pair(by[a], by[b], common, n_rep) for b in by if b != a} for a in by}
+    if "strict" in by and common and "calls" in by["strict"][common[0]][0]:
+        _against_strict(out, by, common)
+    hosts = sorted({r["machine"] for r in rows if r.get("machine")})
+    if hosts:  # rows written before rows named their machine have no such key
+        out["machines"] = hosts
+        split = [t for t in common if len({x.get("machine") for c in by for x in by[c][t].values()}) > 1]
+        if split:
+            out["prompts_split_across_machines"] = len(split)
+    return out
+
+
+def _pair(res: dict, ref: dict, common: list[str], n_rep: int) -> dict:
+    """(ΣN/ΣT) of ``res`` over that of ``ref`` on the prompts ``common``, its 95% bootstrap
+    interval over prompts, and, with several repeats, each repeat's ratio."""
+    (N, T), (N0, T0) = _totals(res, common, range(n_rep)), _totals(ref, common, range(n_rep))
+    d = {"ratio": float((N.sum() / T.sum()) / (N0.sum() / T0.sum())), "ci95": _ratio_interval(N, T, N0, T0)}
+    if n_rep > 1:
+        per = [(_totals(res, common, [q]), _totals(ref, common, [q])) for q in range(n_rep)]
+        d["by_repeat"] = [float((n.sum() / t.sum()) / (n0.sum() / t0.sum())) for (n, t), (n0, t0) in per]
+    return d
+
+
+def _against_strict(out: dict, by: dict, common: list[str]) -> None:
+    """Verifier calls and draft blocks per generated token relative to Strict SDD's on the same
+    prompts (the paper's relative calls and blocks), with 95% bootstrap intervals over prompts, and
+    Eq. 8 at Strict SDD's measured costs: ``K* = A c_D / (c_D + c_V)`` with A its tokens per call.
+    Counts come from the first repeat: a repeat decodes the same tokens."""
+    def per_prompt(res: dict, key: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """Counts and tokens per prompt; None where the configuration has no such count
+        (transformers' decoders record no calls; a decoder that drafts nothing has no blocks)."""
+        c = np.array([res[t][0].get(key, np.nan) for t in common], float)
+        if np.isnan(c).any() or not c.any():
+            return None
+        return c, np.array([res[t][0]["tokens"] for t in common], float)
+
+    C0, N0 = per_prompt(by["strict"], "calls")
+    B0, _ = per_prompt(by["strict"], "blocks")
+    for name, res in by.items():
+        d = out["configs"][name]
+        for key, ref in (("calls", C0), ("blocks", B0)):
+            mine = per_prompt(res, key)
+            if mine is None:  # shown as "–", never as 0
+                d[f"rel_{key}"] = None
+                continue
+            X, N = mine
+            d[f"rel_{key}"] = float((X.sum() / N.sum()) / (ref.sum() / N0.sum()))
+            d[f"rel_{key}_ci95"] = _ratio_interval(X, N, ref, N0)
+    st = out["configs"].get("strict", {})
+    if st.get("c_D_ms") and st.get("c_V_ms"):
+        from ..engine.policy import break_even_length
+
+        out["eq8"] = {"A": st["tokens_per_call"], "c_D_ms": st["c_D_ms"], "c_V_ms": st["c_V_ms"],
+                      "K_star": break_even_length(st["tokens_per_call"], st["c_D_ms"], st["c_V_ms"])}
+
+
+def _cost_figures(rs: list[dict], n: float, seconds: float) -> dict:
+    """Tokens per call, the costs of a draft and a verification, and L, over the rows ``rs``
+    (``n`` tokens in ``seconds``)."""
+    calls = sum(r["calls"] for r in rs)
+    blocks = sum(r["blocks"] for r in rs)
+    draft = sum(r["draft_seconds"] for r in rs)
+    verify = sum(r["verify_seconds"] for r in rs)
+    if not calls or not n:  # nothing generated, or no verifier call: no per-call figures exist
+        return {}
+    d = {"tokens_per_call": float(n / calls), "calls_per_token": float(calls / n),
+         "c_V_ms": 1000 * verify / calls, "outside_forwards": float((seconds - draft - verify) / seconds)}
+    if blocks:
+        acc = [x for r in rs for x in r["accepted"]]
+        d |= {"mean_L": float(np.mean(acc)) if acc else None,
+              "p_L_ge1": float(np.mean(np.asarray(acc) >= 1)) if acc else None, "c_D_ms": 1000 * draft / blocks,
+              "c_D_over_c_V": (draft / blocks) / (verify / calls), "blocks_per_token": float(blocks / n)}
+    return d
+
+
+def _with_ci(d: dict, key: str) -> str:
+    if d.get(key) is None:
+        return "–"
+    lo, hi = d[key + "_ci95"]
+    return f"{d[key]:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def format_summary(s: dict) -> str:
+    from tabulate import tabulate
+
+    def f(x, fmt):
+        return "–" if x is None else format(x, fmt)
+
+    # against Strict SDD as well, where the comparison has it (summaries written before had no pairs)
+    vs = {a: p["strict"] for a, p in s.get("pairwise", {}).items() if "strict" in p}
+    rel = any("rel_calls" in d for d in s["configs"].values())
+    rows = []
+    for name, d in s["configs"].items():
+        lo, hi = d["ratio_ci95"]
+        row = [name, d["tokens"], f(d["tokens_per_s"], ".2f"), f(d["ratio_vs_ar"], ".3f"), f"[{lo:.3f}, {hi:.3f}]"]
+        if vs:
+            v = vs.get(name)
+            row += ["–", "–"] if v is None else [f"{v['ratio']:.3f}", f"[{v['ci95'][0]:.3f}, {v['ci95'][1]:.3f}]"]
+        row += [f"{d['same_as_ar']}/{s['n_prompts']}", f(d.get("tokens_per_call"), ".2f")]
+        if rel:
+            row += [_with_ci(d, "rel_calls"), _with_ci(d, "rel_blocks")]
+        rows.append(row + [f(d.get("c_D_over_c_V"), ".3f"), f(d.get("outside_forwards"), ".1%")])
+    table = tabulate(rows, headers=["config", "tokens", "tok/s", "× ar", "95% CI (prompts)",
+                                    *(["× strict", "95% CI"] if vs else []), "= ar", "tokens/call",
+                                    *(["rel. calls [95% CI]", "rel. blocks [95% CI]"] if rel else []), "c_D/c_V",
+                                    "outside forwards"], tablefmt="github")
+    if "eq8" in s:
+        e = s["eq8"]
+        table += (f"\n\nrel. calls and blocks: per generated token, over Strict SDD's on the same prompts. Eq. 8 at "
+                  f"Strict SDD's measured costs: A = {e['A']:.3f} tokens per call, c_D = {e['c_D_ms']:.1f} ms, "
+                  f"c_V = {e['c_V_ms']:.1f} ms, K* = A c_D / (c_D + c_V) = {e['K_star']:.3f}.")
+    if s.get("repeats", 1) > 1:
+        table += f"\n\nEach prompt decoded {s['repeats']} times by every configuration; × ar by repeat:\n"
+        table += "\n".join(f"- {name}: " + ", ".join(f"{x:.3f}" for x in d["ratio_by_repeat"])
+                            for name, d in s["configs"].items() if name != "ar")
+        if vs:
+            table += "\n\n× strict by repeat:\n" + "\n".join(
+                f"- {name}: " + ", ".join(f"{x:.3f}" for x in v["by_repeat"]) for name, v in vs.items() if "by_repeat" in v)
+    if len(s.get("machines", [])) > 1:
+        split = s.get("prompts_split_across_machines", 0)
+        table += (f"\n\nTimed on {len(s['machines'])} machines ({', '.join(s['machines'])}); {split} prompts have "
+                  "configurations timed on different machines, so their speed ratios are not paired.")
+    return table

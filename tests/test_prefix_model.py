@@ -453,6 +453,9 @@ def test_online_calibration_from_decodes_to_a_tested_threshold(tmp_path, capsys)
         pp.threshold(cal[0], 0.3)
     with pytest.raises(ValueError, match="no online threshold for alpha 0.1"):
         pp.threshold(test[0], 0.1)
+    with pytest.raises(ValueError, match="no online threshold for alpha 0.1"):  # a run refused so ...
+        decode("early", test[:1], alpha=0.1)
+    assert not list((tmp_path / "early").glob("*.json*"))  # ... leaves no run file that would block its retry
     r = decode("test", test[:2], alpha=0.3)
     cfg = json.loads((r / "config.json").read_text())
     assert cfg["thresholds"]["rotations"] == [{"rotation": 1, "n_calibration": 16,

@@ -47,7 +47,10 @@ def resume_state(out: Path) -> tuple[dict[tuple[str, int], dict], list[dict]]:
     """The finished completions of a run directory ((task id, sample) -> sample row) and their rounds, made
     consistent: a prompt counts as finished only when its sample line is whole and its rounds add
     up (a sample records how many rounds it wrote); anything else is dropped and redone. Both
-    files are rewritten to what is kept."""
+    files, where they exist, are rewritten to what is kept; a new run directory stays empty (so
+    that a run that fails before its ``config.json`` leaves nothing that blocks the next try)."""
+    if not (out / SAMPLES).exists() and not (out / ROUNDS).exists():
+        return {}, []
     samples = read_rows(out / SAMPLES)
     rounds = read_rows(out / ROUNDS)
     count: dict[tuple[str, int], int] = {}

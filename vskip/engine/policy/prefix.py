@@ -187,7 +187,7 @@ def hb_pvalue(risk: float, n: int, alpha: float) -> float:
 def ltt_fixed_sequence(grid: Sequence[float], losses: np.ndarray, alpha: float, delta: float) -> tuple[float, list[float]]:
     """Learn then Test: test ``E[loss(lambda)] > alpha`` at each threshold from the most cautious
     down, each at level ``delta``, and stop at the first not rejected. Returns the last threshold
-    rejected (``inf``: none, never skip) and the p-values in ``grid``'s order (``nan`` where not
+    rejected (``inf``: none, never skip) and the p-values in ``grid``'s order (None where not
     reached)."""
     if not 0.0 < delta < 1.0:
         raise ValueError(f"delta must lie in (0, 1), got {delta}")
@@ -200,7 +200,7 @@ def ltt_fixed_sequence(grid: Sequence[float], losses: np.ndarray, alpha: float, 
         if p[i] > delta:
             break
         lam = float(grid[i])
-    return lam, p.tolist()
+    return lam, [None if np.isnan(x) else float(x) for x in p]
 
 
 #: why :func:`choose` verifies or skips: a skip, no prefix meeting the threshold, or an admissible

@@ -16,8 +16,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VSKIP=${VSKIP:-.venv/bin/vskip}
-A=docs/results/online              # committed: the one-rotation model, its choice, the reports
-R=runs/online                      # the run directories (packed into the reports' archives)
+A=${A:-docs/results/online}         # committed: the one-rotation model, its choice, the reports
+R=${R:-runs/online}                # the run directories (packed into the reports' archives)
 P=$A/predictor
 MNT=128
 TASKS=(humaneval mbpp)

@@ -154,3 +154,32 @@ def test_only_narrows_a_step_to_one_task_and_refuses_the_rest(env):
     for step, only in (("sweep", "gsm8k"), ("pack", "mbpp"), ("onpolicy", "mbpp")):
         p = _step({**e, "ONLY": only}, step)
         assert p.returncode == 2 and "ONLY" in p.stderr
+
+
+# ----------------------------------------------------------------------------- scripts/online.sh
+
+ONLINE = ROOT / "scripts" / "online.sh"
+
+
+def _online(env, step):
+    return subprocess.run(["bash", str(ONLINE), step], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_online_chooses_on_the_thresholds_every_task_finished_and_fails_loudly(env):
+    e, _, _, log = env
+    R, A = Path(e["R"]) / "online", Path(e["A"]) / "online"
+    e = {**e, "R": str(R), "A": str(A)}
+    assert _online(e, "choose").returncode == 1  # nothing decoded yet: refused, not a silent success
+    for t, lams in (("humaneval", ("0.95", "0.90", "0.85")), ("mbpp", ("0.95", "0.90"))):
+        for lam in lams:
+            d = R / "cal" / t / f"prefix_model_lam{lam}_r0.22_s64"
+            d.mkdir(parents=True)
+            (d / "summary.json").write_text("{}")
+    (R / "cal" / "mbpp" / "prefix_model_lam0.85_r0.22_s64").mkdir()  # unfinished on MBPP: left out
+    assert _online(e, "choose").returncode == 0
+    (choose,) = _calls(log, "calibrate-online")
+    runs = [a for a in choose if a.startswith(str(R))]
+    assert sorted(Path(r).name for r in runs) == sorted(["prefix_model_lam0.95_r0.22_s64"] * 2
+                                                        + ["prefix_model_lam0.90_r0.22_s64"] * 2)
+    assert choose[-4:] == ["--alpha", "0.05", "--alpha", "0.02"]
+    assert _online(e, "bogus").returncode == 2

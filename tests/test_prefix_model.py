@@ -423,7 +423,7 @@ def test_online_calibration_from_decodes_to_a_tested_threshold(tmp_path, capsys)
     cal, test = pp.online_ids
     assert len(cal) == 16 and len(test) == 8 and not set(cal) & set(test)
     assert (o / "ids" / "humaneval.cal").read_text().strip().split(",") == cal
-    with pytest.raises(FileExistsError):
+    with pytest.raises(ValueError, match="exists: choose a new --out"):
         write_online_predictor(tmp_path / "p", 1, o)
     with pytest.raises(ValueError, match="no rotation 7"):
         write_online_predictor(tmp_path / "p", 7, tmp_path / "o7")
@@ -460,6 +460,10 @@ def test_online_calibration_from_decodes_to_a_tested_threshold(tmp_path, capsys)
     cfg = json.loads((r / "config.json").read_text())
     assert cfg["thresholds"]["rotations"] == [{"rotation": 1, "n_calibration": 16,
                                                "lam": None if want == float("inf") else want}]
+    with pytest.raises(ValueError, match="differs in decode/max_new_tokens 32"):  # the thresholds hold for 24 tokens
+        decode("longer", test[:1], max_new=32, alpha=0.3)
+    with pytest.raises(ValueError, match="does not exist"):
+        online_losses(pp, runs + [tmp_path / "nowhere"])
     # refused: a run at another budget, a run missing a calibration prompt, a run of another model
     for bad, match in ((decode("long", cal, max_new=32, lam=0.5), "differs from the other runs in decode/max_new_tokens"),
                        (decode("few", cal[:3], lam=0.5), "lack 13 calibration prompts"),

@@ -207,7 +207,7 @@ def _calibrate_online(subparsers) -> None:
 
 
 def cmd_calibrate_online_init(a) -> int:
-    from ..files import check_writable_dir
+    from ..files import check_writable_dir, write_atomic
     from ..study.prefix.model import load_prefix_predictor, write_online_predictor
 
     check_writable_dir(Path(a.out).parent or Path("."), "directory of --out")
@@ -217,8 +217,8 @@ def cmd_calibrate_online_init(a) -> int:
         tasks = sorted({i.split("/")[0] for i in ids})
         for t in tasks:
             part = [i for i in ids if i.split("/")[0] == t]
-            (Path(a.out) / "ids").mkdir(parents=True, exist_ok=True)
-            (Path(a.out) / "ids" / f"{t.lower()}.{name}").write_text(",".join(part) + "\n")
+            (Path(a.out) / "ids").mkdir(exist_ok=True)
+            write_atomic(Path(a.out) / "ids" / f"{t.lower()}.{name}", ",".join(part) + "\n")
             print(f"{Path(a.out) / 'ids' / f'{t.lower()}.{name}'}: {len(part)} {name} prompts", file=sys.stderr)
     return 0
 

@@ -152,7 +152,10 @@ def _models(cfg: RunConfig, problems, pair):
     if cfg.policy.learned:
         from .predictor import load_predictor, note_thresholds  # noqa: PLC0415 - optional component
 
+        from .prefix.calibrate import check_online_settings  # noqa: PLC0415 - optional component
+
         predictor = load_predictor(cfg.predictor, cfg.policy.predictor_kind, runtime)
+        check_online_settings(predictor, json.loads(json.dumps(cfg.to_json())))
         note_thresholds(predictor, cfg.policy.alpha)
     return pair, runtime, predictor
 

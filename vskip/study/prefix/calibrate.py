@@ -112,16 +112,31 @@ _SHARED = (("policy", "name"), ("policy", "survival"), ("policy", "cost_ratio"),
            ("models", "verifier"), ("models", "copy_prior"), ("models", "dtype"), ("models", "drafter_dtype"))
 
 
-def _setting(cfg: dict, key: tuple[str, str]):
-    return (cfg.get(key[0]) or {}).get(key[1])
+def run_settings(run_cfg: dict) -> dict:
+    """The settings of a run (its ``config.json``'s ``run``) that an online calibration and the runs
+    that use its thresholds must share, as ``{"policy/cost_ratio": ..., ...}``."""
+    return {"/".join(k): (run_cfg.get(k[0]) or {}).get(k[1]) for k in _SHARED}
+
+
+def check_online_settings(pred, run_cfg: dict) -> None:
+    """Refuse a run with ``--alpha`` whose settings differ from those the online thresholds of
+    ``pred`` were chosen with: the guarantee is for that policy only."""
+    want = ((getattr(pred, "online", None) or {}).get("settings")) if run_cfg.get("policy", {}).get("alpha") else None
+    if not want:
+        return
+    have = run_settings(run_cfg)
+    diff = [f"{k} {have.get(k)!r} (calibrated with {v!r})" for k, v in want.items() if have.get(k) != v]
+    if diff:
+        raise ValueError(f"the online thresholds of {pred.path} hold for the settings they were chosen with; this run "
+                         f"differs in {', '.join(diff)}")
 
 
 def online_losses(pred, run_dirs) -> tuple[np.ndarray, list[str], np.ndarray, dict]:
     """(thresholds, prompt ids, losses [thresholds, prompts], shared settings) from complete runs of
     ``--policy prefix --lam LAM`` with the one-rotation model ``pred`` on its calibration prompts.
     The loss is :func:`vskip.engine.metrics.prompt_disagreement`, the same function the report
-    scores the test prompts with. Refuses runs of another model, of other settings, or that lack a
-    calibration prompt another run has."""
+    scores the test prompts with. Refuses runs of another model or of other settings, and a
+    threshold whose runs lack any calibration prompt."""
     from pathlib import Path
 
     from ...engine.metrics import prompt_disagreement
@@ -131,6 +146,8 @@ def online_losses(pred, run_dirs) -> tuple[np.ndarray, list[str], np.ndarray, di
     by_lam: dict[float, list] = {}
     shared = None
     for d in run_dirs:
+        if not Path(d).is_dir():
+            raise ValueError(f"{d} does not exist")
         run = load_run(Path(d))
         cfg = run.run_cfg
         pol = cfg.get("policy") or {}
@@ -138,7 +155,7 @@ def online_losses(pred, run_dirs) -> tuple[np.ndarray, list[str], np.ndarray, di
             raise ValueError(f"{d} is not a run of --policy prefix --predictor ... --lam LAM")
         if Path(str(cfg.get("predictor"))).resolve() not in (Path(pred.path).resolve(), Path(pred.path).resolve().parent):
             raise ValueError(f"{d} decoded with the model at {cfg.get('predictor')}, not {pred.path}")
-        s = {"/".join(k): _setting(cfg, k) for k in _SHARED}
+        s = run_settings(cfg)
         if shared is not None and s != shared:
             diff = [k for k in s if s[k] != shared[k]]
             raise ValueError(f"{d} differs from the other runs in {', '.join(diff)}")
@@ -148,7 +165,7 @@ def online_losses(pred, run_dirs) -> tuple[np.ndarray, list[str], np.ndarray, di
         by_lam.setdefault(float(pol["lam"]), []).append(run)
     if not by_lam:
         raise ValueError("no calibration runs given")
-    ids = sorted({i for runs in by_lam.values() for r in runs for i in r.ids})
+    ids = sorted(cal)  # all of them: a part chosen by task or by hand would not be exchangeable with the test fold
     grid = np.array(sorted(by_lam, reverse=True))
     losses = np.zeros((len(grid), len(ids)))
     for g, lam in enumerate(grid):

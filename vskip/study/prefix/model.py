@@ -401,7 +401,7 @@ def write_online_predictor(src, rotation: int, out) -> dict:
         raise ValueError(f"{d} has no rotation {rotation} (it has {', '.join(str(e['rotation']) for e in man['rotations'])})")
     kdir = Path(out) / KIND
     if (kdir / MANIFEST).exists():
-        raise FileExistsError(f"{kdir / MANIFEST} exists: choose a new --out")
+        raise ValueError(f"{kdir / MANIFEST} exists: choose a new --out")
     kdir.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(d / entry["file"], kdir / entry["file"])
     manifest = {**man, "rotations": [entry], "online": {"source": str(src), "rotation": rotation, "thresholds": {}}}

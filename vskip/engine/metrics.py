@@ -213,7 +213,9 @@ def prompt_disagreement(run, ids: Sequence[str]) -> np.ndarray | None:
     for a prompt that generated none), the disagreement with the verifier in the run's own context
     that the prefix scheduler promises to bound, averaged over prompts, and is calibrated on."""
     c = disagreement_counts(run, ids)
-    if c is None:
-        return None
-    wrong, n = c
+    return None if c is None else disagreement_shares(*c)
+
+
+def disagreement_shares(wrong: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Per prompt, wrong tokens over generated tokens (0 where none were generated)."""
     return np.divide(wrong, n, out=np.zeros_like(wrong), where=n > 0)

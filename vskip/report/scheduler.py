@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..engine.metrics import disagreement_counts
+from ..engine.metrics import disagreement_counts, disagreement_shares
 from ..study.prefix.calibrate import promise_fields
 from .compare import Row, eq7_sums, paired_ratio, ratio_ci, sample_sums, unit_costs
 
@@ -54,7 +54,7 @@ def _realised(counts: tuple[np.ndarray, np.ndarray], alpha: float, n_boot: int, 
     """The promised quantity (per-prompt shares averaged over prompts) against ``alpha``, and the
     token-weighted share beside it (not promised) from per-prompt (wrong, generated) ``counts``."""
     wrong, n = counts
-    f = promise_fields(np.divide(wrong, n, out=np.zeros_like(wrong), where=n > 0), alpha, n_boot, seed)
+    f = promise_fields(disagreement_shares(wrong, n), alpha, n_boot, seed)
     return {"realised_disagreement": f["mean"], "realised_disagreement_ci95": f["ci95"],
             "realised_disagreement_upper95": f["upper95"], "within_alpha": bool(f["mean"] <= alpha),
             "verdict": f["verdict"], "token_weighted_disagreement": float(wrong.sum() / n.sum()) if n.sum() else None}

@@ -101,6 +101,28 @@ def test_rows_pair_every_prompt_and_resume(tmp_path):
     assert "1 prompts have configurations timed on different machines" in compare_summary.format_summary(s2)
 
 
+def test_the_summary_gives_the_agreement_of_a_skipping_configuration(tmp_path):
+    """StrictToken and FullPrefix from compare's rows are the runner's (one function sums them),
+    shown only where a configuration committed drafted tokens by a relaxed rule."""
+    from vskip.engine.decode import decode
+    from vskip.engine.metrics import agreement_from_rounds
+
+    prompts = [(f"t{i}", [7, 3, 9, i + 2]) for i in range(4)]
+    chosen = [parsing.parse_variant(s, BASE, 1) for s in ("ar", "strict", "raw+eta_b=0.1+eta_c=0.1+k_min=1")]
+    rows = compare.read_rows(compare.run_compare(prompts, _pair(), chosen, tmp_path, progress=False))
+    s = compare_summary.summarize_comparison(rows)
+    raw = s["configs"][chosen[2].name]
+    rounds = [r for _, ids in prompts for r in decode(ids, _pair().drafter, _pair().verifier, chosen[2].policy_config(),
+                                                        chosen[2].decode).rounds]
+    st, fp, n = agreement_from_rounds(rounds)
+    assert n > 0 and raw["relaxed_rounds"] == n
+    assert (raw["strict_token"], raw["full_prefix"]) == pytest.approx((st, fp))
+    assert s["configs"]["strict"]["strict_token"] == 1.0 and s["configs"]["strict"]["relaxed_rounds"] == 0
+    assert "StrictToken" in compare_summary.format_summary(s)
+    old = compare_summary.summarize_comparison([{k: v for k, v in r.items() if k != "agreement"} for r in rows])
+    assert "strict_token" not in old["configs"]["strict"] and "StrictToken" not in compare_summary.format_summary(old)
+
+
 def test_summary_reports_where_outputs_diverge():
     rows = [
         {"task_id": "a", "config": "ar", "tokens": 4, "seconds": 1.0, "output": [1, 2, 3, 4]},
@@ -174,8 +196,8 @@ def test_the_summary_sets_calls_and_blocks_against_strict_and_reads_eq8():
 
 
 def test_an_out_directory_refuses_rows_made_otherwise(tmp_path):
+    from vskip.engine.models.config import ModelConfig
     from vskip.engine.runtime import Runtime
-    from vskip.study.runner import ModelConfig
 
     def record(max_new=40, gamma=8, configs=("ar", "strict")):
         dec = DecodeConfig(gamma=gamma, max_new_tokens=max_new)
@@ -317,7 +339,7 @@ def test_a_configuration_may_name_its_own_predictor(tmp_path, monkeypatch):
     assert asked == [("pred", "prefix"), ("round2", "prefix")]
     rows = {r["config"]: r for r in compare.read_rows(path)}
     assert rows[specs[1]]["skipped"] > 0 and rows[specs[2]]["skipped"] == rows[specs[3]]["skipped"] == 0
-    from vskip.study.runner import ModelConfig
+    from vskip.engine.models.config import ModelConfig
 
     rec = compare.settings_record("humaneval", 24, ModelConfig(), ModelConfig(), variants, "pred")
     assert rec["configs"][specs[2]]["predictor"] == "round2" and "predictor" not in rec["configs"][specs[1]]

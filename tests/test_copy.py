@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vskip.engine.models.backbone import BackboneConfig
-from vskip.engine.models.copy import CopyPrior, copy_hint, fit_lambda, mixture_nll, suffix_match
+from vskip.engine.models.copy import CopyPrior, copy_hint, fit_lambda, suffix_match
 from vskip.engine.models.drafter import DiffusionDrafter, DiffusionLM, DrafterSpec
 
 V = 64

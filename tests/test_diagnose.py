@@ -13,7 +13,8 @@ from vskip.engine.policy import PolicyConfig, feasible_prefix
 from vskip.study.diagnose import (auroc, feasible_prefix_rows, permutation_diagnostic, permutation_pool, permute_pairs,
                                   position_rates, positionwise_auroc, positionwise_bce, proposition1)
 from vskip.study.predictor import PredictorTrainConfig, train_predictor
-from vskip.study.traces import Rotation, TraceSet, append_traces, survival_labels
+from vskip.study.rotations import Rotation
+from vskip.study.traces import TraceSet, append_traces, survival_labels
 
 
 def brute_auroc(s, y):
@@ -136,7 +137,8 @@ def test_position_baseline_uses_training_folds():
     ts = TraceSet(gamma=g, prompt_ids=list("abcdef"), features=np.zeros((6, g, 19), np.float32), hidden=None,
                   confidence=np.zeros((6, g), np.float32), L=L, K=np.zeros(6, np.int64), prompt=prompt,
                   round=np.zeros(6, np.int64))
-    rot = [Rotation(0, ("e", "f"), ("d",), ("a", "b", "c")), Rotation(1, ("a", "b", "c", "d"), ("e",), ("f",))]
+    rot = [Rotation(0, ("e", "f"), train=("a", "b", "c"), val=("d",)),
+           Rotation(1, ("a", "b", "c", "d"), train=("f",), val=("e",))]
     P = np.full((6, g), 0.5)
     r = positionwise_bce(ts, "marginal", P, rot)
     Y, M = survival_labels("marginal", L, g)

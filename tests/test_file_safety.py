@@ -12,10 +12,11 @@ from test_sweep import IDS, fake_pair
 
 from vskip import cli
 from vskip.engine.decode import DecodeConfig
+from vskip.engine.models.config import ModelConfig
 from vskip.engine.policy import PolicyConfig
 from vskip.files import DirLock, FileError, check_writable_dir, open_append, save_figure, write_atomic, write_json
 from vskip.study import runner
-from vskip.study.runner import ModelConfig, RunConfig
+from vskip.study.runner import RunConfig
 
 
 @pytest.fixture

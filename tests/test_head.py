@@ -53,6 +53,16 @@ def test_a_float32_screen_rescores_far_fewer_tokens():
     wide = ExactHead(W)
     tight = ExactHead(W, screen=torch.float32)
     assert tight.c < wide.c / 100
+
+    def rescored(head):
+        """(argmax, how many (row, token) pairs the head scored exactly)."""
+        seen, exact = [], head._exact
+        head._exact = lambda hh, rows, ids: (seen.append(len(ids)), exact(hh, rows, ids))[1]
+        return head(h)[0], seen[0]
+
+    (a_wide, n_wide), (a_tight, n_tight) = rescored(wide), rescored(tight)
+    assert torch.equal(a_wide, a_tight) and torch.equal(a_tight, (h @ W.T).argmax(1))
+    assert n_tight == len(h) < n_wide, (n_tight, n_wide)  # the float32 screen: the argmax alone per row
     with pytest.raises(ValueError, match="screen"):
         ExactHead(W, screen=torch.float16)
 

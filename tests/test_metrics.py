@@ -3,6 +3,7 @@
 import pytest
 
 from vskip.engine.metrics import summarize
+from vskip.study.rundir import RoundRow
 
 
 def _sample(tid, **kw):
@@ -12,8 +13,8 @@ def _sample(tid, **kw):
 
 
 def _round(tid, verified, K, L, accepted, relaxed, committed, gamma=8):
-    return {"task_id": tid, "verified": verified, "K": K, "L": L, "accepted": accepted, "relaxed": relaxed,
-            "committed": committed, "gamma": gamma}
+    return RoundRow(task_id=tid, verified=verified, K=K, L=L, accepted=accepted, relaxed=relaxed,
+                    committed=committed, gamma=gamma)
 
 
 def test_totals_ratios_and_agreement():
@@ -35,5 +36,6 @@ def test_unknowns_are_none_and_named():
     # skips nobody verified (no shadow verifier): agreement is unknown, not perfect
     assert s["strict_token"] is None and s["full_prefix"] is None
     assert "draft_seconds" in s["missing"] and any("no shadow verifier" in m for m in s["missing"])
-    s = summarize([_sample("a")], [{"task_id": "a", "verified": False, "K": 6, "L": 3, "committed": 6}])
+    old = RoundRow.from_json({"task_id": "a", "verified": False, "K": 6, "L": 3, "committed": 6})  # an older file's row
+    s = summarize([_sample("a")], [old])
     assert s["strict_token"] is None and "relaxed/accepted round fields" in s["missing"]

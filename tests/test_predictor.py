@@ -14,7 +14,8 @@ from vskip.engine.policy import PolicyConfig
 from vskip.study.diagnose import positionwise_bce
 from vskip.study.predictor import (PredictorTrainConfig, examples, input_rows, load_fold_predictor, make_mlp,
                                    normalisation, train_predictor)
-from vskip.study.traces import TraceSet, append_traces, folds, load_traces, rotations
+from vskip.study.rotations import rotations
+from vskip.study.traces import TraceSet, append_traces, folds, load_traces
 
 G, D = 6, 4
 

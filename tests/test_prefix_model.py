@@ -10,7 +10,8 @@ import torch
 
 from vskip.engine.policy.prefix import survival_nll
 from vskip.study.prefix.model import PrefixTrainConfig, held_out_survival, nll, survival, train_prefix_model
-from vskip.study.traces import folds, rotations
+from vskip.study.rotations import rotations
+from vskip.study.traces import folds
 
 G, F = 8, 3
 
@@ -79,7 +80,7 @@ def _traces(n_prompts=40, per=15, seed=2):
 
 
 def test_prefix_rotations_keep_test_calibration_and_training_apart():
-    from vskip.study.prefix.model import prefix_rotations
+    from vskip.study.rotations import prefix_rotations
 
     ids = [f"HumanEval/{i}" for i in range(40)]
     fl = folds(ids)
@@ -87,10 +88,10 @@ def test_prefix_rotations_keep_test_calibration_and_training_apart():
         rots = prefix_rotations(fl, calibration_folds=c)
         assert sorted(p for r in rots for p in r.test) == sorted(ids)
         for r in rots:
-            parts = [set(r.test), set(r.cal), set(r.train), set(r.stop)]
+            parts = [set(r.test), set(r.cal), set(r.train), set(r.val)]
             assert sum(map(len, parts)) == len(ids) and set().union(*parts) == set(ids)
             assert len(r.cal) == sum(len(fl[(r.index + i) % 5]) for i in range(1, c + 1))
-            assert r.stop and r.train
+            assert r.val and r.train
     with pytest.raises(ValueError, match="calibration-folds"):
         prefix_rotations(fl, calibration_folds=4)
 
@@ -162,12 +163,13 @@ def test_a_run_records_the_thresholds_it_decoded_with(tmp_path):
     from test_sweep import IDS, fake_pair
 
     from vskip.engine.decode import DecodeConfig
+    from vskip.engine.models.config import ModelConfig
     from vskip.engine.policy import PolicyConfig
     from vskip.files import read_json
     from vskip.study import runner
     from vskip.study.predictor import load_predictor
     from vskip.study.prefix.model import train_prefix_predictor
-    from vskip.study.runner import ModelConfig, RunConfig
+    from vskip.study.runner import RunConfig
 
     torch.set_num_threads(1)
     trace_run(tmp_path / "strict", 15)
@@ -400,6 +402,7 @@ def test_online_calibration_from_decodes_to_a_tested_threshold(tmp_path, capsys)
     from vskip.cli import build_parser
     from vskip.engine.decode import DecodeConfig
     from vskip.engine.metrics import prompt_disagreement
+    from vskip.engine.models.config import ModelConfig
     from vskip.engine.policy import PolicyConfig
     from vskip.engine.policy.prefix import crc_online
     from vskip.study import runner
@@ -407,7 +410,7 @@ def test_online_calibration_from_decodes_to_a_tested_threshold(tmp_path, capsys)
     from vskip.study.prefix.calibrate import online_losses
     from vskip.study.prefix.model import train_prefix_predictor, write_online_predictor
     from vskip.study.rundir import load_run
-    from vskip.study.runner import ModelConfig, RunConfig
+    from vskip.study.runner import RunConfig
     from vskip.study.traces import load_traces
 
     torch.set_num_threads(1)

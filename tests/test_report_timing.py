@@ -11,11 +11,12 @@ import pytest
 from test_report import IDS, build, write_run
 
 from vskip.engine.decode import DecodeConfig
+from vskip.engine.models.config import ModelConfig
 from vskip.engine.policy import PolicyConfig
 from vskip.engine.runtime import Runtime
 from vskip.report.timing import Timing, timed_fields
 from vskip.study import compare
-from vskip.study.runner import ModelConfig, RunConfig
+from vskip.study.runner import RunConfig
 from vskip.study.variants import parse_variant
 
 P_ALPHA = "prefix+survival=model+alpha=0.05"

@@ -11,10 +11,11 @@ import pytest
 from test_sweep import IDS, fake_pair, read_dir
 
 from vskip.engine.decode import DecodeConfig
+from vskip.engine.models.config import ModelConfig
 from vskip.engine.policy import PolicyConfig, Sampling
 from vskip.files import DirLock, FileError, read_json, read_jsonl, write_atomic
 from vskip.study import runner
-from vskip.study.runner import ModelConfig, RunConfig
+from vskip.study.runner import RunConfig
 
 
 def _cfg(policy="strict", n=1):
@@ -75,6 +76,21 @@ def test_rounds_without_their_sample_are_dropped(tmp_path, clean):
     samples = tmp_path / "samples.jsonl"
     samples.write_text("".join(_lines(samples)[:-1]))  # killed between rounds and sample
     _run(tmp_path)
+    assert read_dir(tmp_path) == clean
+
+
+def test_rounds_are_written_once_and_a_resume_only_appends(tmp_path, clean):
+    """rounds.jsonl is never rewritten: a resume truncates it after the last whole prompt and
+    appends (the same file, its earlier bytes untouched), and the end of the run leaves it alone."""
+    _run(tmp_path)
+    rounds, samples = tmp_path / "rounds.jsonl", tmp_path / "samples.jsonl"
+    kept = _lines(samples)[:-1]
+    samples.write_text("".join(kept))  # killed between the last prompt's rounds and its sample
+    n_whole = sum(json.loads(line)["rounds"] for line in kept)
+    whole = "".join(_lines(rounds)[:n_whole]).encode()
+    inode = rounds.stat().st_ino
+    _run(tmp_path)
+    assert rounds.stat().st_ino == inode and rounds.read_bytes().startswith(whole)
     assert read_dir(tmp_path) == clean
 
 

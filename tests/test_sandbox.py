@@ -19,6 +19,7 @@ import time
 import pytest
 
 from vskip.bench import sandbox as S
+from vskip.bench.sandbox import choice, kinds, procs
 
 
 def _works(kind: str) -> bool:
@@ -167,7 +168,7 @@ def test_fork_limit_bites(kind):
     # Bounded version: fork children that sleep, count how many forks succeeded.
     # RLIMIT_NPROC counts every task of the uid, so without a uid of its own the program may
     # have what the user already runs plus nproc.
-    base = 0 if os.geteuid() == 0 else S._count_uid_tasks(os.getuid())
+    base = 0 if os.geteuid() == 0 else procs._count_uid_tasks(os.getuid())
     r = run("""
         import os, time
         ok = 0
@@ -328,13 +329,13 @@ def test_namespaces_stand_in_when_bubblewrap_is_missing(monkeypatch):
     import shutil
 
     which = shutil.which
-    monkeypatch.setattr(S.shutil, "which", lambda name: None if name == "bwrap" else which(name))
-    monkeypatch.delitem(S._SETUPS, "auto", raising=False)
+    monkeypatch.setattr(shutil, "which", lambda name: None if name == "bwrap" else which(name))
+    monkeypatch.delitem(choice._SETUPS, "auto", raising=False)
     try:
         assert S.check_isolation("auto") == "namespaces"
         assert S.run_program("print(6 * 7)").stdout_tail.strip() == "42"
     finally:
-        S._SETUPS.pop("auto", None)
+        choice._SETUPS.pop("auto", None)
 
 
 def test_environment_secrets(kind, monkeypatch):
@@ -403,7 +404,7 @@ def test_without_bubblewrap_untrusted_code_runs_only_when_rlimits_is_asked_for_b
     from vskip.bench import sandbox
 
     monkeypatch.delenv("VSKIP_SANDBOX", raising=False)
-    monkeypatch.setitem(sandbox._SETUPS, "auto", sandbox._Setup("rlimits", False))
+    monkeypatch.setitem(choice._SETUPS, "auto", kinds._Setup("rlimits", False))
     with pytest.raises(sandbox.SandboxUnavailable, match="VSKIP_SANDBOX=rlimits"):
         sandbox.run_program("print(1)")
     assert sandbox.run_program("print(1)", isolation=RLIMITS).stdout_tail.strip() == "1"
@@ -419,8 +420,6 @@ def test_without_bubblewrap_untrusted_code_runs_only_when_rlimits_is_asked_for_b
 def test_rlimits_never_runs_code_as_the_scorers_own_uid_unless_asked_for_by_that_name(monkeypatch):
     """When no fresh uid can run Python (as root with a closed installation, or without root),
     rlimits refuses, naming why and the opt-in; only rlimits-own-uid runs the program so."""
-    from vskip.bench.sandbox import choice
-
     monkeypatch.setattr(choice, "_probe", lambda setup: False)
     monkeypatch.setattr(choice, "_SETUPS", {})
     monkeypatch.setattr(choice.shutil, "which", lambda name: None)  # no bubblewrap, no unshare

@@ -14,8 +14,9 @@ import pytest
 from fakes import FakeDrafter, FakeVerifier
 
 from vskip.engine.decode import DecodeConfig
-from vskip.study import sweep
-from vskip.study.runner import ModelConfig
+from vskip.engine.models.config import ModelConfig
+from vskip.engine.policy import LEARNED
+from vskip.study import grids, sweep
 
 TIMING = {"decode_seconds", "draft_seconds", "verify_seconds", "predict_seconds", "shadow_seconds",
           "tokens_per_s", "policy_seconds", "policy_share", "c_D", "c_V"}
@@ -107,7 +108,7 @@ def unbroken(tmp_path_factory):
 
 
 def test_table5_grid_is_the_paper():
-    pts = sweep.grid("table5")
+    pts = grids.grid("table5")
     by = lambda m: [pt.policy for pt in pts if pt.policy.name == m]
     assert [p.lenience for p in by("lenience")] == [1.0, 0.99, 0.975, 0.95, 0.90, 0.80, 0.70, 0.50, 0.30]
     assert [p.top_k for p in by("topk")] == [2, 3, 5]
@@ -116,30 +117,30 @@ def test_table5_grid_is_the_paper():
     assert [p.eta_b for p in by("marginal")] == [0.85, 0.90, 0.93, 0.95, 0.97, 0.98, 0.99]
     assert all(p.eta_b == p.eta_c for p in by("marginal"))
     assert [p.eta_c for p in by("conditional")] == [0.99, 0.98, 0.97, 0.95, 0.93, 0.90, 0.85, 0.80]
-    assert all(p.k_min == 6 and p.s_max == 64 for m in sweep.LEARNED + ("raw",) for p in by(m))
+    assert all(p.k_min == 6 and p.s_max == 64 for m in LEARNED + ("raw",) for p in by(m))
     assert len(by("strict")) == 1 and len(pts) == 46
 
 
 def test_kmin_gates_periodic_grids():
-    kmin = sweep.grid("kmin")
+    kmin = grids.grid("kmin")
     assert [p.policy.k_min for p in kmin if p.policy.name == "raw"] == [0, 3, 6, 9, 12, 16, 24, 32]
     assert all((p.policy.eta_b, p.policy.eta_c) == (0.90, 0.93) for p in kmin if p.policy.name == "raw")
-    gates = {pt.name: pt.role for pt in sweep.grid("gates")}
+    gates = {pt.name: pt.role for pt in grids.grid("gates")}
     assert gates["raw_eb0.90_ec0.00_k6_s64"] == "gate:local-only"
     assert gates["raw_eb0.00_ec0.93_k6_s64"] == "gate:geometric-only"
     assert gates["conditional_eb0.00_ec0.90_k6_s64"] == "gate:product-only"
-    assert [p.policy.period for p in sweep.grid("periodic") if p.policy.name == "periodic"] == [3, 4, 8]
-    assert {pt.name for pt in sweep.grid("cpu-small")} >= {"ar", "strict", "topk_k2", "periodic_P4_K6_s64"}
-    signals = sweep.grid("cpu-signals")
+    assert [p.policy.period for p in grids.grid("periodic") if p.policy.name == "periodic"] == [3, 4, 8]
+    assert {pt.name for pt in grids.grid("cpu-small")} >= {"ar", "strict", "topk_k2", "periodic_P4_K6_s64"}
+    signals = grids.grid("cpu-signals")
     assert [sum(p.policy.name == n for p in signals) for n in ("strict", "raw", "marginal", "conditional")] == [1, 3, 3, 3]
     assert all(p.policy.k_min == 3 for p in signals if p.policy.name != "strict")
     with pytest.raises(ValueError, match="unknown grid"):
-        sweep.grid("nope")
+        grids.grid("nope")
 
 
 def test_the_full_grid_is_the_two_cpu_grids_with_what_the_verdicts_need_first():
-    full = [pt.name for pt in sweep.grid("full")]
-    both = {pt.name for g in ("cpu-signals", "prefix") for pt in sweep.grid(g)}
+    full = [pt.name for pt in grids.grid("full")]
+    both = {pt.name for g in ("cpu-signals", "prefix") for pt in grids.grid(g)}
     kmin = ["raw_eb0.70_ec0.70_k0_s64", "raw_eb0.70_ec0.70_k6_s64"]
     tight = ["raw_eb0.90_ec0.93_k3_s64", "raw_eb0.95_ec0.97_k3_s64"]
     # conditional survival's tightest point is the paper's fixed setting (Table 4) instead of the CPU grid's
@@ -154,18 +155,18 @@ def test_the_full_grid_is_the_two_cpu_grids_with_what_the_verdicts_need_first():
     assert {n.split("_")[0] for n in full[19:]} == {"prefix"} and len(full[19:]) == 3  # the product, last
     # an on-policy round sweeps the promise again under the same names, which its report pairs with round 0,
     # the largest alpha first
-    assert [pt.name for pt in sweep.grid("promise")] == full[3:0:-1]
+    assert [pt.name for pt in grids.grid("promise")] == full[3:0:-1]
 
 
 def test_config_names():
     from vskip.engine.policy import PolicyConfig
 
-    assert sweep.config_name(PolicyConfig.make("raw", eta_b=0.9, eta_c=0.93)) == "raw_eb0.90_ec0.93_k6_s64"
-    assert sweep.config_name(PolicyConfig.make("raw", eta_b=0.95, eta_c=0.995, k_min=0)) == "raw_eb0.95_ec0.995_k0_s64"
-    assert sweep.config_name(PolicyConfig.make("marginal", eta_m=0.97)) == "marginal_em0.97_k6_s64"
-    assert sweep.config_name(PolicyConfig.make("conditional", epsilon=0.1)) == "conditional_eb0.90_ec0.90_k6_s64"
-    assert sweep.config_name(PolicyConfig.make("lenience", lenience=0.975)) == "lenience_l0.975"
-    assert sweep.config_name(PolicyConfig.make("periodic", period=8)) == "periodic_P8_K6_s64"
+    assert grids.config_name(PolicyConfig.make("raw", eta_b=0.9, eta_c=0.93)) == "raw_eb0.90_ec0.93_k6_s64"
+    assert grids.config_name(PolicyConfig.make("raw", eta_b=0.95, eta_c=0.995, k_min=0)) == "raw_eb0.95_ec0.995_k0_s64"
+    assert grids.config_name(PolicyConfig.make("marginal", eta_m=0.97)) == "marginal_em0.97_k6_s64"
+    assert grids.config_name(PolicyConfig.make("conditional", epsilon=0.1)) == "conditional_eb0.90_ec0.90_k6_s64"
+    assert grids.config_name(PolicyConfig.make("lenience", lenience=0.975)) == "lenience_l0.975"
+    assert grids.config_name(PolicyConfig.make("periodic", period=8)) == "periodic_P8_K6_s64"
 
 
 def test_learned_signals_need_a_predictor():

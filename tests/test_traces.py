@@ -9,8 +9,9 @@ from safetensors import safe_open
 
 from vskip.engine.decode import BlockTrace, DecodeConfig, decode
 from vskip.engine.policy import PolicyConfig
-from vskip.study.traces import (append_traces, folds, load_traces, natural_sorted, rotations, survival_labels,
-                                trace_files, trace_path)
+from vskip.study.rotations import rotations
+from vskip.study.traces import (append_traces, folds, load_traces, natural_sorted, survival_labels, trace_files,
+                                trace_path)
 
 GAMMA = 8
 

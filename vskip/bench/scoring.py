@@ -29,6 +29,7 @@ from vskip.bench.sandbox import run_program, sandbox_kind, verdict
 from vskip.bench.tasks import ALL_TASKS, Problem, last_boxed, load_task
 from vskip.engine.metrics import pass_at_k_table
 from vskip.environment import sandbox_preference
+from vskip.stats import resample_indices
 
 __all__ = [
     "ScoreResult",
@@ -430,14 +431,10 @@ def paired_bootstrap(
     if n_resamples < 1:
         raise ValueError("n_resamples must be at least 1")
     d = y - x
-    rng = np.random.default_rng(seed)
-    n = len(d)
-    means = np.empty(n_resamples)
-    chunk = max(1, min(n_resamples, (1 << 22) // n))
-    for start in range(0, n_resamples, chunk):
-        stop = min(n_resamples, start + chunk)
-        idx = rng.integers(0, n, size=(stop - start, n))
-        means[start:stop] = d[idx].mean(axis=1)
+    means, start = np.empty(n_resamples), 0
+    for idx in resample_indices(len(d), n_resamples, seed, max_elements=1 << 22):
+        means[start:start + len(idx)] = d[idx].mean(axis=1)
+        start += len(idx)
     alpha = (1.0 - level) / 2.0
     lo, hi = np.quantile(means, [alpha, 1.0 - alpha])
     return BootstrapResult(float(d.mean()), float(lo), float(hi))

@@ -36,8 +36,7 @@ def register(subparsers) -> None:
 
 def cmd_compare(a) -> int:
     from ..bench import tasks
-    from ..engine.runtime import resolve_runtime
-    from ..study import compare, variants
+    from ..study import compare, runner, variants
 
     if a.summary:
         if not a.out or not Path(a.out).is_dir():
@@ -82,11 +81,8 @@ def cmd_compare(a) -> int:
     if not problems[shard[0] - 1 :: shard[1]]:  # more shards than prompts: nothing to do here
         print(f"shard {shard[0]}/{shard[1]} has no prompts of the {len(problems)} selected")
         return 0
-    runtime = resolve_runtime(models.device, models.dtype, models.threads, models.drafter_dtype,
-                              models.drafter_device, models.verifier_device, models.max_memory)
-    from ..engine.models.load import check_prompt_fits
-
-    n = check_prompt_fits(models.verifier, [(p.task_id, tasks.user_prompt(p)) for p in problems], dec.max_new_tokens)
+    runtime = runner.model_runtime(models)
+    n = runner.prompt_budget(models, problems, dec.max_new_tokens)
     import contextlib
 
     from ..files import DirLock
@@ -105,14 +101,14 @@ def _decode_and_print(a, compare, tasks, models, dec, variants, runtime, problem
     import tempfile
 
     from ..bench.tasks import encode_problem
-    from ..engine.models.load import open_pair
+    from ..study.runner import open_models
 
     # the longest block the command's drafter drafts (a configuration with a drafter of its own is
     # checked against that drafter when it decodes)
     gamma = max([dec.gamma] + [v.decode.gamma_max or v.decode.gamma for v in variants
                                if v.decode is not None and not v.drafter])
-    pair = open_pair(models, need_drafter=any(v.policy not in (None, "ar") for v in variants),
-                     budget=(n, dec.max_new_tokens, gamma))
+    pair = open_models(models, n, dec.max_new_tokens, gamma,
+                       need_drafter=any(v.policy not in (None, "ar") for v in variants))
     from ..engine.models.embedded import EMBEDDED_DRAFTER
     from ..engine.models.load import drafter_beside
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..defaults import GAMMA, K_MIN, MAX_NEW_TOKENS, S_MAX, STEPS
 from .flags import add_block_flags, add_model_flags, add_sampling_flags, bounded, model_config, sampling, task_ids
 
-#: the named grids of ``vskip sweep`` (``vskip.study.sweep.GRIDS`` holds them; a test keeps both equal)
+#: the named grids of ``vskip sweep`` (``vskip.study.grids.GRIDS`` holds them; a test keeps both equal)
 GRID_NAMES = ("table5", "kmin", "gates", "periodic", "transfer", "cpu-small", "cpu-kmin", "cpu-signals", "prefix",
               "promise", "online-cal", "online-test", "full")
 

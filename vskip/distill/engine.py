@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from ..engine.models.backbone import Backbone, BackboneConfig, read_hf_config, rope_tables, rotate_half
 from ..engine.models.head import ExactHead

@@ -44,10 +44,8 @@ from typing import Sequence
 
 from vskip.distill.prompts import (SOURCES, TrainPrompt, build_prompts, count_by_source, prompts_hash, read_prompts,
                                    write_prompts)
-from vskip.distill.shards import (FORMAT_VERSION, INDEX_FILE, PROMPTS_FILE,  # noqa: F401 - the format, re-exported
-                                  RESUME_KEYS, SHARD_GLOBS, dataset_totals, ends_in_a_loop, file_sha256,
-                                  iter_distillation, read_index, read_shard, shard_files, shard_name, shard_rows,
-                                  write_shard)
+from vskip.distill.shards import (FORMAT_VERSION, INDEX_FILE, PROMPTS_FILE, RESUME_KEYS, file_sha256, read_index,
+                                  read_shard, shard_name, write_shard)
 from vskip.files import DirLock, write_atomic
 
 # --------------------------------------------------------------------------------------------

@@ -36,7 +36,6 @@ the generator still answers them, so that the shards keep their order. Make the 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from dataclasses import asdict, dataclass

@@ -13,7 +13,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from vskip.files import file_sha256, write_atomic  # noqa: F401 - file_sha256 re-exported
+from vskip.files import file_sha256, write_atomic
 
 FORMAT_VERSION = 2
 INDEX_FILE = "index.json"

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..engine.models.backbone import BackboneConfig, read_hf_config
-from ..engine.models.conditioned import ConditionedLM, ConditionedSpec, default_target_layers
+from ..engine.models.conditioned import ConditionedLM, ConditionedSpec
 from .config import ConditionedTrainConfig
 from .rows import Data, head_vocabulary, load_rows, outside_head, split
 from .train import lr_at, state_tensors

@@ -8,7 +8,7 @@ clock reads, and shadow verification (§3.2) is timed separately and excluded.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
@@ -325,5 +325,5 @@ def agreement(rounds: Sequence[RoundRecord]) -> tuple[float, float]:
     1 when there is no such round."""
     from .metrics import agreement_from_rounds
 
-    st, fp, _ = agreement_from_rounds(asdict(r) for r in rounds)
+    st, fp, _ = agreement_from_rounds(rounds)
     return st, fp

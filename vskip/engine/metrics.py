@@ -1,29 +1,53 @@
 """Run-level metrics from per-prompt samples and per-round records (§3.2, §5.1, Eq. 7–8, A.8).
 
-Works on plain dicts as written to ``samples.jsonl`` and ``rounds.jsonl``, so reports need no model.
+Samples are the plain dicts of ``samples.jsonl``; rounds are anything with the fields of a
+:class:`Round`: the loop's :class:`vskip.engine.decode.RoundRecord` or the run directory's
+:class:`vskip.study.rundir.RoundRow` (a field that an old file lacks is None). Reports need no model.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Iterable, Protocol, Sequence
 
 import numpy as np
 
 
-def agreement_from_rounds(rounds: Iterable[dict]) -> tuple[float, float, int]:
-    """(StrictToken Eq. 1, FullPrefix Eq. 2, |A|) over rounds where a relaxed rule committed a
-    nonempty draft prefix and L is known; (1, 1, 0) when there is none (Strict SDD)."""
+class Round(Protocol):
+    """The fields of one round the metrics read (None where a file written by an older version
+    lacks one)."""
+
+    verified: bool | None
+    K: int | None
+    L: int | None
+    accepted: int | None
+    committed: int | None
+    relaxed: bool | None
+    gamma: int | None
+
+
+def agreement_sums(rounds: Iterable[Round]) -> tuple[int, int, int, int]:
+    """The sums behind StrictToken (Eq. 1) and FullPrefix (Eq. 2): (Σ min(K, L), Σ K, #{K <= L},
+    |A|) over the rounds A where a relaxed rule committed a nonempty draft prefix of K tokens
+    (``accepted`` on a verified round, ``K`` on a skip) and the strict length L is known. The one
+    place these sums are taken: the loop, the runner, the report and ``compare`` call it."""
     num = den = full = n = 0
     for r in rounds:
-        if not r.get("relaxed") or r.get("L") is None:
+        if not r.relaxed or r.L is None or r.verified is None:
             continue
-        K = r["accepted"] if r["verified"] else r["K"]
+        K = (r.accepted if r.verified else r.K) or 0
         if K <= 0:
             continue
-        num += min(K, r["L"])
+        num += min(K, r.L)
         den += K
-        full += K <= r["L"]
+        full += K <= r.L
         n += 1
+    return num, den, full, n
+
+
+def agreement_from_rounds(rounds: Iterable[Round]) -> tuple[float, float, int]:
+    """(StrictToken Eq. 1, FullPrefix Eq. 2, |A|) from :func:`agreement_sums`; (1, 1, 0) when no
+    round is in A (Strict SDD)."""
+    num, den, full, n = agreement_sums(rounds)
     if n == 0:
         return 1.0, 1.0, 0
     return num / den, full / n, n
@@ -43,13 +67,13 @@ def _div(a, b):
     return a / b if a is not None and b else None
 
 
-def _agreement(rounds: Sequence[dict], missing: list[str]) -> tuple[float | None, float | None, int]:
+def _agreement(rounds: Sequence[Round], missing: list[str]) -> tuple[float | None, float | None, int]:
     """:func:`agreement_from_rounds`, or None where the rounds cannot tell: rounds written without
     the fields it needs, or relaxed rounds whose L nobody measured (no shadow verifier)."""
-    if any(k not in r for r in rounds for k in ("verified", "relaxed", "accepted")):
+    if any(r.verified is None or r.relaxed is None or r.accepted is None for r in rounds):
         missing.append("relaxed/accepted round fields")
         return None, None, 0
-    lacking = sum(1 for r in rounds if r["relaxed"] and r.get("L") is None)
+    lacking = sum(1 for r in rounds if r.relaxed and r.L is None)
     st, fp, n = agreement_from_rounds(rounds)
     if lacking:
         missing.append(f"L on {lacking} relaxed rounds (no shadow verifier)")
@@ -68,7 +92,7 @@ def result_row(res) -> dict:
             "shadow_seconds": res.shadow_seconds}
 
 
-def summarize(samples: Sequence[dict], rounds: Sequence[dict]) -> dict:
+def summarize(samples: Sequence[dict], rounds: Sequence[Round]) -> dict:
     """The summary of one run: ΣN/ΣT throughput, calls and blocks per generated token, agreement
     (Eqs. 1-2), pass@1 over scored samples, and the cost model of Eq. 7 (c_D, c_V, mean strict
     commit A). Every aggregate of a run is computed here: the run's own ``summary.json``, a merged
@@ -85,8 +109,8 @@ def summarize(samples: Sequence[dict], rounds: Sequence[dict]) -> dict:
     predict_s = sum(s.get("predict_seconds", 0.0) for s in samples)
     scored = [s["passed"] for s in samples if s.get("passed") is not None]
     strict_token, full_prefix, n_relaxed = _agreement(rounds, missing)
-    verified = [r for r in rounds if r.get("verified")]
-    strict_commit = [r["committed"] for r in verified if r.get("gamma", 0) > 0]
+    verified = [r for r in rounds if r.verified and (r.gamma or 0) > 0]  # rounds that verified a draft
+    strict_commit = [r.committed for r in verified]
     policy_s = max(0.0, T - draft_s - verify_s) if None not in (T, draft_s, verify_s) else None
     out = {
         "n_prompts": len(samples),
@@ -113,8 +137,7 @@ def summarize(samples: Sequence[dict], rounds: Sequence[dict]) -> dict:
         "c_D": _div(draft_s, blocks),
         "c_V": _div(verify_s, calls),
         "A": sum(strict_commit) / len(strict_commit) if strict_commit else None,
-        "mean_accepted": (sum(r["L"] for r in verified if r.get("L") is not None and r.get("gamma", 0) > 0)
-                          / len(strict_commit)) if strict_commit else None,
+        "mean_accepted": (sum(r.L for r in verified if r.L is not None) / len(strict_commit)) if strict_commit else None,
     }
     tasks = {s.get("task_id") for s in samples}
     if len(tasks) < len(samples):  # several completions per prompt (--samples-per-prompt)
@@ -128,27 +151,6 @@ def summarize(samples: Sequence[dict], rounds: Sequence[dict]) -> dict:
             out["pass_at_k"] = pass_at_k_table(per_task)
     if missing:
         out["missing"] = missing
-    return out
-
-
-def acceptance_histogram(rounds: Iterable[dict], gamma: int) -> list[int]:
-    """Counts of the strict accepted length L = 0..gamma over full-length blocks."""
-    h = [0] * (gamma + 1)
-    for r in rounds:
-        if r.get("L") is not None and r.get("gamma") == gamma:
-            h[r["L"]] += 1
-    return h
-
-
-def survival_curve(hist: Sequence[int]) -> list[float]:
-    """P(L >= j) for j = 1..gamma from a histogram of L."""
-    n = sum(hist)
-    if n == 0:
-        return [0.0] * (len(hist) - 1)
-    out, tail = [], n
-    for j in range(1, len(hist)):
-        tail -= hist[j - 1]
-        out.append(tail / n)
     return out
 
 
@@ -200,10 +202,10 @@ def disagreement_counts(run, ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray
     skipped round has no shadow ``L``)."""
     wrong = dict.fromkeys(ids, 0)
     for r in run.rounds:
-        if r.get("task_id") in wrong and not r.get("verified", True) and r.get("K", 0) > 0:
-            if r.get("L") is None:
+        if r.task_id in wrong and r.verified is False and (r.K or 0) > 0:
+            if r.L is None:
                 return None
-            wrong[r["task_id"]] += max(0, r["K"] - r["L"])
+            wrong[r.task_id] += max(0, r.K - r.L)
     n = {s["task_id"]: s.get("generated_tokens") or 0 for s in run.samples if "task_id" in s}
     return (np.array([wrong[i] for i in ids], np.float64), np.array([n.get(i) or 0 for i in ids], np.float64))
 

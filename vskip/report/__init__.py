@@ -21,7 +21,9 @@ A group is one task at one ``gamma``. What cannot be produced (missing files or 
 runs, no Strict SDD reference) is said in ``report.md`` and on stderr; the rest is still written.
 """
 
-from .build import build_report  # noqa: F401
-from .compare import Metrics, Row, compare, compute_metrics  # noqa: F401
-from .figures import frontiers  # noqa: F401
-from .tables import kmin_families, pareto_front  # noqa: F401
+from .build import build_report
+from .compare import Metrics, Row, compare, compute_metrics
+from .figures import frontiers
+from .tables import kmin_families, pareto_front
+
+__all__ = ["build_report", "Metrics", "Row", "compare", "compute_metrics", "frontiers", "kmin_families", "pareto_front"]

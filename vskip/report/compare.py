@@ -7,9 +7,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..engine.metrics import prompt_disagreement, summarize
+from ..engine.metrics import agreement_sums, prompt_disagreement, summarize
 from ..engine.policy import break_even_length
-from ..stats import bootstrap_means, percentile_interval
+from ..stats import bootstrap_means, percentile_interval, resample_indices
 from ..study.rundir import SAMPLES, Run
 
 # --------------------------------------------------------------------------- metrics
@@ -48,7 +48,7 @@ def compute_metrics(run: Run, ids: set[str] | None = None) -> Metrics:
                        s.get("skipped_rounds"), s.get("c_D"), s.get("c_V"), s.get("A"), [SAMPLES])
     samples = [s for s in run.samples if ids is None or s.get("task_id") in ids]
     keep = {s.get("task_id") for s in samples}
-    rounds = [r for r in run.rounds if r.get("task_id") in keep]
+    rounds = [r for r in run.rounds if r.task_id in keep]
     s = summarize(samples, rounds)
     st, fp = s["strict_token"], s["full_prefix"]
     if run.policy in ("strict", "ar"):
@@ -213,9 +213,9 @@ def per_prompt(run: Run, ids: Sequence[str]) -> dict[str, np.ndarray] | None:
     calls, draft blocks, and the numerators and denominators of StrictToken (Eq. 1) and
     FullPrefix (Eq. 2). None when a sample lacks a count."""
     by = {s["task_id"]: s for s in run.samples if "task_id" in s}
-    rounds: dict[str, list[dict]] = {}
+    rounds: dict[str, list] = {}
     for r in run.rounds:
-        rounds.setdefault(r.get("task_id"), []).append(r)
+        rounds.setdefault(r.task_id, []).append(r)
     cols = {k: [] for k in ("N", "calls", "blocks", "st_num", "st_den", "fp_num", "fp_den")}
     for i in ids:
         s = by[i]
@@ -224,13 +224,7 @@ def per_prompt(run: Run, ids: Sequence[str]) -> dict[str, np.ndarray] | None:
         cols["N"].append(s["generated_tokens"])
         cols["calls"].append(s["verifier_calls"])
         cols["blocks"].append(s["draft_blocks"])
-        num = den = full = n = 0
-        for r in rounds.get(i, ()):
-            if not r.get("relaxed") or r.get("L") is None or "verified" not in r:
-                continue
-            K = r.get("accepted", 0) if r["verified"] else r.get("K", 0)
-            if K and K > 0:
-                num, den, full, n = num + min(K, r["L"]), den + K, full + (K <= r["L"]), n + 1
+        num, den, full, n = agreement_sums(rounds.get(i, ()))
         cols["st_num"].append(num)
         cols["st_den"].append(den)
         cols["fp_num"].append(full)
@@ -249,14 +243,12 @@ def intervals(run: Run, ref: Run, ids: Sequence[str], n_boot: int, seed: int) ->
     a, b = per_prompt(run, ids), per_prompt(ref, ids)
     if a is None or b is None:
         return None
-    rng = np.random.default_rng(seed)
     n = len(ids)
     out: dict = {"prompts": n, "resamples": n_boot}
     stats = {k: np.empty(n_boot) for k in ("rel_calls", "rel_blocks", "strict_token", "full_prefix")}
-    chunk = max(1, min(n_boot, (1 << 21) // n))
+    start = 0
     with np.errstate(invalid="ignore", divide="ignore"):
-        for start in range(0, n_boot, chunk):
-            idx = rng.integers(0, n, size=(min(n_boot, start + chunk) - start, n))
+        for idx in resample_indices(n, n_boot, seed, max_elements=1 << 21):
             sa = {k: v[idx].sum(axis=1) for k, v in a.items()}
             sb = {k: v[idx].sum(axis=1) for k, v in b.items()}
             sl = slice(start, start + idx.shape[0])
@@ -264,6 +256,7 @@ def intervals(run: Run, ref: Run, ids: Sequence[str], n_boot: int, seed: int) ->
             stats["rel_blocks"][sl] = (sa["blocks"] / sa["N"]) / (sb["blocks"] / sb["N"])
             stats["strict_token"][sl] = np.where(sa["st_den"] > 0, sa["st_num"] / sa["st_den"], 1.0)
             stats["full_prefix"][sl] = np.where(sa["fp_den"] > 0, sa["fp_num"] / sa["fp_den"], 1.0)
+            start += idx.shape[0]
     for k, v in stats.items():
         out[k] = percentile_interval(v)
     if run.policy in ("strict", "ar") or run is ref:  # exact by construction
@@ -297,7 +290,7 @@ def paired_ratio(a: np.ndarray, b: np.ndarray, n_boot: int,
         point = float((a[0].sum() / a[1].sum()) / (b[0].sum() / b[1].sum()))
         if n_boot <= 0:
             return point, None
-        idx = np.random.default_rng(seed).integers(0, a.shape[1], size=(n_boot, a.shape[1]))
+        idx = next(resample_indices(a.shape[1], n_boot, seed))
         v = (a[0][idx].sum(1) / a[1][idx].sum(1)) / (b[0][idx].sum(1) / b[1][idx].sum(1))
     return point, percentile_interval(v)
 

@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from ..engine.metrics import prompt_disagreement
-from ..stats import percentile_interval
+from ..stats import percentile_interval, resample_indices
 from .compare import Row, eq7_sums, per_prompt, unit_costs
 from .tables import Table, in_main_grid, pareto_front
 
@@ -90,8 +90,7 @@ def interpolated_table(name: str, rows: list[Row], k_min: int, policy: str = "pr
                 peers.append(b)
         if not peers:
             continue
-        rng = np.random.default_rng(seed)
-        idx_all = np.vstack([np.arange(len(ids))[None], rng.integers(0, len(ids), size=(n_boot, len(ids)))])
+        idx_all = np.vstack([np.arange(len(ids))[None], next(resample_indices(len(ids), n_boot, seed))])
         s = arrays[id(strict)]
         s_cpt = s["calls"][idx_all].sum(1) / s["N"][idx_all].sum(1)
         s_tps = s["N"][idx_all].sum(1) / s["T"][idx_all].sum(1)

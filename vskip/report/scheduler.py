@@ -43,9 +43,9 @@ def skip_stats(runs_ids) -> dict:
     for run, ids in runs_ids:
         keep = set(ids)
         for r in run.rounds:
-            if r.get("task_id") in keep and not r.get("verified", True) and r.get("K", 0) > 0:
-                ks.append(r["K"])
-                wrong += r.get("L") is not None and r["L"] < r["K"]
+            if r.task_id in keep and r.verified is False and (r.K or 0) > 0:
+                ks.append(r.K)
+                wrong += r.L is not None and r.L < r.K
     return {"skips": len(ks), "wrong_skip_share": wrong / len(ks) if ks else None,
             "mean_skip": float(np.mean(ks)) if ks else None}
 

@@ -35,7 +35,6 @@ import math
 import sys
 from pathlib import Path
 
-
 from ..defaults import MAX_NEW_TOKENS
 from ..files import FileError, naming, open_append, read_jsonl, write_atomic, write_jsonl
 from .variants import Variant
@@ -130,6 +129,7 @@ def claim(out: Path, record: dict) -> None:
 
 def _decode_row(pair, v: Variant, ids, tid, predictor=None) -> tuple[dict, list[int]]:
     from ..engine.decode import decode
+    from ..engine.metrics import agreement_sums
 
     drafter = getattr(pair, "extra_drafters", {}).get(v.drafter, pair.drafter) if v.drafter else pair.drafter
     if drafter is not None and v.steps != getattr(drafter, "steps", v.steps):
@@ -150,7 +150,8 @@ def _decode_row(pair, v: Variant, ids, tid, predictor=None) -> tuple[dict, list[
             pair.verifier.set_cache(before)
     row = {"seconds": r.decode_seconds, "calls": r.verifier_calls, "blocks": r.draft_blocks,
            "draft_seconds": r.draft_seconds, "verify_seconds": r.verify_seconds,
-           "skipped": r.skipped_rounds, "accepted": [x.accepted for x in r.rounds if x.verified and x.gamma]}
+           "skipped": r.skipped_rounds, "accepted": [x.accepted for x in r.rounds if x.verified and x.gamma],
+           "agreement": list(agreement_sums(r.rounds))}
     return row, r.tokens
 
 

@@ -1,7 +1,8 @@
 """The summary of a ``vskip compare`` directory (:mod:`vskip.study.compare` decodes it): its rows
 read back and checked, paired per prompt and repeat, tokens/s as ΣN/ΣT and its ratio to ``ar``
 and to Strict SDD with 95% bootstrap intervals over prompts, outputs equal to ``ar``, tokens per
-verifier call, c_D/c_V and the time outside model forwards; and its text table."""
+verifier call, StrictToken and FullPrefix (Eqs. 1-2) where a relaxed rule committed drafted tokens,
+c_D/c_V and the time outside model forwards; and its text table."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ from pathlib import Path
 
 import numpy as np
 
+from ..stats import resample_indices
 from .compare import read_rows
 
 
 def _ratio_interval(N, T, N0, T0, reps: int = 2000, seed: int = 0) -> tuple[float, float]:
     """95% percentile bootstrap interval of (ΣN/ΣT) / (ΣN0/ΣT0), resampling prompts."""
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(N), size=(reps, len(N)))
+    idx = next(resample_indices(len(N), reps, seed))
     r = (N[idx].sum(1) / T[idx].sum(1)) / (N0[idx].sum(1) / T0[idx].sum(1))
     return float(np.percentile(r, 2.5)), float(np.percentile(r, 97.5))
 
@@ -142,6 +143,10 @@ def _cost_figures(rs: list[dict], n: float, seconds: float) -> dict:
         return {}
     d = {"tokens_per_call": float(n / calls), "calls_per_token": float(calls / n),
          "c_V_ms": 1000 * verify / calls, "outside_forwards": float((seconds - draft - verify) / seconds)}
+    if all("agreement" in r for r in rs):  # Eqs. 1-2 over the rounds a relaxed rule committed (rows since they were kept)
+        num, den, full, n_a = np.sum([r["agreement"] for r in rs], axis=0) if rs else (0, 0, 0, 0)
+        d |= {"strict_token": float(num / den) if den else 1.0, "full_prefix": float(full / n_a) if n_a else 1.0,
+              "relaxed_rounds": int(n_a)}
     if blocks:
         acc = [x for r in rs for x in r["accepted"]]
         d |= {"mean_L": float(np.mean(acc)) if acc else None,
@@ -166,6 +171,7 @@ def format_summary(s: dict) -> str:
     # against Strict SDD as well, where the comparison has it (summaries written before had no pairs)
     vs = {a: p["strict"] for a, p in s.get("pairwise", {}).items() if "strict" in p}
     rel = any("rel_calls" in d for d in s["configs"].values())
+    agree = any(d.get("relaxed_rounds") for d in s["configs"].values())
     rows = []
     for name, d in s["configs"].items():
         lo, hi = d["ratio_ci95"]
@@ -176,10 +182,13 @@ def format_summary(s: dict) -> str:
         row += [f"{d['same_as_ar']}/{s['n_prompts']}", f(d.get("tokens_per_call"), ".2f")]
         if rel:
             row += [_with_ci(d, "rel_calls"), _with_ci(d, "rel_blocks")]
+        if agree:
+            row += [f(d.get("strict_token"), ".3f"), f(d.get("full_prefix"), ".3f")]
         rows.append(row + [f(d.get("c_D_over_c_V"), ".3f"), f(d.get("outside_forwards"), ".1%")])
     table = tabulate(rows, headers=["config", "tokens", "tok/s", "× ar", "95% CI (prompts)",
                                     *(["× strict", "95% CI"] if vs else []), "= ar", "tokens/call",
-                                    *(["rel. calls [95% CI]", "rel. blocks [95% CI]"] if rel else []), "c_D/c_V",
+                                    *(["rel. calls [95% CI]", "rel. blocks [95% CI]"] if rel else []),
+                                    *(["StrictToken", "FullPrefix"] if agree else []), "c_D/c_V",
                                     "outside forwards"], tablefmt="github")
     if "eq8" in s:
         e = s["eq8"]

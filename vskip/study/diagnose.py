@@ -30,13 +30,12 @@ from typing import Sequence
 
 import numpy as np
 
-from ..engine.metrics import auroc  # noqa: F401 - re-exported
+from ..engine.metrics import auroc
 from ..engine.policy import DEFAULT_GATES, feasible_prefix
-from ..engine.policy.signals import local_scores, prefix_scores
 from ..files import save_figure, write_atomic
 from ..files import write_csv as _write_csv
-from .proposition1 import Prop1Result, proposition1  # noqa: F401 - re-exported
-from .ranking import feasible_prefix_rows, ranking_diagnostics, reliability_md, top_md  # noqa: F401 - re-exported
+from .proposition1 import Prop1Result, proposition1
+from .ranking import feasible_prefix_rows, ranking_diagnostics, reliability_md, top_md
 from .traces import KINDS, TraceSet, survival_labels
 
 #: Conditional AUROC is reported only with this many positives and negatives at a position (A.2).

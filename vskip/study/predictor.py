@@ -32,8 +32,9 @@ from torch import nn
 
 from ..engine.features import FEATURE_NAMES
 from ..files import write_atomic
-from .rotations import MANIFEST, hidden_rows, owner_of, read_rotations, rotation_file, save_rotation, test_owners
-from .traces import FOLD_SEED, KINDS, N_FOLDS, Rotation, TraceSet, folds, rotations, survival_labels
+from .rotations import (MANIFEST, Rotation, hidden_rows, owner_of, read_rotations, rotation_file, rotations,
+                        save_rotation, test_owners)
+from .traces import FOLD_SEED, KINDS, N_FOLDS, TraceSet, folds, survival_labels
 
 FORMAT = "vskip-predictor/1"
 HIDDEN = 256
@@ -364,7 +365,7 @@ def load_fold_predictor(path: str | Path, kind: str, runtime=None) -> FoldPredic
         if meta.get("kind") != kind or int(meta["gamma"]) != gamma or int(meta["d_model"]) != d_model:
             raise ValueError(f"{f} does not match its manifest (kind, gamma or d_model)")
         rot = Rotation(int(meta["rotation"]), tuple(json.loads(meta["test_ids"])),
-                       tuple(json.loads(meta["val_ids"])), tuple(json.loads(meta["train_ids"])))
+                       train=tuple(json.loads(meta["train_ids"])), val=tuple(json.loads(meta["val_ids"])))
         mean, std = tensors.pop("norm.mean"), tensors.pop("norm.std")
         model = make_mlp(mean.shape[0])
         model.load_state_dict({k[len("mlp."):]: v for k, v in tensors.items()})

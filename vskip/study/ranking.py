@@ -18,6 +18,7 @@ import numpy as np
 
 from ..engine.policy.signals import local_scores, prefix_scores
 from ..files import write_csv as _write_csv
+from ..stats import resample_indices
 
 
 def feasible_prefix_rows(signal: str, Q: np.ndarray, eta_b: float, eta_c: float) -> np.ndarray:
@@ -93,8 +94,7 @@ def top_precision(scores: dict, L: np.ndarray, prompt: np.ndarray, k: int = 3, g
     L = np.asarray(L)
     P = int(prompt.max()) + 1 if len(prompt) else 0
     ok = L >= k
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, P, size=(n_boot, P)) if P else None
+    idx = next(resample_indices(P, n_boot, seed)) if P else None
 
     def per_prompt(sel):
         return (np.bincount(prompt[sel], minlength=P).astype(np.float64),

@@ -1,6 +1,11 @@
-"""The rotation files every learned predictor shares: one safetensors checkpoint per rotation
-(weights, input normalisation and fold membership as metadata) and a ``manifest.json`` written
-last; which rotation tests a prompt; and the drafter's hidden states as the predictors read them.
+"""Rotations of the fold protocol (A.7) and the files every learned predictor keeps them in.
+
+:class:`Rotation` is the one notion of a fold's use: the prompts a rotation tests, fits on,
+chooses its epoch with and (the prefix model) calibrates on; :func:`rotations` makes the signal
+predictors' (the paper's), :func:`prefix_rotations` the prefix model's. Stored as one safetensors
+checkpoint per rotation (weights, input normalisation and fold membership as metadata) and a
+``manifest.json`` written last; which rotation tests a prompt; and the drafter's hidden states as
+the predictors read them.
 
 Both the paper's per-position MLPs (:mod:`vskip.study.predictor`) and the prefix survival model
 (:mod:`vskip.study.prefix.model`) are stored and looked up through here.
@@ -9,6 +14,7 @@ Both the paper's per-position MLPs (:mod:`vskip.study.predictor`) and the prefix
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -18,6 +24,54 @@ import torch
 from ..files import write_atomic
 
 MANIFEST = "manifest.json"
+#: share of a prefix rotation's training prompts held back to choose the epoch
+STOP_SHARE = 0.15
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """Rotation ``index`` of the k folds, as disjoint sets of prompt ids: ``test`` (the fold it
+    scores), ``train`` (fits the weights), ``val`` (chooses the epoch) and ``cal`` (calibrates the
+    prefix model's thresholds; none for the signal predictors). The signal predictors validate on a
+    fold of their own; the prefix model holds ``val`` back from its training folds."""
+
+    index: int
+    test: tuple[str, ...]
+    train: tuple[str, ...]
+    val: tuple[str, ...]
+    cal: tuple[str, ...] = ()
+
+
+def rotations(fold_list: Sequence[Sequence[str]]) -> list[Rotation]:
+    """The signal predictors' (A.7): rotation ``r`` tests fold ``r``, validates on ``(r + 1) mod k``
+    and trains on the others."""
+    k = len(fold_list)
+    out = []
+    for r in range(k):
+        v = (r + 1) % k
+        train = tuple(p for f in range(k) if f not in (r, v) for p in fold_list[f])
+        out.append(Rotation(r, tuple(fold_list[r]), train, tuple(fold_list[v])))
+    return out
+
+
+def prefix_rotations(fold_list: Sequence[Sequence[str]], calibration_folds: int = 1,
+                     seed: int = 0) -> list[Rotation]:
+    """The prefix model's: rotation ``r`` tests fold ``r``, calibrates on folds ``r+1 ..
+    r+calibration_folds`` (mod k) and trains on the rest, of which :data:`STOP_SHARE` (seeded) is
+    held back as ``val`` to choose the epoch."""
+    k = len(fold_list)
+    if not 1 <= calibration_folds <= k - 2:
+        raise ValueError(f"--calibration-folds must lie in 1..{k - 2} with {k} folds, got {calibration_folds}")
+    out = []
+    for r in range(k):
+        cal_f = {(r + i) % k for i in range(1, calibration_folds + 1)}
+        cal = tuple(p for f in sorted(cal_f) for p in fold_list[f])
+        rest = [p for f in range(k) if f != r and f not in cal_f for p in fold_list[f]]
+        n_stop = max(1, int(round(STOP_SHARE * len(rest)))) if len(rest) > 1 else 0
+        pick = set(np.random.RandomState(seed + r).permutation(len(rest))[:n_stop].tolist())
+        out.append(Rotation(r, tuple(fold_list[r]), train=tuple(p for i, p in enumerate(rest) if i not in pick),
+                            val=tuple(p for i, p in enumerate(rest) if i in pick), cal=cal))
+    return out
 
 
 def rotation_file(r: int) -> str:

@@ -5,19 +5,24 @@ A run directory holds ``config.json`` (the resolved configuration), ``samples.js
 per finished prompt), ``rounds.jsonl`` (one line per round), ``summary.json`` (written last) and,
 for ``--trace`` runs, ``traces/``. A sweep directory holds ``sweep.json`` and one run directory per
 configuration. :func:`resume_state` is what makes a resumed run equal to an unbroken one.
+
+Rounds are written once: :func:`append_prompt` appends a prompt's :class:`RoundRow` lines, then its
+sample line, which vouches for them; a resume truncates both files to the last whole prompt and
+appends from there; :func:`read_rounds` is the one reader of the rows.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Sequence
 
 from ..engine.policy import policy_params
-from ..files import FileError, naming, open_append, read_json, read_jsonl, write_jsonl
+from ..files import FileError, naming, open_append, read_json, read_jsonl
 
 CONFIG = "config.json"
 SAMPLES = "samples.jsonl"
@@ -43,31 +48,100 @@ def row_key(row: dict) -> tuple[str, int]:
     return row["task_id"], int(row.get("sample", 0))
 
 
-def resume_state(out: Path) -> tuple[dict[tuple[str, int], dict], list[dict]]:
-    """The finished completions of a run directory ((task id, sample) -> sample row) and their rounds, made
-    consistent: a prompt counts as finished only when its sample line is whole and its rounds add
-    up (a sample records how many rounds it wrote); anything else is dropped and redone. Both
-    files, where they exist, are rewritten to what is kept; a new run directory stays empty (so
-    that a run that fails before its ``config.json`` leaves nothing that blocks the next try)."""
+@dataclass(frozen=True)
+class RoundRow:
+    """One line of ``rounds.jsonl``: the loop's :class:`vskip.engine.decode.RoundRecord` and the
+    completion it belongs to (``sample``: None in a run of one completion per prompt). A field
+    that a file written by an older version lacks reads as None."""
+
+    task_id: str
+    sample: int | None = None
+    round: int | None = None
+    verified: bool | None = None
+    K: int | None = None
+    K_hat: int | None = None
+    L: int | None = None
+    accepted: int | None = None
+    committed: int | None = None
+    relaxed: bool | None = None
+    reason: str | None = None
+    gamma: int | None = None
+
+    @classmethod
+    def of(cls, record, task_id: str, sample: int | None = None) -> "RoundRow":
+        """The row of a loop's round record."""
+        return cls(task_id=task_id, sample=sample, **asdict(record))
+
+    @classmethod
+    def from_json(cls, d: dict) -> "RoundRow":
+        return cls(**{f.name: d.get(f.name) for f in fields(cls)})
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        if self.sample is None:
+            del d["sample"]
+        return d
+
+
+def read_rounds(path: Path, notes: list[str] | None = None) -> list[RoundRow]:
+    """The rows of a ``rounds.jsonl`` (``.gz`` too). With ``notes``, tolerant as reports are: a
+    damaged file is read up to its first bad line and the damage noted; without, it raises."""
+    if notes is None:
+        return [RoundRow.from_json(r) for r in read_rows(path)]
+    return [RoundRow.from_json(r) for r in _read_jsonl(path, notes) if isinstance(r.get("task_id"), str)]
+
+
+def _whole_lines(path: Path) -> list[tuple[dict, int]]:
+    """Each newline-ended row of a run file and the byte offset just after it. The file is read by
+    :func:`read_rows` first, which refuses a line vskip did not write; a last line without its
+    newline was cut by a kill and is left out."""
+    rows = read_rows(path)
+    raw, ends, start = path.read_bytes() if path.exists() else b"", [], 0
+    while (end := raw.find(b"\n", start)) >= 0:
+        if raw[start:end].strip():
+            ends.append(end + 1)
+        start = end + 1
+    return list(zip(rows, ends))
+
+
+def resume_state(out: Path) -> tuple[dict[tuple[str, int], dict], list[RoundRow]]:
+    """The finished completions of a run directory ((task id, sample) -> sample row) and their
+    rounds. Prompts are whole in the order they were written: the sample line after its rounds,
+    recording how many it wrote. Both files are truncated after the last whole prompt (a line cut by
+    a kill, rounds without their sample, a count that does not add up end the whole ones); what
+    follows is redone and appended. A line vskip did not write raises :class:`FileError`. A new run
+    directory stays empty (so that a run that fails before its ``config.json`` leaves nothing that
+    blocks the next try)."""
     if not (out / SAMPLES).exists() and not (out / ROUNDS).exists():
         return {}, []
-    samples = read_rows(out / SAMPLES)
-    rounds = read_rows(out / ROUNDS)
-    count: dict[tuple[str, int], int] = {}
-    for r in rounds:
-        count[row_key(r)] = count.get(row_key(r), 0) + 1
-    done = {}
-    for s in samples:
-        want = s.get("rounds")
-        if want is None or count.get(row_key(s), 0) == want:
-            done[row_key(s)] = s
-        else:
-            print(f"[vskip] {out}: {s['task_id']} has {count.get(row_key(s), 0)} of its {want} rounds; "
-                  "it is redone", file=sys.stderr)
-    kept = [r for r in rounds if row_key(r) in done]
-    write_jsonl(out / ROUNDS, kept)
-    write_jsonl(out / SAMPLES, done.values())
+    samples, rounds = _whole_lines(out / SAMPLES), _whole_lines(out / ROUNDS)
+    done: dict[tuple[str, int], dict] = {}
+    kept: list[RoundRow] = []
+    s_end = r_end = j = 0
+    for row, end in samples:
+        key, want, mine = row_key(row), row.get("rounds"), []
+        while (j < len(rounds) and row_key(rounds[j][0]) == key
+               and (want is None or len(mine) < want)):
+            mine.append(rounds[j])
+            j += 1
+        if want is not None and len(mine) != want:
+            print(f"[vskip] {out}: {row['task_id']} has {len(mine)} of its {want} rounds; it is redone",
+                  file=sys.stderr)
+            break
+        done[key] = row
+        kept += [RoundRow.from_json(r) for r, _ in mine]
+        s_end, r_end = end, (mine[-1][1] if mine else r_end)
+    for name, size in ((SAMPLES, s_end), (ROUNDS, r_end)):
+        if (out / name).exists() and (out / name).stat().st_size != size:
+            os.truncate(out / name, size)
     return done, kept
+
+
+def append_prompt(out: Path, rounds: Sequence[RoundRow], sample: dict) -> None:
+    """Append one finished completion: its rounds, then its sample (which vouches for them: a kill
+    in between leaves rounds without a sample, which the resume drops)."""
+    append_lines(out / ROUNDS, "".join(json.dumps(r.to_json()) + "\n" for r in rounds))
+    append_lines(out / SAMPLES, json.dumps(sample) + "\n")
 
 
 def append_lines(path: Path, text: str) -> None:
@@ -91,7 +165,7 @@ class Run:
     config: dict | None = None
     summary: dict | None = None
     samples: list[dict] = field(default_factory=list)
-    rounds: list[dict] = field(default_factory=list)
+    rounds: list[RoundRow] = field(default_factory=list)
     sweep: dict | None = None
     notes: list[str] = field(default_factory=list)
     #: aggregates over all of the run's prompts, kept by :func:`vskip.report.compare.metrics_of`
@@ -205,7 +279,7 @@ def load_run(path: Path) -> Run:
     run.config = _read_json(path / CONFIG, n)
     run.summary = _read_json(path / SUMMARY, n)
     run.samples = _read_jsonl(path / SAMPLES, n)
-    run.rounds = _read_jsonl(path / ROUNDS, n)
+    run.rounds = read_rounds(path / ROUNDS, n)
     _completions_as_prompts(run)
     sweep_file = path.parent / SWEEP
     run.sweep = _read_json(sweep_file, n) if sweep_file.exists() else None
@@ -234,6 +308,7 @@ def _completions_as_prompts(run: Run) -> None:
     """A run of several completions per prompt (``--samples-per-prompt``): each completion is
     compared, paired and bootstrapped as a prompt of its own, ``TASK#SAMPLE`` (sample 0 keeps the
     task's id, so it pairs with a single-completion run), and its pass@1 is the mean over them."""
-    for row in run.samples + run.rounds:
+    for row in run.samples:
         if isinstance(row, dict) and row.get("sample") and "task_id" in row:
             row["task_id"] = f"{row['task_id']}#{int(row['sample'])}"
+    run.rounds = [replace(r, task_id=f"{r.task_id}#{int(r.sample)}") if r.sample else r for r in run.rounds]

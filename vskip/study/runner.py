@@ -16,11 +16,11 @@ from pathlib import Path
 
 from ..engine.decode import DecodeConfig, decode, warmup
 from ..engine.metrics import result_row, summarize
-from ..engine.models.config import ModelConfig, model_defaults, with_defaults  # noqa: F401 - ModelConfig: re-exported
+from ..engine.models.config import ModelConfig, model_defaults, with_defaults
 from ..engine.policy import PolicyConfig, Sampling
 from ..engine.runtime import machine, machine_id
 from ..files import DirLock, FileError, check_writable_dir, read_json, write_json, write_jsonl
-from .rundir import CONFIG, ROUNDS, SAMPLES, SUMMARY, append_lines, read_rows, resume_state, row_key  # noqa: F401
+from .rundir import CONFIG, ROUNDS, SAMPLES, SUMMARY, RoundRow, append_prompt, read_rounds, resume_state
 
 
 @dataclass(frozen=True)
@@ -119,11 +119,8 @@ def _run_locked(cfg: RunConfig, out: Path, problems, progress: bool, pair, comma
     scoring_note = None
     if cfg.score:
         scoring_note = score_samples(cfg.task, problems, samples, progress)
-    # both files in prompt (and sample) order, whatever order a resume finished them in
-    order = {p.task_id: i for i, p in enumerate(problems)}
-    rounds = sorted(read_rows(out / ROUNDS), key=lambda r: (order[r["task_id"]], row_key(r)[1]))
-    write_jsonl(out / ROUNDS, rounds)
-    write_jsonl(out / SAMPLES, samples)
+    rounds = read_rounds(out / ROUNDS)  # written once, in prompt (and sample) order
+    write_jsonl(out / SAMPLES, samples)  # now with each completion's test result
     dcfg = cfg.decode
     summary = {"task": cfg.task, "policy": cfg.policy.name, **cfg.policy.summary(),
                "gamma": dcfg.gamma, "gamma_max": dcfg.gamma_max, "steps": m.steps, "verifier_cache": m.verifier_cache,
@@ -133,25 +130,43 @@ def _run_locked(cfg: RunConfig, out: Path, problems, progress: bool, pair, comma
     return summary
 
 
+def model_runtime(m: ModelConfig):
+    """The runtime a model configuration asks for (devices, dtypes, threads, memory)."""
+    from ..engine.runtime import resolve_runtime
+
+    return resolve_runtime(m.device, m.dtype, m.threads, m.drafter_dtype, m.drafter_device, m.verifier_device,
+                           m.max_memory)
+
+
+def prompt_budget(m: ModelConfig, problems, max_new_tokens: int) -> int:
+    """The longest prompt of ``problems`` in the verifier's tokens, from its tokenizer alone: a
+    prompt that cannot fit ``max_new_tokens`` more refuses here, before any model loads."""
+    from ..bench import tasks
+    from ..engine.models.load import check_prompt_fits
+
+    return check_prompt_fits(m.verifier, [(p.task_id, tasks.user_prompt(p)) for p in problems], max_new_tokens)
+
+
+def open_models(m: ModelConfig, longest_prompt: int, max_new_tokens: int, gamma: int, need_drafter: bool):
+    """The model pair, placed for prompts of up to ``longest_prompt`` tokens, ``max_new_tokens``
+    more and blocks of up to ``gamma``: the one way ``run``, ``sweep`` and ``compare`` load models."""
+    from ..engine.models.load import open_pair
+
+    return open_pair(m, need_drafter=need_drafter, budget=(longest_prompt, max_new_tokens, gamma))
+
+
 def _models(cfg: RunConfig, problems, pair):
     """(pair, runtime, predictor) of a run: the tokenizer alone first, so that a prompt that cannot
     fit refuses before the models load; a pair already loaded (sweeps) is used as it is."""
-    from ..bench import tasks
-    from ..engine.runtime import resolve_runtime
-
     m = cfg.models
     if pair is None:
-        from ..engine.models.load import check_prompt_fits, open_pair
-
-        n = check_prompt_fits(m.verifier, [(p.task_id, tasks.user_prompt(p)) for p in problems], cfg.decode.max_new_tokens)
-        pair = open_pair(m, need_drafter=cfg.policy.uses_drafter,
-                         budget=(n, cfg.decode.max_new_tokens, cfg.decode.gamma_max or cfg.decode.gamma))
-    runtime = getattr(pair, "runtime", None) or resolve_runtime(
-        m.device, m.dtype, m.threads, m.drafter_dtype, m.drafter_device, m.verifier_device, m.max_memory)
+        d = cfg.decode
+        n = prompt_budget(m, problems, d.max_new_tokens)
+        pair = open_models(m, n, d.max_new_tokens, d.gamma_max or d.gamma, cfg.policy.uses_drafter)
+    runtime = getattr(pair, "runtime", None) or model_runtime(m)
     predictor = None
     if cfg.policy.learned:
         from .predictor import load_predictor, note_thresholds  # noqa: PLC0415 - optional component
-
         from .prefix.calibrate import check_online_settings  # noqa: PLC0415 - optional component
 
         predictor = load_predictor(cfg.predictor, cfg.policy.predictor_kind, runtime)
@@ -162,12 +177,10 @@ def _models(cfg: RunConfig, problems, pair):
 
 def _decode_prompts(cfg: RunConfig, out: Path, problems, pair, predictor, done: dict, progress: bool,
                     host: str | None = None) -> None:
-    """Decode every prompt not yet ``done``, appending its rounds, then its sample (which vouches
-    for them: a kill in between leaves rounds without a sample, which the resume drops). A sample
-    names the ``machine`` its clocks were read on, since a resumed run may finish elsewhere."""
+    """Decode every prompt not yet ``done``, appending each as it finishes
+    (:func:`vskip.study.rundir.append_prompt`). A sample names the ``machine`` its clocks were read on, since a resumed run may finish elsewhere."""
     from tqdm import tqdm
 
-    from ..bench import tasks
     from ..bench.tasks import encode_problem
 
     prompts = {p.task_id: encode_problem(pair.tokenizer, p) for p in problems}
@@ -182,7 +195,7 @@ def _decode_prompts(cfg: RunConfig, out: Path, problems, pair, predictor, done: 
         res = decode(prompts[p.task_id], pair.drafter, pair.verifier, cfg.policy, cfg.decode, predictor,
                      task_id=p.task_id, sample=i)
         which = {"task_id": p.task_id, **({"sample": i} if n > 1 else {})}
-        rounds = [{**which, **asdict(r)} for r in res.rounds]
+        rounds = [RoundRow.of(r, p.task_id, i if n > 1 else None) for r in res.rounds]
         sample = {
             **which, "completion": pair.tokenizer.decode(res.tokens, skip_special_tokens=True),
             "passed": None, **result_row(res), "stop": res.stop, "prompt_tokens": len(prompts[p.task_id]),
@@ -192,8 +205,7 @@ def _decode_prompts(cfg: RunConfig, out: Path, problems, pair, predictor, done: 
             from .traces import append_traces  # noqa: PLC0415 - only for --trace runs
 
             append_traces(out, p.task_id, res.traces)
-        append_lines(out / ROUNDS, "".join(json.dumps(r) + "\n" for r in rounds))
-        append_lines(out / SAMPLES, json.dumps(sample) + "\n")
+        append_prompt(out, rounds, sample)
         done[(p.task_id, i)] = sample
         tok_total += res.generated_tokens
         sec_total += res.decode_seconds

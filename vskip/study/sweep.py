@@ -31,15 +31,15 @@ from typing import Callable, Sequence
 from ..defaults import K_MIN, S_MAX
 from ..engine.decode import DecodeConfig
 from ..engine.metrics import summarize
-from ..engine.policy import LEARNED  # noqa: F401 - methods that need --predictor
+from ..engine.models.config import ModelConfig
 from ..files import DirLock, FileError
 from ..files import read_jsonl as _read_jsonl
 from ..files import write_json
 from ..files import write_jsonl as _write_jsonl
-from .grids import GRIDS, GridPoint, config_name, grid  # noqa: F401 - the grids, re-exported
-from .rundir import CONFIG, ROUNDS, SAMPLES, SUMMARY, SWEEP
-from .runner import ModelConfig, RunConfig
-from .sweep_workers import Unit, _import_ray, _PairCache, _run_pool, _run_ray, _run_unit, load_models  # noqa: F401
+from .grids import GRIDS, GridPoint, grid
+from .rundir import CONFIG, ROUNDS, SAMPLES, SUMMARY, SWEEP, read_rounds
+from .runner import RunConfig
+from .sweep_workers import Unit, _import_ray, _PairCache, _run_pool, _run_ray, _run_unit, load_models
 
 SHARDS = "_shards"
 
@@ -211,8 +211,8 @@ def merge_shards(run_dir: Path, cfg: RunConfig, shard_dirs: Sequence[Path], sele
     for d in shard_dirs:
         for s in _read_jsonl(Path(d) / SAMPLES):
             samples[s["task_id"]] = s
-        for r in _read_jsonl(Path(d) / ROUNDS):
-            rounds.setdefault(r["task_id"], []).append(r)
+        for r in read_rounds(Path(d) / ROUNDS):
+            rounds.setdefault(r.task_id, []).append(r)
     missing = [i for i in selection if i not in samples]
     if missing:
         raise ValueError(f"cannot merge {run_dir}: {len(missing)} prompts have no sample (first {missing[0]})")
@@ -227,7 +227,7 @@ def merge_shards(run_dir: Path, cfg: RunConfig, shard_dirs: Sequence[Path], sele
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / SUMMARY).unlink(missing_ok=True)
     write_json(run_dir / CONFIG, head)
-    _write_jsonl(run_dir / ROUNDS, all_rounds)
+    _write_jsonl(run_dir / ROUNDS, (r.to_json() for r in all_rounds))
     _write_jsonl(run_dir / SAMPLES, ordered)
     write_json(run_dir / SUMMARY, summary)
     return summary

@@ -340,16 +340,6 @@ def _assemble(per_prompt: dict[str, dict], gamma: int, hidden: bool, runs: tuple
 # ----------------------------------------------------------------------------- folds (A.7)
 
 
-@dataclass(frozen=True)
-class Rotation:
-    """Rotation ``r``: tests fold ``r``, validates on fold ``(r + 1) mod k``, trains on the rest."""
-
-    index: int
-    test: tuple[str, ...]
-    val: tuple[str, ...]
-    train: tuple[str, ...]
-
-
 def folds(prompt_ids: Iterable[str], seed: int = FOLD_SEED, k: int = N_FOLDS) -> list[tuple[str, ...]]:
     """The ``k`` folds of A.7: the prompt ids, sorted in natural benchmark order
     (:func:`natural_key`), are shuffled by ``numpy.random.RandomState(seed).permutation`` and the
@@ -363,17 +353,6 @@ def folds(prompt_ids: Iterable[str], seed: int = FOLD_SEED, k: int = N_FOLDS) ->
     order = np.random.RandomState(seed).permutation(len(ids))
     shuffled = [ids[i] for i in order]
     return [tuple(part) for part in np.array_split(np.asarray(shuffled, dtype=object), k)]
-
-
-def rotations(fold_list: Sequence[Sequence[str]]) -> list[Rotation]:
-    """Rotation ``r`` tests fold ``r``, validates on ``(r + 1) mod k`` and trains on the others."""
-    k = len(fold_list)
-    out = []
-    for r in range(k):
-        v = (r + 1) % k
-        train = tuple(p for f in range(k) if f not in (r, v) for p in fold_list[f])
-        out.append(Rotation(r, tuple(fold_list[r]), tuple(fold_list[v]), train))
-    return out
 
 
 # ----------------------------------------------------------------------------- labels (§4.2)

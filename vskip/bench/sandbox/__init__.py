@@ -36,14 +36,9 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
-import shutil  # noqa: F401 - tests patch shutil.which through this name
-
-from .choice import (_SETUPS, KINDS, SandboxUnavailable, _get_setup, check_isolation, run_program,  # noqa: F401
-                     sandbox_info, sandbox_kind)
-from .kinds import _Setup  # noqa: F401
-from .procs import _count_uid_tasks  # noqa: F401
-from .run import SandboxResult  # noqa: F401
-from .scripts import PROGRAM_NAME, RUNNER_ERROR_CODE, RUNNER_ERROR_MARK, SANDBOX_DIR  # noqa: F401
+from .choice import KINDS, SandboxUnavailable, check_isolation, run_program, sandbox_info, sandbox_kind
+from .run import SandboxResult
+from .scripts import PROGRAM_NAME
 
 __all__ = ["SandboxResult", "run_program", "sandbox_kind", "sandbox_info", "check_isolation", "SandboxUnavailable",
            "PROGRAM_NAME", "KINDS"]

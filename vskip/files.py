@@ -6,7 +6,7 @@ One module for what every result directory needs:
   temporary file, flush it to disk, rename it over the target. A reader sees the old file or the
   new one, never a mix; a kill leaves at most a ``.tmp`` file behind.
 - :func:`read_json` and :func:`read_jsonl`: errors name the file; a JSONL file whose last line was
-  cut by a kill drops that line (it is rewritten on resume) and says so.
+  cut by a kill drops that line (a resume truncates it away and redoes it) and says so.
 - :class:`DirLock`: an exclusive ``flock`` on a file in a directory, so a second writer refuses at
   once instead of interleaving its results with the first one's.
 - Nothing is written through a link: a replaced file's link is replaced (:func:`write_atomic`),

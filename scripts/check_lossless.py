@@ -1,6 +1,7 @@
 """The full lossless check: on N HumanEval prompts with the embedded pair, Strict SDD must produce
-token for token the verifier's own greedy output (``--policy ar``), with the verifier cache on and
-off. Prints the first divergence of any mismatch; exits 1 if there is one. Usage::
+token for token the verifier's own greedy output (``ar``), with the verifier cache on and off.
+A thin caller of ``vskip compare --configs ar,strict,strict+cache=off``: it prints the comparison
+and the first divergence of any mismatch, and exits 1 if there is one. Usage::
 
     python scripts/check_lossless.py --limit 20 --max-new-tokens 128
 """
@@ -9,15 +10,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
+from pathlib import Path
 
-from tqdm import tqdm
-
-from vskip.bench import tasks
-from vskip.bench.tasks import encode_problem
-from vskip.engine.decode import DecodeConfig, decode
-from vskip.engine.models.config import ModelConfig
-from vskip.engine.models.load import open_pair
-from vskip.engine.policy import PolicyConfig
+from vskip.cli import main as vskip
+from vskip.study.compare_summary import rows_of, summarize_comparison
 
 
 def main(argv=None) -> int:
@@ -28,29 +25,28 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--drafter")
+    ap.add_argument("--out", help="keep the comparison's rows here (default: a temporary directory)")
     a = ap.parse_args(argv)
 
-    pair = open_pair(ModelConfig(drafter=a.drafter, device="cpu", dtype=a.dtype, threads=a.threads))
-    cfg = DecodeConfig(gamma=a.gamma, max_new_tokens=a.max_new_tokens, shadow=False)
-    bad = checked = tokens = accepted = rounds = 0
-    for p in tqdm(tasks.load_task("humaneval", limit=a.limit), unit="prompt"):
-        ids = encode_problem(pair.tokenizer, p)
-        pair.verifier.set_cache(True)
-        ref = decode(ids, None, pair.verifier, PolicyConfig(name="ar"), cfg).tokens
-        for cache in (True, False):
-            pair.verifier.set_cache(cache)
-            res = decode(ids, pair.drafter, pair.verifier, PolicyConfig(name="strict"), cfg)
-            checked += 1
-            tokens += len(res.tokens)
-            accepted += sum(r.L for r in res.rounds)
-            rounds += len(res.rounds)
-            if res.tokens != ref:
-                bad += 1
-                i = next((k for k, (x, y) in enumerate(zip(res.tokens, ref)) if x != y), min(len(res.tokens), len(ref)))
-                print(f"MISMATCH {p.task_id} cache={cache}: first divergence at token {i} "
-                      f"(strict {res.tokens[i:i + 3]} vs ar {ref[i:i + 3]})")
-    print(f"{checked - bad}/{checked} strict decodes equal ar ({tokens} tokens, mean accepted length "
-          f"{accepted / max(rounds, 1):.2f}, drafter={pair.identity.get('drafter')})")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = a.out or tmp
+        cmd = ["compare", "--task", "humaneval", "--limit", str(a.limit), "--configs", "ar,strict,strict+cache=off",
+               "--max-new-tokens", str(a.max_new_tokens), "--gamma", str(a.gamma), "--dtype", a.dtype, "--out", out]
+        cmd += ["--threads", str(a.threads)] if a.threads else []
+        cmd += ["--drafter", a.drafter] if a.drafter else []
+        rc = vskip(cmd)
+        if rc:
+            return rc
+        s = summarize_comparison(rows_of(Path(out)))
+    bad = 0
+    for name, d in s["configs"].items():
+        if d["same_as_ar"] != s["n_prompts"]:
+            bad += 1
+            div = d["first_divergence"]
+            print(f"MISMATCH {name}: {s['n_prompts'] - d['same_as_ar']} of {s['n_prompts']} outputs differ from ar's "
+                  f"(first divergence at token {div['min']} at the earliest)")
+    print(f"{'every' if not bad else 'not every'} Strict SDD output equals ar's on {s['n_prompts']} prompts, "
+          "verifier cache on and off")
     return 1 if bad else 0
 
 

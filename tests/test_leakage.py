@@ -78,3 +78,19 @@ def test_the_committed_list_matches_the_rules():
     ids = {f["prompt_id"] for f in data["flagged"]}
     assert "codeio/02717" in ids and data["flagged_count"] == len(ids)
     assert np.isclose(sum(data["by_rule"].values()), len(ids))
+
+
+def test_the_command_writes_the_list_of_a_data_directory(tmp_path, capsys):
+    """``vskip flag-leakage`` flags the data directory's own prompts and writes leakage.json there;
+    a directory that does not exist is refused in one line."""
+    from vskip.cli import main
+    from vskip.distill.prompts import write_prompts
+    from vskip.distill.shards import PROMPTS_FILE
+
+    write_prompts([*PLANTED.values(), *CONTROLS], tmp_path / PROMPTS_FILE)
+    assert main(["flag-leakage", "--data", str(tmp_path)]) == 0
+    rec = json.loads((tmp_path / leakage.LEAKAGE_FILE).read_text())
+    assert {f["prompt_id"] for f in rec["flagged"]} == set(PLANTED) and rec["prompts"] == len(PLANTED) + len(CONTROLS)
+    assert rec["command"].startswith("vskip flag-leakage --data")
+    assert main(["flag-leakage", "--data", str(tmp_path / "nope")]) == 2
+    assert "is not a directory" in capsys.readouterr().err

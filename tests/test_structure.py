@@ -181,3 +181,20 @@ def test_every_package_says_what_it_owns():
                if path.name == "__init__.py" and not (ast.get_docstring(tree) or "").strip()]
     assert not missing, missing
 
+
+
+def _main_blocks(tree: ast.Module) -> int:
+    """``if __name__ == "__main__":`` blocks at a module's top level."""
+    def is_main(test) -> bool:
+        return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "__name__"
+                and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in test.comparators))
+
+    return sum(isinstance(node, ast.If) and is_main(node.test) for node in tree.body)
+
+
+def test_only_the_entry_points_run_as_scripts():
+    """One way in: the command line (``vskip``, ``python -m vskip``). A library module with a
+    ``__main__`` block of its own is a second entry point that the layout does not show."""
+    blocks = {name: _main_blocks(tree) for name, (_, tree) in _modules().items()}
+    assert {name for name, n in blocks.items() if n} == {"vskip.cli"}, blocks
+    assert _main_blocks(ast.parse('import sys\nif __name__ == "__main__":\n    sys.exit(0)\n')) == 1

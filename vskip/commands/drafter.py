@@ -1,5 +1,6 @@
 """The drafter's commands: ``vskip generate-data`` (the verifier's answers to the training prompts),
-``vskip train-drafter`` and ``vskip fit-copy-prior``."""
+``vskip flag-leakage`` (training prompts too close to a benchmark's), ``vskip train-drafter`` and
+``vskip fit-copy-prior``."""
 
 from __future__ import annotations
 
@@ -12,6 +13,12 @@ from .flags import bounded
 
 def register(subparsers) -> None:
     _generate_data(subparsers)
+    f = subparsers.add_parser("flag-leakage", help="flag training prompts too close to a benchmark prompt",
+                              description="Apply the leakage rules (vskip/distill/leakage.py) to the training "
+                              "prompts of a distillation data directory and write its leakage.json, which training "
+                              "and the copy prior's fit read.")
+    f.add_argument("--data", required=True, help="distillation data directory (its prompts.jsonl, rebuilt if missing)")
+    f.set_defaults(fn=cmd_flag_leakage)
     p = subparsers.add_parser(
         "train-drafter",
         help="generate self-distillation data and train the diffusion drafter (resumable)",
@@ -189,6 +196,24 @@ def _cmd_train(a) -> int:
                               slots=a.slots, threads=a.threads or 2, limit=a.limit)
     path = train(Path(a.data), Path(a.out), vdir, cfg)
     print(json.dumps({"drafter": str(path), **json.loads((path / "drafter.json").read_text())["meta"]["holdout"]}))
+    return 0
+
+
+def cmd_flag_leakage(a) -> int:
+    import sys
+
+    from ..distill.leakage import LEAKAGE_FILE, find_leaks, write_leakage
+    from ..distill.prompts import build_prompts, read_prompts
+    from ..distill.shards import PROMPTS_FILE
+
+    data = Path(a.data)
+    if not data.is_dir():
+        raise NotADirectoryError(f"--data {a.data} is not a directory")
+    path = data / PROMPTS_FILE
+    prompts = read_prompts(path) if path.exists() else build_prompts()
+    rec = write_leakage(data, prompts, find_leaks(prompts))
+    print(f"{rec['flagged_count']} of {rec['prompts']} prompts flagged: {rec['by_rule']} {rec['by_source']} "
+          f"-> {data / LEAKAGE_FILE}", file=sys.stderr)
     return 0
 
 

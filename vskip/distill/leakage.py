@@ -30,14 +30,12 @@ deliberately loose: a flagged prompt costs one training answer out of thousands.
 are listed in ``leakage.json`` beside the data. Training and the copy prior's fit skip them, and
 the generator still answers them, so that the shards keep their order. Make the list with::
 
-    python -m vskip.distill.leakage --data datasets/distill
+    vskip flag-leakage --data datasets/distill
 """
 
 from __future__ import annotations
 
-import argparse
 import re
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -175,7 +173,7 @@ def write_leakage(data_dir: Path, prompts, flags: list[Flag]) -> dict:
     from ..files import write_json
 
     record = {
-        "command": f"python -m vskip.distill.leakage --data {data_dir}",
+        "command": f"vskip flag-leakage --data {data_dir}",
         "rules": {"copy_share": COPY_SHARE, "code_cosine": CODE_COSINE, "name_cosine": NAME_COSINE,
                   "math_cosine": MATH_COSINE},
         "prompts": len(prompts),
@@ -186,26 +184,3 @@ def write_leakage(data_dir: Path, prompts, flags: list[Flag]) -> dict:
     }
     write_json(Path(data_dir) / LEAKAGE_FILE, record)
     return record
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m vskip.distill.leakage", description=__doc__.splitlines()[0])
-    ap.add_argument("--data", required=True, help="distillation data directory (its prompts.jsonl, rebuilt if missing)")
-    a = ap.parse_args(argv)
-    if not Path(a.data).is_dir():
-        print(f"vskip: error: --data {a.data} is not a directory", file=sys.stderr)
-        return 2
-    from .prompts import build_prompts, read_prompts
-    from .shards import PROMPTS_FILE
-
-    path = Path(a.data) / PROMPTS_FILE
-    prompts = read_prompts(path) if path.exists() else build_prompts()
-    flags = find_leaks(prompts)
-    rec = write_leakage(Path(a.data), prompts, flags)
-    print(f"{rec['flagged_count']} of {rec['prompts']} prompts flagged: {rec['by_rule']} {rec['by_source']} "
-          f"-> {Path(a.data) / LEAKAGE_FILE}", file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

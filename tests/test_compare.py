@@ -379,3 +379,41 @@ def test_a_configuration_drafts_with_its_own_drafter_and_each_drafter_warms_up_w
     prompts = [(f"t{i}", [7, 3, 9, i + 2]) for i in range(2)]
     compare.run_compare(prompts, pair, chosen, tmp_path, progress=False)
     assert main_d.gammas and max(main_d.gammas) <= 4 and 12 in other.gammas
+
+
+def test_score_runs_each_configurations_outputs_and_pairs_pass_at_1_with_ar(tmp_path, capsys):
+    """``vskip compare --summary --score``: outputs become text with the verifier's tokenizer, run
+    against the task's tests, and pass@1 is given beside ar's with the prompts where they part."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from vskip.bench import tasks
+    from vskip.cli import main
+    from vskip.engine.models.load import resolve_verifier_dir
+
+    tok = AutoTokenizer.from_pretrained(resolve_verifier_dir(None), local_files_only=True)
+    probs = tasks.load_task("humaneval", ids=["HumanEval/0", "HumanEval/2"])
+    good = {p.task_id: tok.encode(p.reference, add_special_tokens=False) for p in probs}  # prompt + canonical body
+    bad = tok.encode("def nothing():\n    pass\n", add_special_tokens=False)
+    rows = []
+    for p in probs:
+        for config, out in (("ar", good[p.task_id]), ("strict", good[p.task_id]),
+                            ("raw", bad if p.task_id == "HumanEval/0" else good[p.task_id])):
+            rows.append({"task_id": p.task_id, "config": config, "repeat": 0, "seconds": 1.0, "tokens": len(out),
+                         "digest": compare._digest(out), "output": out})
+    (tmp_path / "shard-1-of-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "settings.json").write_text(json.dumps({"fixed": {"task": "humaneval", "models": {}}, "configs": {}}))
+    assert main(["compare", "--summary", "--score", "--quiet", "--out", str(tmp_path)]) == 0
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert [s["configs"][c]["pass_at_1"] for c in ("ar", "strict", "raw")] == [1.0, 1.0, 0.5]
+    assert s["configs"]["raw"]["discordant_vs_ar"] == [0, 1] and s["configs"]["strict"]["discordant_vs_ar"] == [0, 0]
+    assert "pass@1" in capsys.readouterr().out
+    assert json.loads((tmp_path / "scores.json").read_text())["raw"] == {"HumanEval/0": False, "HumanEval/2": True}
+    # a later summary keeps the scores without scoring again; a directory without a task refuses
+    assert main(["compare", "--summary", "--out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "summary.json").read_text())["configs"]["raw"]["pass_at_1"] == 0.5
+    (tmp_path / "settings.json").write_text(json.dumps({"fixed": {}}))
+    (tmp_path / "scores.json").unlink()
+    assert main(["compare", "--summary", "--score", "--out", str(tmp_path)]) == 2
+    assert "names no task" in capsys.readouterr().err

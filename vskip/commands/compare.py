@@ -28,6 +28,9 @@ def register(subparsers) -> None:
                         "summary gives each repeat's ratio to ar (default: 1)")
     c.add_argument("--out", help="keep the rows here (resumable; shards of several processes add up)")
     c.add_argument("--summary", action="store_true", help="only summarise the rows already in --out (no model)")
+    c.add_argument("--score", action="store_true",
+                   help="also run each configuration's outputs against the task's tests in the sandbox and give "
+                        "pass@1, paired with ar's (kept in OUT/scores.json; with --summary, scores the rows there)")
     c.add_argument("--shard", default="1/1", help="I/N: this process takes prompts I, I+N, ... (default: 1/1)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     add_policy_flags(c, policy=False)
@@ -43,10 +46,14 @@ def cmd_compare(a) -> int:
             raise ValueError("--summary needs --out DIR holding a comparison's rows")
         from ..files import DirLock
 
+        if a.score:
+            runner.check_sandbox(compare.settings_task(Path(a.out)))
         with DirLock(Path(a.out), "comparison directory"):
-            return _print_comparison(Path(a.out), None)
+            return _print_comparison(Path(a.out), None, score=a.score, progress=not a.quiet)
     if a.task not in tasks.ALL_TASKS:
         raise ValueError(f"unknown task {a.task!r}; expected one of {', '.join(tasks.ALL_TASKS)}")
+    if a.score:
+        runner.check_sandbox(a.task)
     if a.limit is not None and a.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {a.limit}")
     try:
@@ -122,7 +129,7 @@ def _decode_and_print(a, compare, tasks, models, dec, variants, runtime, problem
                             repeats=a.repeats, predictor=a.predictor)
         return _print_comparison(out, Path(a.out) if a.out else None,
                                  f"{a.task}, {dec.max_new_tokens} new tokens at most, verifier {runtime.dtype}, "
-                                 f"drafter {runtime.drafter_dtype}{_sampled(dec.sampling)}")
+                                 f"drafter {runtime.drafter_dtype}{_sampled(dec.sampling)}", a.score, not a.quiet)
 
 
 def _sampled(s) -> str:
@@ -132,10 +139,16 @@ def _sampled(s) -> str:
             "Strict SDD draws ar's tokens)")
 
 
-def _print_comparison(rows_dir, out, what: str | None = None) -> int:
-    from ..study import compare_summary
+def _print_comparison(rows_dir, out, what: str | None = None, score: bool = False, progress: bool = True) -> int:
+    from ..study import compare, compare_summary
 
-    s = compare_summary.summarize_comparison(compare_summary.rows_of(rows_dir))
+    rows = compare_summary.rows_of(rows_dir)
+    scores = compare.score_outputs(rows_dir, rows, progress) if score else None
+    if scores is None and (rows_dir / compare.SCORES).exists():  # scored before: the summary keeps its pass@1
+        from ..files import read_json
+
+        scores = read_json(rows_dir / compare.SCORES, "comparison scores")
+    s = compare_summary.summarize_comparison(rows, scores)
     text = compare_summary.format_summary(s)
     print(text)
     print(f"{s['n_prompts']} prompts{' of ' + what if what else ''}; ar is the verifier alone, paired per prompt; "

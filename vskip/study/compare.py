@@ -36,8 +36,10 @@ import sys
 from pathlib import Path
 
 from ..defaults import MAX_NEW_TOKENS
-from ..files import FileError, naming, open_append, read_jsonl, write_atomic, write_jsonl
+from ..files import FileError, naming, open_append, read_json, read_jsonl, write_atomic, write_jsonl
 from .variants import Variant
+
+SETTINGS = "settings.json"
 
 
 def _digest(tokens) -> str:
@@ -107,7 +109,7 @@ def claim(out: Path, record: dict) -> None:
     resumes or adds configurations, never mixes."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file, not a directory")
-    path = out / "settings.json"
+    path = out / SETTINGS
     if path.exists():
         try:
             old = json.loads(path.read_text())
@@ -245,3 +247,45 @@ def _check_row(r: dict, path: Path, line: int) -> None:
         v = r.get(key, 0)
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             bad(f"has {key} {v!r} (a count is needed)")
+
+
+#: configuration -> task id -> passed, written by ``vskip compare --score``
+SCORES = "scores.json"
+
+
+def settings_task(directory: Path) -> str:
+    """The task a comparison directory's rows were decoded on (its ``settings.json``)."""
+    from ..bench import tasks
+
+    path = directory / SETTINGS
+    task = ((read_json(path, "comparison settings") if path.exists() else {}).get("fixed") or {}).get("task")
+    if task not in tasks.ALL_TASKS:
+        raise ValueError(f"{path} names no task to score against")
+    return task
+
+
+def score_outputs(directory: Path, rows: list[dict], progress: bool = True) -> dict[str, dict[str, bool]]:
+    """Each configuration's outputs (first repeat) run against the task's tests in the sandbox:
+    configuration -> task id -> passed, kept in ``directory/scores.json`` (a rerun scores only
+    what is new). The outputs become text with the verifier's own tokenizer, as ``vskip run``
+    writes its completions; the task and the verifier are those of the comparison's settings."""
+    from transformers import AutoTokenizer
+
+    from ..bench import scoring, tasks
+    from ..engine.models.load import resolve_verifier_dir
+
+    task = settings_task(directory)
+    fixed = read_json(directory / SETTINGS, "comparison settings")["fixed"]
+    path = directory / SCORES
+    scores = read_json(path, "comparison scores") if path.exists() else {}
+    todo = [r for r in rows if r.get("repeat", 0) == 0 and "output" in r and r["task_id"] not in scores.get(r["config"], {})]
+    if todo:
+        vdir = resolve_verifier_dir((fixed.get("models") or {}).get("verifier"))
+        tok = AutoTokenizer.from_pretrained(vdir, trust_remote_code=False, local_files_only=True)
+        problems = {p.task_id: p for p in tasks.load_task(task, ids=sorted({r["task_id"] for r in todo}))}
+        results = scoring.score_many([problems[r["task_id"]] for r in todo],
+                                     [tok.decode(r["output"], skip_special_tokens=True) for r in todo], progress=progress)
+        for r, res in zip(todo, results):
+            scores.setdefault(r["config"], {})[r["task_id"]] = bool(res.passed)
+        write_atomic(path, json.dumps(scores, indent=1, sort_keys=True))
+    return scores

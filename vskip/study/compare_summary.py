@@ -41,11 +41,13 @@ def _totals(res: dict, common: list[str], reps) -> tuple[np.ndarray, np.ndarray]
     return N, T
 
 
-def summarize_comparison(rows: list[dict]) -> dict:
+def summarize_comparison(rows: list[dict], scores: dict[str, dict[str, bool]] | None = None) -> dict:
     """Per configuration, over the prompts every configuration finished in every repeat. Outputs
     are checked on the first repeat; speed pools the repeats (ΣN/ΣT), and ``ratio_by_repeat``
     gives each repeat's ratio to ``ar``: their spread is the timing noise. ``pairwise[a][b]`` sets
-    every configuration against every other the same way (ratio, interval, ratio by repeat)."""
+    every configuration against every other the same way (ratio, interval, ratio by repeat).
+    With ``scores`` (``vskip compare --score``): pass@1 of each configuration over the prompts every
+    configuration has a score for, and the prompts where its outcome and ``ar``'s differ."""
     by: dict[str, dict[str, dict[int, dict]]] = {}
     for r in rows:
         by.setdefault(r["config"], {}).setdefault(r["task_id"], {})[r.get("repeat", 0)] = r
@@ -79,6 +81,8 @@ def summarize_comparison(rows: list[dict]) -> dict:
     out["pairwise"] = {a: {b: _pair(by[a], by[b], common, n_rep) for b in by if b != a} for a in by}
     if "strict" in by and common and "calls" in by["strict"][common[0]][0]:
         _against_strict(out, by, common)
+    if scores:
+        _pass_at_1(out, scores, common)
     hosts = sorted({r["machine"] for r in rows if r.get("machine")})
     if hosts:  # rows written before rows named their machine have no such key
         out["machines"] = hosts
@@ -86,6 +90,25 @@ def summarize_comparison(rows: list[dict]) -> dict:
         if split:
             out["prompts_split_across_machines"] = len(split)
     return out
+
+
+def _pass_at_1(out: dict, scores: dict[str, dict[str, bool]], common: list[str]) -> None:
+    """pass@1 per configuration over the common prompts every configuration was scored on, with
+    the discordant prompts against ``ar`` (passed by one, failed by the other) and an exact
+    two-sided sign (McNemar) test of them."""
+    from scipy.stats import binomtest
+
+    names = list(out["configs"])
+    scored = [t for t in common if all(t in scores.get(c, {}) for c in names)]
+    if not scored:
+        return
+    ar = np.array([scores["ar"][t] for t in scored], bool)
+    for name in names:
+        mine = np.array([scores[name][t] for t in scored], bool)
+        gain, loss = int((mine & ~ar).sum()), int((~mine & ar).sum())
+        out["configs"][name] |= {"pass_at_1": float(mine.mean()), "passed": int(mine.sum()), "scored": len(scored),
+                                 "discordant_vs_ar": [gain, loss],
+                                 "mcnemar_p": float(binomtest(gain, gain + loss).pvalue) if gain + loss else 1.0}
 
 
 def _pair(res: dict, ref: dict, common: list[str], n_rep: int) -> dict:
@@ -172,6 +195,7 @@ def format_summary(s: dict) -> str:
     vs = {a: p["strict"] for a, p in s.get("pairwise", {}).items() if "strict" in p}
     rel = any("rel_calls" in d for d in s["configs"].values())
     agree = any(d.get("relaxed_rounds") for d in s["configs"].values())
+    scored = any("pass_at_1" in d for d in s["configs"].values())
     rows = []
     for name, d in s["configs"].items():
         lo, hi = d["ratio_ci95"]
@@ -184,11 +208,15 @@ def format_summary(s: dict) -> str:
             row += [_with_ci(d, "rel_calls"), _with_ci(d, "rel_blocks")]
         if agree:
             row += [f(d.get("strict_token"), ".3f"), f(d.get("full_prefix"), ".3f")]
+        if scored:
+            row += ["–" if "pass_at_1" not in d else f"{d['pass_at_1']:.3f} ({d['passed']}/{d['scored']})",
+                    "–" if "pass_at_1" not in d else "+{} −{} (p {:.2f})".format(*d["discordant_vs_ar"], d["mcnemar_p"])]
         rows.append(row + [f(d.get("c_D_over_c_V"), ".3f"), f(d.get("outside_forwards"), ".1%")])
     table = tabulate(rows, headers=["config", "tokens", "tok/s", "× ar", "95% CI (prompts)",
                                     *(["× strict", "95% CI"] if vs else []), "= ar", "tokens/call",
                                     *(["rel. calls [95% CI]", "rel. blocks [95% CI]"] if rel else []),
-                                    *(["StrictToken", "FullPrefix"] if agree else []), "c_D/c_V",
+                                    *(["StrictToken", "FullPrefix"] if agree else []),
+                                    *(["pass@1", "vs ar: +won −lost"] if scored else []), "c_D/c_V",
                                     "outside forwards"], tablefmt="github")
     if "eq8" in s:
         e = s["eq8"]

@@ -376,7 +376,7 @@ def test_intervals_and_the_second_quality_axis(sweep_dir, tmp_path):
     to ar's token for token."""
     import numpy as np
 
-    from vskip.report.compare import clopper_pearson_upper
+    from vskip.report.paired import clopper_pearson_upper
 
     ar = write_run(sweep_dir / "ar", "ar", calls=10, blocks=0, seconds=2.0, passed=[True, True, False, True])
     for d, toks in ((ar, [[1, 2]] * 4), (sweep_dir / "strict", [[1, 2], [1, 2], [1, 2], [9]]),

@@ -22,8 +22,8 @@ runs, no Strict SDD reference) is said in ``report.md`` and on stderr; the rest 
 """
 
 from .build import build_report
-from .compare import Metrics, Row, compare, compute_metrics
 from .figures import frontiers
+from .paired import Metrics, Row, compare, compute_metrics
 from .tables import kmin_families, pareto_front
 
 __all__ = ["build_report", "Metrics", "Row", "compare", "compute_metrics", "frontiers", "kmin_families", "pareto_front"]

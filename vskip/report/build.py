@@ -12,9 +12,9 @@ from ..defaults import K_MIN
 from ..engine.policy import SIGNALS
 from ..files import write_atomic
 from ..study.rundir import SAMPLES, Run, find_run_dirs, load_run
-from .compare import Row, choose_reference, compare, equal_outputs
 from .figures import figure1, figure4, figure5, figure_disagreement
 from .interpolate import interpolated_table
+from .paired import Row, choose_reference, compare, equal_outputs
 from .runs import FRONTIER_METHODS, LABELS, PARAMS, _labels
 from .tables import (Table, _fmt, _params_str, eq8_table, gate_table, in_main_grid, intervals_table, kmin_families,
                      kmin_table, matched_table, periodic_table, runs_table, table4, timed_table, versus_table)

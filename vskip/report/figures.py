@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..files import save_figure
-from .compare import Row
+from .paired import Row
 from .runs import COLORS, FRONTIER_METHODS, LABELS
 from .tables import KminFamily, frontier_method, in_main_grid, pareto_front
 

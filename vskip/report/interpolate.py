@@ -21,7 +21,7 @@ import numpy as np
 
 from ..engine.metrics import prompt_disagreement
 from ..stats import percentile_interval, resample_indices
-from .compare import Row, eq7_sums, per_prompt, unit_costs
+from .paired import Row, eq7_sums, per_prompt, unit_costs
 from .tables import Table, in_main_grid, pareto_front
 
 #: how each agreement axis is read from per-prompt sums, and whether more of it is better

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..engine.metrics import disagreement_counts, disagreement_shares
 from ..study.prefix.calibrate import promise_fields
-from .compare import Row, eq7_sums, paired_ratio, ratio_ci, sample_sums, unit_costs
+from .paired import Row, eq7_sums, paired_ratio, ratio_ci, sample_sums, unit_costs
 
 #: the fields of every entry of ``scheduler.json``
 FIELDS = ("task", "gamma", "config", "predictor", "alpha", "realised_disagreement", "realised_disagreement_ci95",
@@ -88,7 +88,7 @@ def scheduler_entries(rows: Sequence[Row], n_boot: int = 10_000, seed: int = 0) 
 
 def _pooled_eq7(parts, n_boot: int, seed: int) -> tuple:
     """tokens/s over Strict SDD's under Eq. 7 over the prompts of several tasks, each task's runs
-    at its own Strict SDD run's c_D and c_V (:func:`vskip.report.compare.eq7_ratio`)."""
+    at its own Strict SDD run's c_D and c_V (:func:`vskip.report.paired.eq7_ratio`)."""
     a, b = [], []
     for r, ids in parts:
         c = unit_costs(r.ref) if r.ref.samples else None

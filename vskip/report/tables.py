@@ -11,7 +11,7 @@ from typing import Sequence
 
 from ..engine.policy import DEFAULT_GATES, SIGNALS, break_even_length
 from ..files import write_atomic
-from .compare import Row, eq7_ratio, metrics_of, ratio_ci
+from .paired import Row, eq7_ratio, metrics_of, ratio_ci
 from .runs import FRONTIER_METHODS, LABELS
 
 # --------------------------------------------------------------------------- frontiers

@@ -168,7 +168,7 @@ class Run:
     rounds: list[RoundRow] = field(default_factory=list)
     sweep: dict | None = None
     notes: list[str] = field(default_factory=list)
-    #: aggregates over all of the run's prompts, kept by :func:`vskip.report.compare.metrics_of`
+    #: aggregates over all of the run's prompts, kept by :func:`vskip.report.paired.metrics_of`
     _metrics: object = field(default=None, repr=False)
 
     @property

@@ -1,4 +1,5 @@
-"""One run's aggregates, and its comparison with the Strict SDD run of its task."""
+"""One run's aggregates, and its measures paired with the Strict SDD run of its task on the prompts
+both finished (relative calls and blocks, speed, agreement, pass@1, with intervals over prompts)."""
 
 from __future__ import annotations
 

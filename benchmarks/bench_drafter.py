@@ -29,16 +29,17 @@ from vskip.engine.models.config import ModelConfig
 from vskip.engine.models.load import open_pair
 from vskip.engine.policy import PolicyConfig
 from vskip.engine.prompting import encode_chat
+from vskip.study.rundir import ROUNDS, read_rounds
 
 
-def measure(s: dict, rounds: list[dict], gamma: int | None) -> dict:
+def measure(s: dict, rounds: list, gamma: int | None) -> dict:
     """The figures of one configuration from its summary (:func:`vskip.engine.metrics.summarize`) and its
     rounds (``L`` and ``gamma`` of each)."""
     res = {"tokens": int(s["generated_tokens"]), "seconds": s["decode_seconds"], "tok_s": s["tokens_per_s"],
            "tokens_per_call": s["generated_tokens"] / s["verifier_calls"], "c_V_ms": 1000 * s["c_V"]}
     if gamma is not None:
         hist = acceptance_histogram(rounds, gamma)
-        full = [x["L"] for x in rounds if x["gamma"] == gamma]
+        full = [x.L for x in rounds if x.gamma == gamma]
         res |= {
             "mean_L": sum(full) / len(full),
             "histogram": hist,
@@ -66,9 +67,9 @@ def from_runs(dirs: list[str], common: bool = False) -> tuple[dict, str, dict]:
                             "policy": cfg["policy"]["name"], "decode": cfg["decode"], "models": cfg["models"]}
         s = json.loads((d / "summary.json").read_text())
         pol, g = cfg["policy"]["name"], cfg["decode"]["gamma"]
-        rounds = [json.loads(x) for x in (d / "rounds.jsonl").read_text().splitlines() if x.strip()]
+        rounds = read_rounds(d / ROUNDS)
         if shared is not None:
-            rounds = [r for r in rounds if r["task_id"] in shared]
+            rounds = [r for r in rounds if r.task_id in shared]
             s = summarize([r for r in _samples(d) if r["task_id"] in shared], rounds)
         models = cfg["models"] or {}
         net = " network" if models.get("copy_prior") == "off" else ""  # --copy-prior off
@@ -125,7 +126,7 @@ def live(a, gammas) -> tuple[dict, str]:
         for ids in tqdm(prompts, desc=f"{name} gamma={g}", unit="prompt", file=sys.stderr):
             r = decode(ids, pair.drafter, pair.verifier, PolicyConfig(name=name), cfg)
             samples.append(result_row(r))
-            rounds += [{"L": x.L, "gamma": x.gamma} for x in r.rounds]
+            rounds += r.rounds
         s = summarize(samples, [])
         results["ar" if name == "ar" else f"gamma={g}"] = measure(s, rounds, None if name == "ar" else g)
     head = (f"prompts={len(prompts)} max_new_tokens={a.max_new_tokens} dtype={a.dtype} threads={a.threads} "

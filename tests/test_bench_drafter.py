@@ -25,7 +25,7 @@ def _run(d: Path, policy: str, gamma: int, L: list[int], copy_prior: str = "auto
         "generated_tokens": n, "decode_seconds": 2.0, "verifier_calls": len(L), "draft_blocks": blocks,
         "draft_seconds": 0.5, "verify_seconds": 1.0, "n_prompts": 3, "tokens_per_s": n / 2.0,
         "c_D": 0.5 / blocks if blocks else None, "c_V": 1.0 / len(L)}))
-    (d / "rounds.jsonl").write_text("".join(json.dumps({"L": x, "gamma": gamma}) + "\n" for x in L))
+    (d / "rounds.jsonl").write_text("".join(json.dumps({"task_id": "HumanEval/0", "L": x, "gamma": gamma}) + "\n" for x in L))
 
 
 def test_settings_come_from_the_runs(tmp_path):

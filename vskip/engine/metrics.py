@@ -154,6 +154,27 @@ def summarize(samples: Sequence[dict], rounds: Sequence[Round]) -> dict:
     return out
 
 
+def acceptance_histogram(rounds: Iterable[Round], gamma: int) -> list[int]:
+    """Counts of the strict accepted length L = 0..gamma over full-length blocks."""
+    h = [0] * (gamma + 1)
+    for r in rounds:
+        if r.L is not None and r.gamma == gamma:
+            h[r.L] += 1
+    return h
+
+
+def survival_curve(hist: Sequence[int]) -> list[float]:
+    """P(L >= j) for j = 1..gamma from a histogram of L."""
+    n = sum(hist)
+    if n == 0:
+        return [0.0] * (len(hist) - 1)
+    out, tail = [], n
+    for j in range(1, len(hist)):
+        tail -= hist[j - 1]
+        out.append(tail / n)
+    return out
+
+
 def auroc(scores, labels) -> float:
     """AUROC (scikit-learn's ``roc_auc_score``; ties count one half); NaN when a class is empty."""
     import numpy as np

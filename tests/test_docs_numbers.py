@@ -1,49 +1,26 @@
-"""Every measured number the written result pages (docs/results/*.md), the design pages (docs/*.md)
-and the README quote is in a file a command wrote (a report, a summary, a CSV or JSON under
-docs/results/<name>/, docs/results/*.json, or the embedded drafter's manifest and copy prior), to the
-precision the page gives it (a number the page writes in ms or % may be kept in seconds or as a
-share). The
-exceptions are listed below, each with its reason: numbers the paper reports, and numbers that are
-not measurements (a version)."""
+"""Every measured number the design pages (docs/*.md), and the results pages (docs/results/*.md) not
+yet annotated at their sources, quote is in a file a command wrote (a report, a summary, a CSV or
+JSON under docs/results/<name>/, docs/results/*.json, or the embedded drafter's manifest and copy
+prior), to the precision the page gives it (a number the page writes in ms or % may be kept in
+seconds or as a share). The exceptions are listed below, each with its reason: numbers that are not
+measurements (a version). (The paper's numbers are quoted on checked pages only, annotated there.)
+
+This is the weaker check: it asks only that the number appears somewhere. The README and every
+results page outside ``UNCHECKED`` name the file and key of each number instead, and
+tests/test_readme_numbers.py reads each one there; this file keeps the pages that check does not
+reach."""
 
 import re
 from functools import lru_cache
 from pathlib import Path
 
 import pytest
+from test_readme_numbers import UNCHECKED
 
 ROOT = Path(__file__).parents[1]
 RESULTS = ROOT / "docs" / "results"
 DECIMAL = re.compile(r"(?<![\w.])(\d+\.\d+)(?![\w.])(\s?(?:ms|%))?")
 ANY_NUMBER = re.compile(r"-?\d+\.\d+(?:[eE]-?\d+)?|-?\d+")
-
-#: numbers the paper reports, quoted beside ours (full.md's table of the paper's numbers)
-PAPER = {
-    "0.306": "§5.1, average BCE of the marginal predictor",
-    "0.641": "§5.1, average BCE of the position-only baseline",
-    "1.00": "Table 1, marginal permuted",
-    "1.59": "Table 1, raw permuted",
-    "2.11": "Table 1, conditional permuted",
-    "6.86": "Table 1, marginal original",
-    "8.75": "Table 1, raw original",
-    "8.76": "Table 1, conditional original",
-    "9.6": "§4, verifier calls saved by marginal survival at Strict SDD's pass@1",
-    "13.5": "§4, verifier calls saved by raw confidence at Strict SDD's pass@1",
-    "0.9085": "§5.2, Strict SDD's pass@1 on HumanEval",
-    "12.5": "§5.2, verifier calls saved by conditional survival at Strict SDD's pass@1",
-    "0.8318": "Table 4, MBPP+ relative calls of raw confidence",
-    "0.7503": "Table 4, MBPP+ strict agreement of raw confidence",
-    "0.9106": "Table 4, MBPP+ relative calls of marginal survival",
-    "0.9344": "Table 4, MBPP+ strict agreement of marginal survival",
-    "0.9577": "Table 4, MBPP+ relative calls of conditional survival",
-    "0.9544": "Table 4, MBPP+ strict agreement of conditional survival",
-    "0.788": "§5.3, relative calls of raw confidence at k_min 0",
-    "1.491": "§5.3, relative draft blocks of raw confidence at k_min 0",
-    "52.83": "§5.3, tokens/s of raw confidence at k_min 0",
-    "0.817": "§5.3, relative calls of raw confidence at k_min 6",
-    "1.135": "§5.3, relative draft blocks of raw confidence at k_min 6",
-    "58.54": "§5.3, tokens/s of raw confidence at k_min 6",
-}
 
 #: pages older than the rule that every figure is kept in a file: their numbers that are not kept
 #: (none left: every page was rewritten from files or lost the numbers no file kept)
@@ -91,12 +68,13 @@ def _unkept(text: str) -> set[str]:
     return missing
 
 
-PAGES = sorted(p.name for p in RESULTS.glob("*.md"))
+#: the results pages whose numbers are not yet annotated at their sources
+PAGES = sorted(UNCHECKED)
 
 
 @pytest.mark.parametrize("page", PAGES)
 def test_page_numbers_are_kept_in_result_files(page):
-    missing = _unkept((RESULTS / page).read_text()) - set(PAPER) - LEGACY.get(page, set())
+    missing = _unkept((RESULTS / page).read_text()) - LEGACY.get(page, set())
     assert not missing, f"{page}: numbers in no result file: {sorted(missing)}"
 
 
@@ -106,12 +84,8 @@ DESIGN = sorted(p.name for p in (ROOT / "docs").glob("*.md"))
 @pytest.mark.parametrize("page", DESIGN)
 def test_design_page_numbers_are_kept_in_result_files(page):
     text = _without_size((ROOT / "docs" / page).read_text())
-    missing = _unkept(text) - set(PAPER) - set(NOT_MEASURED.get(page, {}))
+    missing = _unkept(text) - set(NOT_MEASURED.get(page, {}))
     assert not missing, f"docs/{page}: numbers in no result file: {sorted(missing)}"
-
-
-def test_readme_numbers_are_kept_in_result_files():
-    assert not _unkept(_without_size((ROOT / "README.md").read_text()))
 
 
 def test_the_exceptions_are_still_needed():
@@ -119,8 +93,6 @@ def test_the_exceptions_are_still_needed():
     coincidence is not checked: a short decimal may turn up in a new file.)"""
     for page, numbers in LEGACY.items():
         assert numbers <= {x for x, _ in DECIMAL.findall((RESULTS / page).read_text())}, page
-    quoted = {x for p in PAGES for x, _ in DECIMAL.findall((RESULTS / p).read_text())}
-    assert set(PAPER) <= quoted
     for page, numbers in NOT_MEASURED.items():
         assert set(numbers) <= {x for x, _ in DECIMAL.findall((ROOT / "docs" / page).read_text())}, page
 

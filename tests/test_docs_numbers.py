@@ -1,30 +1,24 @@
-"""Every measured number the design pages (docs/*.md), and the results pages (docs/results/*.md) not
-yet annotated at their sources, quote is in a file a command wrote (a report, a summary, a CSV or
+"""Every measured number the design pages (docs/*.md) quote is in a file a command wrote (a report, a summary, a CSV or
 JSON under docs/results/<name>/, docs/results/*.json, or the embedded drafter's manifest and copy
 prior), to the precision the page gives it (a number the page writes in ms or % may be kept in
 seconds or as a share). The exceptions are listed below, each with its reason: numbers that are not
 measurements (a version). (The paper's numbers are quoted on checked pages only, annotated there.)
 
 This is the weaker check: it asks only that the number appears somewhere. The README and every
-results page outside ``UNCHECKED`` name the file and key of each number instead, and
-tests/test_readme_numbers.py reads each one there; this file keeps the pages that check does not
-reach."""
+results page name the file and key of each number instead, and tests/test_readme_numbers.py reads
+each one there; this file keeps the design pages, which explain more than they report."""
 
 import re
 from functools import lru_cache
 from pathlib import Path
 
 import pytest
-from test_readme_numbers import UNCHECKED
 
 ROOT = Path(__file__).parents[1]
 RESULTS = ROOT / "docs" / "results"
 DECIMAL = re.compile(r"(?<![\w.])(\d+\.\d+)(?![\w.])(\s?(?:ms|%))?")
 ANY_NUMBER = re.compile(r"-?\d+\.\d+(?:[eE]-?\d+)?|-?\d+")
 
-#: pages older than the rule that every figure is kept in a file: their numbers that are not kept
-#: (none left: every page was rewritten from files or lost the numbers no file kept)
-LEGACY: dict[str, set[str]] = {}
 
 
 #: the embedded drafter's files, whose manifests and copy prior a command wrote with their figures
@@ -68,16 +62,6 @@ def _unkept(text: str) -> set[str]:
     return missing
 
 
-#: the results pages whose numbers are not yet annotated at their sources
-PAGES = sorted(UNCHECKED)
-
-
-@pytest.mark.parametrize("page", PAGES)
-def test_page_numbers_are_kept_in_result_files(page):
-    missing = _unkept((RESULTS / page).read_text()) - LEGACY.get(page, set())
-    assert not missing, f"{page}: numbers in no result file: {sorted(missing)}"
-
-
 DESIGN = sorted(p.name for p in (ROOT / "docs").glob("*.md"))
 
 
@@ -91,8 +75,6 @@ def test_design_page_numbers_are_kept_in_result_files(page):
 def test_the_exceptions_are_still_needed():
     """An exception that a page no longer quotes is removed. (Whether a result file holds it by
     coincidence is not checked: a short decimal may turn up in a new file.)"""
-    for page, numbers in LEGACY.items():
-        assert numbers <= {x for x, _ in DECIMAL.findall((RESULTS / page).read_text())}, page
     for page, numbers in NOT_MEASURED.items():
         assert set(numbers) <= {x for x, _ in DECIMAL.findall((ROOT / "docs" / page).read_text())}, page
 

@@ -149,7 +149,8 @@ def prompt_budget(m: ModelConfig, problems, max_new_tokens: int) -> int:
 
 def open_models(m: ModelConfig, longest_prompt: int, max_new_tokens: int, gamma: int, need_drafter: bool):
     """The model pair, placed for prompts of up to ``longest_prompt`` tokens, ``max_new_tokens``
-    more and blocks of up to ``gamma``: the one way ``run``, ``sweep`` and ``compare`` load models."""
+    more and blocks of up to ``gamma``: the one way ``run`` and ``compare`` load models (a sweep's
+    workers load once per process, without a budget)."""
     from ..engine.models.load import open_pair
 
     return open_pair(m, need_drafter=need_drafter, budget=(longest_prompt, max_new_tokens, gamma))
@@ -178,7 +179,8 @@ def _models(cfg: RunConfig, problems, pair):
 def _decode_prompts(cfg: RunConfig, out: Path, problems, pair, predictor, done: dict, progress: bool,
                     host: str | None = None) -> None:
     """Decode every prompt not yet ``done``, appending each as it finishes
-    (:func:`vskip.study.rundir.append_prompt`). A sample names the ``machine`` its clocks were read on, since a resumed run may finish elsewhere."""
+    (:func:`vskip.study.rundir.append_prompt`). A sample names the ``machine`` its clocks were read
+    on, since a resumed run may finish elsewhere."""
     from tqdm import tqdm
 
     from ..bench.tasks import encode_problem

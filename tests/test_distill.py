@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 
 from vskip.distill import generate as gen
+from vskip.distill import shards
+from vskip.files import file_sha256
 from vskip.distill.prompts import (CODE_TEMPLATE, MATH_TEMPLATE, TrainPrompt, build_prompts, count_by_source,
                                    exclude_eval_items, read_prompts)
 
@@ -227,7 +229,7 @@ RUN = dict(max_new_tokens=6, slots=3, threads=1, shard_size=4, progress=False)
 
 
 def _shards(out: Path) -> dict[str, dict]:
-    return {p.name: gen.read_shard(p) for p in gen.shard_files(out)}
+    return {p.name: shards.read_shard(p) for p in shards.shard_files(out)}
 
 
 def _same_shards(a: dict, b: dict) -> None:
@@ -255,13 +257,13 @@ META = {"prompt_ids": ["a", "b", "c"], "sources": ["s", "s", "t"], "prompts_sha2
 
 
 def test_shard_round_trip(tmp_path):
-    path = tmp_path / gen.shard_name(0)
-    gen.write_shard(path, ROWS, META)
+    path = tmp_path / shards.shard_name(0)
+    shards.write_shard(path, ROWS, META)
     assert path.name == "shard_00000.npz" and not list(tmp_path.glob("*.tmp"))
-    shard = gen.read_shard(path)
+    shard = shards.read_shard(path)
     assert shard["tokens"].dtype == np.uint16 and shard["offsets"].tolist() == [0, 6, 8, 11]
     assert shard["meta"]["prompt_ids"] == ["a", "b", "c"] and shard["meta"]["rows"] == 3
-    back = list(gen.shard_rows(shard))
+    back = list(shards.shard_rows(shard))
     assert [r["prompt_id"] for r in back] == ["a", "b", "c"]
     assert [r["source"] for r in back] == ["s", "s", "t"]
     for r, w in zip(back, ROWS):
@@ -270,16 +272,16 @@ def test_shard_round_trip(tmp_path):
     with np.load(path, allow_pickle=False) as z:  # nothing in it needs unpickling
         assert sorted(z.files) == ["finished", "meta", "offsets", "prompt_lens", "tokens"]
     with pytest.raises(ValueError, match="uint16"):
-        gen.write_shard(tmp_path / "big.npz", [{"prompt": [1], "completion": [65536], "finished": True}], META)
+        shards.write_shard(tmp_path / "big.npz", [{"prompt": [1], "completion": [65536], "finished": True}], META)
 
 
 def test_a_damaged_shard_is_named_and_regenerated(tmp_path):
-    path = tmp_path / gen.shard_name(0)
-    gen.write_shard(path, ROWS, META)
+    path = tmp_path / shards.shard_name(0)
+    shards.write_shard(path, ROWS, META)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match="shard_00000.npz"):
-        gen.read_shard(path)
+        shards.read_shard(path)
     assert not gen._shard_is_done(path, {"prompts_sha256": "x", "max_new_tokens": None}, 3)
 
 
@@ -293,7 +295,7 @@ def test_shards_of_the_first_format_are_still_read(tmp_path):
     meta = {"prompt_ids": json.dumps(["a", "b"]), "sources": json.dumps(["s", "s"]), "rows": "2",
             "prompts_sha256": "x"}
     save_file(arrays, str(tmp_path / "shard_00000.safetensors"), metadata=meta)
-    rows = list(gen.iter_distillation(tmp_path))
+    rows = list(shards.iter_distillation(tmp_path))
     assert [r["completion"].tolist() for r in rows] == [[7, 8, 2], []]
 
 
@@ -312,11 +314,11 @@ def test_generation_rows(tiny_verifier, tmp_path):
     assert sorted(index["shards"]) == ["0", "1"] and index["num_prompts"] == 7
     assert index["verifier_sha256"] and index["prompts_sha256"] and index["runs"][0]["command"] == "test"
     for entry in index["shards"].values():  # the manifest pins every shard
-        assert entry["sha256"] == gen.file_sha256(tmp_path / entry["file"])
+        assert entry["sha256"] == file_sha256(tmp_path / entry["file"])
         assert entry["bytes"] == (tmp_path / entry["file"]).stat().st_size
-    rows = list(gen.iter_distillation(tmp_path))
+    rows = list(shards.iter_distillation(tmp_path))
     assert [r["prompt_id"] for r in rows] == [p.prompt_id for p in prompts]
-    assert read_prompts(tmp_path / gen.PROMPTS_FILE) == prompts
+    assert read_prompts(tmp_path / shards.PROMPTS_FILE) == prompts
     assert sum(e["answer_tokens"] for e in index["shards"].values()) == sum(len(r["completion"]) for r in rows)
     for r in rows:
         comp = r["completion"].tolist()
@@ -324,14 +326,14 @@ def test_generation_rows(tiny_verifier, tmp_path):
         assert r["finished"] == (comp[-1] == 2) and 2 not in comp[:-1]
         assert r["prompt"][-1] != 2  # the prompt ends with the assistant header, no padding
     assert any(r["finished"] for r in rows) and not all(r["finished"] for r in rows)
-    summary = gen.dataset_totals(tmp_path)
+    summary = shards.dataset_totals(tmp_path)
     assert summary["rows"] == 7 and summary["shards"] == 2
     assert summary["answer_tokens"] == sum(len(r["completion"]) for r in rows)
     assert summary["finished_share"] == sum(r["finished"] for r in rows) / 7
     shard = tmp_path / "shard_00001.npz"
     shard.write_bytes(shard.read_bytes() + b"x")  # a shard no longer matching its manifest is named
     with pytest.raises(ValueError, match="shard_00001.npz"):
-        gen.dataset_totals(tmp_path)
+        shards.dataset_totals(tmp_path)
 
 
 def test_killed_run_resumes_to_the_same_data(tiny_verifier, tmp_path, monkeypatch):
@@ -354,9 +356,9 @@ def test_killed_run_resumes_to_the_same_data(tiny_verifier, tmp_path, monkeypatc
     monkeypatch.setattr(SlotEngine, "_prefill", dies_at_the_sixth_prompt)
     with pytest.raises(KeyboardInterrupt):
         gen.generate_distillation(broken, prompts, tiny_verifier, **RUN)
-    written = sorted(gen.read_index(broken)["shards"])
+    written = sorted(shards.read_index(broken)["shards"])
     assert written in ([], ["0"])
-    assert [p.name for p in gen.shard_files(broken)] == [gen.shard_name(int(s)) for s in written]
+    assert [p.name for p in shards.shard_files(broken)] == [shards.shard_name(int(s)) for s in written]
 
     seen = []
 
@@ -372,7 +374,7 @@ def test_killed_run_resumes_to_the_same_data(tiny_verifier, tmp_path, monkeypatc
     seen.clear()  # a third run has nothing left to do
     gen.generate_distillation(broken, prompts, tiny_verifier, **RUN)
     assert seen == []
-    a, b = gen.read_index(whole), gen.read_index(broken)
+    a, b = shards.read_index(whole), shards.read_index(broken)
     assert sorted(a["shards"]) == sorted(b["shards"]) == ["0", "1", "2"]
     for key in ("prompts_sha256", "verifier_sha256", "num_prompts", "shard_size"):
         assert a[key] == b[key]
@@ -382,8 +384,8 @@ def test_killed_run_resumes_to_the_same_data(tiny_verifier, tmp_path, monkeypatc
 def test_limit_then_extend_and_settings_clash(tiny_verifier, tmp_path):
     prompts = _tiny_prompts(11)
     gen.generate_distillation(tmp_path, prompts, tiny_verifier, limit=5, **RUN)
-    shards = _shards(tmp_path)
-    assert [s["meta"]["rows"] for s in shards.values()] == [4, 1]
+    written = _shards(tmp_path)
+    assert [s["meta"]["rows"] for s in written.values()] == [4, 1]
     first = tmp_path / "shard_00000.npz"
     stamp = first.stat().st_mtime_ns
     gen.generate_distillation(tmp_path, prompts, tiny_verifier, **RUN)
@@ -410,9 +412,9 @@ def test_a_prompt_too_long_for_the_shared_cache_is_answered_alone_and_the_same(t
 
 
 def test_ends_in_a_loop():
-    assert gen.ends_in_a_loop(list(range(40)) + list(range(20)) * 2)
-    assert not gen.ends_in_a_loop(list(range(200)))
-    assert not gen.ends_in_a_loop([1, 2, 3])
+    assert shards.ends_in_a_loop(list(range(40)) + list(range(20)) * 2)
+    assert not shards.ends_in_a_loop(list(range(200)))
+    assert not shards.ends_in_a_loop([1, 2, 3])
 
 
 def test_the_built_list_is_the_one_the_committed_shards_index_into(prompts):

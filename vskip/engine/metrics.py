@@ -137,7 +137,8 @@ def summarize(samples: Sequence[dict], rounds: Sequence[Round]) -> dict:
         "c_D": _div(draft_s, blocks),
         "c_V": _div(verify_s, calls),
         "A": sum(strict_commit) / len(strict_commit) if strict_commit else None,
-        "mean_accepted": (sum(r.L for r in verified if r.L is not None) / len(strict_commit)) if strict_commit else None,
+        "mean_accepted": ((sum(r.L for r in verified if r.L is not None) / len(strict_commit))
+                          if strict_commit else None),
     }
     tasks = {s.get("task_id") for s in samples}
     if len(tasks) < len(samples):  # several completions per prompt (--samples-per-prompt)

@@ -278,13 +278,14 @@ def score_outputs(directory: Path, rows: list[dict], progress: bool = True) -> d
     fixed = read_json(directory / SETTINGS, "comparison settings")["fixed"]
     path = directory / SCORES
     scores = read_json(path, "comparison scores") if path.exists() else {}
-    todo = [r for r in rows if r.get("repeat", 0) == 0 and "output" in r and r["task_id"] not in scores.get(r["config"], {})]
+    todo = [r for r in rows
+            if r.get("repeat", 0) == 0 and "output" in r and r["task_id"] not in scores.get(r["config"], {})]
     if todo:
         vdir = resolve_verifier_dir((fixed.get("models") or {}).get("verifier"))
         tok = AutoTokenizer.from_pretrained(vdir, trust_remote_code=False, local_files_only=True)
         problems = {p.task_id: p for p in tasks.load_task(task, ids=sorted({r["task_id"] for r in todo}))}
-        results = scoring.score_many([problems[r["task_id"]] for r in todo],
-                                     [tok.decode(r["output"], skip_special_tokens=True) for r in todo], progress=progress)
+        texts = [tok.decode(r["output"], skip_special_tokens=True) for r in todo]
+        results = scoring.score_many([problems[r["task_id"]] for r in todo], texts, progress=progress)
         for r, res in zip(todo, results):
             scores.setdefault(r["config"], {})[r["task_id"]] = bool(res.passed)
         write_atomic(path, json.dumps(scores, indent=1, sort_keys=True))

@@ -166,7 +166,7 @@ def _cost_figures(rs: list[dict], n: float, seconds: float) -> dict:
         return {}
     d = {"tokens_per_call": float(n / calls), "calls_per_token": float(calls / n),
          "c_V_ms": 1000 * verify / calls, "outside_forwards": float((seconds - draft - verify) / seconds)}
-    if all("agreement" in r for r in rs):  # Eqs. 1-2 over the rounds a relaxed rule committed (rows since they were kept)
+    if all("agreement" in r for r in rs):  # Eqs. 1-2 (rows written since compare kept their sums)
         num, den, full, n_a = np.sum([r["agreement"] for r in rs], axis=0) if rs else (0, 0, 0, 0)
         d |= {"strict_token": float(num / den) if den else 1.0, "full_prefix": float(full / n_a) if n_a else 1.0,
               "relaxed_rounds": int(n_a)}
@@ -209,8 +209,9 @@ def format_summary(s: dict) -> str:
         if agree:
             row += [f(d.get("strict_token"), ".3f"), f(d.get("full_prefix"), ".3f")]
         if scored:
-            row += ["–" if "pass_at_1" not in d else f"{d['pass_at_1']:.3f} ({d['passed']}/{d['scored']})",
-                    "–" if "pass_at_1" not in d else "+{} −{} (p {:.2f})".format(*d["discordant_vs_ar"], d["mcnemar_p"])]
+            won, lost = d.get("discordant_vs_ar", (0, 0))
+            row += ["–", "–"] if "pass_at_1" not in d else [f"{d['pass_at_1']:.3f} ({d['passed']}/{d['scored']})",
+                                                            f"+{won} −{lost} (p {d['mcnemar_p']:.2f})"]
         rows.append(row + [f(d.get("c_D_over_c_V"), ".3f"), f(d.get("outside_forwards"), ".1%")])
     table = tabulate(rows, headers=["config", "tokens", "tok/s", "× ar", "95% CI (prompts)",
                                     *(["× strict", "95% CI"] if vs else []), "= ar", "tokens/call",

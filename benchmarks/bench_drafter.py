@@ -1,8 +1,8 @@
-"""Drafter quality under Strict SDD: for each gamma, the mean accepted length L, its histogram,
-P(L >= j), generated tokens per verifier call, c_D / c_V, and tokens/s against the verifier's own
-greedy decoding (``ar``), all measured in one run on HumanEval prompts. Usage::
+"""Drafter quality under Strict SDD from finished ``vskip run`` directories (``--policy ar`` and
+``--policy strict`` at each gamma over the same prompts): for each gamma, the mean accepted length
+L, its histogram, P(L >= j), generated tokens per verifier call, c_D / c_V, and tokens/s against the
+verifier's own greedy decoding (``ar``). It decodes nothing itself (``vskip run`` does). Usage::
 
-    python benchmarks/bench_drafter.py --limit 164 --gammas 8,16,32 --max-new-tokens 256 --out docs/results/drafter
     python benchmarks/bench_drafter.py --runs runs/ar runs/strict-g8 runs/strict-g16 --out docs/results/drafter
     python benchmarks/bench_drafter.py --runs runs/he64-net runs/he64-default --reference runs/he512 --out DIR
 
@@ -20,15 +20,8 @@ import sys
 from pathlib import Path
 
 from tabulate import tabulate
-from tqdm import tqdm
 
-from vskip.bench import tasks
-from vskip.engine.decode import DecodeConfig, decode, warmup
-from vskip.engine.metrics import acceptance_histogram, result_row, summarize, survival_curve
-from vskip.engine.models.config import ModelConfig
-from vskip.engine.models.load import open_pair
-from vskip.engine.policy import PolicyConfig
-from vskip.engine.prompting import encode_chat
+from vskip.engine.metrics import acceptance_histogram, summarize, survival_curve
 from vskip.study.rundir import ROUNDS, read_rounds
 
 
@@ -114,48 +107,17 @@ def same_as_reference(run_dirs: list[str], ref: dict[str, list[int]]) -> dict[st
     return out
 
 
-def live(a, gammas) -> tuple[dict, str]:
-    pair = open_pair(ModelConfig(drafter=a.drafter, device="cpu", dtype=a.dtype, threads=a.threads))
-    problems = tasks.load_task("humaneval", limit=a.limit)
-    prompts = [encode_chat(pair.tokenizer, tasks.user_prompt(p)) for p in problems]
-    warmup(pair.drafter, pair.verifier, prompts[0], max(gammas))
-    results = {}
-    for name, g in [("ar", 1)] + [("strict", g) for g in gammas]:
-        cfg = DecodeConfig(gamma=g, max_new_tokens=a.max_new_tokens, shadow=False)
-        samples, rounds = [], []
-        for ids in tqdm(prompts, desc=f"{name} gamma={g}", unit="prompt", file=sys.stderr):
-            r = decode(ids, pair.drafter, pair.verifier, PolicyConfig(name=name), cfg)
-            samples.append(result_row(r))
-            rounds += r.rounds
-        s = summarize(samples, [])
-        results["ar" if name == "ar" else f"gamma={g}"] = measure(s, rounds, None if name == "ar" else g)
-    head = (f"prompts={len(prompts)} max_new_tokens={a.max_new_tokens} dtype={a.dtype} threads={a.threads} "
-            f"drafter={pair.identity.get('drafter')}")
-    settings = {"source": "decoded here", "task": "humaneval", "prompts": len(prompts), "gammas": gammas,
-                "max_new_tokens": a.max_new_tokens, "dtype": a.dtype, "threads": a.threads, "models": pair.identity}
-    return results, head, settings
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--limit", type=int, default=20)
-    ap.add_argument("--gammas", default="8,16,32")
-    ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--threads", type=int)
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--drafter")
-    ap.add_argument("--runs", nargs="+", metavar="DIR",
-                    help="summarize finished `vskip run` directories (ar and strict at each gamma) instead of decoding")
+    ap.add_argument("--runs", nargs="+", metavar="DIR", required=True,
+                    help="finished `vskip run` directories (ar and strict at each gamma)")
     ap.add_argument("--common", action="store_true",
                     help="with --runs: only the prompts every run finished (a paired comparison)")
     ap.add_argument("--reference", metavar="DIR",
                     help="with --runs: check every run's outputs against the ar outputs of this run or compare directory")
     ap.add_argument("--out", help="directory for results.json and results.md")
     a = ap.parse_args(argv)
-    if a.reference and not a.runs:
-        ap.error("--reference needs --runs")
-    gammas = [int(g) for g in a.gammas.split(",")]
-    results, head, settings = from_runs(a.runs, a.common) if a.runs else live(a, gammas)
+    results, head, settings = from_runs(a.runs, a.common)
     lossless = same_as_reference(a.runs, reference_outputs(a.reference)) if a.reference else None
     for k, r in results.items():  # without an `ar` run there is no speed ratio
         r["speedup_vs_ar"] = r["tok_s"] / results["ar"]["tok_s"] if "ar" in results else None

@@ -39,3 +39,21 @@ def test_unknowns_are_none_and_named():
     old = RoundRow.from_json({"task_id": "a", "verified": False, "K": 6, "L": 3, "committed": 6})  # an older file's row
     s = summarize([_sample("a")], [old])
     assert s["strict_token"] is None and "relaxed/accepted round fields" in s["missing"]
+
+
+def test_resamples_keep_each_callers_random_stream_and_allow_no_prompts():
+    """stats.resample_indices draws what the callers drew before it existed: one block, or the
+    same chunks in turn; no prompts give empty resamples, not an error."""
+    import numpy as np
+
+    from vskip.stats import resample_indices
+
+    one = next(resample_indices(7, 50, 3))
+    assert np.array_equal(one, np.random.default_rng(3).integers(0, 7, size=(50, 7)))
+    rng, old = np.random.default_rng(3), []
+    for start in range(0, 50, 20):  # the chunked loop of the report's intervals, 140 elements a chunk
+        old.append(rng.integers(0, 7, size=(min(50, start + 20) - start, 7)))
+    new = list(resample_indices(7, 50, 3, max_elements=140))
+    assert [b.shape for b in new] == [(20, 7), (20, 7), (10, 7)]
+    assert all(np.array_equal(a, b) for a, b in zip(old, new))
+    assert [b.shape for b in resample_indices(0, 5, 0, max_elements=140)] == [(5, 0)]

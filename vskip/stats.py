@@ -23,11 +23,10 @@ def resample_indices(n: int, n_boot: int, seed: int, max_elements: int | None = 
     """The indices of ``n_boot`` bootstrap resamples (with replacement) of ``n`` prompts, as
     [k, n] blocks in order: one block, or blocks of at most ``max_elements // n`` resamples to
     bound memory. Every bootstrap over prompts draws here; the block sizes are part of the random
-    stream, so a caller keeps the ``max_elements`` it was measured with."""
-    if n < 1:
-        raise ValueError("nothing to resample: no prompts")
+    stream, so a caller keeps the ``max_elements`` it was measured with. No prompts give empty
+    resamples (their statistics are NaN, and the intervals then None), as before."""
     rng = np.random.default_rng(seed)
-    step = n_boot if max_elements is None else max(1, min(n_boot, max_elements // n))
+    step = n_boot if max_elements is None or n < 1 else max(1, min(n_boot, max_elements // n))
     for start in range(0, n_boot, step):
         yield rng.integers(0, n, size=(min(n_boot, start + step) - start, n))
 

@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     from vskip.engine.models.backbone import read_hf_config
     from vskip.engine.models.config import ModelConfig
     from vskip.engine.models.embedded import embedded_verifier_dir
-    from vskip.engine.models.load import open_pair
+    from vskip.study.door import open_models
     from vskip.engine.prompting import encode_chat
 
     cfg = read_hf_config(embedded_verifier_dir())
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
                 return 1000 * max(nbytes / bw, flops / peak)
 
             for steps in (int(x) for x in a.steps.split(",")):
-                pairs = [open_pair(ModelConfig(drafter=d, device="cpu", dtype=dtype, threads=threads, drafter_dtype=dtype,
+                pairs = [open_models(ModelConfig(drafter=d, device="cpu", dtype=dtype, threads=threads, drafter_dtype=dtype,
                                                steps=steps)) for d in drafters]
                 pair = pairs[0]
                 ver, dr = pair.verifier, pair.drafter

@@ -22,7 +22,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from vskip.engine.metrics import acceptance_histogram, summarize, survival_curve
-from vskip.study.rundir import ROUNDS, read_rounds
+from vskip.study.rundir import ROUNDS, SAMPLES, read_rounds, read_rows
 
 
 def measure(s: dict, rounds: list, gamma: int | None) -> dict:
@@ -44,7 +44,7 @@ def measure(s: dict, rounds: list, gamma: int | None) -> dict:
 
 
 def _samples(d: Path) -> list[dict]:
-    return [json.loads(x) for x in (d / "samples.jsonl").read_text().splitlines() if x.strip()]
+    return read_rows(d / SAMPLES)
 
 
 def from_runs(dirs: list[str], common: bool = False) -> tuple[dict, str, dict]:
@@ -83,11 +83,10 @@ def reference_outputs(directory: str) -> dict[str, list[int]]:
     if (d / "samples.jsonl").exists():
         if json.loads((d / "config.json").read_text())["run"]["policy"]["name"] != "ar":
             raise SystemExit(f"bench_drafter: --reference {d} is not an ar run")
-        rows = [json.loads(x) for x in (d / "samples.jsonl").read_text().splitlines() if x.strip()]
-        return {r["task_id"]: r["tokens"] for r in rows}
+        return {r["task_id"]: r["tokens"] for r in _samples(d)}
     from vskip.study.compare_summary import rows_of
 
-    ref = {r["task_id"]: r["output"] for r in rows_of(d) if r["config"] == "ar"}
+    ref = {r.task_id: r.tokens for r in rows_of(d) if r.config == "ar" and r.tokens is not None}
     if not ref:
         raise SystemExit(f"bench_drafter: --reference {d} holds no ar outputs")
     return ref
@@ -98,7 +97,7 @@ def same_as_reference(run_dirs: list[str], ref: dict[str, list[int]]) -> dict[st
     out = {}
     for d in map(Path, run_dirs):
         mnt = json.loads((d / "config.json").read_text())["run"]["decode"]["max_new_tokens"]
-        rows = [json.loads(x) for x in (d / "samples.jsonl").read_text().splitlines() if x.strip()]
+        rows = _samples(d)
         missing = [r["task_id"] for r in rows if r["task_id"] not in ref]
         if missing:
             raise SystemExit(f"bench_drafter: the reference has no ar output for {missing[0]} (and {len(missing) - 1} more)")

@@ -39,12 +39,12 @@ def task_rows(run_dir: Path, tokenizer):
     from vskip.bench import tasks
     from vskip.distill.rows import Data
     from vskip.engine.prompting import encode_chat
+    from vskip.study.rundir import SAMPLES, read_rows
 
     cfg = json.loads((run_dir / "config.json").read_text())["run"]
     problems = {p.task_id: p for p in tasks.load_task(cfg["task"], limit=cfg.get("limit"))}
     rows, plens, ids = [], [], []
-    for line in (run_dir / "samples.jsonl").read_text().splitlines():
-        s = json.loads(line)
+    for s in read_rows(run_dir / SAMPLES):
         prompt = encode_chat(tokenizer, tasks.user_prompt(problems[s["task_id"]]))
         rows.append(np.asarray(list(prompt) + list(s["tokens"]), np.int64))
         plens.append(len(prompt))
@@ -77,10 +77,10 @@ def main(argv=None) -> int:
     from vskip.distill.rows import load_rows, split
     from vskip.distill.shards import ends_in_a_loop
     from vskip.engine.models.config import ModelConfig
-    from vskip.engine.models.load import open_pair
+    from vskip.study.door import open_models
 
     cfg = json.loads((Path(a.train) / "config.json").read_text())["train"]
-    pair = open_pair(ModelConfig(drafter=a.drafter, device="cpu", dtype="float32", drafter_dtype="float32",
+    pair = open_models(ModelConfig(drafter=a.drafter, device="cpu", dtype="float32", drafter_dtype="float32",
                                  threads=a.threads, copy_prior="off"))
     model = pair.drafter.model
     _, ho = split(load_rows(Path(a.data)), cfg["holdout"], cfg["seed"])

@@ -26,8 +26,9 @@ from tqdm import tqdm
 
 from vskip.bench import tasks
 from vskip.engine.models.config import ModelConfig
-from vskip.engine.models.load import open_pair
+from vskip.study.door import open_models
 from vskip.engine.prompting import encode_chat
+from vskip.study.rundir import SAMPLES, read_rows
 
 
 def accepted(draft, ref, g: int) -> int:
@@ -56,8 +57,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     run = Path(a.run)
     task = json.loads((run / "config.json").read_text())["run"]["task"]
-    samples = {s["task_id"]: s["tokens"] for s in map(json.loads, (run / "samples.jsonl").read_text().splitlines())}
-    pair = open_pair(ModelConfig(drafter=a.drafter, device="cpu", dtype="float32", threads=a.threads))
+    samples = {s["task_id"]: s["tokens"] for s in read_rows(run / SAMPLES)}
+    pair = open_models(ModelConfig(drafter=a.drafter, device="cpu", dtype="float32", threads=a.threads))
     problems = [p for p in tasks.load_task(task) if p.task_id in samples]
     rng = np.random.default_rng(a.seed)
     lookup, split = [], {True: [], False: []}

@@ -26,7 +26,7 @@ from vskip.distill.copyfit import load_answers
 from vskip.distill.offline import simulate_strict
 from vskip.engine.models.config import ModelConfig
 from vskip.engine.models.copy import copy_hint
-from vskip.engine.models.load import open_pair
+from vskip.study.door import open_models
 from vskip.engine.policy.acceptance import leading_run
 
 
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--out", help="write results.json here")
     a = ap.parse_args(argv)
-    pair = open_pair(ModelConfig(drafter=a.drafter, device="cpu", dtype="float32", threads=a.threads, copy_prior=a.copy_prior))
+    pair = open_models(ModelConfig(drafter=a.drafter, device="cpu", dtype="float32", threads=a.threads, copy_prior=a.copy_prior))
     d, prior = pair.drafter, pair.drafter.copy
     if prior is None:
         raise SystemExit("no copy prior: the drafter has no copy_prior.json and none was given")

@@ -22,9 +22,10 @@ import torch
 from vskip.bench import tasks
 from vskip.bench.tasks import encode_problem
 from vskip.engine.decode import DecodeConfig, decode
+from vskip.engine.metrics import PromptResult
 from vskip.engine.models import tiny
 from vskip.engine.models.config import ModelConfig
-from vskip.engine.models.load import open_pair
+from vskip.study.door import open_models
 from vskip.engine.policy import PolicyConfig
 
 
@@ -65,7 +66,7 @@ def main(argv=None) -> int:
         results, bad = [], 0
         for cache in (True, False):
             m = ModelConfig(**{**models.__dict__, "verifier": str(v), "drafter": str(d), "verifier_cache": cache})
-            pair = open_pair(m, budget=(2048, a.max_new_tokens, a.gamma))
+            pair = open_models(m, budget=(2048, a.max_new_tokens, a.gamma))
             if pair.plan.verifier_map:
                 used = sorted(set(pair.plan.verifier_map.values()))
                 print(f"gpu_check: verifier device map over {', '.join(used)}", flush=True)
@@ -85,15 +86,15 @@ def main(argv=None) -> int:
                     if name == "strict" and not same:
                         bad += 1
                     n = res.generated_tokens
-                    results.append({"task_id": p.task_id, "policy": name, "verifier_cache": cache, "tokens": n,
-                                    "seconds": res.decode_seconds, "tok_s": n / max(res.decode_seconds, 1e-9),
-                                    "verifier_calls": res.verifier_calls, "skipped_rounds": res.skipped_rounds,
+                    results.append({"task_id": p.task_id, "policy": name, "verifier_cache": cache,
+                                    **PromptResult.of(res).to_json(), "tok_s": n / max(res.decode_seconds, 1e-9),
                                     "equals_ar": same})
             del pair
     print(f"{'prompt':<14} {'policy':<7} {'cache':<5} {'tokens':>6} {'tok/s':>9} {'calls':>5} {'skips':>5}  = ar")
     for r in results:
-        print(f"{r['task_id']:<14} {r['policy']:<7} {str(r['verifier_cache']):<5} {r['tokens']:>6} {r['tok_s']:>9.1f} "
-              f"{r['verifier_calls']:>5} {r['skipped_rounds']:>5}  {'yes' if r['equals_ar'] else 'no'}")
+        print(f"{r['task_id']:<14} {r['policy']:<7} {str(r['verifier_cache']):<5} {r['generated_tokens']:>6} "
+              f"{r['tok_s']:>9.1f} {r['verifier_calls']:>5} {r['skipped_rounds']:>5}  "
+              f"{'yes' if r['equals_ar'] else 'no'}")
     mem = peak_memory()
     print("peak memory: " + ", ".join(f"{k} {v:.2f}" for k, v in mem.items()))
     verdict = "PASS: Strict SDD equals ar on every prompt" if not bad else f"FAIL: Strict SDD differs from ar on {bad} run(s)"

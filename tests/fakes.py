@@ -12,7 +12,6 @@ import numpy as np
 
 from vskip.engine.models.protocols import DRAFT_FEATURES, DraftBlock
 from vskip.engine.policy import Verdict
-from vskip.engine.policy.sampling import speculative_draws
 
 V = 50
 EOS = 0
@@ -61,27 +60,36 @@ class FakeVerifier:
     eos_ids = frozenset({EOS})
     special_ids = frozenset({SPECIAL})
     max_length = 10_000
+    use_cache = True
 
     def __init__(self):
         self.calls = 0
         self.shadow_calls = 0
 
-    def score(self, seq, block, shadow=False, draw=None):
+    def _count(self, shadow):
         self.calls += not shadow
         self.shadow_calls += shadow
+
+    def score(self, seq, block, shadow=False):
+        self._count(shadow)
         seq = list(seq)
         block = [int(t) for t in block]
         zs = [fake_logits(seq + block[:j]) for j in range(len(block) + 1)]
-        if draw is not None and draw.speculative:
-            p = np.array([warp(z, draw.sampling) for z in zs])
-            return Verdict(speculative_draws(p, draw), np.full(len(block), np.nan), np.zeros(len(block), np.int64))
-        if draw is not None and not draw.sampling.greedy:
-            drawn = [inverse_cdf(warp(z, draw.sampling), u) for z, u in zip(zs, draw.u)]
-            return Verdict(np.array(drawn, np.int64), np.full(len(block), np.nan), np.zeros(len(block), np.int64))
         argmax = np.array([int(np.argmax(z)) for z in zs])
         gap = np.array([zs[j][t] - zs[j].max() for j, t in enumerate(block)])
         rank = np.array([int((zs[j] > zs[j][t]).sum()) for j, t in enumerate(block)], dtype=np.int64)
         return Verdict(argmax, gap.reshape(len(block)), rank.reshape(len(block)))
+
+    def distributions(self, seq, block, sampling, shadow=False):
+        self._count(shadow)
+        seq, block = list(seq), [int(t) for t in block]
+        return np.array([warp(fake_logits(seq + block[:j]), sampling) for j in range(len(block) + 1)])
+
+    def prefill(self, ids):
+        pass
+
+    def set_cache(self, on):
+        self.use_cache = on
 
     def greedy(self, seq, n):
         seq = list(seq)
@@ -102,6 +110,10 @@ class FakeVerifier:
 
 
 class FakeDrafter:
+    max_gamma = None
+    steps = 1
+    reads_verifier = False
+
     def __init__(self, error: float = 0.2, seed: int = 0, special_at: int | None = None):
         self.error = error
         self.seed = seed
@@ -113,12 +125,17 @@ class FakeDrafter:
         """A deterministic stand-in for a copy hint's match length: 0..11 as the sequence grows."""
         return len(seq) % 12
 
-    def propose(self, seq, gamma, features=False, draw=None):
+    def with_steps(self, steps):
+        if steps != 1:
+            raise ValueError("the fake drafter drafts in one forward")
+        return self
+
+    def propose(self, seq, gamma, features=False, sampling=None):
         self.blocks += 1
         self.gammas.append(gamma)
         rng = np.random.default_rng(self.seed * 7919 + len(seq))
-        if draw is not None:
-            return self._sampled(list(seq), gamma, draw, rng)
+        if sampling is not None:
+            return self._sampled(list(seq), gamma, sampling, rng)
         s = list(seq)
         toks, conf = [], []
         for j in range(gamma):
@@ -139,18 +156,18 @@ class FakeDrafter:
         hidden = np.zeros((gamma, 4), np.float32) if features else None
         return DraftBlock(np.array(toks, np.int64), np.array(conf, np.float32), feats, hidden)
 
-    def _sampled(self, seq, gamma, draw, rng):
-        """A sampled block drafted "in one forward": position j's distribution is the verifier's
-        after the context and its *greedy* continuation of j - 1 tokens, its logits blurred by
-        noise of scale ``3 * error``; it depends on the context alone, never on the tokens drawn
-        at other positions. Each token is drawn from it by inverse CDF with ``draw.u``."""
+    def _sampled(self, seq, gamma, sampling, rng):
+        """A block's distributions drafted "in one forward": position j's is the verifier's after
+        the context and its *greedy* continuation of j - 1 tokens, its logits blurred by noise of
+        scale ``3 * error``; it depends on the context alone, never on the tokens drawn at other
+        positions. The tokens returned are each row's argmax: the loop draws the real ones."""
         s, q = list(seq), []
         for _ in range(gamma):
             z = fake_logits(s)
-            q.append(warp(z + 3 * self.error * rng.normal(size=V), draw.sampling))
+            q.append(warp(z + 3 * self.error * rng.normal(size=V), sampling))
             s.append(int(np.argmax(z)))
-        toks = [inverse_cdf(row, u) for row, u in zip(q, draw.u)]
-        return DraftBlock(np.array(toks, np.int64), np.array([row.max() for row in q], np.float32), q=np.array(q))
+        q = np.array(q)
+        return DraftBlock(q.argmax(-1).astype(np.int64), q.max(-1).astype(np.float32), q=q)
 
     def warmup(self, seq, gamma):
         pass
@@ -161,6 +178,9 @@ class FakeDrafter:
 
 class StubPredictor:
     """Scores each position with its raw confidence squashed: stands in for a trained MLP."""
+
+    kind = "marginal"
+    online = None
 
     def __init__(self, power: float = 1.0):
         self.power = power

@@ -69,7 +69,7 @@ CASES = [
     ("run --task humaneval --out {tmp}/o --samples-per-prompt 4", "needs --temperature > 0"),
     ("compare --task humaneval --configs ar,lenience+lenience=0.5 --temperature 0.6", "takes no --temperature"),
     # run: flags
-    ("run --task nope --out {tmp}/o", "unknown task 'nope'"),
+    ("run --task nope --out {tmp}/o", "argument --task: invalid choice: 'nope'"),
     ("train-predictor --kind marginal --traces {tmp}/empty --out {tmp}/p --epochs 10000000000000000000000", "--epochs"),
     ("diagnose {tmp}/empty --out {tmp}/d --repetitions 10000000000000000000000", "--repetitions"),
     ("diagnose {tmp}/empty --out {tmp}/d --seed -1", "--seed"),
@@ -157,7 +157,7 @@ CASES = [
     ("compare --shard 0/2", "--shard must be I/N"),
     ("compare --shard x", "--shard must be I/N"),
     ("compare --shard 1/2/3", "--shard must be I/N"),
-    ("compare --task nope", "unknown task 'nope'"),
+    ("compare --task nope", "argument --task: invalid choice: 'nope'"),
     ("compare --limit 0", "--limit must be >= 1"),
     ("compare --ids ,", "--ids names no task id"),
     ("compare --summary", "--summary needs --out DIR"),
@@ -167,7 +167,7 @@ CASES = [
     ("compare --gamma 0", "gamma must lie in 1..512"),
     # score
     ("score --task humaneval --samples {tmp}/missing.jsonl", "missing.jsonl"),
-    ("score --task humaneval --samples {tmp}/list.jsonl", "list.jsonl:1"),
+    ("score --task humaneval --samples {tmp}/list.jsonl", "list.jsonl line 1 is not a JSON object"),
     ("score --task humaneval --samples {tmp}/no_id.jsonl", "task_id"),
     ("score --task humaneval --samples {tmp}/not_utf8.jsonl", "not_utf8.jsonl"),
     ("score --task humaneval --samples {tmp}/empty", "empty"),
@@ -241,10 +241,6 @@ CASES = [
     ("", "the following arguments are required: command"),
     ("nope", "invalid choice: 'nope'"),
 ]
-
-
-def test_the_corpus_is_large():
-    assert len(CASES) >= 100
 
 
 @pytest.mark.parametrize("argv,fragment", CASES, ids=[c[0][:60] for c in CASES])

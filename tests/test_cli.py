@@ -1,4 +1,5 @@
-"""Bad input exits non-zero with one clear line and no traceback (DESIGN §6, §8)."""
+"""Bad input exits non-zero with one clear line and no traceback (README.md, "Using it": every
+failure prints one line naming what failed, and the file where a file is at fault)."""
 
 import json
 import subprocess
@@ -22,7 +23,7 @@ def assert_one_line_error(res, needle):
 @pytest.mark.parametrize(
     "args,needle",
     [
-        (["run", "--task", "nope", "--out", "x"], "unknown task"),
+        (["run", "--task", "nope", "--out", "x"], "argument --task: invalid choice: 'nope'"),
         (["run", "--task", "humaneval", "--policy", "nope", "--out", "x"], "invalid choice"),
         (["run", "--task", "humaneval", "--eta-b", "1.5", "--out", "x"], "eta_b must lie in [0, 1]"),
         (["run", "--task", "humaneval", "--eta-c", "-0.1", "--out", "x"], "eta_c must lie in [0, 1]"),
@@ -33,12 +34,12 @@ def assert_one_line_error(res, needle):
         (["generate", "hi", "--verifier", "/nonexistent/model"], "does not exist"),
         (["generate", "hi", "--drafter", "/nonexistent/drafter"], "does not exist"),
         (["generate", "hi", "--copy-prior", "/nonexistent/copy_prior.json"], "does not exist"),
-        (["score", "--task", "humaneval", "--samples", "/nonexistent.jsonl"], ""),
+        (["score", "--task", "humaneval", "--samples", "x"], "samples file {out} does not exist"),
     ],
 )
 def test_bad_input_is_one_line(args, needle, tmp_path):
     args = [a if a != "x" else str(tmp_path / "out") for a in args]
-    assert_one_line_error(vskip(*args), needle)
+    assert_one_line_error(vskip(*args), needle.format(out=tmp_path / "out"))
 
 
 def test_help_lists_commands():
@@ -79,3 +80,40 @@ def test_the_light_registrations_name_what_the_modules_hold():
 
     assert sweep.GRID_NAMES == tuple(grids.GRIDS)
     assert predictors.PREDICTOR_KINDS == traces.KINDS + (prefix_model.KIND,)
+
+
+def test_the_shared_flags_are_each_defined_once():
+    """--threads, --verifier, --device and --task are spelled in one add_argument each, in the shared
+    groups of vskip/commands/flags.py; the commands take them through those groups."""
+    import ast
+    from pathlib import Path
+
+    import vskip
+
+    root = Path(vskip.__file__).parent
+    flags = ("--threads", "--verifier", "--device", "--task")
+    found = {f: [] for f in flags}
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
+                for arg in node.args:
+                    if isinstance(arg, ast.Constant) and arg.value in found:
+                        found[arg.value].append(f"{path.relative_to(root).as_posix()}:{node.lineno}")
+    for flag, where in found.items():
+        assert len(where) == 1 and where[0].startswith("commands/flags.py:"), (flag, where)
+
+
+@pytest.mark.parametrize("argv", [["run", "--task", "nope", "--out", "x"], ["compare", "--task", "nope"],
+                                  ["score", "--task", "nope", "--samples", "s.jsonl"],
+                                  ["sweep", "--task", "nope", "--grid", "kmin", "--out", "x"]])
+def test_an_unknown_task_exits_2_naming_the_tasks(argv, tmp_path, capsys):
+    from vskip import cli
+    from vskip.bench.tasks import ALL_TASKS
+
+    with pytest.raises(SystemExit) as e:
+        cli.main([str(tmp_path / a) if a in ("x", "s.jsonl") else a for a in argv])
+    assert e.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("vskip: error: argument --task: invalid choice: 'nope'"), lines
+    assert all(repr(t) in lines[0] for t in ALL_TASKS), lines
+    assert not (tmp_path / "x").exists()

@@ -1,6 +1,8 @@
 """`vskip compare`: configuration specs, paired rows with resume, and the summary against ar."""
 
 import json
+from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -51,13 +53,13 @@ def test_a_configuration_may_take_the_speculative_rule(tmp_path):
     prompts = [(f"t{i}", [7, 3, 9, i + 2]) for i in range(4)]
     chosen = [parsing.parse_variant(s, warm, 1) for s in ("ar", "strict", "strict+speculative=on")]
     rows = compare.read_rows(compare.run_compare(prompts, _pair(), chosen, tmp_path, progress=False))
-    by = {(r["task_id"], r["config"]): r for r in rows}
-    assert all(by[(t, "strict")]["output"] == by[(t, "ar")]["output"] for t, _ in prompts)  # the coupled rule
-    assert all(by[(t, "strict+speculative=on")]["tokens"] > 0 for t, _ in prompts)
+    by = {(r.task_id, r.config): r for r in rows}
+    assert all(by[(t, "strict")].tokens == by[(t, "ar")].tokens for t, _ in prompts)  # the coupled rule
+    assert all(by[(t, "strict+speculative=on")].result.generated_tokens > 0 for t, _ in prompts)
 
 
 def _pair():
-    return SimpleNamespace(drafter=FakeDrafter(0.3, 2), verifier=FakeVerifier())
+    return SimpleNamespace(drafter=FakeDrafter(0.3, 2), verifier=FakeVerifier(), runtime=None, extra_drafters={})
 
 
 def test_rows_pair_every_prompt_and_resume(tmp_path):
@@ -65,17 +67,17 @@ def test_rows_pair_every_prompt_and_resume(tmp_path):
     chosen = [parsing.parse_variant(s, BASE, 1) for s in ("ar", "strict", "strict+gamma=4+gamma_max=12+min_match=3+trim=0.6")]
     path = compare.run_compare(prompts, _pair(), chosen, tmp_path, progress=False)
     rows = compare.read_rows(path)
-    assert sorted((r["task_id"], r["config"]) for r in rows) == sorted(
+    assert sorted((r.task_id, r.config) for r in rows) == sorted(
         (t, v.name) for t, _ in prompts for v in chosen)
     # the order of configurations rotates from prompt to prompt
-    firsts = [rows[3 * k]["config"] for k in range(3)]
+    firsts = [rows[3 * k].config for k in range(3)]
     assert firsts == ["ar", "strict", "strict+gamma=4+gamma_max=12+min_match=3+trim=0.6"]
     # a cut line and a missing row are redone, nothing is counted twice
     text = path.read_text().splitlines()
     path.write_text("\n".join(text[:-2]) + "\n" + text[-2][: len(text[-2]) // 2])
     compare.run_compare(prompts, _pair(), chosen, tmp_path, progress=False)
     rows = compare.read_rows(path)
-    assert len({(r["task_id"], r["config"]) for r in rows}) == len(rows) == 15
+    assert len({(r.task_id, r.config) for r in rows}) == len(rows) == 15
     s = compare_summary.summarize_comparison(rows)
     import gzip
 
@@ -87,15 +89,14 @@ def test_rows_pair_every_prompt_and_resume(tmp_path):
     assert s["configs"]["strict"]["same_as_ar"] == s["configs"]["strict+gamma=4+gamma_max=12+min_match=3+trim=0.6"]["same_as_ar"] == 5
     assert s["configs"]["ar"]["ratio_vs_ar"] == pytest.approx(1.0)
     assert s["configs"]["strict"]["tokens_per_call"] > 1
-    acc = [x for r in rows if r["config"] == "strict" for x in r["accepted"]]
+    acc = [x for r in rows if r.config == "strict" for x in r.accepted]
     assert s["configs"]["strict"]["p_L_ge1"] == pytest.approx(sum(x >= 1 for x in acc) / len(acc))
     assert "× ar" in compare_summary.format_summary(s)
     # every row names the machine it was timed on; a prompt whose rows were timed on two machines
     # is counted, and the printed summary says the ratios are not paired there
     assert len(s["machines"]) == 1 and "prompts_split_across_machines" not in s
-    assert "machines" not in compare_summary.summarize_comparison([{k: v for k, v in r.items() if k != "machine"}
-                                                          for r in rows])
-    moved = [dict(r, machine="0123456789ab") if r["task_id"] == "t0" and r["config"] == "ar" else r for r in rows]
+    assert "machines" not in compare_summary.summarize_comparison([replace(r, machine=None) for r in rows])
+    moved = [replace(r, machine="0123456789ab") if r.task_id == "t0" and r.config == "ar" else r for r in rows]
     s2 = compare_summary.summarize_comparison(moved)
     assert s2["prompts_split_across_machines"] == 1 and len(s2["machines"]) == 2
     assert "1 prompts have configurations timed on different machines" in compare_summary.format_summary(s2)
@@ -119,22 +120,62 @@ def test_the_summary_gives_the_agreement_of_a_skipping_configuration(tmp_path):
     assert (raw["strict_token"], raw["full_prefix"]) == pytest.approx((st, fp))
     assert s["configs"]["strict"]["strict_token"] == 1.0 and s["configs"]["strict"]["relaxed_rounds"] == 0
     assert "StrictToken" in compare_summary.format_summary(s)
-    old = compare_summary.summarize_comparison([{k: v for k, v in r.items() if k != "agreement"} for r in rows])
+    old = compare_summary.summarize_comparison([replace(r, agreement=None) for r in rows])
     assert "strict_token" not in old["configs"]["strict"] and "StrictToken" not in compare_summary.format_summary(old)
+
+
+def _rows(dicts) -> list:
+    """Rows as a shard file holds them, read back."""
+    return [compare.CompareRow.from_json(d) for d in dicts]
 
 
 def test_summary_reports_where_outputs_diverge():
     rows = [
-        {"task_id": "a", "config": "ar", "tokens": 4, "seconds": 1.0, "output": [1, 2, 3, 4]},
-        {"task_id": "b", "config": "ar", "tokens": 3, "seconds": 1.0, "output": [5, 6, 7]},
-        {"task_id": "a", "config": "x", "tokens": 4, "seconds": 0.5, "output": [1, 2, 9, 4]},
-        {"task_id": "b", "config": "x", "tokens": 3, "seconds": 0.5, "output": [5, 6, 7]},
+        {"task_id": "a", "config": "ar", "generated_tokens": 4, "decode_seconds": 1.0, "tokens": [1, 2, 3, 4]},
+        {"task_id": "b", "config": "ar", "generated_tokens": 3, "decode_seconds": 1.0, "tokens": [5, 6, 7]},
+        {"task_id": "a", "config": "x", "generated_tokens": 4, "decode_seconds": 0.5, "tokens": [1, 2, 9, 4]},
+        {"task_id": "b", "config": "x", "generated_tokens": 3, "decode_seconds": 0.5, "tokens": [5, 6, 7]},
     ]
     for r in rows:
-        r["digest"] = compare._digest(r["output"])
-    s = compare_summary.summarize_comparison(rows)["configs"]["x"]
+        r["digest"] = compare._digest(r["tokens"])
+    s = compare_summary.summarize_comparison(_rows(rows))["configs"]["x"]
     assert s["same_as_ar"] == 1 and s["first_divergence"] == {"n": 1, "median": 2.0, "min": 2}
     assert s["ratio_vs_ar"] == pytest.approx(2.0)
+
+
+def test_rows_written_before_the_record_read_as_it(tmp_path):
+    """Rows written with compare's old names (seconds, calls, blocks, skipped; tokens the count and
+    output the ids) read as rows in the record's names, which a resume writes back; a damaged row
+    is named as the file spells it."""
+    old = {"task_id": "a", "config": "strict", "repeat": 1, "machine": "m", "prompt_tokens": 5, "seconds": 2.0,
+           "calls": 3, "blocks": 4, "draft_seconds": 0.5, "verify_seconds": 1.0, "skipped": 0, "accepted": [2, 1],
+           "agreement": [0, 0, 0, 0], "tokens": 3, "digest": "d", "output": [4, 5, 6]}
+    new = {"task_id": "a", "config": "strict", "repeat": 1, "machine": "m", "prompt_tokens": 5, "generated_tokens": 3,
+           "decode_seconds": 2.0, "verifier_calls": 3, "draft_blocks": 4, "skipped_rounds": 0, "draft_seconds": 0.5,
+           "verify_seconds": 1.0, "accepted": [2, 1], "agreement": [0, 0, 0, 0], "digest": "d", "tokens": [4, 5, 6]}
+    row = compare.CompareRow.from_json(old)
+    assert row == compare.CompareRow.from_json(new) and row.to_json() == new
+    assert row.result.verifier_calls == 3 and row.tokens == [4, 5, 6]
+    hf = compare.CompareRow.from_json({"task_id": "a", "config": "hf", "seconds": 1.5, "tokens": 2, "output": [1, 2]})
+    assert hf.result.verifier_calls is None and hf.to_json()["generated_tokens"] == 2
+    assert "verifier_calls" not in hf.to_json()
+    path = tmp_path / "shard-1-of-1.jsonl"
+    for bad, needle in (({"seconds": 0}, "line 1 has seconds 0"), ({"calls": -1}, "line 1 has calls -1")):
+        path.write_text(json.dumps(old | bad) + "\n")
+        with pytest.raises(compare.FileError, match=needle):
+            compare.read_rows(path)
+    path.write_text("\n" + json.dumps(new | {"decode_seconds": -1.0}) + "\n")
+    with pytest.raises(compare.FileError, match="line 2 has decode_seconds -1.0"):
+        compare.read_rows(path)
+
+
+def test_the_archived_comparison_rebuilds_its_summary_byte_for_byte():
+    """docs/results/speed/he164 holds rows written before compare shared the record with run:
+    read back, they give its committed summary.json and summary.md as they are."""
+    d = Path(__file__).parents[1] / "docs" / "results" / "speed" / "he164"
+    s = compare_summary.summarize_comparison(compare_summary.rows_of(d))
+    assert json.dumps(s, indent=1) + "\n" == (d / "summary.json").read_text()
+    assert compare_summary.format_summary(s) + "\n" == (d / "summary.md").read_text()
 
 
 def test_every_configuration_is_set_against_every_other():
@@ -144,8 +185,9 @@ def test_every_configuration_is_set_against_every_other():
     for t, n in (("a", 40), ("b", 20), ("c", 30)):
         for q in range(2):
             for name, sec in (("ar", 4.0), ("strict", 2.0), ("x", 1.0 + q)):  # x: twice strict's speed, then 2/3
-                rows.append({"task_id": t, "config": name, "repeat": q, "tokens": n, "seconds": sec * n / 10,
-                             "digest": "d", "output": [1]})
+                rows.append({"task_id": t, "config": name, "repeat": q, "generated_tokens": n,
+                             "decode_seconds": sec * n / 10, "digest": "d", "tokens": [1]})
+    rows = _rows(rows)
     s = compare_summary.summarize_comparison(rows)
     pw = s["pairwise"]
     assert set(pw) == {"ar", "strict", "x"} and set(pw["x"]) == {"ar", "strict"}
@@ -157,12 +199,12 @@ def test_every_configuration_is_set_against_every_other():
     assert lo == pytest.approx(hi) == pytest.approx(4 / 3)  # every prompt has the same ratio
     text = compare_summary.format_summary(s)
     assert "× strict" in text and "- x: 2.000, 1.000" in text.split("× strict by repeat:")[1]
-    no_strict = compare_summary.summarize_comparison([r for r in rows if r["config"] != "strict"])
+    no_strict = compare_summary.summarize_comparison([r for r in rows if r.config != "strict"])
     assert "× strict" not in compare_summary.format_summary(no_strict)
     old = {k: v for k, v in s.items() if k != "pairwise"}  # a summary written before pairs existed
     assert "× strict" not in compare_summary.format_summary(old)
     with pytest.raises(ValueError):
-        compare_summary.summarize_comparison([r for r in rows if r["config"] == "x"])
+        compare_summary.summarize_comparison([r for r in rows if r.config == "x"])
 
 
 def test_the_summary_sets_calls_and_blocks_against_strict_and_reads_eq8():
@@ -171,10 +213,13 @@ def test_the_summary_sets_calls_and_blocks_against_strict_and_reads_eq8():
     rows = []
     for t, n in (("a", 40), ("b", 20)):
         for name, calls, blocks, toks in (("ar", n, 0, n), ("strict", n // 4, n // 4, n), ("x", n // 8, n // 2, n // 2)):
-            rows.append({"task_id": t, "config": name, "tokens": toks, "seconds": 1.0, "digest": "d", "output": [1],
-                         "calls": calls, "blocks": blocks, "accepted": [3] * blocks if name == "strict" else [],
+            rows.append({"task_id": t, "config": name, "generated_tokens": toks, "decode_seconds": 1.0, "digest": "d",
+                         "tokens": [1], "verifier_calls": calls, "draft_blocks": blocks,
+                         "accepted": [3] * blocks if name == "strict" else [],
                          "draft_seconds": 0.01 * blocks, "verify_seconds": 0.03 * calls})
-        rows.append({"task_id": t, "config": "hf", "tokens": n, "seconds": 1.0, "digest": "d", "output": [1]})
+        rows.append({"task_id": t, "config": "hf", "generated_tokens": n, "decode_seconds": 1.0, "digest": "d",
+                     "tokens": [1]})
+    rows = _rows(rows)
     s = compare_summary.summarize_comparison(rows)
     x, st = s["configs"]["x"], s["configs"]["strict"]
     # transformers' decoders record no calls: neither relative measure exists for them
@@ -191,7 +236,7 @@ def test_the_summary_sets_calls_and_blocks_against_strict_and_reads_eq8():
     assert "rel. calls [95% CI]" in text and "K* = A c_D / (c_D + c_V) = 1.000" in text
     hf_row = next(line for line in text.splitlines() if line.startswith("| hf "))
     assert "0.000" not in hf_row
-    no_strict = compare_summary.summarize_comparison([r for r in rows if r["config"] != "strict"])
+    no_strict = compare_summary.summarize_comparison([r for r in rows if r.config != "strict"])
     assert "eq8" not in no_strict and "rel. calls" not in compare_summary.format_summary(no_strict)
 
 
@@ -258,21 +303,21 @@ class CacheVerifier(FakeVerifier):
         self.use_cache = on
         self.switches.append(on)
 
-    def score(self, seq, block, shadow=False, draw=None):
+    def score(self, seq, block, shadow=False):
         self.seen.add(self.use_cache)
-        return super().score(seq, block, shadow, draw)
+        return super().score(seq, block, shadow)
 
 
 def test_repeats_rotate_and_give_each_repeats_ratio(tmp_path):
     prompts = [(f"t{i}", [7, 3, 9, i + 2]) for i in range(4)]
     variants = [parsing.parse_variant(s, BASE, 1) for s in ("ar", "strict", "strict+cache=off")]
-    pair = SimpleNamespace(drafter=FakeDrafter(0.3, 2), verifier=CacheVerifier())
+    pair = SimpleNamespace(drafter=FakeDrafter(0.3, 2), verifier=CacheVerifier(), runtime=None, extra_drafters={})
     path = compare.run_compare(prompts, pair, variants, tmp_path, progress=False, repeats=2)
     rows = compare.read_rows(path)
-    assert sorted((r["task_id"], r["config"], r["repeat"]) for r in rows) == sorted(
+    assert sorted((r.task_id, r.config, r.repeat) for r in rows) == sorted(
         (t, v.name, q) for t, _ in prompts for v in variants for q in range(2))
     # the first configuration moves on at every repeat of every prompt
-    assert [rows[3 * k]["config"] for k in range(4)] == ["ar", "strict", "strict+cache=off", "ar"]
+    assert [rows[3 * k].config for k in range(4)] == ["ar", "strict", "strict+cache=off", "ar"]
     # the cache is switched off for that configuration only, and back on after it
     assert pair.verifier.seen == {True, False} and pair.verifier.switches == [False, True] * 8
     s = compare_summary.summarize_comparison(rows)
@@ -283,15 +328,14 @@ def test_repeats_rotate_and_give_each_repeats_ratio(tmp_path):
         assert min(d["ratio_by_repeat"]) <= d["ratio_vs_ar"] <= max(d["ratio_by_repeat"])
     assert "× ar by repeat" in compare_summary.format_summary(s)
     # a prompt missing one repeat of one configuration is left out of the summary
-    partial = [r for r in rows if not (r["task_id"] == "t3" and r["config"] == "strict" and r["repeat"] == 1)]
+    partial = [r for r in rows if not (r.task_id == "t3" and r.config == "strict" and r.repeat == 1)]
     assert compare_summary.summarize_comparison(partial)["n_prompts"] == 3
     # resume: nothing is decoded again
     before = len(pair.verifier.switches)
     compare.run_compare(prompts, pair, variants, tmp_path, progress=False, repeats=2)
     assert len(pair.verifier.switches) == before and len(compare.read_rows(path)) == 24
-    with pytest.raises(ValueError, match="no cache switch"):
-        compare.run_compare(prompts, SimpleNamespace(drafter=FakeDrafter(0.3, 2), verifier=FakeVerifier()), variants,
-                            tmp_path / "plain", progress=False)
+    # the switch is put back after each configuration that sets it
+    assert pair.verifier.use_cache is True
 
 
 def test_a_learned_configuration_reads_its_predictor(tmp_path, monkeypatch):
@@ -308,8 +352,8 @@ def test_a_learned_configuration_reads_its_predictor(tmp_path, monkeypatch):
     variants = [parsing.parse_variant(s, BASE, 1, "pred") for s in ("ar", "marginal+eta_m=0.5+k_min=1", "strict")]
     path = compare.run_compare([("t0", [7, 3, 9, 2])], _pair(), variants, tmp_path, progress=False, predictor="pred")
     assert asked == [("pred", "marginal")] and set(scored) == {"t0"}
-    rows = {r["config"]: r for r in compare.read_rows(path)}
-    assert rows["marginal+eta_m=0.5+k_min=1"]["skipped"] > 0 and rows["strict"]["skipped"] == 0
+    rows = {r.config: r.result for r in compare.read_rows(path)}
+    assert rows["marginal+eta_m=0.5+k_min=1"].skipped_rounds > 0 and rows["strict"].skipped_rounds == 0
 
 
 def test_a_configuration_may_name_its_own_predictor(tmp_path, monkeypatch):
@@ -319,6 +363,8 @@ def test_a_configuration_may_name_its_own_predictor(tmp_path, monkeypatch):
     import vskip.study.predictor
 
     class Sure:
+        kind, online = "conditional", None
+
         def __init__(self, q):
             self.q = q
 
@@ -337,8 +383,8 @@ def test_a_configuration_may_name_its_own_predictor(tmp_path, monkeypatch):
     assert variants[1].params == variants[2].params  # the same policy; only the model differs
     path = compare.run_compare([("t0", [7, 3, 9, 2])], _pair(), variants, tmp_path, progress=False, predictor="pred")
     assert asked == [("pred", "prefix"), ("round2", "prefix")]
-    rows = {r["config"]: r for r in compare.read_rows(path)}
-    assert rows[specs[1]]["skipped"] > 0 and rows[specs[2]]["skipped"] == rows[specs[3]]["skipped"] == 0
+    rows = {r.config: r.result for r in compare.read_rows(path)}
+    assert rows[specs[1]].skipped_rounds > 0 and rows[specs[2]].skipped_rounds == rows[specs[3]].skipped_rounds == 0
     from vskip.engine.models.config import ModelConfig
 
     rec = compare.settings_record("humaneval", 24, ModelConfig(), ModelConfig(), variants, "pred")
@@ -353,10 +399,10 @@ def test_a_configuration_may_name_its_own_predictor(tmp_path, monkeypatch):
 
 def test_a_shard_without_prompts_ends_at_once(tmp_path, capsys, monkeypatch):
     """More shards than prompts: the idle shard says so and exits 0 before any model loads."""
-    import vskip.engine.models.load
+    import vskip.study.door
     from vskip.cli import main
 
-    monkeypatch.setattr(vskip.engine.models.load, "open_pair", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(vskip.study.door, "open_models", lambda *a, **k: pytest.fail("a model was loaded"))
     rc = main(["compare", "--task", "humaneval", "--ids", "HumanEval/0", "--configs", "ar,strict",
                "--shard", "2/2", "--out", str(tmp_path / "c"), "--quiet"])
     assert rc == 0 and "shard 2/2 has no prompts of the 1 selected" in capsys.readouterr().out
@@ -369,12 +415,12 @@ def test_a_configuration_drafts_with_its_own_drafter_and_each_drafter_warms_up_w
     class Short(FakeDrafter):
         max_gamma = 4
 
-        def propose(self, seq, gamma, features=False):
+        def propose(self, seq, gamma, features=False, sampling=None):
             assert gamma <= self.max_gamma, gamma
             return super().propose(seq, gamma, features)
 
     main_d, other = Short(0.3, 1), FakeDrafter(0.3, 2)
-    pair = SimpleNamespace(drafter=main_d, verifier=FakeVerifier(), extra_drafters={"other": other})
+    pair = SimpleNamespace(drafter=main_d, verifier=FakeVerifier(), extra_drafters={"other": other}, runtime=None)
     chosen = [parsing.parse_variant(s, BASE, 1) for s in ("ar", "strict+gamma=4", "strict+gamma=12+drafter=other")]
     prompts = [(f"t{i}", [7, 3, 9, i + 2]) for i in range(2)]
     compare.run_compare(prompts, pair, chosen, tmp_path, progress=False)
@@ -400,8 +446,8 @@ def test_score_runs_each_configurations_outputs_and_pairs_pass_at_1_with_ar(tmp_
     for p in probs:
         for config, out in (("ar", good[p.task_id]), ("strict", good[p.task_id]),
                             ("raw", bad if p.task_id == "HumanEval/0" else good[p.task_id])):
-            rows.append({"task_id": p.task_id, "config": config, "repeat": 0, "seconds": 1.0, "tokens": len(out),
-                         "digest": compare._digest(out), "output": out})
+            rows.append({"task_id": p.task_id, "config": config, "repeat": 0, "decode_seconds": 1.0,
+                         "generated_tokens": len(out), "digest": compare._digest(out), "tokens": out})
     (tmp_path / "shard-1-of-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "settings.json").write_text(json.dumps({"fixed": {"task": "humaneval", "models": {}}, "configs": {}}))
     assert main(["compare", "--summary", "--score", "--quiet", "--out", str(tmp_path)]) == 0

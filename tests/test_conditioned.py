@@ -14,7 +14,7 @@ from vskip.engine.decode import DecodeConfig, decode
 from vskip.engine.models import tiny
 from vskip.engine.models.conditioned import ConditionedDrafter, HiddenTap, default_target_layers
 from vskip.engine.models.config import ModelConfig
-from vskip.engine.models.load import open_pair
+from vskip.study.door import open_models
 from vskip.engine.policy import PolicyConfig
 from vskip.engine.prompting import encode_chat
 
@@ -29,7 +29,7 @@ def dirs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def pair(dirs):
     v, d = dirs
-    return open_pair(ModelConfig(drafter=str(d), verifier=str(v), device="cpu", dtype="float32",
+    return open_models(ModelConfig(drafter=str(d), verifier=str(v), device="cpu", dtype="float32",
                                  drafter_dtype="float32"))
 
 
@@ -108,6 +108,8 @@ def test_drafts_equal_the_published_semantics(dirs, pair):
     pair.verifier.reset()
     pair.drafter.reset()
     seq = list(ids)
+    assert pair.drafter.reads_verifier
+    pair.verifier.prefill(seq[:-1])  # as the loop does before a prompt's first block
     bad = _never(pair)
     checked_tail = False
     for r in range(6):
@@ -119,7 +121,7 @@ def test_drafts_equal_the_published_semantics(dirs, pair):
         checked_tail |= len(seq) - 1 - m > 0
         if r % 2 == 0:  # verify: the verifier runs over seq + block, hands over its states
             verdict = pair.verifier.score(seq, block.tokens)
-            seq = seq + block.tokens[:2].tolist() + [int(verdict.argmax[2])]
+            seq = seq + block.tokens[:2].tolist() + [int(verdict.tokens[2])]
         else:  # skip: committed without the verifier, so the next block has a tail
             seq = seq + block.tokens[:3].tolist()
     assert checked_tail
@@ -144,7 +146,7 @@ def test_the_tap_holds_verified_positions_and_a_shadow_call_adds_none(pair):
 @pytest.mark.parametrize("cache", [True, False])
 def test_strict_sdd_is_lossless_with_a_dflash_drafter(dirs, cache):
     v, d = dirs
-    pair = open_pair(ModelConfig(drafter=str(d), verifier=str(v), device="cpu", dtype="float32",
+    pair = open_models(ModelConfig(drafter=str(d), verifier=str(v), device="cpu", dtype="float32",
                                  drafter_dtype="float32", verifier_cache=cache))
     for text in ("def add(a, b):", "Write a function that reverses a list."):
         ids = encode_chat(pair.tokenizer, text)
@@ -164,7 +166,7 @@ def test_sampled_strict_sdd_commits_what_sampled_ar_draws(dirs, exact_head):
     from vskip.engine.policy import Sampling
 
     v, d = dirs
-    pair = open_pair(ModelConfig(drafter=str(d), verifier=str(v), device="cpu", dtype="float32", drafter_dtype="float32"))
+    pair = open_models(ModelConfig(drafter=str(d), verifier=str(v), device="cpu", dtype="float32", drafter_dtype="float32"))
     if not exact_head:
         pair.verifier.head = None
     ids = encode_chat(pair.tokenizer, "def add(a, b):")
@@ -186,7 +188,7 @@ def test_the_speculative_rule_runs_through_the_transformers_verifier(dirs):
     from vskip.engine.policy import Sampling
 
     v, d = dirs
-    pair = open_pair(ModelConfig(drafter=str(d), verifier=str(v), device="cpu", dtype="float32", drafter_dtype="float32"))
+    pair = open_models(ModelConfig(drafter=str(d), verifier=str(v), device="cpu", dtype="float32", drafter_dtype="float32"))
     ids = encode_chat(pair.tokenizer, "def add(a, b):")
     strict = PolicyConfig(name="strict")
     greedy = decode(ids, None, pair.verifier, PolicyConfig(name="ar"), DecodeConfig(gamma=7, max_new_tokens=30))
@@ -198,10 +200,22 @@ def test_the_speculative_rule_runs_through_the_transformers_verifier(dirs):
     assert a.tokens == b.tokens and len(a.tokens) == 30
 
 
-def test_no_checkpoint_code_runs(dirs, pair):
-    # dflash.py raises when imported; the pair above loaded without it
-    assert (dirs[1] / "dflash.py").read_text().startswith("raise")
-    assert isinstance(pair.drafter, ConditionedDrafter)
+def test_no_checkpoint_code_runs(dirs, tmp_path):
+    """The code a DFlash directory names (its auto_map's dflash.py) never runs: loading the pair
+    and decoding with it leave unwritten the file that code would write."""
+    import shutil
+
+    v, d = dirs
+    mine, marker = tmp_path / "dflash", tmp_path / "ran"
+    shutil.copytree(d, mine)
+    (mine / "dflash.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    pair = open_models(ModelConfig(drafter=str(mine), verifier=str(v), device="cpu", dtype="float32",
+                                   drafter_dtype="float32"))
+    ids = encode_chat(pair.tokenizer, "def add(a, b):")
+    res = decode(ids, pair.drafter, pair.verifier, PolicyConfig(name="strict"),
+                 DecodeConfig(gamma=7, max_new_tokens=12))
+    assert isinstance(pair.drafter, ConditionedDrafter) and res.draft_blocks > 0
+    assert not marker.exists()
 
 
 def _variant(tmp_path, d: Path, name: str, **change) -> Path:

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from vskip.engine.models.backbone import BackboneConfig
 from vskip.engine.models.copy import CopyPrior, copy_hint, fit_lambda, suffix_match
-from vskip.engine.models.drafter import DiffusionDrafter, DiffusionLM, DrafterSpec
+from vskip.engine.models.diffusion_lm import DiffusionLM, DrafterSpec
+from vskip.engine.models.drafter import DiffusionDrafter
 
 V = 64
 
@@ -117,8 +118,9 @@ def test_a_sampled_draft_draws_from_the_copy_mixture_over_the_vocabulary():
     """--speculative-sampling: the one reveal step samples every position from the copy mixture,
     mapped onto vocabulary ids (the extra column onto the hint's id outside the head); at
     temperature 1 q is that mixture, so a full-weight prior puts all mass on the hint and a
-    weight of 0.4 at least 0.4. A drafter of two reveal steps refuses to sample."""
-    from vskip.engine.policy import Draw, Sampling
+    weight of 0.4 at least 0.4; the tokens the loop draws from q carry mass. A drafter of two
+    reveal steps refuses to sample."""
+    from vskip.engine.policy import Sampling, draw_rows
 
     s = Sampling(temperature=1.0, speculative=True)
     hints = [6, 7, 8, 9, 10, 3, 4, 5]
@@ -126,17 +128,18 @@ def test_a_sampled_draft_draws_from_the_copy_mixture_over_the_vocabulary():
     rows = np.arange(8)
     d = tiny_drafter(head, full_prior(1.0))
     d.steps = 1
-    b = d.propose(SEQ, 8, draw=Draw(s, np.full(8, 0.5)))
-    assert b.tokens.tolist() == hints and np.allclose(b.q[rows, hints], 1.0)
+    b = d.propose(SEQ, 8, sampling=s)
+    assert draw_rows(b.q, np.full(8, 0.5)).tolist() == hints and np.allclose(b.q[rows, hints], 1.0)
     d = tiny_drafter(head, full_prior(0.4))
     d.steps = 1
-    b = d.propose(SEQ, 8, draw=Draw(s, np.linspace(0.02, 0.98, 8)))
+    b = d.propose(SEQ, 8, sampling=s)
+    drawn = draw_rows(b.q, np.linspace(0.02, 0.98, 8))
     assert np.allclose(b.q.sum(1), 1.0) and np.all(b.q[rows, hints] >= 0.4 - 1e-6)
     outside = [i for i in range(1, V, 2) if i not in hints]
-    assert np.all(b.q[:, outside] == 0) and np.all(b.q[rows, b.tokens] > 0)
-    assert not np.array_equal(b.tokens, np.array(hints))  # some positions drew the network's tokens
+    assert np.all(b.q[:, outside] == 0) and np.all(b.q[rows, drawn] > 0)
+    assert not np.array_equal(drawn, np.array(hints))  # some positions drew the network's tokens
     with pytest.raises(ValueError, match="one forward"):
-        tiny_drafter().propose(SEQ, 8, draw=Draw(s, np.full(8, 0.5)))
+        tiny_drafter().propose(SEQ, 8, sampling=s)
 
 
 def test_a_zero_weight_prior_changes_nothing():
@@ -228,10 +231,12 @@ def test_fit_on_copying_answers_learns_to_copy(tmp_path):
 class ScriptedDrafter:
     """Proposes the stored answer with its i-th token wrong (i from a script), or all right."""
 
+    max_gamma, steps, reads_verifier = None, 1, False
+
     def __init__(self, row, wrong_at):
         self.row, self.wrong_at, self.calls = row, list(wrong_at), 0
 
-    def propose(self, seq, gamma, features=False):
+    def propose(self, seq, gamma, features=False, sampling=None):
         from vskip.engine.models.protocols import DraftBlock
 
         b = len(seq)

@@ -81,7 +81,7 @@ def test_a_lossy_skip_shows_in_agreement():
     pol = PolicyConfig(name="raw", eta_b=0.0, eta_c=0.0, k_min=1, s_max=1000)
 
     class Overconfident(FakeDrafter):
-        def propose(self, seq, gamma, features=False):
+        def propose(self, seq, gamma, features=False, sampling=None):
             b = super().propose(seq, gamma, features)
             b.confidence[:] = 1.0
             return b
@@ -219,9 +219,12 @@ def test_block_length_follows_the_match_and_the_last_block():
 def test_trim_refuses_traces_and_relaxed_acceptance():
     with pytest.raises(ValueError, match="trim"):
         DecodeConfig(trim=0.5, trace=True)
+    from vskip.engine.settings import Settings
+
     for name in ("lenience", "topk"):
         with pytest.raises(ValueError, match="trim"):
-            decode(PROMPT, FakeDrafter(), FakeVerifier(), PolicyConfig(name=name), DecodeConfig(trim=0.5))
+            Settings(PolicyConfig(name=name), DecodeConfig(trim=0.5))
+    Settings(PolicyConfig(name="strict"), DecodeConfig(trim=0.5))  # lossless: allowed
 
 
 def test_prefix_policy_skips_only_beyond_the_break_even_length():

@@ -38,10 +38,12 @@ class Oracle:
     """The reference continuation with seeded corruptions: long acceptances and skips on the real
     verifier, whatever the shipped drafter's quality."""
 
+    max_gamma, steps, reads_verifier = None, 1, False
+
     def __init__(self, n0, ref, error, seed=0):
         self.n0, self.ref, self.error, self.seed = n0, ref, error, seed
 
-    def propose(self, seq, gamma, features=False):
+    def propose(self, seq, gamma, features=False, sampling=None):
         rng = np.random.default_rng(self.seed + len(seq))
         g = len(seq) - self.n0
         toks = np.array((list(self.ref[g : g + gamma]) + [198] * gamma)[:gamma], np.int64)
@@ -153,7 +155,7 @@ def test_a_drafter_whose_vocabulary_does_not_fit_is_refused(tmp_path):
     import torch
 
     from vskip.engine.models.backbone import BackboneConfig
-    from vskip.engine.models.drafter import DiffusionLM, DrafterSpec
+    from vskip.engine.models.diffusion_lm import DiffusionLM, DrafterSpec
     from vskip.engine.models.drafter_io import save_drafter
 
     spec = DrafterSpec(backbone=BackboneConfig(96, 32, 64, 1, 4, 2), mask_token_id=None, head="tied")

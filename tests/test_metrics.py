@@ -2,7 +2,7 @@
 
 import pytest
 
-from vskip.engine.metrics import summarize
+from vskip.engine.metrics import PromptResult, summarize
 from vskip.study.rundir import RoundRow
 
 
@@ -39,6 +39,30 @@ def test_unknowns_are_none_and_named():
     old = RoundRow.from_json({"task_id": "a", "verified": False, "K": 6, "L": 3, "committed": 6})  # an older file's row
     s = summarize([_sample("a")], [old])
     assert s["strict_token"] is None and "relaxed/accepted round fields" in s["missing"]
+
+
+def test_a_prompts_record_round_trips_and_is_what_summarize_totals():
+    """PromptResult: the measures of one decode as samples.jsonl and compare's rows hold them; a
+    decoder outside the loop has N and T alone, and summarize names what it lacks."""
+    from fakes import FakeDrafter, FakeVerifier
+
+    from vskip.engine.decode import DecodeConfig, decode
+    from vskip.engine.policy import PolicyConfig
+
+    res = decode([7, 3, 9, 2], FakeDrafter(0.3, 2), FakeVerifier(), PolicyConfig(name="strict"),
+                 DecodeConfig(gamma=8, max_new_tokens=30))
+    rec = PromptResult.of(res)
+    assert PromptResult.from_json(rec.to_json()) == rec
+    assert (rec.generated_tokens, rec.verifier_calls, rec.draft_blocks) == (len(res.tokens), res.verifier_calls,
+                                                                             res.draft_blocks)
+    s = summarize([{"task_id": "a", **rec.to_json()}], [])
+    assert (s["generated_tokens"], s["verifier_calls"], s["draft_blocks"]) == (len(res.tokens), res.verifier_calls,
+                                                                                res.draft_blocks)
+    assert "missing" not in s
+    hf = PromptResult(generated_tokens=5, decode_seconds=1.0)
+    assert hf.to_json() == {"generated_tokens": 5, "decode_seconds": 1.0}
+    s = summarize([{"task_id": "a", **hf.to_json()}], [])
+    assert s["tokens_per_s"] == 5.0 and s["verifier_calls"] is None and "verifier_calls" in s["missing"]
 
 
 def test_resamples_keep_each_callers_random_stream_and_allow_no_prompts():

@@ -9,7 +9,8 @@ from fakes import FakeDrafter
 
 from vskip.engine.decode import DecodeConfig, decode
 from vskip.engine.models.backbone import BackboneConfig
-from vskip.engine.models.drafter import DiffusionDrafter, DiffusionLM, DrafterSpec, reveal_counts
+from vskip.engine.models.diffusion_lm import DiffusionLM, DrafterSpec, reveal_counts
+from vskip.engine.models.drafter import DiffusionDrafter
 from vskip.engine.models.drafter_io import load_drafter_model, save_drafter
 from vskip.engine.models.protocols import DraftBlock
 from vskip.engine.models.verifier import HFVerifier
@@ -156,7 +157,7 @@ class OracleDrafter(FakeDrafter):
         super().__init__(error, seed)
         self.n0, self.ref = prompt_len, reference
 
-    def propose(self, seq, gamma, features=False):
+    def propose(self, seq, gamma, features=False, sampling=None):
         rng = np.random.default_rng(self.seed * 31 + len(seq))
         g = len(seq) - self.n0
         toks = list(self.ref[g : g + gamma]) + [5] * gamma
@@ -205,7 +206,7 @@ def test_shadow_call_restores_the_cache():
     # and a no-cache verifier agrees with the cached one after all that
     a = v.score(seq + [3, 4, 6], [1, 2])
     b = HFVerifier(model, eos_ids=[0], use_cache=False).score(seq + [3, 4, 6], [1, 2])
-    assert np.array_equal(a.argmax, b.argmax) and np.allclose(a.draft_gap, b.draft_gap, atol=1e-4)
+    assert np.array_equal(a.tokens, b.tokens) and np.allclose(a.draft_gap, b.draft_gap, atol=1e-4)
     assert np.array_equal(a.draft_rank, b.draft_rank)
 
 
@@ -216,7 +217,7 @@ def test_verdict_rank_and_gap():
     out = v.score(seq, [7])
     with torch.no_grad():
         z = model(torch.tensor([seq + [7]])).logits[0, -2].float()
-    assert out.argmax[0] == int(z.argmax())
+    assert out.tokens[0] == int(z.argmax())
     assert out.draft_gap[0] == pytest.approx(float(z[7] - z.max()), abs=1e-5)
     assert out.draft_rank[0] == int((z > z[7]).sum())
 

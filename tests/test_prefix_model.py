@@ -217,9 +217,9 @@ def test_the_prefix_policy_reads_the_model_and_its_calibrated_threshold(tmp_path
     pp = load_predictor(tmp_path / "p", "prefix")
     a = parser.parse_args(["run", "--task", "humaneval", "--policy", "prefix", "--predictor", str(tmp_path / "p"),
                            "--alpha", "0.3", "--out", str(tmp_path / "r")])
-    from vskip.commands.flags import configs
+    from vskip.commands.flags import settings
 
-    pol = configs(a)[0]
+    pol = settings(a).policy
     assert pol.survival == "model" and pol.alpha == 0.3 and pol.predictor_kind == "prefix"
 
     seen = []

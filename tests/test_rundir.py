@@ -210,7 +210,7 @@ def _dying_pair(kill_at: int):
     class Dies(FakeDrafter):
         calls = 0
 
-        def propose(self, seq, gamma, features=False):
+        def propose(self, seq, gamma, features=False, sampling=None):
             Dies.calls += 1
             if Dies.calls == kill_at:
                 raise _Killed

@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vskip.engine.decode import DecodeConfig, decode
-from vskip.engine.models.sampling import draw_tokens, warped_probs
-from vskip.engine.policy import Draw, PolicyConfig, Sampling, Verdict, prompt_key
+from vskip.engine.models.sampling import warped_probs
+from vskip.engine.policy import RULE, Draw, PolicyConfig, Rule, Sampling, Verdict, draw_rows, drawn_verdict, prompt_key
 
 PROMPT = [5, 6, 7]
 
@@ -43,21 +43,21 @@ def _exact(s: Sampling, n: int) -> dict[tuple, float]:
     return out
 
 
-class AcceptEverything(FakeVerifier):
-    """The deliberately wrong rule: every drafted token is accepted (the verdict echoes the
-    draft), and only the bonus token is the verifier's own draw."""
+class AcceptEverything(Rule):
+    """The deliberately wrong rule: every drafted token is accepted, and only the bonus token is
+    the verifier's own draw."""
 
-    def score(self, seq, block, shadow=False, draw=None):
-        v = super().score(seq, block, shadow, draw)
-        return Verdict(np.concatenate([np.asarray(block, np.int64), v.argmax[-1:]]), v.draft_gap, v.draft_rank)
+    def accept(self, cfg, draft, verdict):
+        return len(draft)
 
 
-def _samples(verifier, policy: str, s: Sampling, n_tokens: int, seeds: range, drafter_error: float = 0.0):
+def _samples(rule: Rule, policy: str, s: Sampling, n_tokens: int, seeds: range, drafter_error: float = 0.0):
     counts: dict[tuple, int] = {}
     for seed in seeds:
         cfg = DecodeConfig(gamma=4, max_new_tokens=n_tokens, sampling=replace(s, seed=seed))
         drafter = None if policy == "ar" else FakeDrafter(error=drafter_error, seed=seed)
-        out = tuple(decode(PROMPT, drafter, verifier, PolicyConfig(name=policy), cfg, task_id="t").tokens)
+        out = tuple(decode(PROMPT, drafter, FakeVerifier(), PolicyConfig(name=policy), cfg, task_id="t",
+                           rule=rule).tokens)
         counts[out] = counts.get(out, 0) + 1
     return counts
 
@@ -78,26 +78,26 @@ def test_strict_sdd_samples_the_verifiers_distribution_exactly(drafter_error):
     s = Sampling(temperature=1.0, top_k=4)
     exact = _exact(s, 3)
     assert len(exact) == 64 and abs(sum(exact.values()) - 1) < 1e-12
-    stat, df = _chi2(_samples(FakeVerifier(), "strict", s, 3, range(2000), drafter_error), exact)
+    stat, df = _chi2(_samples(RULE, "strict", s, 3, range(2000), drafter_error), exact)
     assert stat < _chi2_critical(df), (stat, df)
     wrong = _samples(AcceptEverything(), "strict", s, 3, range(2000), drafter_error)
     stat_w, _ = _chi2(wrong, exact)
     assert stat_w > 10 * _chi2_critical(df), stat_w
 
 
-class ResampleFromP(FakeVerifier):
+class ResampleFromP(Rule):
     """A wrong speculative rule, the classic mistake: accept with min(1, p/q), but on rejection
     draw afresh from p instead of from the residual max(0, p - q)."""
 
-    def score(self, seq, block, shadow=False, draw=None):
-        v = super().score(seq, block, shadow, replace(draw, q=None))  # plain draws from p everywhere
-        seq, out = list(seq), v.argmax.copy()
+    def verdict(self, p, draw):
+        if draw is None or not draw.speculative:
+            return super().verdict(p, draw)
+        out = draw_rows(p, draw.u)  # plain draws from p everywhere
         for i, x in enumerate(draw.tokens):
-            p = warp(fake_logits(seq + [int(t) for t in block[:i]]), draw.sampling)
-            if draw.u_accept[i] * draw.q[i][x] >= p[x]:
+            if draw.u_accept[i] * draw.q[i][x] >= p[i][x]:
                 break  # rejected: the plain draw from p stays at i
             out[i] = x
-        return Verdict(out, v.draft_gap, v.draft_rank)
+        return drawn_verdict(out)
 
 
 @pytest.mark.parametrize("drafter_error", [0.0, 0.2])
@@ -107,7 +107,7 @@ def test_the_speculative_rule_samples_the_verifiers_distribution_exactly(drafter
     2000 seeds, chi-square at 1e-3; resampling from p instead of the residual is rejected."""
     s = Sampling(temperature=1.0, top_k=4, speculative=True)
     exact = _exact(s, 3)
-    stat, df = _chi2(_samples(FakeVerifier(), "strict", s, 3, range(2000), drafter_error), exact)
+    stat, df = _chi2(_samples(RULE, "strict", s, 3, range(2000), drafter_error), exact)
     assert stat < _chi2_critical(df), (stat, df)
     stat_w, _ = _chi2(_samples(ResampleFromP(), "strict", s, 3, range(2000), drafter_error), exact)
     assert stat_w > _chi2_critical(df), stat_w  # 206 and 165 here (a drafter far from p hides it: at 0.5, 72)
@@ -169,15 +169,21 @@ def test_strict_sdd_commits_what_ar_draws_with_the_same_seed():
 
 
 def test_temperature_zero_is_greedy_and_calls_no_draw():
-    calls = []
+    calls, draws = [], []
 
     class Spy(FakeVerifier):
-        def score(self, seq, block, shadow=False, draw=None):
-            calls.append(draw)
-            return super().score(seq, block, shadow, draw)
+        def distributions(self, seq, block, sampling, shadow=False):
+            calls.append(sampling)
+            return super().distributions(seq, block, sampling, shadow)
 
-    r = decode(PROMPT, FakeDrafter(0.2), Spy(), PolicyConfig(name="strict"), DecodeConfig(gamma=4, max_new_tokens=20))
-    assert calls and all(d is None for d in calls)
+    class SpyRule(Rule):
+        def verdict(self, scores, draw):
+            draws.append(draw)
+            return super().verdict(scores, draw)
+
+    r = decode(PROMPT, FakeDrafter(0.2), Spy(), PolicyConfig(name="strict"), DecodeConfig(gamma=4, max_new_tokens=20),
+               rule=SpyRule())
+    assert draws and all(d is None for d in draws) and not calls
     assert r.tokens == FakeVerifier().greedy(PROMPT, 20)[:len(r.tokens)]
 
 
@@ -219,7 +225,7 @@ def test_torch_warp_matches_the_definition(temperature, top_p, top_k, seed):
     want = warp(z, s)
     assert np.allclose(got, want, atol=1e-9), (got, want)
     u = Sampling(temperature=1.0, seed=seed).uniforms(0, 0, 8)
-    drawn = draw_tokens(torch.tensor(np.tile(z, (8, 1))), Draw(s, u))
+    drawn = draw_rows(warped_probs(torch.tensor(np.tile(z, (8, 1))), s).numpy(), u)
     assert list(drawn) == [inverse_cdf(want, x) for x in u]
     assert all(want[t] > 0 for t in drawn)
 

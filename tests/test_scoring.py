@@ -462,8 +462,10 @@ def test_score_samples_file(tmp_path):
 
 
 @pytest.mark.parametrize("content,match", [
-    ("{bad json\n", "not a JSON object"),
-    ('{"completion": "x"}\n', "needs a task_id"),
+    ("{bad json\n", r"s.jsonl line 1 is not valid JSON"),
+    ('{"task_id": "HumanEval/0", "completion": "x"}\n{"task_id": ', r"s.jsonl line 2 is not valid JSON"),  # never a cut
+    ('[1]\n', r"s.jsonl line 1 is not a JSON object"),
+    ('\n{"completion": "x"}\n', r"s.jsonl line 2: a sample needs a task_id"),
     ('{"task_id": "HumanEval/0"}\n', "completion or solution"),
     ('{"task_id": "HumanEval/999", "completion": "x"}\n', "unknown humaneval task ids: "
                                                           "HumanEval/999"),
@@ -480,7 +482,7 @@ def test_score_samples_file_errors(tmp_path, content, match):
 def test_score_samples_file_bad_task_and_path(tmp_path):
     with pytest.raises(ValueError, match="unknown task 'apps'"):
         SC.score_samples_file("apps", tmp_path / "x.jsonl")
-    with pytest.raises(ValueError, match="cannot read samples file"):
+    with pytest.raises(FileNotFoundError, match="samples file .*absent.jsonl does not exist"):
         SC.score_samples_file("mbpp", tmp_path / "absent.jsonl")
 
 

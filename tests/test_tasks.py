@@ -248,13 +248,13 @@ def test_load_mbpp_plus_file(tmp_path):
 def test_load_mbpp_plus_file_errors(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json\n")
-    with pytest.raises(ValueError, match="not JSON"):
+    with pytest.raises(ValueError, match="bad.jsonl line 1 is not valid JSON"):
         load_mbpp_plus_file(bad)
-    bad.write_text(json.dumps({"task_id": "Mbpp/2", "prompt": "x"}) + "\n")
-    with pytest.raises(ValueError, match="missing field"):
+    bad.write_text("\n" + json.dumps({"task_id": "Mbpp/2", "prompt": "x"}) + "\n")
+    with pytest.raises(ValueError, match="bad.jsonl line 2: missing field"):
         load_mbpp_plus_file(bad)
     bad.write_text("\n")
     with pytest.raises(ValueError, match="no records"):
         load_mbpp_plus_file(bad)
-    with pytest.raises(ValueError, match="cannot read"):
+    with pytest.raises(FileNotFoundError, match="MBPP\\+ file .*absent.jsonl does not exist"):
         load_mbpp_plus_file(tmp_path / "absent.jsonl")

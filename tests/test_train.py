@@ -189,7 +189,7 @@ def test_a_manifest_naming_another_verifier_warns(tmp_path, capsys):
 def test_block_hint_follows_the_inference_rule():
     from vskip.distill.train import _block_hint
     from vskip.engine.models.copy import copy_hint
-    from vskip.engine.models.drafter import hint_code
+    from vskip.engine.models.diffusion_lm import hint_code
 
     V = 96
     ctx = np.array([5, 6, 7, 8, 5, 6], dtype=np.int64)  # suffix [5, 6] recurs: hint 7, 8, 5, 6 ...
@@ -574,3 +574,20 @@ def test_compare_training_pairs_runs_on_the_same_batches(verifier_dir, tmp_path,
     assert [e["step"] for e in res["evals"]] == [2, 4] and (tmp_path / "cmp" / "losses.png").exists()
     with pytest.raises(SystemExit, match="seed"):
         mod.main([str(tmp_path / "one"), str(tmp_path / "seed")])
+
+
+def test_a_run_stopped_at_a_step_keeps_its_schedule_and_resumes_to_the_same_drafter(verifier_dir, tmp_path):
+    """`--stop-at-step 3` of a 6-step schedule checkpoints step 3 (between two checkpoints of its
+    own) and exports nothing; the rerun without it ends at the drafter of an uninterrupted run."""
+    import vskip.distill.train as tr
+
+    data = _tiny_data(tmp_path / "data")
+    cfg = TrainConfig(num_layers=1, gamma=4, blocks_per_seq=2, batch_seqs=2, steps=6, warmup=1, lr=3e-3,
+                      max_context=64, holdout=2, eval_every=1000, eval_blocks=4, checkpoint_every=4,
+                      dtype="float32", threads=1)
+    assert tr.train(data, tmp_path / "s", verifier_dir, cfg, progress=False, stop_at=3) is None
+    assert tr.read_state_meta(tmp_path / "s")["step"] == 3 and not (tmp_path / "s" / "drafter").exists()
+    assert tr.train(data, tmp_path / "s", verifier_dir, cfg, progress=False) == tmp_path / "s" / "drafter"
+    tr.train(data, tmp_path / "whole", verifier_dir, cfg, progress=False)
+    want, got = _final_weights(tmp_path / "whole"), _final_weights(tmp_path / "s")
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)

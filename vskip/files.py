@@ -5,8 +5,10 @@ One module for what every result directory needs:
 - :func:`write_atomic` (text, bytes, or a callback that writes a temporary path): write a sibling
   temporary file, flush it to disk, rename it over the target. A reader sees the old file or the
   new one, never a mix; a kill leaves at most a ``.tmp`` file behind.
-- :func:`read_json` and :func:`read_jsonl`: errors name the file; a JSONL file whose last line was
-  cut by a kill drops that line (a resume truncates it away and redoes it) and says so.
+- :func:`read_json` and :func:`read_jsonl` (the one JSONL reader; :func:`read_jsonl_lines` gives
+  the line numbers too): errors name the file and line; a JSONL file vskip appends to whose last
+  line was cut by a kill drops that line (a resume truncates it away and redoes it) and says so,
+  while a file someone gave must exist and be whole.
 - :class:`DirLock`: an exclusive ``flock`` on a file in a directory, so a second writer refuses at
   once instead of interleaving its results with the first one's.
 - Nothing is written through a link: a replaced file's link is replaced (:func:`write_atomic`),
@@ -164,14 +166,25 @@ def read_json(path: Path | str, what: str = "JSON file"):
         raise FileError(f"{what} {path} is not valid JSON ({e})") from None
 
 
-def read_jsonl(path: Path | str, on_cut: Callable[[str], None] | None = None, partial: bool = False) -> list[dict]:
-    """The rows of a JSONL file (``.jsonl.gz`` too; none when it does not exist). A last line
-    without its newline that does not parse was cut by a kill: it is dropped (``on_cut`` hears
-    about it). Any other line that is not a JSON object raises :class:`FileError` naming the file
-    and line; with ``partial``, it ends the reading instead, keeping the rows before it (``on_cut``
-    hears)."""
+def read_jsonl(path: Path | str, on_cut: Callable[[str], None] | None = None, partial: bool = False,
+               given: str | None = None) -> list[dict]:
+    """The rows of a JSONL file: :func:`read_jsonl_lines` without the line numbers."""
+    return [row for _, row in read_jsonl_lines(path, on_cut, partial, given)]
+
+
+def read_jsonl_lines(path: Path | str, on_cut: Callable[[str], None] | None = None, partial: bool = False,
+                     given: str | None = None) -> list[tuple[int, dict]]:
+    """The rows of a JSONL file (``.jsonl.gz`` too), each with its line number, for messages that
+    name it. A file vskip appends to has no rows before it exists, and a last line without its
+    newline that does not parse was cut by a kill: it is dropped (``on_cut`` hears about it). A
+    file someone gave (``given`` says what it is: a samples file, a benchmark's data) must exist
+    (:class:`FileNotFoundError` naming it) and be whole. Any other line that is not a JSON object
+    raises :class:`FileError` naming the file and line; with ``partial``, it ends the reading
+    instead, keeping the rows before it (``on_cut`` hears)."""
     path = Path(path)
     if not path.exists():
+        if given:
+            raise FileNotFoundError(f"{given} {path} does not exist")
         return []
     if not path.is_file():  # a FIFO or a device would block or never end
         raise FileError(f"{path} is not a regular file")
@@ -199,12 +212,12 @@ def read_jsonl(path: Path | str, on_cut: Callable[[str], None] | None = None, pa
         except ValueError:
             row = None
         if isinstance(row, dict):
-            rows.append(row)
+            rows.append((i + 1, row))
         elif partial:
             if on_cut:
                 on_cut(f"{path}: line {i + 1} is cut or invalid; read the {len(rows)} lines before it")
             break
-        elif row is None and i == len(lines) - 1:  # no newline after it: the write was cut
+        elif row is None and i == len(lines) - 1 and not given:  # no newline after it: the write was cut
             if on_cut:
                 on_cut(f"{path}: dropped a cut last line")
         else:

@@ -4,11 +4,11 @@ output with the reference solution's on the base and plus inputs (see
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 from pathlib import Path
 
+from ..files import read_jsonl_lines
 from .tasks import Problem
 
 # ----------------------------------------------------------------------------- MBPP+ files
@@ -137,24 +137,10 @@ def load_mbpp_plus_file(path) -> list[Problem]:
     rule; its few task-specific oracles and per-input time limits are not reproduced).
     """
     path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            lines = f.readlines()
-    except OSError as exc:
-        raise ValueError(f"cannot read MBPP+ file {path}: {exc}") from None
     kinds = {i: k for k, ids in _MBPP_PLUS_CONVERSIONS.items() for i in ids}
     problems = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{n}"
-        try:
-            rec = json.loads(line)
-        except ValueError as exc:
-            raise ValueError(f"{where}: not JSON ({exc})") from None
-        if not isinstance(rec, dict):
-            raise ValueError(f"{where}: a record must be a JSON object")
+    for n, rec in read_jsonl_lines(path, given="MBPP+ file"):
+        where = f"{path} line {n}"
         missing = [k for k in ("task_id", "prompt", "entry_point", "canonical_solution")
                    if k not in rec]
         if missing:

@@ -15,7 +15,6 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
-import json
 import re
 import secrets
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -29,6 +28,7 @@ from vskip.bench.sandbox import run_program, sandbox_kind, verdict
 from vskip.bench.tasks import ALL_TASKS, Problem, last_boxed, load_task
 from vskip.engine.metrics import pass_at_k_table
 from vskip.environment import sandbox_preference
+from vskip.files import read_jsonl_lines
 from vskip.stats import resample_indices
 
 __all__ = [
@@ -361,27 +361,13 @@ def score_samples_file(
     if task not in ALL_TASKS:
         raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(ALL_TASKS)}")
     path = Path(path)
-    if path.exists() and not path.is_file():  # a FIFO or a device would block or never end
-        raise ValueError(f"samples file {path} is not a regular file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"cannot read samples file {path}: {exc}") from None
     samples = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except RecursionError:
-            raise ValueError(f"{path}:{n}: nests too deeply to be a sample") from None
-        except ValueError:
-            raise ValueError(f"{path}:{n}: not a JSON object") from None
-        if not isinstance(rec, dict) or "task_id" not in rec:
-            raise ValueError(f"{path}:{n}: a sample needs a task_id")
+    for n, rec in read_jsonl_lines(path, given="samples file"):
+        if "task_id" not in rec:
+            raise ValueError(f"{path} line {n}: a sample needs a task_id")
         body = rec.get("completion", rec.get("solution"))
         if not isinstance(body, str):
-            raise ValueError(f"{path}:{n}: a sample needs a string completion or solution")
+            raise ValueError(f"{path} line {n}: a sample needs a string completion or solution")
         samples.append((str(rec["task_id"]), body))
     if not samples:
         raise ValueError(f"{path}: no samples")

@@ -15,7 +15,6 @@ Nothing here imports torch.
 from __future__ import annotations
 
 import ast
-import gzip
 import importlib.util
 import json
 import re
@@ -23,6 +22,8 @@ import threading
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from ..files import read_jsonl
 
 __all__ = [
     "Problem",
@@ -137,8 +138,7 @@ def raw_records(name: str) -> list[dict]:
     ``doc`` of each request)."""
     base = "mbpp" if name == "mbpp_plus" else name
     path = source_file(base)
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    rows = read_jsonl(path, given=f"{name} data file")
     if base == "humaneval":
         return rows
     return [row["doc"] for row in rows]

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .flags import add_policy_flags, configs, task_ids
+from .flags import add_policy_flags, add_task_flag, settings, task_ids
 
 
 def register(subparsers) -> None:
     c = subparsers.add_parser("compare", help="decode the same prompts with several configurations, paired per prompt, "
                                        "and print their speed against ar")
-    c.add_argument("--task", default="humaneval", help="humaneval, mbpp, mbpp_plus, math500 or gsm8k (default: humaneval)")
+    add_task_flag(c, default="humaneval", help="the benchmark whose prompts to decode (default: humaneval)")
     c.add_argument("--limit", type=int, help="first N prompts")
     c.add_argument("--ids", help="comma-separated task ids")
     c.add_argument("--configs", default="ar,strict,fast",
@@ -50,8 +50,6 @@ def cmd_compare(a) -> int:
             runner.check_sandbox(compare.settings_task(Path(a.out)))
         with DirLock(Path(a.out), "comparison directory"):
             return _print_comparison(Path(a.out), None, score=a.score, progress=not a.quiet)
-    if a.task not in tasks.ALL_TASKS:
-        raise ValueError(f"unknown task {a.task!r}; expected one of {', '.join(tasks.ALL_TASKS)}")
     if a.score:
         runner.check_sandbox(a.task)
     if a.limit is not None and a.limit < 1:
@@ -63,22 +61,17 @@ def cmd_compare(a) -> int:
         raise ValueError(f"--shard must be I/N with 1 <= I <= N, got {a.shard!r}") from None
     if a.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {a.repeats}")
-    _, dec, models = configs(a, "strict")
+    base = settings(a, "strict")
+    dec, models = base.decode, base.models
     flags = {k: getattr(a, k) for k in variants.POLICY_FLAGS if getattr(a, k, None) is not None}
     variants = [variants.parse_variant(s, dec, models.steps, a.predictor, flags) for s in a.configs.split(",")
                 if s.strip()]
-    from ..engine.decode import check_sampling, check_speculative
-
-    for v in variants:
-        if not v.hf:
-            check_sampling(v.policy_config(), v.decode)
-            if v.policy != "ar":
-                check_speculative(v.decode.sampling, v.steps)
     if a.predictor and not Path(a.predictor).is_dir():
         raise ValueError(f"--predictor {a.predictor} is not a directory")
     for v in variants:
         if v.predictor and not Path(v.predictor).is_dir():
             raise ValueError(f"{v.name}: predictor {v.predictor} is not a directory")
+        v.settings(models, a.predictor)  # every configuration's settings checked before any model loads
     if not any(v.name == "ar" for v in variants):
         raise ValueError("--configs must include ar, the reference every configuration is measured against")
     ids = task_ids(a.ids)
@@ -88,8 +81,10 @@ def cmd_compare(a) -> int:
     if not problems[shard[0] - 1 :: shard[1]]:  # more shards than prompts: nothing to do here
         print(f"shard {shard[0]}/{shard[1]} has no prompts of the {len(problems)} selected")
         return 0
-    runtime = runner.model_runtime(models)
-    n = runner.prompt_budget(models, problems, dec.max_new_tokens)
+    from ..study.door import longest_prompt, runtime_of
+
+    runtime = runtime_of(models)
+    n = longest_prompt(models, [(p.task_id, tasks.user_prompt(p)) for p in problems], dec.max_new_tokens)
     import contextlib
 
     from ..files import DirLock
@@ -108,14 +103,14 @@ def _decode_and_print(a, compare, tasks, models, dec, variants, runtime, problem
     import tempfile
 
     from ..bench.tasks import encode_problem
-    from ..study.runner import open_models
+    from ..study.door import open_models
 
     # the longest block the command's drafter drafts (a configuration with a drafter of its own is
     # checked against that drafter when it decodes)
-    gamma = max([dec.gamma] + [v.decode.gamma_max or v.decode.gamma for v in variants
-                               if v.decode is not None and not v.drafter])
-    pair = open_models(models, n, dec.max_new_tokens, gamma,
-                       need_drafter=any(v.policy not in (None, "ar") for v in variants))
+    gamma = max([dec.blocks.longest] + [v.decode.blocks.longest for v in variants
+                                        if v.decode is not None and not v.drafter])
+    pair = open_models(models, any(v.policy not in (None, "ar") for v in variants), (n, dec.max_new_tokens, gamma),
+                       runtime)
     from ..engine.models.embedded import EMBEDDED_DRAFTER
     from ..engine.models.load import drafter_beside
 
@@ -126,7 +121,7 @@ def _decode_and_print(a, compare, tasks, models, dec, variants, runtime, problem
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(a.out) if a.out else Path(tmp)
         compare.run_compare(prompts, pair, variants, out, shard, dec.max_new_tokens, progress=not a.quiet,
-                            repeats=a.repeats, predictor=a.predictor)
+                            repeats=a.repeats, predictor=a.predictor, models=models)
         return _print_comparison(out, Path(a.out) if a.out else None,
                                  f"{a.task}, {dec.max_new_tokens} new tokens at most, verifier {runtime.dtype}, "
                                  f"drafter {runtime.drafter_dtype}{_sampled(dec.sampling)}", a.score, not a.quiet)

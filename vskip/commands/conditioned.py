@@ -8,6 +8,8 @@ import argparse
 import json
 from pathlib import Path
 
+from .flags import add_device_flag, add_threads_flag, add_verifier_flag
+
 
 def register(subparsers) -> None:
     e = subparsers.add_parser(
@@ -17,7 +19,7 @@ def register(subparsers) -> None:
         "Rerun to resume or extend; --until and --max-rows bound one run.")
     e.add_argument("--data", required=True, help="distillation data directory (shards)")
     e.add_argument("--out", required=True, help="features directory")
-    e.add_argument("--verifier", help="verifier checkpoint directory (default: the embedded verifier)")
+    add_verifier_flag(e)
     e.add_argument("--layers", type=_layers, help="comma-separated verifier layers to tap "
                    "(default: --taps layers spread as DFlash spreads them)")
     e.add_argument("--taps", type=int, default=5, help="how many layers to tap when --layers is not given (default: 5)")
@@ -25,8 +27,8 @@ def register(subparsers) -> None:
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--max-rows", type=int, help="training rows to extract at most")
     e.add_argument("--until", metavar="HH:MM", help="start no new chunk after this local time")
-    e.add_argument("--threads", type=int, help="torch CPU threads")
-    e.add_argument("--device", help="cpu, cuda or cuda:N for the verifier's forwards (default: cuda when available)")
+    add_threads_flag(e)
+    add_device_flag(e, help="cpu, cuda or cuda:N for the verifier's forwards (default: cuda when available)")
     e.set_defaults(fn=cmd_extract)
 
     from ..distill.config import ConditionedTrainConfig
@@ -40,7 +42,7 @@ def register(subparsers) -> None:
     t.add_argument("--data", required=True, help="distillation data directory (shards)")
     t.add_argument("--features", required=True, help="features directory (vskip extract-features)")
     t.add_argument("--out", required=True, help="training directory: checkpoints, log, curve, drafter/")
-    t.add_argument("--verifier", help="verifier checkpoint directory (default: the embedded verifier)")
+    add_verifier_flag(t)
     for name in ("num_layers", "block_size", "blocks_per_seq", "batch_seqs", "steps", "warmup", "max_tail",
                  "holdout", "seed", "checkpoint_every", "eval_every", "eval_blocks", "replay_answers",
                  "replay_tokens"):
@@ -50,8 +52,8 @@ def register(subparsers) -> None:
         t.add_argument("--" + name.replace("_", "-"), dest=name, type=float, default=getattr(d, name),
                        help=f"default: {getattr(d, name)}")
     t.add_argument("--until", metavar="HH:MM", help="stop at a checkpoint after this local time (resume later)")
-    t.add_argument("--threads", type=int, help="torch CPU threads")
-    t.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available); a run resumes on any device")
+    add_threads_flag(t)
+    add_device_flag(t, help="cpu, cuda or cuda:N (default: cuda when available); a run resumes on any device")
     t.add_argument("--export", action="store_true", help="only write OUT/drafter from the latest checkpoint")
     t.set_defaults(fn=cmd_train)
 

@@ -8,7 +8,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .flags import bounded
+from .flags import add_threads_flag, add_verifier_flag, bounded
 
 
 def register(subparsers) -> None:
@@ -27,7 +27,7 @@ def register(subparsers) -> None:
     )
     p.add_argument("--data", required=True, help="distillation data directory (shards)")
     p.add_argument("--out", required=True, help="training directory: checkpoints, log, and drafter/ at the end")
-    p.add_argument("--verifier", help="verifier checkpoint directory (default: the embedded verifier)")
+    add_verifier_flag(p)
     p.add_argument("--generate", action="store_true", help="first generate (or finish generating) the data")
     p.add_argument("--limit", type=int, help="with --generate: only the first N prompts")
     p.add_argument("--max-new-tokens", type=int, default=384, help="with --generate: answer budget")
@@ -64,9 +64,10 @@ def register(subparsers) -> None:
     p.add_argument("--init-from", metavar="TRAIN_DIR",
                    help="start from the latest weights of another training run (same layout and held-out split) "
                         "with a fresh optimiser and schedule")
-    p.add_argument("--threads", type=int, help="torch CPU threads")
+    add_threads_flag(p)
     p.add_argument("--export", action="store_true",
                    help="only write OUT/drafter from the latest checkpoint (the run may still be going)")
+    _add_stop_flag(p)
     p.set_defaults(fn=_cmd_train)
 
     c = subparsers.add_parser(
@@ -83,13 +84,20 @@ def register(subparsers) -> None:
                         "to fit on and the second to evaluate")
     c.add_argument("--eval-shards", type=_names, default=(), help="comma-separated shard files for held-out figures")
     c.add_argument("--drafter", help="drafter directory (default: the embedded drafter)")
-    c.add_argument("--verifier", help="verifier checkpoint directory (default: the embedded verifier)")
+    add_verifier_flag(c)
     c.add_argument("--out", help="file or directory to write (default: the drafter directory's copy_prior.json)")
     c.add_argument("--gamma", type=int, default=32, help="block length sampled (default: 32)")
     c.add_argument("--per-row", type=int, default=6, help="block starts per answer (default: 6)")
     c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--threads", type=int, help="torch CPU threads")
+    add_threads_flag(c)
     c.set_defaults(fn=_cmd_fit_copy)
+
+
+def _add_stop_flag(p) -> None:
+    """``--stop-at-step`` of ``train-drafter``."""
+    p.add_argument("--stop-at-step", type=bounded(int, 1, 10_000_000), metavar="N",
+                   help="stop at step N of the --train-steps schedule with a checkpoint and export nothing (a rerun "
+                        "without it goes on with the same schedule)")
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -103,7 +111,7 @@ def _cmd_fit_copy(a) -> int:
     from ..distill.copyfit import fit_copy_prior, fit_copy_prior_rows, holdout_answers, rows_sha256, write_copy_prior
     from ..engine.models.config import ModelConfig
     from ..engine.models.embedded import embedded_drafter_dir, file_sha256
-    from ..engine.models.load import open_pair
+    from ..study.door import open_models
     from ..files import check_writable_dir, read_json
 
     if (a.holdout_of is None) == (a.fit_shards is None):
@@ -124,8 +132,8 @@ def _cmd_fit_copy(a) -> int:
         check_writable_dir(a.out)
     if a.holdout_of is not None:  # before the models load: a bad training directory refuses at once
         data_dir, rows = holdout_answers(Path(a.holdout_of))
-    pair = open_pair(ModelConfig(drafter=a.drafter, verifier=a.verifier, device="cpu", dtype="float32", threads=a.threads,
-                                 copy_prior="off"))
+    pair = open_models(ModelConfig(drafter=a.drafter, verifier=a.verifier, device="cpu", dtype="float32",
+                                   threads=a.threads, copy_prior="off"), need_drafter=True)
     if a.fit_shards is not None:
         prior = fit_copy_prior(pair.drafter, Path(a.data), a.fit_shards, a.eval_shards, gamma=a.gamma,
                                per_row=a.per_row, seed=a.seed)
@@ -194,7 +202,10 @@ def _cmd_train(a) -> int:
 
         generate_distillation(Path(a.data), build_prompts(), vdir, max_new_tokens=a.max_new_tokens,
                               slots=a.slots, threads=a.threads or 2, limit=a.limit)
-    path = train(Path(a.data), Path(a.out), vdir, cfg)
+    path = train(Path(a.data), Path(a.out), vdir, cfg, stop_at=a.stop_at_step)
+    if path is None:
+        print(json.dumps({"out": a.out, "stopped_at_step": a.stop_at_step}))
+        return 0
     print(json.dumps({"drafter": str(path), **json.loads((path / "drafter.json").read_text())["meta"]["holdout"]}))
     return 0
 
@@ -230,9 +241,9 @@ def _generate_data(subparsers) -> None:
                                      "built list")
     g.add_argument("--sources", default=",".join(SOURCES), help=f"prompt sources (default: {','.join(SOURCES)})")
     g.add_argument("--seed", type=int, default=0, help="seed of the built prompt list (default: 0)")
-    g.add_argument("--verifier", help="verifier directory (default: the embedded verifier)")
+    add_verifier_flag(g, help="verifier directory (default: the embedded verifier)")
     g.add_argument("--limit", type=bounded(int, 1, 10_000_000), help="only the first N prompts")
-    g.add_argument("--threads", type=int, default=2, help="torch CPU threads (default: 2)")
+    add_threads_flag(g, default=2, help="torch CPU threads (default: 2)")
     g.add_argument("--slots", type=int, default=64, help="answers decoded at once (default: 64)")
     g.add_argument("--max-new-tokens", type=int, default=384, help="answer budget (default: 384)")
     g.add_argument("--shard-size", type=int, default=256, help="prompts per shard (default: 256)")

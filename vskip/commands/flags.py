@@ -1,10 +1,12 @@
 """The flag groups several commands share, defined once: the policy and decode settings, the
-block-length options, the model and placement flags, and the configurations they build."""
+block-length options, the model and placement flags, the single flags many commands take
+(``--task``, ``--verifier``, ``--device``, ``--threads``), and the configurations they build."""
 
 from __future__ import annotations
 
 import argparse
 
+from ..bench.tasks import ALL_TASKS
 from ..defaults import GAMMA, MAX_NEW_TOKENS, MAX_SEED, POLICIES, POLICY_PARAMETERS, PRESETS, STEPS
 
 
@@ -82,13 +84,13 @@ def add_model_flags(p: argparse.ArgumentParser, threads_help: str = "torch CPU t
     m = p.add_argument_group("models")
     m.add_argument("--drafter", help="drafter directory, or an embedded drafter's name (smollm2-135m-diffusion, "
                                      "smollm2-135m-conditioned; default: the preset's)")
-    m.add_argument("--verifier", help="verifier checkpoint directory (default: embedded SmolLM2-135M-Instruct)")
+    add_verifier_flag(m, help="verifier checkpoint directory (default: embedded SmolLM2-135M-Instruct)")
     m.add_argument("--copy-prior", default="auto", metavar="auto|off|PATH",
                    help="the drafter's copy prior: auto (the drafter's copy_prior.json if it has one), off, or a file")
     m.add_argument("--reveal", choices=("maskgit_plus", "topk_margin", "entropy"), help="reveal order (default: the drafter's)")
     m.add_argument("--verifier-cache", action=argparse.BooleanOptionalAction, default=True,
                    help="keep the verifier's KV cache (--no-verifier-cache recomputes every call, as the paper measured)")
-    m.add_argument("--device", help="cpu, cuda or cuda:N: both models, unless placed apart (default: cuda when available)")
+    add_device_flag(m, help="cpu, cuda or cuda:N: both models, unless placed apart (default: cuda when available)")
     m.add_argument("--drafter-device", metavar="DEVICE", help="the drafter's own device (default: --device)")
     m.add_argument("--verifier-device", metavar="DEVICE|STRATEGY",
                    help="the verifier's own device, or auto, balanced, balanced_low_0 or sequential to spread it over "
@@ -101,7 +103,31 @@ def add_model_flags(p: argparse.ArgumentParser, threads_help: str = "torch CPU t
     m.add_argument("--drafter-dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
                    help="the drafter's dtype; it never changes what Strict SDD commits (default auto: bfloat16 where "
                         "the device runs it natively, else --dtype)")
-    m.add_argument("--threads", type=int, help=threads_help)
+    add_threads_flag(m, help=threads_help)
+
+
+# Flags many commands take, each spelled once here; ``p`` is a parser or an argument group, and
+# what differs between commands (help, default) comes in as a parameter.
+
+def add_task_flag(p, required: bool = False, default: str | None = None, help: str | None = None) -> None:
+    """``--task``: a name of the task registry (:data:`vskip.bench.tasks.ALL_TASKS`); argparse refuses
+    any other and lists the names in the help."""
+    p.add_argument("--task", required=required, default=default, choices=ALL_TASKS, help=help)
+
+
+def add_verifier_flag(p, help: str = "verifier checkpoint directory (default: the embedded verifier)") -> None:
+    """``--verifier``: the verifier's checkpoint directory."""
+    p.add_argument("--verifier", help=help)
+
+
+def add_device_flag(p, help: str = "cpu, cuda or cuda:N (default: cuda when available)") -> None:
+    """``--device``: where the command's models run."""
+    p.add_argument("--device", help=help)
+
+
+def add_threads_flag(p, default: int | None = None, help: str = "torch CPU threads") -> None:
+    """``--threads``: torch's CPU threads (None: torch's own choice, unless ``default`` says otherwise)."""
+    p.add_argument("--threads", type=int, default=default, help=help)
 
 
 def apply_preset(a) -> None:
@@ -116,10 +142,10 @@ def apply_preset(a) -> None:
 
 
 def model_config(a):
-    """The :class:`vskip.engine.models.config.ModelConfig` of parsed model flags (``--steps`` included)."""
+    """The :class:`vskip.engine.models.config.ModelConfig` of parsed model flags (``--steps`` included;
+    the preset already applied)."""
     from ..engine.models.config import ModelConfig
 
-    apply_preset(a)
     cp = getattr(a, "copy_prior", None)
     if cp not in (None, "auto", "off", "none"):
         from pathlib import Path
@@ -132,21 +158,30 @@ def model_config(a):
                        verifier_device=a.verifier_device, max_memory=a.max_memory)
 
 
-def configs(a, policy_name: str | None = None):
-    from ..engine.decode import DecodeConfig, check_sampling, check_speculative
+def decode_config(a):
+    """The :class:`vskip.engine.decode.DecodeConfig` of parsed decode and sampling flags (the preset
+    already applied)."""
+    from ..engine.decode import DecodeConfig
+
+    return DecodeConfig(gamma=a.gamma, max_new_tokens=a.max_new_tokens, shadow=a.shadow, gamma_max=a.gamma_max,
+                        min_match=a.min_match, trim=a.trim, sampling=sampling(a),
+                        trace=getattr(a, "trace", False), task=getattr(a, "task", None))
+
+
+def settings(a, policy_name: str | None = None):
+    """The one place parsed flags become a decode's :class:`~vskip.engine.settings.Settings`: the
+    preset applied once, every check of the settings run once (``policy_name``: this policy instead
+    of ``--policy``, for commands that compare several)."""
     from ..engine.policy import PolicyConfig
+    from ..engine.settings import Settings
 
     apply_preset(a)
+    name = policy_name or a.policy
     policy = PolicyConfig.make(
-        policy_name or a.policy, **{k: getattr(a, k) for k, p in POLICY_PARAMETERS.items() if p.flag},
-        survival="model" if (policy_name or a.policy) == "prefix" and getattr(a, "predictor", None) else "confidence",
+        name, **{k: getattr(a, k) for k, p in POLICY_PARAMETERS.items() if p.flag},
+        survival="model" if name == "prefix" and getattr(a, "predictor", None) else "confidence",
     )
-    dec = DecodeConfig(gamma=a.gamma, max_new_tokens=a.max_new_tokens, shadow=a.shadow, gamma_max=a.gamma_max,
-                       min_match=a.min_match, trim=a.trim, sampling=sampling(a),
-                       trace=getattr(a, "trace", False), task=getattr(a, "task", None))
-    check_sampling(policy, dec)
-    check_speculative(dec.sampling, a.steps)
-    return policy, dec, model_config(a)
+    return Settings(policy, decode_config(a), model_config(a), predictor=getattr(a, "predictor", None))
 
 
 def sampling(a):

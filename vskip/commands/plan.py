@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from ..defaults import GAMMA, MAX_NEW_TOKENS
+from .flags import add_device_flag, add_verifier_flag
 
 
 def register(subparsers) -> None:
@@ -17,8 +18,8 @@ def register(subparsers) -> None:
                                     "Exit status 0 when it fits, 1 when it does not.")
     pl.add_argument("--drafter", help="drafter directory (vskip drafter or Dream checkpoint; default: the embedded drafter)")
     pl.add_argument("--no-drafter", action="store_true", help="plan the verifier alone (ar)")
-    pl.add_argument("--verifier", help="verifier checkpoint directory (config.json is enough)")
-    pl.add_argument("--device", help="both models, unless placed apart (default: cuda:0)")
+    add_verifier_flag(pl, help="verifier checkpoint directory (config.json is enough)")
+    add_device_flag(pl, help="both models, unless placed apart (default: cuda:0)")
     pl.add_argument("--drafter-device", metavar="DEVICE")
     pl.add_argument("--verifier-device", metavar="DEVICE|STRATEGY",
                     help="a device, or auto, balanced, balanced_low_0 or sequential over the --max-memory devices")

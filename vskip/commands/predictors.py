@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from .flags import MAX_SEED, bounded
+from .flags import MAX_SEED, add_device_flag, add_threads_flag, bounded
 
 #: the survival predictors (``vskip.study.traces.KINDS``) and the prefix model (``vskip.study.prefix.model.KIND``)
 PREDICTOR_KINDS = ("marginal", "conditional", "prefix")
@@ -48,8 +48,8 @@ def _train_predictor(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="training seed (default: 0)")
     p.add_argument("--batch-size", type=int, help="positions per batch (default: 4096; prefix: 256 blocks)")
     p.add_argument("--lr", type=float, help="Adam learning rate (default: 1e-3; prefix: 3e-3)")
-    p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
-    p.add_argument("--threads", type=int, help="torch CPU threads")
+    add_device_flag(p)
+    add_threads_flag(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_train_predictor)
 
@@ -118,8 +118,8 @@ def _diagnose(subparsers) -> None:
     p.add_argument("--alpha", type=float, nargs="+", default=[0.01, 0.02, 0.05],
                    help="prefix model: the risks whose calibrated thresholds are replayed on the traces "
                         "(default: 0.01 0.02 0.05)")
-    p.add_argument("--device", help="device for scoring with the predictors (default: cuda when available)")
-    p.add_argument("--threads", type=int, help="torch CPU threads")
+    add_device_flag(p, help="device for scoring with the predictors (default: cuda when available)")
+    add_threads_flag(p)
     p.set_defaults(fn=cmd_diagnose)
 
 
@@ -179,15 +179,16 @@ def cmd_calibrate_prefix(a) -> int:
 
 
 def _calibrate_online(subparsers) -> None:
-    """Add ``vskip calibrate-online init|choose`` to the CLI's subparsers."""
+    """Add ``vskip calibrate-online init|choose|sweep|finished`` to the CLI's subparsers."""
     c = subparsers.add_parser(
         "calibrate-online", help="thresholds of the prefix model chosen on its own online decodes (beyond the paper)",
         description="Calibrate the prefix scheduler on the policy's own behaviour. `init` copies one rotation of a "
-                    "trained prefix model and writes its calibration and test prompt ids per task; decode the "
-                    "calibration prompts at a grid of --lam (`vskip sweep --grid online-cal`); `choose` reads those "
-                    "runs and picks, per alpha, the threshold by conformal risk control on the loss's envelope "
-                    "(and by Learn then Test beside it); then `--alpha A` with this model decodes the test prompts "
-                    "(`vskip sweep --grid online-test`). See docs/prefix.md.",
+                    "trained prefix model and writes its calibration and test prompt ids per task; `sweep cal` "
+                    "decodes the calibration prompts at a grid of --lam (`vskip sweep --grid online-cal`, every task "
+                    "side by side); `finished` lists the runs of the thresholds every task finished; `choose` reads "
+                    "those runs and picks, per alpha, the threshold by conformal risk control on the loss's envelope "
+                    "(and by Learn then Test beside it); then `sweep test` decodes the test prompts with `--alpha A` "
+                    "and this model (`vskip sweep --grid online-test`). See docs/prefix.md.",
     )
     sub = c.add_subparsers(dest="action", required=True)
     i = sub.add_parser("init", help="copy one rotation of a prefix model, and write its prompt ids")
@@ -199,34 +200,62 @@ def _calibrate_online(subparsers) -> None:
     ch.add_argument("predictor", help="the directory `init` wrote")
     ch.add_argument("runs", nargs="+", help="run directories of --lam decodes of the calibration prompts "
                                             "(a sweep's run directories; every task's)")
-    ch.add_argument("--alpha", type=bounded(float, 1e-6, 0.999), action="append", required=True,
-                    help="a promised risk (repeat for several)")
+    ch.add_argument("--alpha", type=bounded(float, 1e-6, 0.999), action="append",
+                    help="a promised risk (repeat for several; default: those grid online-test decodes at)")
     ch.add_argument("--delta", type=bounded(float, 1e-6, 0.5), default=0.1,
                     help="Learn then Test's error level, reported beside (default: 0.1)")
     ch.set_defaults(fn=cmd_calibrate_online_choose)
+    sw = sub.add_parser("sweep", help="decode a part's prompts of every task at its grid, the tasks side by side")
+    sw.add_argument("part", choices=("cal", "test"),
+                    help="cal: the calibration prompts at grid online-cal; test: the test prompts at grid online-test")
+    sw.add_argument("predictor", help="the directory `init` wrote")
+    sw.add_argument("--out", required=True, help="one sweep directory per task goes under it (OUT/TASK)")
+    sw.add_argument("--max-new-tokens", type=bounded(int, 1, 1 << 20), required=True, help="output budget")
+    add_threads_flag(sw, default=1, help="torch CPU threads of each task's sweep (default: 1)")
+    sw.add_argument("--until", metavar="HH:MM", help="stop at this local time (a rerun resumes)")
+    sw.set_defaults(fn=cmd_calibrate_online_sweep)
+    fi = sub.add_parser("finished", help="print the calibration runs of the thresholds every task finished")
+    fi.add_argument("predictor", help="the directory `init` wrote")
+    fi.add_argument("cal", help="the directory `sweep cal` decoded into")
+    fi.set_defaults(fn=cmd_calibrate_online_finished)
 
 
 def cmd_calibrate_online_init(a) -> int:
-    from ..files import check_writable_dir, write_atomic
+    from ..files import check_writable_dir
     from ..study.prefix.model import load_prefix_predictor, write_online_predictor
+    from ..study.prefix.online import write_ids
 
     check_writable_dir(Path(a.out).parent or Path("."), "directory of --out")
     write_online_predictor(a.predictor, a.rotation, a.out)
-    cal, test = load_prefix_predictor(a.out).online_ids
-    for name, ids in (("cal", cal), ("test", test)):
-        tasks = sorted({i.split("/")[0] for i in ids})
-        for t in tasks:
-            part = [i for i in ids if i.split("/")[0] == t]
-            (Path(a.out) / "ids").mkdir(exist_ok=True)
-            write_atomic(Path(a.out) / "ids" / f"{t.lower()}.{name}", ",".join(part) + "\n")
-            print(f"{Path(a.out) / 'ids' / f'{t.lower()}.{name}'}: {len(part)} {name} prompts", file=sys.stderr)
+    for path, n in write_ids(a.out, *load_prefix_predictor(a.out).online_ids):
+        print(f"{path}: {n} {path.suffix[1:]} prompts", file=sys.stderr)
+    return 0
+
+
+def cmd_calibrate_online_sweep(a) -> int:
+    from ..study.jobs import Processes, deadline
+    from ..study.prefix.online import sweep_commands
+
+    Processes(deadline(a.until), what="calibrate-online")(
+        sweep_commands(a.predictor, a.part, a.out, a.max_new_tokens, a.threads), timed=True)
+    return 0
+
+
+def cmd_calibrate_online_finished(a) -> int:
+    from ..study.prefix.online import finished
+
+    runs = finished(a.predictor, a.cal)
+    if not runs:
+        raise ValueError(f"no threshold has finished on every task under {a.cal}")
+    print("\n".join(map(str, runs)))
     return 0
 
 
 def cmd_calibrate_online_choose(a) -> int:
+    from ..study.grids import ONLINE_ALPHA
     from ..study.prefix.calibrate import choose_online
 
-    rec = choose_online(a.predictor, a.runs, a.alpha, a.delta)
+    rec = choose_online(a.predictor, a.runs, a.alpha or ONLINE_ALPHA, a.delta)
     for r in rec["choices"]:
         lam = "never skip" if r["lam"] is None else f"lam {r['lam']:g}"
         ltt = "never skip" if r["ltt_lam"] is None else f"lam {r['ltt_lam']:g}"

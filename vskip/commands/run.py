@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from .flags import add_policy_flags, bounded, configs, task_ids
+from .flags import add_policy_flags, add_task_flag, bounded, settings, task_ids
 
 
 def register(subparsers) -> None:
     r = subparsers.add_parser("run", help="decode a task's prompts with one configuration and score them")
-    r.add_argument("--task", required=True, help="humaneval, mbpp, mbpp_plus, math500 or gsm8k")
+    add_task_flag(r, required=True, help="the benchmark whose prompts to decode")
     r.add_argument("--limit", type=int, help="first N prompts")
     r.add_argument("--ids", help="comma-separated task ids")
     r.add_argument("--out", required=True, help="run directory (resumable)")
@@ -24,17 +24,12 @@ def register(subparsers) -> None:
 
 
 def cmd_run(a) -> int:
-    from ..bench import tasks
     from ..study.runner import RunConfig, run
 
-    if a.task not in tasks.ALL_TASKS:
-        raise ValueError(f"unknown task {a.task!r}; expected one of {', '.join(tasks.ALL_TASKS)}")
     if a.limit is not None and a.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {a.limit}")
-    policy, dec, models = configs(a)
-    ids = task_ids(a.ids)
-    cfg = RunConfig(task=a.task, policy=policy, decode=dec, models=models, limit=a.limit, ids=ids,
-                    score=a.score, predictor=a.predictor, samples_per_prompt=a.samples_per_prompt)
+    cfg = RunConfig.of(settings(a), a.task, limit=a.limit, ids=task_ids(a.ids), score=a.score,
+                       samples_per_prompt=a.samples_per_prompt)
     summary = run(cfg, a.out, progress=not a.quiet, command=getattr(a, "command_line", None))
     keys = ("task", "policy", "n_prompts", "pass_at_1", "tokens_per_s", "calls_per_token", "blocks_per_token",
             "strict_token", "full_prefix", "skipped_rounds")

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .flags import add_task_flag
+
 
 def register(subparsers) -> None:
     s = subparsers.add_parser("score", help="score an EvalPlus-style samples file in the sandbox")
-    s.add_argument("--task", required=True)
+    add_task_flag(s, required=True, help="the benchmark the samples answer")
     s.add_argument("--samples", required=True, help="JSONL with task_id and completion (or solution)")
     s.add_argument("--out", help="write per-sample results as JSON here")
     s.set_defaults(fn=cmd_score)

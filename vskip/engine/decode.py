@@ -2,8 +2,13 @@
 
 Strict SDD, lenience, top-k, the periodic baseline and the three skip signals are configurations of
 this one loop (:class:`vskip.engine.policy.PolicyConfig`); ``ar`` is the verifier's own greedy decoding
-through the same verifier adapter. Timing follows A.8: the decode is timed between synchronised
-clock reads, and shadow verification (§3.2) is timed separately and excluded.
+through the same verifier adapter. The models only draft and score; the acceptance rule and every
+random draw are the policy's (:class:`vskip.engine.policy.Rule`). Timing follows A.8: the decode is
+timed between synchronised clock reads, and shadow verification (§3.2) is timed separately and
+excluded.
+
+A round reads as its steps (:class:`_Decode`): choose the block length, draft, score, decide,
+then skip or verify, then commit, which builds the round's record once, complete.
 """
 
 from __future__ import annotations
@@ -16,8 +21,8 @@ import numpy as np
 from ..defaults import GAMMA, MAX_NEW_TOKENS
 from .features import assemble_features
 from .models.protocols import DraftBlock, Drafter, Predictor, Verifier
-from .policy import (BlockLength, Draw, GuardContext, PolicyConfig, Sampling, accept, block_length, committed_tokens,
-                     decide, prompt_key, strict_accept, verify_length)
+from .policy import (RULE, BlockLength, Decision, Draw, GuardContext, PolicyConfig, Rule, Sampling, block_length,
+                     committed_tokens, decide, draw_rows, prompt_key, strict_accept, verify_length)
 from .policy.sampling import ACCEPT, DRAFTER
 from .runtime import now
 
@@ -129,6 +134,41 @@ def check_prompt(prompt: Sequence[int], verifier: Verifier, cfg: DecodeConfig) -
         )
 
 
+def check_settings(policy: PolicyConfig, cfg: DecodeConfig, steps: int | None = None) -> None:
+    """The rules that tie a policy to decode settings, checked once where settings are made
+    (:class:`vskip.engine.settings.Settings`): trimming only where it cannot change what is accepted,
+    lenience and top-k greedy only, and the speculative rule only for a drafter that drafts in one
+    forward (``steps``; None: checked against the drafter by :func:`check_models`)."""
+    if cfg.trim is not None and policy.lossy_acceptance:
+        raise ValueError(f"--trim would change what {policy.name} accepts; use it with strict or a skip policy")
+    if not cfg.sampling.greedy and policy.lossy_acceptance:
+        raise ValueError(f"{policy.name} acceptance is defined on the verifier's argmax; it takes no --temperature")
+    if steps is not None and policy.uses_drafter:
+        check_speculative(cfg.sampling, steps)
+
+
+def check_speculative(sampling: Sampling, steps: int) -> None:
+    """The speculative rule is exact only for a drafter that drafts its block in one forward."""
+    if sampling.speculative and steps != 1:
+        raise ValueError(f"--speculative-sampling needs a drafter that drafts its block in one forward (--steps 1), "
+                         f"not in {steps} reveal steps")
+
+
+def check_models(drafter: Drafter | None, policy: PolicyConfig, cfg: DecodeConfig, predictor) -> None:
+    """What the settings ask of the models they meet: a drafter (drafting blocks this long, in one
+    forward for the speculative rule) and a predictor where the policy needs them."""
+    if not policy.uses_drafter:
+        return
+    if drafter is None:
+        raise ValueError(f"policy {policy.name!r} needs a drafter")
+    if drafter.max_gamma is not None and cfg.blocks.longest > drafter.max_gamma:
+        raise ValueError(f"this drafter drafts at most {drafter.max_gamma} tokens a block; "
+                         f"--gamma {cfg.blocks.longest} is more")
+    check_speculative(cfg.sampling, drafter.steps)
+    if policy.learned and predictor is None:
+        raise ValueError(f"policy {policy.name!r} needs a trained predictor")
+
+
 class _Clocks:
     """Seconds spent per part of a round (A.8: every clock read synchronises the device)."""
 
@@ -142,16 +182,19 @@ class _Clocks:
         return out
 
 
-@dataclass
-class _State:
-    """What the loop carries from round to round."""
+@dataclass(frozen=True)
+class _Outcome:
+    """What a skip or a verification proposes to commit, before the budget and EOS cuts."""
 
-    seq: list[int]
-    key: int = 0  # the prompt's key for the random numbers of a sampled decode
-    D: int = 0  # unverified tokens committed since the last verifier call
-    last_full: bool = False  # the previous verified block was accepted whole
-    calls: int = 0
-    blocks: int = 0
+    new: np.ndarray
+    verified: bool
+    K: int
+    K_hat: int
+    L: int | None
+    accepted: int
+    relaxed: bool
+    reason: str
+    gamma: int
 
 
 def decode(
@@ -163,158 +206,182 @@ def decode(
     predictor: Predictor | None = None,
     task_id: str | None = None,
     sample: int = 0,
+    rule: Rule = RULE,
 ) -> DecodeResult:
     """Decode one prompt (token ids) and return the generated tokens with per-round records.
-    ``task_id`` and ``sample`` (the index of a sampled completion) key its random numbers."""
-    _check(prompt, drafter, verifier, policy, cfg, predictor)
+    ``task_id`` and ``sample`` (the index of a sampled completion) key its random numbers;
+    ``rule``: the acceptance rule (the paper's unless another is given). The settings themselves
+    are checked where they are made (:func:`check_settings`); here, what they ask of the models."""
+    check_prompt(prompt, verifier, cfg)
+    check_models(drafter, policy, cfg, predictor)
     if policy.alpha is not None:  # the threshold calibrated for this prompt's fold (the prefix policy)
         policy = replace(policy, lam=predictor.threshold(task_id, policy.alpha))
-    key = 0 if cfg.sampling.greedy else prompt_key(task_id, prompt, sample)  # a greedy decode draws nothing
-    st, clocks = _State(list(prompt), key=key), _Clocks()
-    n0, rounds, traces, stop = len(prompt), [], [], "length"
-    if drafter is not None:
-        drafter.reset()
-    verifier.reset()
-    t_start = now()
-    for r in range(cfg.max_new_tokens):
-        remaining = cfg.max_new_tokens - (len(st.seq) - n0)
-        if remaining <= 0:
-            break
-        if policy.uses_drafter:
-            new, rec = _sdd_round(r, st, drafter, verifier, policy, cfg, predictor, task_id, clocks, traces, n0)
-        else:  # the verifier alone: one token per call (its argmax, or its draw)
-            new = clocks.time("verify", verifier.score, st.seq, (), **_draw(cfg, st, len(st.seq) - n0, 1)).argmax[:1]
-            st.calls += 1
-            rec = RoundRecord(round=r, verified=True, K=0, K_hat=0, L=None, accepted=0, committed=1, relaxed=False,
-                              reason="verify", gamma=0)
-        # 5. commit: never past the budget, and nothing after an end-of-sequence token.
-        new = [int(x) for x in new[:remaining]]
-        cut = next((i + 1 for i, tok in enumerate(new) if tok in verifier.eos_ids), None)
+    return _Decode(prompt, drafter, verifier, policy, cfg, predictor, task_id, sample, rule).run()
+
+
+class _Decode:
+    """One prompt's decode: the models, the settings and what the loop carries from round to round."""
+
+    def __init__(self, prompt, drafter, verifier, policy: PolicyConfig, cfg: DecodeConfig, predictor, task_id,
+                 sample: int, rule: Rule):
+        self.drafter = drafter if policy.uses_drafter else None
+        self.verifier, self.policy, self.cfg, self.predictor, self.rule = verifier, policy, cfg, predictor, rule
+        self.task_id = task_id
+        self.key = 0 if cfg.sampling.greedy else prompt_key(task_id, prompt, sample)  # a greedy decode draws nothing
+        self.seq, self.n0 = list(prompt), len(prompt)
+        self.D = 0  # unverified tokens committed since the last verifier call
+        self.last_full = False  # the previous verified block was accepted whole
+        self.calls = self.blocks = 0
+        self.clocks, self.traces = _Clocks(), []
+
+    @property
+    def generated(self) -> int:
+        return len(self.seq) - self.n0
+
+    def run(self) -> DecodeResult:
+        if self.drafter is not None:
+            self.drafter.reset()
+        self.verifier.reset()
+        rounds, stop = [], "length"
+        t_start = now()
+        if self.drafter is not None and self.drafter.reads_verifier:  # the drafter's context: the prompt's features
+            self.clocks.time("draft", self.verifier.prefill, self.seq[:-1])
+        for r in range(self.cfg.max_new_tokens):
+            if self.generated >= self.cfg.max_new_tokens:
+                break
+            out = self.sdd_round(r) if self.drafter is not None else self.ar_round()
+            rec, stop = self.commit(r, out)
+            rounds.append(rec)
+            if stop == "eos":
+                break
+        total, sec = now() - t_start, self.clocks.seconds
+        return DecodeResult(
+            tokens=self.seq[self.n0:], rounds=rounds, decode_seconds=total - sec["shadow"],
+            draft_seconds=sec["draft"], verify_seconds=sec["verify"], predict_seconds=sec["predict"],
+            shadow_seconds=sec["shadow"], verifier_calls=self.calls, draft_blocks=self.blocks, stop=stop,
+            traces=self.traces,
+        )
+
+    # -- the verifier alone ------------------------------------------------------------------
+    def ar_round(self) -> _Outcome:
+        """One token per call: the verifier's argmax, or its draw."""
+        v = self.judge(())
+        self.calls += 1
+        return _Outcome(v.tokens[:1], verified=True, K=0, K_hat=0, L=None, accepted=0, relaxed=False,
+                        reason="verify", gamma=0)
+
+    # -- a round of Figure 2 -----------------------------------------------------------------
+    def sdd_round(self, r: int) -> _Outcome:
+        gamma, g = self.block_length()
+        block = self.draft(g)
+        q, feats = self.score(block)
+        d = self.decide(r, block, q, shortened=g < gamma)
+        out = self.skip(block, d, g) if d.K > 0 else self.verify(block, d, g)
+        if self.cfg.trace:
+            self.traces.append(BlockTrace(r, feats, block.hidden_array(), block.confidence.copy(), out.L, out.K))
+        return out
+
+    def block_length(self) -> tuple[int, int]:
+        """(the block length the policy asks for, that length within the remaining budget)."""
+        gamma = self.cfg.gamma
+        if self.cfg.blocks.adaptive:
+            gamma = block_length(self.cfg.blocks, self.drafter.match_length(self.seq), self.last_full)
+        return gamma, min(gamma, self.cfg.max_new_tokens - self.generated)
+
+    def draft(self, g: int) -> DraftBlock:
+        """1. Draft: the drafter's choice at each position, or under the speculative rule tokens the
+        loop draws from the drafter's distributions with the positions' own numbers."""
+        return self.clocks.time("draft", self._draft, g)
+
+    def _draft(self, g: int) -> DraftBlock:
+        s = self.cfg.sampling
+        features = self.cfg.trace or self.policy.learned
+        block = self.drafter.propose(self.seq, g, features=features, sampling=s if s.speculative else None)
+        self.blocks += 1
+        if s.speculative:
+            block = replace(block, tokens=draw_rows(block.q, s.uniforms(self.key, self.generated, g, DRAFTER)))
+        return block
+
+    def score(self, block: DraftBlock) -> tuple[np.ndarray, np.ndarray | None]:
+        """2. Score: the raw confidences, or the trained predictor's scores of the block's features."""
+        want = self.cfg.trace or self.policy.learned
+        feats = assemble_features(block.features, self.generated, self.D, self.cfg.task) if want else None
+        if not self.policy.learned:
+            return block.confidence, feats
+        q = self.clocks.time("predict", self.predictor.scores, block, feats, self.task_id)
+        return np.asarray(q, dtype=np.float64), feats
+
+    def decide(self, r: int, block: DraftBlock, q: np.ndarray, shortened: bool) -> Decision:
+        """3. Decide: the skip length K (0: verify), with the costs so far for the prefix policy."""
+        sec = self.clocks.seconds
+        ctx = GuardContext(np.asarray(self.seq[-_HISTORY:]), self.verifier.special_ids, self.verifier.eos_ids,
+                           shortened=shortened, c_D=sec["draft"] / self.blocks if self.blocks else None,
+                           c_V=sec["verify"] / self.calls if self.calls else None)
+        return decide(self.policy, self.D, r, block.tokens, q, ctx)
+
+    def skip(self, block: DraftBlock, d: Decision, g: int) -> _Outcome:
+        """4a. Skip: commit the prefix unverified; the shadow verifier only audits it (L)."""
+        self.D += d.K
+        L = None
+        if self.cfg.shadow:
+            L = strict_accept(block.tokens, self.judge(block.tokens, block, shadow=True))
+        return _Outcome(block.tokens[: d.K], verified=False, K=d.K, K_hat=d.K_hat, L=L, accepted=d.K, relaxed=True,
+                        reason=d.reason, gamma=g)
+
+    def verify(self, block: DraftBlock, d: Decision, g: int) -> _Outcome:
+        """4b. Verify: the method's acceptance rule, then the correction or bonus token."""
+        checked = block.tokens[: verify_length(block.confidence, self.cfg.trim)]
+        v = self.judge(checked, block)
+        self.calls += 1
+        acc = self.rule.accept(self.policy, checked, v)
+        self.D, self.last_full = 0, acc == len(checked)
+        return _Outcome(committed_tokens(checked, v, acc), verified=True, K=0, K_hat=d.K_hat,
+                        L=strict_accept(checked, v), accepted=acc, relaxed=self.policy.lossy_acceptance and acc > 0,
+                        reason=d.reason, gamma=g)
+
+    def judge(self, tokens: Sequence[int], block: DraftBlock | None = None, shadow: bool = False):
+        """The verifier's verdict on ``tokens`` after the committed sequence: it scores them (its
+        argmax, or its warped distributions when sampling) and the rule draws with the numbers of
+        the generated positions they occupy (under the speculative rule, with the block's q)."""
+        s, clock = self.cfg.sampling, "shadow" if shadow else "verify"
+        if s.greedy:
+            return self.rule.verdict(self.clocks.time(clock, self.verifier.score, self.seq, tokens, shadow=shadow), None)
+        p = self.clocks.time(clock, self.verifier.distributions, self.seq, tokens, s, shadow=shadow)
+        return self.rule.verdict(p, self._draw(len(tokens) + 1, block))
+
+    def _draw(self, n: int, block: DraftBlock | None) -> Draw:
+        """The numbers of generated positions ``generated .. generated + n - 1``; under the
+        speculative rule also the block's first ``n - 1`` drafted tokens, their q and the coins."""
+        s, start = self.cfg.sampling, self.generated
+        u = s.uniforms(self.key, start, n)
+        if block is None or block.q is None:
+            return Draw(s, u)
+        m = n - 1
+        return Draw(s, u, tokens=block.tokens[:m], q=block.q[:m], u_accept=s.uniforms(self.key, start, m, ACCEPT))
+
+    # -- 5. commit and 6. record ---------------------------------------------------------------
+    def commit(self, r: int, out: _Outcome) -> tuple[RoundRecord, str]:
+        """Commit never past the budget and nothing after an end-of-sequence token; the record of
+        the round, built once with what was committed (``accepted`` and ``K`` shrink with a cut that
+        falls inside the draft prefix)."""
+        new = [int(x) for x in out.new[: self.cfg.max_new_tokens - self.generated]]
+        cut = next((i + 1 for i, tok in enumerate(new) if tok in self.verifier.eos_ids), None)
+        stop = "length"
         if cut is not None:
             new, stop = new[:cut], "eos"
-        st.seq.extend(new)
-        # 6. record
-        rounds.append(_with_committed(rec, len(new)))
-        if stop == "eos":
-            break
-    total, sec = now() - t_start, clocks.seconds
-    return DecodeResult(
-        tokens=st.seq[n0:], rounds=rounds, decode_seconds=total - sec["shadow"], draft_seconds=sec["draft"],
-        verify_seconds=sec["verify"], predict_seconds=sec["predict"], shadow_seconds=sec["shadow"],
-        verifier_calls=st.calls, draft_blocks=st.blocks, stop=stop, traces=traces,
-    )
-
-
-def _check(prompt, drafter, verifier, policy: PolicyConfig, cfg: DecodeConfig, predictor) -> None:
-    check_prompt(prompt, verifier, cfg)
-    if policy.uses_drafter and drafter is None:
-        raise ValueError(f"policy {policy.name!r} needs a drafter")
-    most = getattr(drafter, "max_gamma", None) if policy.uses_drafter else None
-    if most is not None and cfg.blocks.longest > most:
-        raise ValueError(f"this drafter drafts at most {most} tokens a block; --gamma {cfg.blocks.longest} is more")
-    if cfg.trim is not None and policy.lossy_acceptance:
-        raise ValueError(f"--trim would change what {policy.name} accepts; use it with strict or a skip policy")
-    if policy.learned and predictor is None:
-        raise ValueError(f"policy {policy.name!r} needs a trained predictor")
-    check_sampling(policy, cfg, drafter)
-
-
-def check_sampling(policy: PolicyConfig, cfg: DecodeConfig, drafter: Drafter | None = None) -> None:
-    """Lenience and top-k acceptance are defined on the verifier's argmax: refuse them sampled.
-    The speculative rule needs a drafter that drafts its block in one forward."""
-    if not cfg.sampling.greedy and policy.lossy_acceptance:
-        raise ValueError(f"{policy.name} acceptance is defined on the verifier's argmax; it takes no --temperature")
-    check_speculative(cfg.sampling, getattr(drafter, "steps", 1))
-
-
-def check_speculative(sampling: Sampling, steps: int) -> None:
-    """The speculative rule is exact only for a drafter that drafts its block in one forward."""
-    if sampling.speculative and steps != 1:
-        raise ValueError(f"--speculative-sampling needs a drafter that drafts its block in one forward (--steps 1), "
-                         f"not in {steps} reveal steps")
-
-
-def _draw(cfg: DecodeConfig, st: _State, start: int, n: int, block: DraftBlock | None = None) -> dict:
-    """The keyword that makes a verifier call sample: the draws of generated positions
-    ``start .. start + n - 1`` (none at temperature 0). Under the speculative rule it carries the
-    block's first ``n - 1`` drafted tokens, their distributions and the acceptance coins."""
-    s = cfg.sampling
-    if s.greedy:
-        return {}
-    u = s.uniforms(st.key, start, n)
-    if block is None or block.q is None:
-        return {"draw": Draw(s, u)}
-    m = n - 1
-    return {"draw": Draw(s, u, tokens=block.tokens[:m], q=block.q[:m], u_accept=s.uniforms(st.key, start, m, ACCEPT))}
-
-
-def _draft_draw(cfg: DecodeConfig, st: _State, start: int, g: int) -> dict:
-    """The keyword that makes the drafter sample its block (the speculative rule only)."""
-    s = cfg.sampling
-    return {"draw": Draw(s, s.uniforms(st.key, start, g, DRAFTER))} if s.speculative else {}
-
-
-def _sdd_round(r: int, st: _State, drafter: Drafter, verifier: Verifier, policy: PolicyConfig, cfg: DecodeConfig,
-               predictor, task_id, clocks: _Clocks, traces: list, n0: int):
-    """One round of Figure 2 with a drafter: (tokens to commit, the round's record)."""
-    generated = len(st.seq) - n0
-    gamma = cfg.gamma
-    if cfg.blocks.adaptive:
-        gamma = block_length(cfg.blocks, drafter.match_length(st.seq), st.last_full)
-    g = min(gamma, cfg.max_new_tokens - generated)
-    want_features = cfg.trace or policy.learned
-    # 1. draft (sampled under the speculative rule, else the drafter's own choice)
-    block = clocks.time("draft", drafter.propose, st.seq, g, features=want_features, **_draft_draw(cfg, st, generated, g))
-    st.blocks += 1
-    # 2. score
-    feats = assemble_features(block.features, generated, st.D, cfg.task) if want_features else None
-    q = block.confidence
-    if policy.learned:
-        q = np.asarray(clocks.time("predict", predictor.scores, block, feats, task_id), dtype=np.float64)
-    # 3. decide
-    sec = clocks.seconds  # the costs so far (the prefix policy weighs them)
-    ctx = GuardContext(np.asarray(st.seq[-_HISTORY:]), verifier.special_ids, verifier.eos_ids, shortened=g < gamma,
-                       c_D=sec["draft"] / st.blocks if st.blocks else None,
-                       c_V=sec["verify"] / st.calls if st.calls else None)
-    d = decide(policy, st.D, r, block.tokens, q, ctx)
-    if d.K > 0:
-        # 4a. skip: commit the prefix unverified; the shadow verifier only audits it.
-        new = block.tokens[: d.K]
-        st.D += d.K
-        L = None
-        if cfg.shadow:
-            L = strict_accept(block.tokens, clocks.time("shadow", verifier.score, st.seq, block.tokens, shadow=True,
-                                                        **_draw(cfg, st, generated, g + 1, block)))
-        rec = RoundRecord(round=r, verified=False, K=d.K, K_hat=d.K_hat, L=L, accepted=d.K, committed=d.K,
-                          relaxed=True, reason=d.reason, gamma=g)
-    else:
-        # 4b. verify: the method's acceptance rule, then the correction or bonus token.
-        checked = block.tokens[: verify_length(block.confidence, cfg.trim)]
-        verdict = clocks.time("verify", verifier.score, st.seq, checked,
-                              **_draw(cfg, st, generated, len(checked) + 1, block))
-        st.calls += 1
-        acc = accept(policy, checked, verdict)
-        new = committed_tokens(checked, verdict, acc)
-        st.D, st.last_full = 0, acc == len(checked)
-        rec = RoundRecord(round=r, verified=True, K=0, K_hat=d.K_hat, L=strict_accept(checked, verdict), accepted=acc,
-                          committed=0, relaxed=policy.lossy_acceptance and acc > 0, reason=d.reason, gamma=g)
-    if cfg.trace:
-        hidden = block.hidden
-        if hidden is not None and not isinstance(hidden, np.ndarray):
-            hidden = hidden.float().cpu().numpy()
-        traces.append(BlockTrace(r, feats, hidden, block.confidence.copy(), rec.L, rec.K))
-    return new, rec
-
-
-def _with_committed(rec: RoundRecord, n: int) -> RoundRecord:
-    """The record with the number of tokens actually committed (after the budget and EOS cuts);
-    ``accepted`` and ``K`` shrink with it when the cut falls inside the draft prefix."""
-    return replace(rec, K=min(rec.K, n), accepted=min(rec.accepted, n), committed=n)
+        self.seq.extend(new)
+        n = len(new)
+        rec = RoundRecord(round=r, verified=out.verified, K=min(out.K, n), K_hat=out.K_hat, L=out.L,
+                          accepted=min(out.accepted, n), committed=n, relaxed=out.relaxed, reason=out.reason,
+                          gamma=out.gamma)
+        return rec, stop
 
 
 def warmup(drafter: Drafter | None, verifier: Verifier, prompt: Sequence[int], gamma: int) -> None:
     """A.8: one draft block and one verifier forward before any timing."""
     if drafter is not None:
+        if drafter.reads_verifier:
+            verifier.prefill(list(prompt)[:-1])
         drafter.warmup(list(prompt), gamma)
     verifier.warmup(list(prompt), gamma)
 

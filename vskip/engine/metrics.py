@@ -1,12 +1,14 @@
 """Run-level metrics from per-prompt samples and per-round records (§3.2, §5.1, Eq. 7–8, A.8).
 
-Samples are the plain dicts of ``samples.jsonl``; rounds are anything with the fields of a
-:class:`Round`: the loop's :class:`vskip.engine.decode.RoundRecord` or the run directory's
-:class:`vskip.study.rundir.RoundRow` (a field that an old file lacks is None). Reports need no model.
+Samples are the plain dicts of ``samples.jsonl``, whose measures are a :class:`PromptResult`;
+rounds are anything with the fields of a :class:`Round`: the loop's
+:class:`vskip.engine.decode.RoundRecord` or the run directory's :class:`vskip.study.rundir.RoundRow`
+(a field that an old file lacks is None). Reports need no model.
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, fields
 from typing import Iterable, Protocol, Sequence
 
 import numpy as np
@@ -53,10 +55,10 @@ def agreement_from_rounds(rounds: Iterable[Round]) -> tuple[float, float, int]:
     return num / den, full / n, n
 
 
-def _total(samples: Sequence[dict], key: str, missing: list[str]):
-    """The sum of ``key`` over the samples; None (and ``key`` named in ``missing``) when a sample
-    lacks it."""
-    vals = [s.get(key) for s in samples]
+def _total(results: Sequence[PromptResult], key: str, missing: list[str]):
+    """The sum of the field ``key`` over the results; None (and ``key`` named in ``missing``) when a
+    result lacks it."""
+    vals = [getattr(r, key) for r in results]
     if any(v is None for v in vals):
         missing.append(key)
         return None
@@ -82,14 +84,36 @@ def _agreement(rounds: Sequence[Round], missing: list[str]) -> tuple[float | Non
     return st, fp, n
 
 
-def result_row(res) -> dict:
-    """The per-prompt fields :func:`summarize` totals, from a :class:`vskip.engine.decode.DecodeResult`
-    (as ``samples.jsonl`` holds them)."""
-    return {"generated_tokens": res.generated_tokens, "decode_seconds": res.decode_seconds,
-            "verifier_calls": res.verifier_calls, "draft_blocks": res.draft_blocks,
-            "skipped_rounds": res.skipped_rounds, "draft_seconds": res.draft_seconds,
-            "verify_seconds": res.verify_seconds, "predict_seconds": res.predict_seconds,
-            "shadow_seconds": res.shadow_seconds}
+@dataclass(frozen=True)
+class PromptResult:
+    """What decoding one prompt measured, in the one vocabulary of ``vskip run``'s
+    ``samples.jsonl`` and ``vskip compare``'s rows: the generated tokens N and the decode seconds T
+    (A.8), then the loop's counts and clocks. A decoder outside the loop (transformers'
+    ``generate``) has N and T alone; the rest is None there, and wherever a file written by an
+    older version lacks a field."""
+
+    generated_tokens: int | None
+    decode_seconds: float | None
+    verifier_calls: int | None = None
+    draft_blocks: int | None = None
+    skipped_rounds: int | None = None
+    draft_seconds: float | None = None
+    verify_seconds: float | None = None
+    predict_seconds: float | None = None
+    shadow_seconds: float | None = None
+
+    @classmethod
+    def of(cls, res) -> "PromptResult":
+        """The record of a :class:`vskip.engine.decode.DecodeResult`."""
+        return cls(**{f.name: getattr(res, f.name) for f in fields(cls)})
+
+    @classmethod
+    def from_json(cls, d: dict) -> "PromptResult":
+        return cls(**{f.name: d.get(f.name) for f in fields(cls)})
+
+    def to_json(self) -> dict:
+        """The fields that are known (a line never carries a null for a measure nobody took)."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 def summarize(samples: Sequence[dict], rounds: Sequence[Round]) -> dict:
@@ -99,14 +123,15 @@ def summarize(samples: Sequence[dict], rounds: Sequence[Round]) -> dict:
     sweep and the report. A total whose field some sample lacks is None, and ``missing`` (present
     only then) names the fields that could not be found."""
     missing: list[str] = []
-    N = _total(samples, "generated_tokens", missing)
-    T = _total(samples, "decode_seconds", missing)
-    calls = _total(samples, "verifier_calls", missing)
-    blocks = _total(samples, "draft_blocks", missing)
-    skipped = _total(samples, "skipped_rounds", missing)
-    draft_s = _total(samples, "draft_seconds", missing)
-    verify_s = _total(samples, "verify_seconds", missing)
-    predict_s = sum(s.get("predict_seconds", 0.0) for s in samples)
+    res = [PromptResult.from_json(s) for s in samples]
+    N = _total(res, "generated_tokens", missing)
+    T = _total(res, "decode_seconds", missing)
+    calls = _total(res, "verifier_calls", missing)
+    blocks = _total(res, "draft_blocks", missing)
+    skipped = _total(res, "skipped_rounds", missing)
+    draft_s = _total(res, "draft_seconds", missing)
+    verify_s = _total(res, "verify_seconds", missing)
+    predict_s = sum(r.predict_seconds or 0.0 for r in res)
     scored = [s["passed"] for s in samples if s.get("passed") is not None]
     strict_token, full_prefix, n_relaxed = _agreement(rounds, missing)
     verified = [r for r in rounds if r.verified and (r.gamma or 0) > 0]  # rounds that verified a draft
@@ -133,7 +158,7 @@ def summarize(samples: Sequence[dict], rounds: Sequence[Round]) -> dict:
         "predict_seconds": predict_s,
         "policy_seconds": policy_s,
         "policy_share": _div(policy_s, T),
-        "shadow_seconds": sum(s.get("shadow_seconds", 0.0) for s in samples),
+        "shadow_seconds": sum(r.shadow_seconds or 0.0 for r in res),
         "c_D": _div(draft_s, blocks),
         "c_V": _div(verify_s, calls),
         "A": sum(strict_commit) / len(strict_commit) if strict_commit else None,

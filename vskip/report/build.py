@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 from ..defaults import K_MIN
 from ..engine.policy import SIGNALS
 from ..files import write_atomic
-from ..study.rundir import SAMPLES, Run, find_run_dirs, load_run
+from ..study.rundir import ARCHIVE, SAMPLES, Run, find_run_dirs, load_run
 from .figures import figure1, figure4, figure5, figure_disagreement
 from .interpolate import interpolated_table
 from .paired import Row, choose_reference, compare, equal_outputs
@@ -419,7 +419,6 @@ def _guarded(notes: list[str], what: str, fn: Callable):
 
 #: the run files kept by ``--archive`` (traces are left out: they are large and rebuilt by a rerun)
 ARCHIVED = ("config.json", "samples.jsonl", "rounds.jsonl", "summary.json")
-ARCHIVE = "runs.tar.xz"
 
 
 def archive_runs(rep: Report, path: Path) -> Path:

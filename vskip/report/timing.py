@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -103,8 +103,8 @@ def timed_fields(run_cfgs: Sequence[dict], timings: Sequence[Timing]) -> dict:
         if hit is None:
             return {}
         t, name = hit
-        mine = [dict(r, config="x") if r["config"] == name else r for r in t.rows
-                if r["config"] in (name, "strict", "ar")]
+        mine = [replace(r, config="x") if r.config == name else r for r in t.rows
+                if r.config in (name, "strict", "ar")]
         try:  # each task must bring prompts of its own: a pooled figure never stands for one task alone
             k = summarize_comparison(mine)["n_prompts"] if mine else 0
         except ValueError:

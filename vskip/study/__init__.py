@@ -9,6 +9,8 @@ from them.
   diagnostics (§6.1, Table 1, Proposition 1).
 - ``prefix/``: the prefix scheduler beyond the paper (its survival model and its calibration;
   the pure decision is ``engine/policy/prefix.py``, which the loop calls).
+- ``fullscale.py``: the full-scale study's pieces (what each decodes, which runs exist, which runs
+  each report sets side by side); ``jobs.py``: vskip commands run side by side until a deadline.
 
 It may import the engine, the benchmarks and the root modules; reports and the command line
 build on it.

@@ -33,13 +33,64 @@ from __future__ import annotations
 import json
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..defaults import MAX_NEW_TOKENS
-from ..files import FileError, naming, open_append, read_json, read_jsonl, write_atomic, write_jsonl
+from ..engine.metrics import PromptResult
+from ..engine.models.config import ModelConfig
+from ..files import FileError, naming, open_append, read_json, read_jsonl_lines, write_atomic, write_jsonl
 from .variants import Variant
 
 SETTINGS = "settings.json"
+
+
+@dataclass(frozen=True)
+class CompareRow:
+    """One line of a shard file: a prompt decoded by one configuration in one repeat. Its measures
+    are a :class:`vskip.engine.metrics.PromptResult`, the record ``samples.jsonl`` holds too, and
+    ``tokens`` are the output's ids, as there. ``accepted`` (the draft tokens each verified round
+    accepted) and ``agreement`` (the sums of Eqs. 1-2, :func:`vskip.engine.metrics.agreement_sums`)
+    come from decodes through the loop. A field a row lacks is None (``repeat``: 0)."""
+
+    task_id: str
+    config: str
+    result: PromptResult
+    repeat: int = 0
+    machine: str | None = None
+    prompt_tokens: int | None = None
+    digest: str | None = None
+    tokens: list[int] | None = None
+    accepted: list[int] | None = None
+    agreement: list[int] | None = None
+
+    @classmethod
+    def from_json(cls, d: dict) -> "CompareRow":
+        d = _renamed(d)
+        return cls(task_id=d["task_id"], config=d["config"], result=PromptResult.from_json(d),
+                   repeat=d.get("repeat", 0), machine=d.get("machine"), prompt_tokens=d.get("prompt_tokens"),
+                   digest=d.get("digest"), tokens=d.get("tokens"), accepted=d.get("accepted"),
+                   agreement=d.get("agreement"))
+
+    def to_json(self) -> dict:
+        head = {"task_id": self.task_id, "config": self.config, "repeat": self.repeat, "machine": self.machine,
+                "prompt_tokens": self.prompt_tokens}
+        tail = {"accepted": self.accepted, "agreement": self.agreement, "digest": self.digest, "tokens": self.tokens}
+        return ({k: v for k, v in head.items() if v is not None} | self.result.to_json()
+                | {k: v for k, v in tail.items() if v is not None})
+
+
+#: what the rows of ``vskip compare`` named their fields before they shared :class:`PromptResult`
+#: with ``vskip run`` (``tokens`` was the count, ``output`` the ids); read, never written
+_OLD_NAMES = {"seconds": "decode_seconds", "calls": "verifier_calls", "blocks": "draft_blocks",
+              "skipped": "skipped_rounds", "tokens": "generated_tokens", "output": "tokens"}
+
+
+def _renamed(d: dict) -> dict:
+    """A row in the record's vocabulary: rows written before it (no ``generated_tokens``) renamed."""
+    if "generated_tokens" in d:
+        return d
+    return {_OLD_NAMES.get(k, k): v for k, v in d.items()}
 
 
 def _digest(tokens) -> str:
@@ -133,16 +184,12 @@ def _decode_row(pair, v: Variant, ids, tid, predictor=None) -> tuple[dict, list[
     from ..engine.decode import decode
     from ..engine.metrics import agreement_sums
 
-    drafter = getattr(pair, "extra_drafters", {}).get(v.drafter, pair.drafter) if v.drafter else pair.drafter
-    if drafter is not None and v.steps != getattr(drafter, "steps", v.steps):
-        if not hasattr(drafter, "with_steps"):
-            raise ValueError(f"{v.name}: this drafter reveals a block in {drafter.steps} step(s) only")
+    drafter = pair.extra_drafters.get(v.drafter, pair.drafter) if v.drafter else pair.drafter
+    if drafter is not None and v.steps != drafter.steps:
         drafter = drafter.with_steps(v.steps)  # same model and prior, another number of reveal steps
     policy = v.policy_config()
-    before = getattr(pair.verifier, "use_cache", True)
+    before = pair.verifier.use_cache
     if v.cache is not None:
-        if not hasattr(pair.verifier, "set_cache"):
-            raise ValueError(f"{v.name}: this verifier has no cache switch")
         pair.verifier.set_cache(v.cache)
     try:
         r = decode(ids, drafter if policy.uses_drafter else None, pair.verifier, policy, v.decode, predictor,
@@ -150,33 +197,30 @@ def _decode_row(pair, v: Variant, ids, tid, predictor=None) -> tuple[dict, list[
     finally:
         if v.cache is not None:
             pair.verifier.set_cache(before)
-    row = {"seconds": r.decode_seconds, "calls": r.verifier_calls, "blocks": r.draft_blocks,
-           "draft_seconds": r.draft_seconds, "verify_seconds": r.verify_seconds,
-           "skipped": r.skipped_rounds, "accepted": [x.accepted for x in r.rounds if x.verified and x.gamma],
-           "agreement": list(agreement_sums(r.rounds))}
+    row = {"result": PromptResult.of(r), "accepted": [x.accepted for x in r.rounds if x.verified and x.gamma],
+           "agreement": list(agreement_sums(r.rounds))}  # the fields of a CompareRow a decode fills
     return row, r.tokens
 
 
-def _predictors(pair, variants, directory: str | None) -> dict:
-    """The trained predictor of each learned variant, by variant name (loaded once per kind and
-    directory: the variant's own ``predictor=``, else ``directory``)."""
-    from .predictor import load_predictor
+def _predictors(pair, variants, directory: str | None, models) -> dict:
+    """The trained predictor of each learned variant, by variant name (the variant's own
+    ``predictor=``, else ``directory``; each kind and directory read once), opened as every decode opens its predictor
+    (:func:`vskip.study.door.load_policy_predictor`: checked against its online thresholds' settings)."""
+    from .door import load_policy_predictor
 
-    loaded, out = {}, {}
+    out, loaded = {}, {}
     for v in variants:
-        kind = None if v.hf else v.policy_config().predictor_kind
-        if kind is not None:
-            key = (kind, v.predictor or directory)
-            if key not in loaded:
-                loaded[key] = load_predictor(key[1], kind, getattr(pair, "runtime", None))
-            out[v.name] = loaded[key]
+        s = v.settings(models, directory)
+        if s is not None and s.policy.learned:
+            out[v.name] = load_policy_predictor(s, pair.runtime, loaded=loaded)
     return out
 
 
 def run_compare(prompts, pair, variants, out: Path, shard: tuple[int, int] = (1, 1), max_new: int = MAX_NEW_TOKENS,
-                progress: bool = True, repeats: int = 1, predictor: str | None = None) -> Path:
+                progress: bool = True, repeats: int = 1, predictor: str | None = None, models=None) -> Path:
     """Decode ``prompts`` [(task_id, ids)] (this shard's share) ``repeats`` times with every
-    variant; returns the shard's row file. Rows already there are kept (resume)."""
+    variant; returns the shard's row file. Rows already there are kept (resume). ``models``: the
+    command's :class:`~vskip.engine.models.config.ModelConfig` (the variants' settings start from it)."""
     from tqdm import tqdm
 
     from ..engine.decode import warmup
@@ -188,14 +232,14 @@ def run_compare(prompts, pair, variants, out: Path, shard: tuple[int, int] = (1,
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"shard-{i}-of-{n}.jsonl"
     kept = read_rows(path)
-    done = {(r["task_id"], r["config"], r.get("repeat", 0)) for r in kept}
+    done = {(r.task_id, r.config, r.repeat) for r in kept}
     # keep only whole rows, so that a line cut by a kill cannot swallow the next one
-    write_jsonl(path, kept)
+    write_jsonl(path, [r.to_json() for r in kept])
     mine = prompts[i - 1 :: n]
-    host = machine_id(machine(getattr(pair, "runtime", None)))
-    learned = _predictors(pair, variants, predictor)
+    host = machine_id(machine(pair.runtime))
+    learned = _predictors(pair, variants, predictor, models or ModelConfig())
     if mine:
-        extra = getattr(pair, "extra_drafters", {})
+        extra = pair.extra_drafters
         for name, d in [(None, pair.drafter), *extra.items()]:  # each drafter with the longest block it drafts
             mine_v = [v for v in variants if not v.hf and (extra.get(v.drafter) is d if v.drafter in extra else name is None)]
             warmup(d, pair.verifier, mine[0][1], max((v.decode.blocks.longest for v in mine_v), default=1))
@@ -212,41 +256,44 @@ def run_compare(prompts, pair, variants, out: Path, shard: tuple[int, int] = (1,
 
                         tokens, seconds = _hf_generate(pair, ids, max_new, v.lookup, dict(v.params) or None,
                                                        prompt_key(tid, ids))
-                        row = {"seconds": seconds}
+                        row = {"result": PromptResult(generated_tokens=len(tokens), decode_seconds=seconds)}
                     else:
                         row, tokens = _decode_row(pair, v, ids, tid, learned.get(v.name))
-                    row = {"task_id": tid, "config": v.name, "repeat": rep, "machine": host,
-                           "prompt_tokens": len(ids), **row, "tokens": len(tokens), "digest": _digest(tokens),
-                           "output": [int(t) for t in tokens]}
-                    f.write(json.dumps(row) + "\n")
+                    row = CompareRow(task_id=tid, config=v.name, repeat=rep, machine=host, prompt_tokens=len(ids),
+                                     digest=_digest(tokens), tokens=[int(t) for t in tokens], **row)
+                    f.write(json.dumps(row.to_json()) + "\n")
                     f.flush()
     return path
 
 
-def read_rows(path: Path) -> list[dict]:
+def read_rows(path: Path) -> list[CompareRow]:
     """The whole rows of a shard file (``.jsonl``, or ``.jsonl.gz`` as archived); a last line cut
     by a kill is dropped, and its row is redone. A row whose measures cannot be right (no prompt or
     configuration, seconds not positive, counts negative) names its file and line."""
-    rows = read_jsonl(path)
-    for i, r in enumerate(rows, 1):
-        _check_row(r, path, i)
+    rows = []
+    for i, raw in read_jsonl_lines(path):
+        _check_row(raw, path, i)
+        rows.append(CompareRow.from_json(raw))
     return rows
 
 
-def _check_row(r: dict, path: Path, line: int) -> None:
+def _check_row(raw: dict, path: Path, line: int) -> None:
+    """Refuse a row whose measures cannot be right, naming its fields as the file spells them."""
     def bad(why: str):
-        raise FileError(f"{path}: row {line} {why}; the comparison's rows are damaged")
+        raise FileError(f"{path}: line {line} {why}; the comparison's rows are damaged")
 
+    r = _renamed(raw)
+    said = {v: k for k, v in _OLD_NAMES.items()} if r is not raw else {}
     if not isinstance(r.get("task_id"), str) or not isinstance(r.get("config"), str):
         bad("names no task_id or config")
-    sec = r.get("seconds")  # checked where present: rows made for their outputs alone carry no timing
-    if "seconds" in r and (isinstance(sec, bool) or not isinstance(sec, (int, float)) or not math.isfinite(sec)
-                           or sec <= 0):
-        bad(f"has seconds {sec!r} (a positive number is needed)")
-    for key in ("tokens", "calls", "blocks", "repeat"):
+    sec = r.get("decode_seconds")  # checked where present: rows made for their outputs alone carry no timing
+    if "decode_seconds" in r and (isinstance(sec, bool) or not isinstance(sec, (int, float)) or not math.isfinite(sec)
+                                  or sec <= 0):
+        bad(f"has {said.get('decode_seconds', 'decode_seconds')} {sec!r} (a positive number is needed)")
+    for key in ("generated_tokens", "verifier_calls", "draft_blocks", "skipped_rounds", "repeat"):
         v = r.get(key, 0)
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            bad(f"has {key} {v!r} (a count is needed)")
+            bad(f"has {said.get(key, key)} {v!r} (a count is needed)")
 
 
 #: configuration -> task id -> passed, written by ``vskip compare --score``
@@ -264,7 +311,7 @@ def settings_task(directory: Path) -> str:
     return task
 
 
-def score_outputs(directory: Path, rows: list[dict], progress: bool = True) -> dict[str, dict[str, bool]]:
+def score_outputs(directory: Path, rows: list[CompareRow], progress: bool = True) -> dict[str, dict[str, bool]]:
     """Each configuration's outputs (first repeat) run against the task's tests in the sandbox:
     configuration -> task id -> passed, kept in ``directory/scores.json`` (a rerun scores only
     what is new). The outputs become text with the verifier's own tokenizer, as ``vskip run``
@@ -279,14 +326,14 @@ def score_outputs(directory: Path, rows: list[dict], progress: bool = True) -> d
     path = directory / SCORES
     scores = read_json(path, "comparison scores") if path.exists() else {}
     todo = [r for r in rows
-            if r.get("repeat", 0) == 0 and "output" in r and r["task_id"] not in scores.get(r["config"], {})]
+            if r.repeat == 0 and r.tokens is not None and r.task_id not in scores.get(r.config, {})]
     if todo:
         vdir = resolve_verifier_dir((fixed.get("models") or {}).get("verifier"))
         tok = AutoTokenizer.from_pretrained(vdir, trust_remote_code=False, local_files_only=True)
-        problems = {p.task_id: p for p in tasks.load_task(task, ids=sorted({r["task_id"] for r in todo}))}
-        texts = [tok.decode(r["output"], skip_special_tokens=True) for r in todo]
-        results = scoring.score_many([problems[r["task_id"]] for r in todo], texts, progress=progress)
+        problems = {p.task_id: p for p in tasks.load_task(task, ids=sorted({r.task_id for r in todo}))}
+        texts = [tok.decode(r.tokens, skip_special_tokens=True) for r in todo]
+        results = scoring.score_many([problems[r.task_id] for r in todo], texts, progress=progress)
         for r, res in zip(todo, results):
-            scores.setdefault(r["config"], {})[r["task_id"]] = bool(res.passed)
+            scores.setdefault(r.config, {})[r.task_id] = bool(res.passed)
         write_atomic(path, json.dumps(scores, indent=1, sort_keys=True))
     return scores

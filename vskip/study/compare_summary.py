@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ..stats import resample_indices
-from .compare import read_rows
+from .compare import CompareRow, read_rows
 
 
 def _ratio_interval(N, T, N0, T0, reps: int = 2000, seed: int = 0) -> tuple[float, float]:
@@ -28,7 +28,7 @@ def _first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def rows_of(directory: Path) -> list[dict]:
+def rows_of(directory: Path) -> list[CompareRow]:
     """Every row of a comparison directory's shard files."""
     files = sorted(directory.glob("shard-*.jsonl")) + sorted(directory.glob("shard-*.jsonl.gz"))
     return [r for f in files for r in read_rows(f)]
@@ -36,24 +36,24 @@ def rows_of(directory: Path) -> list[dict]:
 
 def _totals(res: dict, common: list[str], reps) -> tuple[np.ndarray, np.ndarray]:
     """Per prompt, the tokens and seconds summed over the repeats ``reps``."""
-    N = np.array([sum(res[t][q]["tokens"] for q in reps) for t in common], float)
-    T = np.array([sum(res[t][q]["seconds"] for q in reps) for t in common], float)
+    N = np.array([sum(res[t][q].result.generated_tokens for q in reps) for t in common], float)
+    T = np.array([sum(res[t][q].result.decode_seconds for q in reps) for t in common], float)
     return N, T
 
 
-def summarize_comparison(rows: list[dict], scores: dict[str, dict[str, bool]] | None = None) -> dict:
+def summarize_comparison(rows: list[CompareRow], scores: dict[str, dict[str, bool]] | None = None) -> dict:
     """Per configuration, over the prompts every configuration finished in every repeat. Outputs
     are checked on the first repeat; speed pools the repeats (ΣN/ΣT), and ``ratio_by_repeat``
     gives each repeat's ratio to ``ar``: their spread is the timing noise. ``pairwise[a][b]`` sets
     every configuration against every other the same way (ratio, interval, ratio by repeat).
     With ``scores`` (``vskip compare --score``): pass@1 of each configuration over the prompts every
     configuration has a score for, and the prompts where its outcome and ``ar``'s differ."""
-    by: dict[str, dict[str, dict[int, dict]]] = {}
+    by: dict[str, dict[str, dict[int, CompareRow]]] = {}
     for r in rows:
-        by.setdefault(r["config"], {}).setdefault(r["task_id"], {})[r.get("repeat", 0)] = r
+        by.setdefault(r.config, {}).setdefault(r.task_id, {})[r.repeat] = r
     if "ar" not in by:
         raise ValueError("the comparison has no ar rows to measure against")
-    n_rep = 1 + max(r.get("repeat", 0) for r in rows)
+    n_rep = 1 + max(r.repeat for r in rows)
     common = sorted(t for t in set.intersection(*(set(v) for v in by.values()))
                     if all(len(by[c][t]) == n_rep for c in by))
     ar = {t: by["ar"][t][0] for t in common}
@@ -63,10 +63,10 @@ def summarize_comparison(rows: list[dict], scores: dict[str, dict[str, bool]] | 
         rs = [res[t][0] for t in common]
         every = [res[t][q] for t in common for q in range(n_rep)]
         N, T = _totals(res, common, range(n_rep))
-        same = sum(r["digest"] == ar[t]["digest"] for r, t in zip(rs, common))
-        div = [_first_divergence(r["output"], ar[t]["output"]) for r, t in zip(rs, common)
-               if r["digest"] != ar[t]["digest"] and "output" in r and "output" in ar[t]]
-        d = {"tokens": int(sum(r["tokens"] for r in rs)), "seconds": float(T.sum()),
+        same = sum(r.digest == ar[t].digest for r, t in zip(rs, common))
+        div = [_first_divergence(r.tokens, ar[t].tokens) for r, t in zip(rs, common)
+               if r.digest != ar[t].digest and r.tokens is not None and ar[t].tokens is not None]
+        d = {"tokens": int(sum(r.result.generated_tokens for r in rs)), "seconds": float(T.sum()),
              "tokens_per_s": float(N.sum() / T.sum()), "ratio_vs_ar": float((N.sum() / T.sum()) / (N0.sum() / T0.sum())),
              "ratio_ci95": _ratio_interval(N, T, N0, T0), "same_as_ar": same,
              "first_divergence": {"n": len(div), "median": float(np.median(div)) if div else None,
@@ -74,19 +74,19 @@ def summarize_comparison(rows: list[dict], scores: dict[str, dict[str, bool]] | 
         if n_rep > 1:
             per = [(_totals(res, common, [q]), _totals(by["ar"], common, [q])) for q in range(n_rep)]
             d["ratio_by_repeat"] = [float((n.sum() / t.sum()) / (n0.sum() / t0.sum())) for (n, t), (n0, t0) in per]
-        if rs and "calls" in rs[0]:
+        if rs and rs[0].result.verifier_calls is not None:
             d |= _cost_figures(every, N.sum(), T.sum())
         out["configs"][name] = d
     # every configuration against every other, paired per prompt: (ΣN/ΣT) of the row over that of the column
     out["pairwise"] = {a: {b: _pair(by[a], by[b], common, n_rep) for b in by if b != a} for a in by}
-    if "strict" in by and common and "calls" in by["strict"][common[0]][0]:
+    if "strict" in by and common and by["strict"][common[0]][0].result.verifier_calls is not None:
         _against_strict(out, by, common)
     if scores:
         _pass_at_1(out, scores, common)
-    hosts = sorted({r["machine"] for r in rows if r.get("machine")})
+    hosts = sorted({r.machine for r in rows if r.machine})
     if hosts:  # rows written before rows named their machine have no such key
         out["machines"] = hosts
-        split = [t for t in common if len({x.get("machine") for c in by for x in by[c][t].values()}) > 1]
+        split = [t for t in common if len({x.machine for c in by for x in by[c][t].values()}) > 1]
         if split:
             out["prompts_split_across_machines"] = len(split)
     return out
@@ -127,20 +127,20 @@ def _against_strict(out: dict, by: dict, common: list[str]) -> None:
     prompts (the paper's relative calls and blocks), with 95% bootstrap intervals over prompts, and
     Eq. 8 at Strict SDD's measured costs: ``K* = A c_D / (c_D + c_V)`` with A its tokens per call.
     Counts come from the first repeat: a repeat decodes the same tokens."""
-    def per_prompt(res: dict, key: str) -> tuple[np.ndarray, np.ndarray] | None:
+    def per_prompt(res: dict, field: str) -> tuple[np.ndarray, np.ndarray] | None:
         """Counts and tokens per prompt; None where the configuration has no such count
         (transformers' decoders record no calls; a decoder that drafts nothing has no blocks)."""
-        c = np.array([res[t][0].get(key, np.nan) for t in common], float)
+        c = np.array([_or_nan(getattr(res[t][0].result, field)) for t in common], float)
         if np.isnan(c).any() or not c.any():
             return None
-        return c, np.array([res[t][0]["tokens"] for t in common], float)
+        return c, np.array([res[t][0].result.generated_tokens for t in common], float)
 
-    C0, N0 = per_prompt(by["strict"], "calls")
-    B0, _ = per_prompt(by["strict"], "blocks")
+    C0, N0 = per_prompt(by["strict"], "verifier_calls")
+    B0, _ = per_prompt(by["strict"], "draft_blocks")
     for name, res in by.items():
         d = out["configs"][name]
-        for key, ref in (("calls", C0), ("blocks", B0)):
-            mine = per_prompt(res, key)
+        for key, field, ref in (("calls", "verifier_calls", C0), ("blocks", "draft_blocks", B0)):
+            mine = per_prompt(res, field)
             if mine is None:  # shown as "–", never as 0
                 d[f"rel_{key}"] = None
                 continue
@@ -155,23 +155,27 @@ def _against_strict(out: dict, by: dict, common: list[str]) -> None:
                       "K_star": break_even_length(st["tokens_per_call"], st["c_D_ms"], st["c_V_ms"])}
 
 
-def _cost_figures(rs: list[dict], n: float, seconds: float) -> dict:
+def _or_nan(x) -> float:
+    return np.nan if x is None else x
+
+
+def _cost_figures(rs: list[CompareRow], n: float, seconds: float) -> dict:
     """Tokens per call, the costs of a draft and a verification, and L, over the rows ``rs``
     (``n`` tokens in ``seconds``)."""
-    calls = sum(r["calls"] for r in rs)
-    blocks = sum(r["blocks"] for r in rs)
-    draft = sum(r["draft_seconds"] for r in rs)
-    verify = sum(r["verify_seconds"] for r in rs)
+    calls = sum(r.result.verifier_calls for r in rs)
+    blocks = sum(r.result.draft_blocks for r in rs)
+    draft = sum(r.result.draft_seconds for r in rs)
+    verify = sum(r.result.verify_seconds for r in rs)
     if not calls or not n:  # nothing generated, or no verifier call: no per-call figures exist
         return {}
     d = {"tokens_per_call": float(n / calls), "calls_per_token": float(calls / n),
          "c_V_ms": 1000 * verify / calls, "outside_forwards": float((seconds - draft - verify) / seconds)}
-    if all("agreement" in r for r in rs):  # Eqs. 1-2 (rows written since compare kept their sums)
-        num, den, full, n_a = np.sum([r["agreement"] for r in rs], axis=0) if rs else (0, 0, 0, 0)
+    if all(r.agreement is not None for r in rs):  # Eqs. 1-2 (rows written since compare kept their sums)
+        num, den, full, n_a = np.sum([r.agreement for r in rs], axis=0) if rs else (0, 0, 0, 0)
         d |= {"strict_token": float(num / den) if den else 1.0, "full_prefix": float(full / n_a) if n_a else 1.0,
               "relaxed_rounds": int(n_a)}
     if blocks:
-        acc = [x for r in rs for x in r["accepted"]]
+        acc = [x for r in rs for x in r.accepted or ()]
         d |= {"mean_L": float(np.mean(acc)) if acc else None,
               "p_L_ge1": float(np.mean(np.asarray(acc) >= 1)) if acc else None, "c_D_ms": 1000 * draft / blocks,
               "c_D_over_c_V": (draft / blocks) / (verify / calls), "blocks_per_token": float(blocks / n)}

@@ -241,6 +241,9 @@ class FoldPredictor:
     """The five rotations of one kind. :meth:`scores` scores a prompt's block with the rotation
     whose test fold holds the prompt (the :class:`vskip.engine.models.protocols.Predictor` protocol)."""
 
+    #: only the prefix model is calibrated online
+    online = None
+
     def __init__(self, kind: str, gamma: int, d_model: int, models: Sequence[_RotationModel], device: str = "cpu",
                  path: str | None = None):
         self.kind = kind
@@ -315,12 +318,12 @@ def _predictor_rows(ts: TraceSet, b: np.ndarray, j: np.ndarray, d_model: int) ->
 def note_thresholds(predictor, alpha: float | None) -> None:
     """Print each fold's calibrated threshold at ``alpha`` to stderr, and say which folds have too
     few calibration prompts for it (their prompts are never skipped)."""
-    if alpha is None or getattr(predictor, "kind", None) != "prefix":  # only the prefix model calibrates a threshold
+    if alpha is None or predictor.kind != "prefix":  # only the prefix model calibrates a threshold
         return
     rows = predictor.thresholds(alpha)
     print(f"vskip: alpha {alpha}: lam per fold " + ", ".join(f"{r}: {lam:g}" for r, _, lam in rows), file=sys.stderr)
     short = [(r, n) for r, n, lam in rows if lam == float("inf")]
-    if short and getattr(predictor, "online", None) is not None:
+    if short and predictor.online is not None:
         print(f"vskip: note: the online calibration found no threshold that keeps alpha {alpha} on its {short[0][1]} "
               "prompts, so this run never skips", file=sys.stderr)
     elif short:
@@ -332,7 +335,7 @@ def note_thresholds(predictor, alpha: float | None) -> None:
 def threshold_record(predictor, alpha: float | None) -> dict | None:
     """The calibrated thresholds a run decodes with, for its ``config.json``: ``alpha`` and, per
     rotation, its calibration prompts and ``lam`` (``None`` where the rotation never skips)."""
-    if alpha is None or getattr(predictor, "kind", None) != "prefix":  # only the prefix model calibrates a threshold
+    if alpha is None or predictor.kind != "prefix":  # only the prefix model calibrates a threshold
         return None
     return {"alpha": alpha, "rotations": [
         {"rotation": r, "n_calibration": n, "lam": None if lam == float("inf") else lam}

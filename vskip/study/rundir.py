@@ -31,6 +31,8 @@ SUMMARY = "summary.json"
 SWEEP = "sweep.json"
 TRACE_DIR = "traces"
 RUN_FILES = (SAMPLES, SUMMARY, CONFIG)
+#: the run files behind a report, packed beside it (``vskip report --archive``)
+ARCHIVE = "runs.tar.xz"
 
 
 def read_rows(path: Path) -> list[dict]:

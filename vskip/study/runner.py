@@ -14,10 +14,11 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..engine.decode import DecodeConfig, decode, warmup
-from ..engine.metrics import result_row, summarize
+from ..engine.decode import DecodeConfig
+from ..engine.metrics import PromptResult, summarize
 from ..engine.models.config import ModelConfig, model_defaults, with_defaults
 from ..engine.policy import PolicyConfig, Sampling
+from ..engine.settings import Settings
 from ..engine.runtime import machine, machine_id
 from ..files import DirLock, FileError, check_writable_dir, read_json, write_json, write_jsonl
 from .rundir import CONFIG, ROUNDS, SAMPLES, SUMMARY, RoundRow, append_prompt, read_rounds, resume_state
@@ -35,15 +36,27 @@ class RunConfig:
     predictor: str | None = None
     #: completions per prompt (pass@k), each with its own random numbers; needs sampling
     samples_per_prompt: int = 1
+    #: the checked settings of the fields above (:meth:`of` hands over those the command line
+    #: checked; otherwise they are built, and so checked, here); never written to ``config.json``
+    settings: Settings | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
+        if self.settings is None:
+            object.__setattr__(self, "settings", Settings(self.policy, self.decode, self.models, self.predictor))
         if self.samples_per_prompt < 1:
             raise ValueError(f"--samples-per-prompt must be >= 1, got {self.samples_per_prompt}")
         if self.samples_per_prompt > 1 and self.decode.sampling.greedy:
             raise ValueError("--samples-per-prompt > 1 needs --temperature > 0 (greedy completions are all the same)")
 
+    @classmethod
+    def of(cls, settings: Settings, task: str, **kw) -> "RunConfig":
+        """A run of checked ``settings`` on ``task`` (``kw``: limit, ids, score, samples_per_prompt)."""
+        return cls(task=task, policy=settings.policy, decode=settings.decode, models=settings.models,
+                   predictor=settings.predictor, settings=settings, **kw)
+
     def to_json(self) -> dict:
         d = asdict(self)
+        d.pop("settings")
         d["policy"]["guards"] = asdict(self.policy.guards)
         return d
 
@@ -103,18 +116,19 @@ def _run_locked(cfg: RunConfig, out: Path, problems, progress: bool, pair, comma
     done, _ = resume_state(out)
 
     m = cfg.models
-    pair, runtime, predictor = _models(cfg, problems, pair)
+    decoder = _models(cfg, problems, pair)
+    pair, runtime = decoder.pair, decoder.runtime
     host = machine(runtime)
     lam = None
-    if predictor is not None:
+    if decoder.predictor is not None:
         from .predictor import threshold_record  # noqa: PLC0415 - optional component
 
-        lam = threshold_record(predictor, cfg.policy.alpha)
+        lam = threshold_record(decoder.predictor, cfg.policy.alpha)
     write_json(out / CONFIG, {"run": cfg_json, "models": pair.identity, "runtime": asdict(runtime),
                               "machine": host, "versions": package_versions(),
                               **({"thresholds": lam} if lam else {}),
                               **({"command": command} if command else {})})
-    _decode_prompts(cfg, out, problems, pair, predictor, done, progress, machine_id(host))
+    _decode_prompts(cfg, out, problems, decoder, done, progress, machine_id(host))
     samples = [done[(p.task_id, i)] for p in problems for i in range(cfg.samples_per_prompt)]
     scoring_note = None
     if cfg.score:
@@ -130,53 +144,17 @@ def _run_locked(cfg: RunConfig, out: Path, problems, progress: bool, pair, comma
     return summary
 
 
-def model_runtime(m: ModelConfig):
-    """The runtime a model configuration asks for (devices, dtypes, threads, memory)."""
-    from ..engine.runtime import resolve_runtime
-
-    return resolve_runtime(m.device, m.dtype, m.threads, m.drafter_dtype, m.drafter_device, m.verifier_device,
-                           m.max_memory)
-
-
-def prompt_budget(m: ModelConfig, problems, max_new_tokens: int) -> int:
-    """The longest prompt of ``problems`` in the verifier's tokens, from its tokenizer alone: a
-    prompt that cannot fit ``max_new_tokens`` more refuses here, before any model loads."""
-    from ..bench import tasks
-    from ..engine.models.load import check_prompt_fits
-
-    return check_prompt_fits(m.verifier, [(p.task_id, tasks.user_prompt(p)) for p in problems], max_new_tokens)
-
-
-def open_models(m: ModelConfig, longest_prompt: int, max_new_tokens: int, gamma: int, need_drafter: bool):
-    """The model pair, placed for prompts of up to ``longest_prompt`` tokens, ``max_new_tokens``
-    more and blocks of up to ``gamma``: the one way ``run`` and ``compare`` load models (a sweep's
-    workers load once per process, without a budget)."""
-    from ..engine.models.load import open_pair
-
-    return open_pair(m, need_drafter=need_drafter, budget=(longest_prompt, max_new_tokens, gamma))
-
-
 def _models(cfg: RunConfig, problems, pair):
-    """(pair, runtime, predictor) of a run: the tokenizer alone first, so that a prompt that cannot
-    fit refuses before the models load; a pair already loaded (sweeps) is used as it is."""
-    m = cfg.models
-    if pair is None:
-        d = cfg.decode
-        n = prompt_budget(m, problems, d.max_new_tokens)
-        pair = open_models(m, n, d.max_new_tokens, d.gamma_max or d.gamma, cfg.policy.uses_drafter)
-    runtime = getattr(pair, "runtime", None) or model_runtime(m)
-    predictor = None
-    if cfg.policy.learned:
-        from .predictor import load_predictor, note_thresholds  # noqa: PLC0415 - optional component
-        from .prefix.calibrate import check_online_settings  # noqa: PLC0415 - optional component
+    """The run's decode, opened through the door (:func:`vskip.study.door.open_decoder`): the prompts
+    fit before the models load; a pair already loaded (sweeps) is used as it is."""
+    from ..bench import tasks
+    from .door import open_decoder
 
-        predictor = load_predictor(cfg.predictor, cfg.policy.predictor_kind, runtime)
-        check_online_settings(predictor, json.loads(json.dumps(cfg.to_json())))
-        note_thresholds(predictor, cfg.policy.alpha)
-    return pair, runtime, predictor
+    prompts = [(p.task_id, tasks.user_prompt(p)) for p in problems]
+    return open_decoder(cfg.settings, prompts, pair=pair, record=json.loads(json.dumps(cfg.to_json())))
 
 
-def _decode_prompts(cfg: RunConfig, out: Path, problems, pair, predictor, done: dict, progress: bool,
+def _decode_prompts(cfg: RunConfig, out: Path, problems, decoder, done: dict, progress: bool,
                     host: str | None = None) -> None:
     """Decode every prompt not yet ``done``, appending each as it finishes
     (:func:`vskip.study.rundir.append_prompt`). A sample names the ``machine`` its clocks were read
@@ -185,23 +163,23 @@ def _decode_prompts(cfg: RunConfig, out: Path, problems, pair, predictor, done: 
 
     from ..bench.tasks import encode_problem
 
+    pair = decoder.pair
     prompts = {p.task_id: encode_problem(pair.tokenizer, p) for p in problems}
     n = cfg.samples_per_prompt
     todo = [(p, i) for p in problems for i in range(n) if (p.task_id, i) not in done]
     if todo:
-        warmup(pair.drafter, pair.verifier, prompts[todo[0][0].task_id], cfg.decode.gamma)
+        decoder.warmup(prompts[todo[0][0].task_id])
     bar = tqdm(todo, desc=f"{cfg.task} {cfg.policy.name}", unit="prompt" if n == 1 else "sample", disable=not progress,
                file=sys.stderr)
     tok_total = sec_total = 0.0
     for p, i in bar:
-        res = decode(prompts[p.task_id], pair.drafter, pair.verifier, cfg.policy, cfg.decode, predictor,
-                     task_id=p.task_id, sample=i)
+        res = decoder.decode(prompts[p.task_id], task_id=p.task_id, sample=i)
         which = {"task_id": p.task_id, **({"sample": i} if n > 1 else {})}
         rounds = [RoundRow.of(r, p.task_id, i if n > 1 else None) for r in res.rounds]
         sample = {
             **which, "completion": pair.tokenizer.decode(res.tokens, skip_special_tokens=True),
-            "passed": None, **result_row(res), "stop": res.stop, "prompt_tokens": len(prompts[p.task_id]),
-            "tokens": res.tokens, "rounds": len(rounds), "machine": host,
+            "passed": None, **PromptResult.of(res).to_json(), "stop": res.stop,
+            "prompt_tokens": len(prompts[p.task_id]), "tokens": res.tokens, "rounds": len(rounds), "machine": host,
         }
         if res.traces:
             from .traces import append_traces  # noqa: PLC0415 - only for --trace runs

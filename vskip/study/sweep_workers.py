@@ -29,9 +29,9 @@ class Unit:
 
 def load_models(models: ModelConfig, need_drafter: bool):
     """The default pair factory: the model pair of ``models``, loaded once per worker."""
-    from ..engine.models.load import open_pair
+    from .door import open_models
 
-    return open_pair(models, need_drafter=need_drafter)
+    return open_models(models, need_drafter)
 
 
 class _PairCache:
@@ -45,7 +45,7 @@ class _PairCache:
     def get(self, uses_drafter: bool):
         if self.pair is None:
             self.pair = self.factory(self.models, self.need_drafter)
-        if uses_drafter or getattr(self.pair, "drafter", None) is None or not dataclasses.is_dataclass(self.pair):
+        if uses_drafter or self.pair.drafter is None or not dataclasses.is_dataclass(self.pair):
             return self.pair
         identity = {k: v for k, v in self.pair.identity.items() if k != "drafter"}
         return dataclasses.replace(self.pair, drafter=None, identity=identity)

@@ -50,6 +50,16 @@ class Variant:
 
         return PolicyConfig.make(self.policy, **dict(self.params))
 
+    def settings(self, models, predictor: str | None = None):
+        """The checked :class:`~vskip.engine.settings.Settings` of this configuration on the command's
+        ``models`` (a ModelConfig) and ``--predictor`` (None for transformers' decoders)."""
+        if self.hf:
+            return None
+        from ..engine.settings import Settings
+
+        m = replace(models, steps=self.steps or models.steps, **({"drafter": self.drafter} if self.drafter else {}))
+        return Settings(self.policy_config(), self.decode, m, predictor=self.predictor or predictor)
+
 
 def parse_variant(spec: str, base, steps: int, predictor: str | None = None, flags: dict | None = None):
     """The :class:`Variant` of a ``--configs`` entry; ``base`` is the command's DecodeConfig,

@@ -18,22 +18,23 @@ hidden state (no shift). The verifier's embedding and output head are shared and
 :class:`HiddenTap` carries the features from the verifier adapter to the drafter: the verifier
 writes the tapped states of the positions it runs over (a shadow call leaves nothing behind), and
 the drafter reads those of the longest prefix of the committed sequence it holds, so a rejection
-crops them as the verifier's cache is cropped. The decode loop sees neither.
+crops them as the verifier's cache is cropped. The drafter never runs the verifier: it declares
+``reads_verifier``, and the decode loop has the verifier prefill each prompt before its first block.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..policy import Draw
+from ..policy import Sampling  # the settings' data type only
 from .backbone import MLP, BackboneConfig, RMSNorm, rope_tables, rotate_half
 from .protocols import DraftBlock, common_prefix
-from .sampling import sample_draft
+from .sampling import to_vocabulary, warped_probs
 
 SPEC_FORMAT = "vskip-conditioned-drafter/1"
 #: input id standing for the learned mask embedding when the vocabulary has no mask token
@@ -227,12 +228,10 @@ class ConditionedLM(nn.Module):
 class HiddenTap:
     """The tapped verifier hidden states of the tokens the verifier last ran over, position by
     position: ``ids`` [n] and ``features`` [n, k*d]. The verifier writes it; the drafter reads
-    the prefix it shares with the committed sequence. ``fill`` (set by the verifier) computes the
-    features of a sequence the tap does not cover, for a first block that follows a prompt."""
+    the prefix it shares with the committed sequence."""
 
     def __init__(self, layers: Sequence[int]):
         self.layers = tuple(int(i) for i in layers)
-        self.fill: Callable[[list[int]], None] | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -285,7 +284,10 @@ class ConditionedDrafter:
     forward per block, the context's keys/values kept across rounds and cropped with the
     committed sequence. ``allowed``: bool [head size], False for outputs never proposed."""
 
+    #: one forward drafts the whole block
     steps = 1
+    #: its context is the verifier's hidden states (the loop has the verifier prefill each prompt)
+    reads_verifier = True
 
     def __init__(self, model: ConditionedLM, tap: HiddenTap, allowed: torch.Tensor | None = None):
         if tuple(tap.layers) != model.spec.target_layers:
@@ -307,11 +309,13 @@ class ConditionedDrafter:
         self._ctx: list | None = None
         self._ctx_ids: list[int] = []
 
-    def set_copy_prior(self, prior) -> None:
-        if prior is not None:
-            raise ValueError("the conditioned drafter has no copy prior")
+    def with_steps(self, steps: int) -> "ConditionedDrafter":
+        if steps != 1:
+            raise ValueError(f"the conditioned drafter drafts a block in one forward; it has no {steps}-step mode")
+        return self
 
     def match_length(self, seq: Sequence[int]) -> int:
+        """No copy hint: a block length never grows on a match."""
         return 0
 
     def warmup(self, seq, gamma) -> None:
@@ -329,9 +333,6 @@ class ConditionedDrafter:
     def _sync(self, seq: list[int]) -> int:
         """Bring the cached context up to the tapped prefix of ``seq``; returns its length m."""
         m = min(self.tap.covered(seq), len(seq) - 1)
-        if m == 0 and self.tap.fill is not None:
-            self.tap.fill(seq[:-1])  # a prompt the verifier has not run over: it prefills it, as DFlash does
-            m = min(self.tap.covered(seq), len(seq) - 1)
         n = common_prefix(self._ctx_ids, seq[:m])
         if self._ctx is not None and n < len(self._ctx_ids):
             self._ctx = [(k[:, :, :n], v[:, :, :n]) for k, v in self._ctx] if n > 0 else None
@@ -345,7 +346,8 @@ class ConditionedDrafter:
         return m
 
     @torch.inference_mode()
-    def propose(self, seq: Sequence[int], gamma: int, features: bool = False, draw: Draw | None = None) -> DraftBlock:
+    def propose(self, seq: Sequence[int], gamma: int, features: bool = False,
+                sampling: Sampling | None = None) -> DraftBlock:
         seq = [int(t) for t in seq]
         assert len(seq) >= 1 and gamma >= 1, (len(seq), gamma)
         if gamma > self.spec.max_gamma:
@@ -361,13 +363,11 @@ class ConditionedDrafter:
             logits = logits + self._neg
         logp = torch.log_softmax(logits, dim=-1)
         top = logp.max(dim=-1)
-        tokens, q = self._ids[top.indices].cpu().numpy(), None
-        if draw is not None:  # one forward drafts the block: each position's q depends on the context alone
-            full = torch.full((gamma, int(self._ids.max()) + 1), float("-inf"), dtype=torch.float64, device=logp.device)
-            full[:, self._ids] = logp.double()
-            tokens, q = sample_draft(full, draw)
+        q = None
+        if sampling is not None:  # one forward drafts the block: each position's q depends on the context alone
+            q = warped_probs(to_vocabulary(logp, self._ids, int(self._ids.max()) + 1), sampling).cpu().numpy()
         return DraftBlock(
-            tokens=tokens,
+            tokens=self._ids[top.indices].cpu().numpy(),
             confidence=top.values.exp().cpu().numpy(),
             features=_block_features(logp, gamma).cpu().numpy() if features else None,
             hidden=h if features else None,

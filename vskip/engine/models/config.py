@@ -1,5 +1,5 @@
 """Which models to load, where, and how: the one configuration every command that decodes
-passes to :func:`vskip.engine.models.load.open_pair` (no torch is imported here)."""
+passes to :func:`vskip.study.door.open_models` (no torch is imported here)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Dream-style masked-diffusion drafter and its adapter.
+"""The drafter adapter over the Dream-style masked-diffusion LM (:mod:`vskip.engine.models.diffusion_lm`).
 
 A block of ``gamma`` mask tokens follows the committed sequence; over ``steps`` denoising steps the
 most confident masked positions are revealed (Dream's schedule: ``int(n_masked * (1 - s/t))`` over
@@ -19,173 +19,16 @@ Two attention layouts:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 import torch
-from torch import nn
 
-from ..policy import Draw
-from .backbone import Backbone, BackboneConfig
-from .copy import LENGTH_EDGES, CopyPrior, bucket_index, copy_hint, suffix_match
+from ..policy import Sampling  # the settings' data type only
+from .copy import CopyPrior, copy_hint, suffix_match
+from .diffusion_lm import HINT_MAX_LEN, REVEAL_ORDERS, DiffusionLM, hint_code, reveal_counts
 from .protocols import DRAFT_FEATURES, DraftBlock, common_prefix
-from .sampling import sample_draft
-
-REVEAL_ORDERS = ("maskgit_plus", "topk_margin", "entropy")
-ATTENTION = ("block", "full")
-SPEC_FILE = "drafter.json"
-WEIGHTS_FILE = "drafter.safetensors"
-#: Input id standing for the learned mask embedding when the vocabulary has no mask token.
-LEARNED_MASK = -1
-#: longest suffix match the hint input looks for
-HINT_MAX_LEN = 32
-
-
-@dataclass(frozen=True)
-class DrafterSpec:
-    """What a drafter is: its backbone, mask token, output head and attention layout.
-
-    mask_token_id: the vocabulary's mask id, or None for a learned mask embedding;
-    head: ``tied`` (embedding matrix) or ``lm_head``; a ``head_ids`` tensor in the weights restricts
-    the output head to those token ids; base: where tensors missing from the drafter's own weights
-    come from (``embedded-verifier`` or None); base_layers: which of the base's decoder layers the
-    drafter's layers start from, in order (None: the first ``num_layers``).
-    """
-
-    backbone: BackboneConfig
-    mask_token_id: int | None = None
-    head: str = "tied"
-    attention: str = "block"
-    reveal: str = "maskgit_plus"
-    base: str | None = None
-    meta: dict = field(default_factory=dict)
-    base_layers: tuple[int, ...] | None = None
-    #: the copy hint (:func:`~vskip.engine.models.copy.copy_hint`) enters the network: every masked
-    #: position with a hint adds a learned projection of the hinted token's embedding and a
-    #: learned vector for the match length's bucket to its input
-    copy_input: bool = False
-
-    def __post_init__(self):
-        if self.base_layers is not None:
-            object.__setattr__(self, "base_layers", tuple(int(i) for i in self.base_layers))
-            if len(self.base_layers) != self.backbone.num_layers:
-                raise ValueError(f"base_layers names {len(self.base_layers)} layers for a {self.backbone.num_layers}-layer drafter")
-        if self.head not in ("tied", "lm_head"):
-            raise ValueError(f"unknown drafter head {self.head!r}")
-        if self.attention not in ATTENTION:
-            raise ValueError(f"unknown attention layout {self.attention!r}; expected {ATTENTION}")
-        if self.reveal not in REVEAL_ORDERS:
-            raise ValueError(f"unknown reveal order {self.reveal!r}; expected {REVEAL_ORDERS}")
-
-    def to_json(self) -> dict:
-        return {
-            "format": "vskip-drafter/1",
-            "backbone": self.backbone.to_json(),
-            "mask_token_id": self.mask_token_id,
-            "head": self.head,
-            "attention": self.attention,
-            "reveal": self.reveal,
-            "base": self.base,
-            "base_layers": list(self.base_layers) if self.base_layers is not None else None,
-            "copy_input": self.copy_input,
-            "meta": self.meta,
-        }
-
-    @classmethod
-    def from_json(cls, d: dict) -> "DrafterSpec":
-        if d.get("format") != "vskip-drafter/1":
-            raise ValueError(f"not a vskip drafter spec (format {d.get('format')!r})")
-        return cls(
-            backbone=BackboneConfig.from_json(d["backbone"]),
-            mask_token_id=d.get("mask_token_id"),
-            head=d.get("head", "tied"),
-            attention=d.get("attention", "block"),
-            reveal=d.get("reveal", "maskgit_plus"),
-            base=d.get("base"),
-            meta=d.get("meta", {}),
-            base_layers=d.get("base_layers"),
-            copy_input=bool(d.get("copy_input", False)),
-        )
-
-
-class DiffusionLM(nn.Module):
-    """Backbone + mask embedding + (possibly restricted) output head."""
-
-    def __init__(self, spec: DrafterSpec, head_ids: torch.Tensor | None = None):
-        super().__init__()
-        c = spec.backbone
-        self.spec = spec
-        self.backbone = Backbone(c)
-        self.mask_embedding = nn.Parameter(torch.zeros(c.hidden_size)) if spec.mask_token_id is None else None
-        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False) if spec.head == "lm_head" else None
-        if head_ids is not None:
-            head_ids = head_ids.long()
-        self.register_buffer("head_ids", head_ids, persistent=True)
-        self.hint_proj = self.hint_length = None
-        if spec.copy_input:  # zero at the start: an untrained hint input changes nothing
-            self.hint_proj = nn.Linear(c.hidden_size, c.hidden_size, bias=False)
-            nn.init.zeros_(self.hint_proj.weight)
-            self.hint_length = nn.Parameter(torch.zeros(len(LENGTH_EDGES), c.hidden_size))
-
-    @property
-    def mask_id(self) -> int:
-        return LEARNED_MASK if self.spec.mask_token_id is None else int(self.spec.mask_token_id)
-
-    def embed(self, ids: torch.Tensor, hint: torch.Tensor | None = None) -> torch.Tensor:
-        """Input embeddings of ``ids``; ``hint`` (same shape, or None) holds per position the
-        hinted token id and its match-length bucket as ``bucket * vocab + id``, or -1 for none
-        (see :func:`hint_code`); only masked positions read it."""
-        e = self.backbone.embed_tokens(ids.clamp(min=0))
-        masked = ids == self.mask_id
-        if self.mask_embedding is not None:
-            e = torch.where(masked[..., None], self.mask_embedding.to(e.dtype), e)
-        if hint is not None and self.hint_proj is not None:
-            V = self.spec.backbone.vocab_size
-            on = masked & (hint >= 0)
-            tok, bucket = hint.clamp(min=0) % V, hint.clamp(min=0) // V
-            add = self.hint_proj(self.backbone.embed_tokens(tok).to(self.hint_proj.weight.dtype))
-            add = add + self.hint_length[bucket]
-            e = e + torch.where(on[..., None], add.to(e.dtype), torch.zeros((), dtype=e.dtype, device=e.device))
-        return e
-
-    def head_weight(self) -> torch.Tensor:
-        w = self.lm_head.weight if self.lm_head is not None else self.backbone.embed_tokens.weight
-        return w if self.head_ids is None else w[self.head_ids]
-
-    def head_token_ids(self) -> torch.Tensor:
-        """Token id of each head output."""
-        if self.head_ids is not None:
-            return self.head_ids
-        return torch.arange(self.head_weight().shape[0], device=self.backbone.norm.weight.device)
-
-    def forward(self, ids, positions, past=None, mask=None, hint=None):
-        """Hidden states (LM-head input) [B, T, d] and per-layer keys/values."""
-        return self.backbone(self.embed(ids, hint), positions, past, mask)
-
-
-def hint_code(hint, length: int, vocab_size: int):
-    """The per-position hint input of :meth:`DiffusionLM.embed` for hint tokens ``hint`` (numpy
-    or torch, -1 for none) behind a match of ``length`` (0: no hint anywhere)."""
-    if length <= 0:
-        return hint * 0 - 1
-    bucket = int(bucket_index(length, LENGTH_EDGES))
-    return (hint >= 0) * (hint + bucket * vocab_size + 1) - 1
-
-
-def reveal_counts(gamma: int, steps: int, eps: float = 1e-3) -> list[int]:
-    """Tokens revealed at each step, computed in float32 as Dream does (gamma 16, 2 steps: 7, 9)."""
-    ts = torch.linspace(1.0, eps, steps + 1, dtype=torch.float32)
-    left, counts = gamma, []
-    for i in range(steps):
-        if i < steps - 1:
-            n = int(torch.tensor(float(left), dtype=torch.float32) * (1 - ts[i + 1] / ts[i]))
-        else:
-            n = left
-        counts.append(n)
-        left -= n
-    return counts
-
+from .sampling import to_vocabulary, warped_probs
 
 OUTSIDE, BANNED = -1, -2
 
@@ -229,6 +72,11 @@ class DiffusionDrafter:
         if banned:
             self._col[torch.tensor(sorted(banned), device=dev)] = BANNED
         self.reset()
+
+    #: no limit of its own on the block length
+    max_gamma = None
+    #: drafts from its own context cache, not the verifier's hidden states
+    reads_verifier = False
 
     def set_copy_prior(self, prior: CopyPrior | None) -> None:
         """Draft with this copy prior (None: the network alone)."""
@@ -362,96 +210,123 @@ class DiffusionDrafter:
 
     # -- proposal --------------------------------------------------------------------------
     @torch.inference_mode()
-    def propose(self, seq: Sequence[int], gamma: int, features: bool = False, draw: Draw | None = None) -> DraftBlock:
+    def propose(self, seq: Sequence[int], gamma: int, features: bool = False,
+                sampling: Sampling | None = None) -> DraftBlock:
+        """Reveal a block of ``gamma`` masks in ``steps`` steps: each step scores the masked
+        positions (:meth:`_step_scores`) and reveals the most confident ones (:meth:`_reveal`)."""
         assert len(seq) >= 1 and gamma >= 1, (len(seq), gamma)
-        if draw is not None and self.steps != 1:
+        if sampling is not None and self.steps != 1:
             raise ValueError(f"a sampled draft (--speculative-sampling) needs a drafter that drafts its block in one "
                              f"forward (--steps 1), not in {self.steps} reveal steps")
         x, P, start, missing = self._block_input(seq, gamma)
-        q_block = None
-
-        masked = torch.ones(gamma, dtype=torch.bool, device=self.device)
-        tokens = torch.zeros(gamma, dtype=torch.long, device=self.device)
-        conf = torch.zeros(gamma, dtype=torch.float32, device=self.device)
-        feats = torch.zeros(gamma, len(DRAFT_FEATURES), dtype=torch.float32, device=self.device) if features else None
-        hidden = torch.zeros(gamma, self._W.shape[1], dtype=self._W.dtype, device=self.device) if features else None
-        order = 0
-        p1_0 = ne_0 = None
-        hint = lam = None
-        if self.copy is not None:
-            h, w = self.copy.hint(seq, gamma)
-            if w.any():
-                hint = torch.from_numpy(h).to(self.device)
-                lam = torch.from_numpy(w).to(device=self.device, dtype=torch.float32)
+        hint, lam = self._copy_prior_hint(seq, gamma)
         hint_in, code = self._hint_input(seq, x, P, gamma)
         full_code = None if code is None else code.clone()
+        b = _Reveal.empty(gamma, self._W.shape[1], self._W.dtype, self.device, features)
+        q = None
         for s, n in enumerate(reveal_counts(gamma, self.steps)):
             if s > 0 and code is not None:  # hints hold up to the first revealed token that breaks them
-                wrong = (~masked) & (tokens != hint_in)
+                wrong = (~b.masked) & (b.tokens != hint_in)
                 keep = torch.cumsum(wrong.long(), 0) - wrong.long() == 0
                 code[0, P:] = torch.where(keep, full_code[0, P:], -1)
             h = self._first_hidden(x, start, missing, code) if s == 0 else self._hidden(x, start, code)
             h = h[P - 1 : P - 1 + gamma]  # shifted: hidden j-1 predicts j
-            logits = (h @ self._W.T).float()
-            if self._neg is not None:
-                logits = logits + self._neg
-            if hint is None:
-                logp = torch.log_softmax(logits, dim=-1)
-            else:
-                logp = self._mix(logits, hint, lam, tokens, masked)
-            # the token and its score come from the same top-2 whether or not features are asked
-            # for: torch breaks a three-way tie differently for another k, and a bfloat16 head ties
-            top = logp.topk(2, dim=-1)
-            top5 = logp.topk(5, dim=-1) if features else None
-            p_top = top.values.exp()
-            p1 = p_top[:, 0]
-            need_entropy = features or self.reveal == "entropy"
-            ent = -(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1) if need_entropy else None
-            if self.reveal == "maskgit_plus":
-                score = p1
-            elif self.reveal == "topk_margin":
-                score = p1 - p_top[:, 1]
-            else:
-                score = -ent
+            logp = self._log_probs(h, hint, lam, b)
+            sc = self._step_scores(logp, features)
             if features and s == 0:
-                p1_0, ne_0 = p1.clone(), -ent
+                b.p1_0, b.ne_0 = sc.p1.clone(), -sc.ent
             if n == 0:
                 continue
-            idx = score.masked_fill(~masked, float("-inf")).topk(n).indices
-            chosen = self._token(top.indices[idx, 0], idx, hint)
-            if draw is not None:  # the only step: every position, sampled instead of its argmax
-                sampled, q_block = self._sample(logp, hint, draw)
-                chosen = sampled[idx]
-            tokens[idx] = chosen
-            conf[idx] = p1[idx]
-            masked[idx] = False
-            x[0, P + idx] = chosen
-            if features:
-                rank = (order + torch.arange(n, device=self.device)) / max(gamma - 1, 1)
-                feats[idx] = reveal_features(s, rank, n / gamma, p1[idx], top.values[idx, 0], ent[idx],
-                                              p_top[idx, 1], top5.values[idx], p1_0[idx], ne_0[idx])
-                hidden[idx] = h[idx]
-            order += n
-        assert not bool(masked.any()), "every position is revealed by the last step"
-        return DraftBlock(
-            tokens=tokens.cpu().numpy(),
-            confidence=conf.cpu().numpy(),
-            features=None if feats is None else feats.cpu().numpy(),
-            hidden=hidden,
-            q=q_block,
-        )
+            idx = sc.score.masked_fill(~b.masked, float("-inf")).topk(n).indices
+            chosen = self._token(sc.top.indices[idx, 0], idx, hint)
+            if sampling is not None:  # the only step: the loop draws every position from q
+                q = self._distributions(logp, hint, sampling)
+            self._reveal(b, x, P, idx, chosen, s, n, sc, h, gamma)
+        assert not bool(b.masked.any()), "every position is revealed by the last step"
+        return b.block(q)
 
-    def _sample(self, logp: torch.Tensor, hint: torch.Tensor | None, draw: Draw) -> tuple[torch.Tensor, np.ndarray]:
-        """Tokens sampled from the block's distributions (the copy mixture's extra column given to
-        its hint's id) and those distributions over the vocabulary, warped (:func:`sample_draft`)."""
+    def _copy_prior_hint(self, seq: Sequence[int], gamma: int):
+        """(hint tokens [gamma], mixture weights [gamma]) of the copy prior, or (None, None)."""
+        if self.copy is None:
+            return None, None
+        h, w = self.copy.hint(seq, gamma)
+        if not w.any():
+            return None, None
+        return torch.from_numpy(h).to(self.device), torch.from_numpy(w).to(device=self.device, dtype=torch.float32)
+
+    def _log_probs(self, h: torch.Tensor, hint, lam, b: "_Reveal") -> torch.Tensor:
+        """Log-probabilities over the head (and the copy mixture's extra column) of each position."""
+        logits = (h @ self._W.T).float()
+        if self._neg is not None:
+            logits = logits + self._neg
+        if hint is None:
+            return torch.log_softmax(logits, dim=-1)
+        return self._mix(logits, hint, lam, b.tokens, b.masked)
+
+    def _step_scores(self, logp: torch.Tensor, features: bool) -> "_Scores":
+        """The token, its probability and the reveal score of every position at one step."""
+        # the token and its score come from the same top-2 whether or not features are asked
+        # for: torch breaks a three-way tie differently for another k, and a bfloat16 head ties
+        top = logp.topk(2, dim=-1)
+        p_top = top.values.exp()
+        p1 = p_top[:, 0]
+        ent = -(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1) if features or self.reveal == "entropy" else None
+        if self.reveal == "maskgit_plus":
+            score = p1
+        elif self.reveal == "topk_margin":
+            score = p1 - p_top[:, 1]
+        else:
+            score = -ent
+        return _Scores(top, logp.topk(5, dim=-1) if features else None, p_top, p1, ent, score)
+
+    def _reveal(self, b: "_Reveal", x, P: int, idx, chosen, step: int, n: int, sc: "_Scores", h, gamma: int) -> None:
+        """Unmask positions ``idx`` with tokens ``chosen``, recording their confidence and features."""
+        b.tokens[idx] = chosen
+        b.conf[idx] = sc.p1[idx]
+        b.masked[idx] = False
+        x[0, P + idx] = chosen
+        if b.feats is not None:
+            rank = (b.order + torch.arange(n, device=self.device)) / max(gamma - 1, 1)
+            b.feats[idx] = reveal_features(step, rank, n / gamma, sc.p1[idx], sc.top.values[idx, 0], sc.ent[idx],
+                                           sc.p_top[idx, 1], sc.top5.values[idx], b.p1_0[idx], b.ne_0[idx])
+            b.hidden[idx] = h[idx]
+        b.order += n
+
+    def _distributions(self, logp: torch.Tensor, hint: torch.Tensor | None, sampling: Sampling):
+        """The block's distributions over the vocabulary (the copy mixture's extra column given to
+        its hint's id), warped by ``sampling`` [gamma, V] (float64 numpy)."""
         n = self._ids.shape[0]
-        full = torch.full((logp.shape[0], self._col.shape[0]), float("-inf"), dtype=torch.float64, device=logp.device)
-        full[:, self._ids] = logp[:, :n].double()
+        full = to_vocabulary(logp, self._ids, self._col.shape[0])
         if hint is not None:
             rows = torch.nonzero(hint >= 0)[:, 0]
             full[rows, hint[rows]] = torch.logaddexp(full[rows, hint[rows]], logp[rows, n].double())
-        tokens, q = sample_draft(full, draw)
-        return torch.from_numpy(tokens).to(self.device), q
+        return warped_probs(full, sampling).cpu().numpy()
+
+
+class _Scores:
+    """One reveal step's view of every position: top-2 (and top-5), probabilities, entropy, score."""
+
+    def __init__(self, top, top5, p_top, p1, ent, score):
+        self.top, self.top5, self.p_top, self.p1, self.ent, self.score = top, top5, p_top, p1, ent, score
+
+
+class _Reveal:
+    """A block being revealed: its tokens, confidences, mask, and (when asked) features and hidden rows."""
+
+    @classmethod
+    def empty(cls, gamma: int, width: int, dtype, device, features: bool) -> "_Reveal":
+        b = cls()
+        b.masked = torch.ones(gamma, dtype=torch.bool, device=device)
+        b.tokens = torch.zeros(gamma, dtype=torch.long, device=device)
+        b.conf = torch.zeros(gamma, dtype=torch.float32, device=device)
+        b.feats = torch.zeros(gamma, len(DRAFT_FEATURES), dtype=torch.float32, device=device) if features else None
+        b.hidden = torch.zeros(gamma, width, dtype=dtype, device=device) if features else None
+        b.order, b.p1_0, b.ne_0 = 0, None, None
+        return b
+
+    def block(self, q) -> DraftBlock:
+        return DraftBlock(tokens=self.tokens.cpu().numpy(), confidence=self.conf.cpu().numpy(),
+                          features=None if self.feats is None else self.feats.cpu().numpy(), hidden=self.hidden, q=q)
 
 
 def reveal_features(step: int, rank: torch.Tensor, share: float, p1, logp1, ent, p2, logp_top5, p1_0, ne_0):

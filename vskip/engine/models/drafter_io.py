@@ -13,7 +13,7 @@ from typing import Sequence
 import torch
 
 from .backbone import BackboneConfig, read_hf_config, read_safetensors_dir, read_safetensors_file
-from .drafter import SPEC_FILE, WEIGHTS_FILE, DiffusionLM, DrafterSpec
+from .diffusion_lm import SPEC_FILE, WEIGHTS_FILE, DiffusionLM, DrafterSpec
 
 # -- building and loading ------------------------------------------------------------------------
 

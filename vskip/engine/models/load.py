@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ...defaults import GAMMA, MAX_NEW_TOKENS, STEPS
-from ..runtime import Runtime, parse_max_memory, resolve_runtime
+from ..runtime import Runtime, parse_max_memory
 from .attention import use_gqa_attention
 from .conditioned_io import is_conditioned
 from .copy import COPY_FILE, CopyPrior
@@ -358,16 +358,6 @@ def _conditioned_adapter(ddir: Path, ver: HFVerifier, tok, runtime: Runtime):
     tap = HiddenTap(model.spec.target_layers)
     ver.set_tap(tap)
     return ConditionedDrafter(model, tap, allowed=allowed.to(runtime.drafter_on))
-
-
-def open_pair(models, need_drafter: bool = True, budget: tuple[int, int, int] | None = None) -> ModelPair:
-    """The one door to the models: resolve the runtime of a :class:`~vskip.engine.models.config.ModelConfig`
-    (devices, dtypes, threads), plan the memory, and load the pair."""
-    runtime = resolve_runtime(models.device, models.dtype, models.threads, models.drafter_dtype,
-                              models.drafter_device, models.verifier_device, models.max_memory)
-    return load_pair(runtime, drafter=models.drafter, verifier=models.verifier, steps=models.steps,
-                     use_cache=models.verifier_cache, need_drafter=need_drafter, reveal=models.reveal,
-                     copy_prior=models.copy_prior, budget=budget)
 
 
 def load_pair(

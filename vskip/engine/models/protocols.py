@@ -2,7 +2,8 @@
 
 A drafter proposes a block of ``gamma`` tokens with a confidence per position; a verifier scores a
 block after a committed sequence and owns its KV cache. Both receive the whole committed sequence
-each call and keep whatever they cache in sync with it themselves.
+each call and keep whatever they cache in sync with it themselves. Neither applies an acceptance
+rule or draws a random number: the loop and the policy do (:mod:`vskip.engine.policy.rule`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from ..policy import Draw, Verdict
+from ..policy import Sampling, Verdict  # data types only: no rule crosses into the models
 
 #: Per-position drafter features of A.7, in column order (the loop adds block position,
 #: generated length, segment position and the two dataset indicators: 19 in all).
@@ -51,8 +52,9 @@ class DraftBlock:
     confidence:  float32 [gamma]   raw confidence q_j = p_draft(x̂_j) at the reveal step
     features:    float32 [gamma, len(DRAFT_FEATURES)] or None
     hidden:      [gamma, d_model] LM-head input at the reveal step (array or tensor) or None
-    q:           float64 [gamma, V] the distributions a *sampled* draft was drawn from
-                 (:mod:`vskip.engine.policy.sampling`, speculative rule), else None
+    q:           float64 [gamma, V] the drafter's warped distributions over the verifier's
+                 vocabulary when asked for them (the speculative rule: the loop draws the block's
+                 tokens from them, :mod:`vskip.engine.policy.sampling`), else None
     """
 
     tokens: np.ndarray
@@ -69,12 +71,34 @@ class DraftBlock:
     def gamma(self) -> int:
         return int(self.tokens.shape[0])
 
+    def hidden_array(self) -> np.ndarray | None:
+        """``hidden`` as a float32 numpy array (a trace keeps it), whatever the drafter returned."""
+        h = self.hidden
+        if h is None or isinstance(h, np.ndarray):
+            return h
+        return h.float().cpu().numpy()
+
 
 class Drafter(Protocol):
-    def propose(self, seq: Sequence[int], gamma: int, features: bool = False, draw: Draw | None = None) -> DraftBlock:
+    """What the loop and ``vskip compare`` use of a drafter, all of it."""
+
+    #: the longest block it drafts (None: no limit of its own)
+    max_gamma: int | None
+    #: reveal steps per block (1: the whole block in one forward, which the speculative rule needs)
+    steps: int
+    #: it drafts from the verifier's hidden states, which the loop has the verifier compute over
+    #: the prompt (:meth:`Verifier.prefill`) before the first block
+    reads_verifier: bool
+
+    def propose(self, seq: Sequence[int], gamma: int, features: bool = False,
+                sampling: Sampling | None = None) -> DraftBlock:
         """Draft ``gamma`` tokens to follow ``seq`` (prompt + committed output): the drafter's
-        choice at each position, or with a ``draw`` tokens sampled from its warped distributions,
-        returned in ``DraftBlock.q`` (only drafters that draft a block in one forward)."""
+        choice at each position; with ``sampling`` (only drafters with ``steps == 1``), also its
+        distributions warped by those settings, in ``DraftBlock.q``, for the loop to draw from."""
+
+    def with_steps(self, steps: int) -> "Drafter":
+        """A drafter sharing this one's weights that reveals a block in ``steps`` steps (this one
+        unchanged); a drafter that drafts in one forward refuses any other number."""
 
     def warmup(self, seq: Sequence[int], gamma: int) -> None: ...
 
@@ -93,11 +117,25 @@ class Verifier(Protocol):
     special_ids: frozenset[int]
     #: longest sequence the model accepts
     max_length: int
+    #: whether it keeps a KV cache (:meth:`set_cache`)
+    use_cache: bool
 
-    def score(self, seq: Sequence[int], block: Sequence[int], shadow: bool = False, draw: Draw | None = None) -> Verdict:
-        """Judge ``block`` after ``seq``: argmax at each block position and after it, or with a
-        ``draw`` (:mod:`vskip.engine.policy.sampling`) the token drawn there with its uniform number
-        (under the speculative rule, the tokens it commits: ``speculative_draws``). A shadow call must leave the verifier's state as a real decode would find it."""
+    def score(self, seq: Sequence[int], block: Sequence[int], shadow: bool = False) -> Verdict:
+        """Judge ``block`` after ``seq`` greedily: the argmax at each block position and after
+        it, with the drafted tokens' logit gaps and ranks. A shadow call must leave the verifier's
+        state as a real decode would find it."""
+
+    def distributions(self, seq: Sequence[int], block: Sequence[int], sampling: Sampling,
+                      shadow: bool = False) -> np.ndarray:
+        """The warped distributions (float64 [len(block) + 1, V]) at each block position and after
+        it, under ``sampling``'s temperature, top-k and top-p; state as :meth:`score` leaves it."""
+
+    def prefill(self, ids: Sequence[int]) -> None:
+        """Run over committed tokens ``ids`` (a prompt), so that what it keeps (its cache, the
+        hidden states a conditioned drafter reads) holds them."""
+
+    def set_cache(self, on: bool) -> None:
+        """Keep a KV cache (on) or recompute the whole sequence every call (off, as the paper)."""
 
     def warmup(self, seq: Sequence[int], gamma: int) -> None: ...
 
@@ -108,5 +146,10 @@ class Predictor(Protocol):
     """A learned survival predictor mapping a block to scores q_j: marginal or conditional survival,
     or a prefix model's per-position conditional survival ``1 - h_j`` (whose running product is
     ``P(L >= k)``; that kind also has ``threshold(task_id, alpha)``, its calibrated ``lam``)."""
+
+    #: marginal, conditional or prefix
+    kind: str
+    #: the online calibration's record (the prefix model's thresholds chosen on its own decodes), or None
+    online: dict | None
 
     def scores(self, block: DraftBlock, features: np.ndarray, task_id: str | None = None) -> np.ndarray: ...

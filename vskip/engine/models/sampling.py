@@ -1,12 +1,12 @@
-"""The verifier's draws under sampling (:mod:`vskip.engine.policy.sampling`), in torch on the model's
-device: the warped distribution of each scored position and its inverse-CDF draw."""
+"""The models' side of sampling (:mod:`vskip.engine.policy.sampling`), in torch on the model's device:
+the warped distribution of each scored position. The draws themselves, and every acceptance
+rule, belong to the policy; no random number is read here."""
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from ..policy.sampling import Draw, Sampling, inverse_cdf, speculative_draws
+from ..policy import Sampling  # the settings' data type only
 
 
 def warped_probs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
@@ -27,25 +27,9 @@ def warped_probs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
     return p
 
 
-def draw_tokens(logits: torch.Tensor, draw: Draw) -> np.ndarray:
-    """The token of each row of ``logits`` [n, V] drawn with ``draw.u`` [n]: the first token id
-    whose cumulative probability (in id order) exceeds u. Under the speculative rule
-    (``draw.q`` given), the tokens of :func:`vskip.engine.policy.sampling.speculative_draws`."""
-    p = warped_probs(logits, draw.sampling)
-    if draw.speculative:
-        return speculative_draws(p.cpu().numpy(), draw)
-    cdf = p.cumsum(-1)
-    u = torch.as_tensor(np.asarray(draw.u, dtype=np.float64), device=p.device)[:, None]
-    idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)[:, 0]
-    last = (p > 0).long().cumsum(-1).argmax(-1)  # the last id with mass: rounding at the top end
-    return torch.minimum(idx, last).cpu().numpy().astype(np.int64)
-
-
-def sample_draft(logp: torch.Tensor, draw: Draw) -> tuple[np.ndarray, np.ndarray]:
-    """A drafter's sampled block: from its log-probabilities ``logp`` [g, V] over the verifier's
-    vocabulary (-inf for ids it never proposes), the tokens drawn with ``draw.u`` [g] and the
-    warped distributions q [g, V] (float64 numpy) they were drawn from. The drafter's confidence
-    stays its largest probability at each position, a function of the context alone, so that
-    trimming a block by it keeps the speculative rule exact."""
-    q = warped_probs(logp, draw.sampling).cpu().numpy()
-    return np.array([inverse_cdf(row, u) for row, u in zip(q, draw.u)], dtype=np.int64), q
+def to_vocabulary(logp: torch.Tensor, ids: torch.Tensor, size: int) -> torch.Tensor:
+    """A head's log-probabilities ``logp`` [g, n] (its outputs are the token ids ``ids`` [n]) over
+    the whole vocabulary of ``size`` ids [g, size] (float64; -inf for ids the head never proposes)."""
+    full = torch.full((logp.shape[0], size), float("-inf"), dtype=torch.float64, device=logp.device)
+    full[:, ids] = logp[:, : ids.shape[0]].double()
+    return full

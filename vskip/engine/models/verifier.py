@@ -19,11 +19,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..policy import Verdict, sampled_verdict
-from ..policy.sampling import Draw
+from ..policy import Sampling, Verdict  # data types only
 from .head import ExactHead, plain_head
 from .protocols import common_prefix
-from .sampling import draw_tokens
+from .sampling import warped_probs
 
 
 def _crop(cache, n: int) -> None:
@@ -75,6 +74,10 @@ class HFVerifier:
         for tap in self.taps:
             tap.reset()
 
+    @property
+    def vocabulary(self) -> int:
+        return self.vocab_size
+
     def set_tap(self, tap) -> None:
         """Hand the hidden states of the layers ``tap.layers`` (layer i: transformers'
         ``hidden_states[i + 1]``, the output of decoder layer i, final-normed for the last) of
@@ -98,7 +101,6 @@ class HFVerifier:
             layers[i].register_forward_hook(grab(i))
             self._hooked.add(i)
         self.taps.append(tap)
-        tap.fill = self.prefill
         tap.reset()
 
     @torch.inference_mode()
@@ -152,27 +154,28 @@ class HFVerifier:
     def _output(self, out) -> torch.Tensor:
         return out.last_hidden_state if self.head is not None else out.logits
 
-    @torch.inference_mode()
-    def score(self, seq: Sequence[int], block: Sequence[int], shadow: bool = False, draw: Draw | None = None) -> Verdict:
+    def _run(self, seq: Sequence[int], block: Sequence[int], shadow: bool) -> torch.Tensor:
+        """Final hidden states (exact head) or logits of the block's positions and the one after
+        it [len(block) + 1, ...], on the head's device; a shadow call restores the cache and the
+        taps as it found them."""
         seq = [int(t) for t in seq]
         block = [int(t) for t in block]
-        g = len(block)
         # What the cache could still serve before this call: a shadow call restores exactly that.
         reusable = common_prefix(self._cached_ids, seq + block) if shadow else 0
         tapped = [tap.covered(seq + block) for tap in self.taps] if shadow else []
-        out = self._forward(seq + block, g + 1)  # [g+1, d] hidden states or [g+1, V] logits
+        out = self._forward(seq + block, len(block) + 1)  # [g+1, d] hidden states or [g+1, V] logits
         if shadow and self.use_cache and self._cache is not None:
-            keep = reusable
-            _crop(self._cache, keep)
-            self._cached_ids = self._cached_ids[:keep]
+            _crop(self._cache, reusable)
+            self._cached_ids = self._cached_ids[:reusable]
         for tap, n in zip(self.taps, tapped):  # the skipped tokens stay without features
             tap.keep(n)
-        if self.head is not None:
-            out = out.to(self.head.device)
-        if draw is not None and not draw.sampling.greedy:
-            logits = out.float() @ self.head.weight.T if self.head is not None else out.float()
-            return sampled_verdict(draw_tokens(logits, draw), g)
-        b = torch.tensor(block, dtype=torch.long, device=out.device)
+        return out.to(self.head.device) if self.head is not None else out
+
+    @torch.inference_mode()
+    def score(self, seq: Sequence[int], block: Sequence[int], shadow: bool = False) -> Verdict:
+        out = self._run(seq, block, shadow)
+        g = len(block)
+        b = torch.tensor([int(t) for t in block], dtype=torch.long, device=out.device)
         if self.head is not None:
             argmax, gap, rank_fn = self.head(out, b if g else None)
             rank = lambda: rank_fn().cpu().numpy().astype(np.int64)  # noqa: E731 - computed on demand
@@ -180,10 +183,17 @@ class HFVerifier:
             argmax, gap, r = _plain_verdict(out.float(), b)
             rank = r.cpu().numpy().astype(np.int64)
         return Verdict(
-            argmax=argmax.cpu().numpy().astype(np.int64),
+            argmax.cpu().numpy().astype(np.int64),
             draft_gap=gap.cpu().numpy().astype(np.float64),
             draft_rank=rank,
         )
+
+    @torch.inference_mode()
+    def distributions(self, seq: Sequence[int], block: Sequence[int], sampling: Sampling,
+                      shadow: bool = False) -> np.ndarray:
+        out = self._run(seq, block, shadow)
+        logits = out.float() @ self.head.weight.T if self.head is not None else out.float()
+        return warped_probs(logits, sampling).cpu().numpy()
 
 
 def _plain_verdict(logits: torch.Tensor, block: torch.Tensor):

@@ -2,10 +2,10 @@
 
 Every rule reads a :class:`Verdict`, the verifier's judgement of one draft block as plain arrays,
 and returns the number of draft tokens it accepts. The committed tokens are then the accepted
-prefix plus the verifier's argmax at the first rejected position (the correction) or after the
+prefix plus the verifier's token at the first rejected position (the correction) or after the
 block (the bonus token when every draft token is accepted). Pure numpy: no torch here.
 
-Worked example (gamma = 4): draft ``[5, 7, 9, 2]``, verifier argmax ``[5, 7, 3, 8, 1]``.
+Worked example (gamma = 4): draft ``[5, 7, 9, 2]``, verifier tokens (argmax) ``[5, 7, 3, 8, 1]``.
 Strict accepts ``L = 2`` and commits ``[5, 7, 3]``.
 """
 
@@ -26,8 +26,11 @@ MAX_TOP_K = 64
 class Verdict:
     """The verifier's view of one block of ``gamma`` draft tokens.
 
-    argmax:     int   [gamma + 1]  verifier argmax at each block position and after the block
-                                   (under sampling: its draw there, :mod:`vskip.engine.policy.sampling`)
+    tokens:     int   [gamma + 1]  the verifier's token at each block position and after the block:
+                                   its argmax (greedy), or its draw there under sampling
+                                   (:func:`vskip.engine.policy.rule.Rule.verdict`); under the
+                                   speculative rule the positions between a rejection and the
+                                   bonus position are never read and hold -1
     draft_gap:  float [gamma]      z_j(x̂_j) - max_v z_j(v)  (<= 0; the log-ratio of Eq. 9)
     draft_rank: int   [gamma]      number of tokens whose logit is strictly above the draft's
 
@@ -36,16 +39,16 @@ class Verdict:
     and may be a lower bound at or above it (top-k acceptance only asks whether it is below k).
     """
 
-    argmax: np.ndarray
+    tokens: np.ndarray
     draft_gap: np.ndarray
     rank: Union[np.ndarray, Callable[[], np.ndarray]]
 
-    def __init__(self, argmax: np.ndarray, draft_gap: np.ndarray, draft_rank):
-        object.__setattr__(self, "argmax", argmax)
+    def __init__(self, tokens: np.ndarray, draft_gap: np.ndarray, draft_rank):
+        object.__setattr__(self, "tokens", tokens)
         object.__setattr__(self, "draft_gap", draft_gap)
         object.__setattr__(self, "rank", draft_rank)
         g = self.draft_gap.shape[0]
-        assert self.argmax.shape == (g + 1,), (self.argmax.shape, g)
+        assert self.tokens.shape == (g + 1,), (self.tokens.shape, g)
         if not callable(draft_rank):
             assert draft_rank.shape == (g,), (draft_rank.shape, g)
 
@@ -69,7 +72,7 @@ def leading_run(ok: np.ndarray) -> int:
 def strict_accept(draft: np.ndarray, verdict: Verdict) -> int:
     """Strict SDD: the longest prefix where the draft equals the verifier's argmax (L)."""
     assert draft.shape == (verdict.gamma,), (draft.shape, verdict.gamma)
-    return leading_run(np.asarray(draft) == verdict.argmax[:-1])
+    return leading_run(np.asarray(draft) == verdict.tokens[:-1])
 
 
 def lenience_accept(draft: np.ndarray, verdict: Verdict, lenience: float) -> int:
@@ -81,6 +84,8 @@ def lenience_accept(draft: np.ndarray, verdict: Verdict, lenience: float) -> int
         raise ValueError(f"lenience must lie in (0, 1], got {lenience}")
     if lenience == 1.0:
         return strict_accept(draft, verdict)
+    if np.isnan(verdict.draft_gap).any():  # a sampled verdict: it has draws, no logit gaps
+        raise ValueError("lenience acceptance is defined on the verifier's argmax; it takes no --temperature")
     return leading_run(verdict.draft_gap >= math.log(lenience))
 
 
@@ -93,16 +98,17 @@ def topk_accept(draft: np.ndarray, verdict: Verdict, k: int) -> int:
     return leading_run(verdict.draft_rank < k)
 
 
-def sampled_verdict(drawn: np.ndarray, gamma: int) -> Verdict:
-    """The verdict of a sampling verifier: its draw at each position in place of the argmax.
+def drawn_verdict(drawn: np.ndarray) -> Verdict:
+    """The verdict of a sampled round: the verifier's draw at each position (``drawn`` [gamma + 1]).
     It carries no logit gaps or ranks, so only the strict rule may read it (lenience and top-k
     are refused under sampling: their paper meaning is a greedy one)."""
     def no_rank():
-        raise ValueError("a sampled verdict has no ranks: top-k acceptance is greedy only")
+        raise ValueError("topk acceptance is defined on the verifier's argmax; it takes no --temperature")
 
-    return Verdict(np.asarray(drawn, dtype=np.int64), np.full(gamma, np.nan), no_rank)
+    drawn = np.asarray(drawn, dtype=np.int64)
+    return Verdict(drawn, np.full(drawn.shape[0] - 1, np.nan), no_rank)
 
 
 def committed_tokens(draft: np.ndarray, verdict: Verdict, accepted: int) -> np.ndarray:
     """The accepted draft prefix followed by the verifier's correction or bonus token."""
-    return np.concatenate([np.asarray(draft[:accepted]), verdict.argmax[accepted : accepted + 1]])
+    return np.concatenate([np.asarray(draft[:accepted]), verdict.tokens[accepted : accepted + 1]])

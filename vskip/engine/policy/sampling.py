@@ -86,11 +86,11 @@ class Sampling:
 
 @dataclass(frozen=True)
 class Draw:
-    """What a model needs to sample instead of taking its argmax: the settings and one uniform
-    number per position (for a verifier: the block's positions and the one after it).
+    """The random numbers of one sampled judgement: the settings and one uniform number per
+    position (for a verified block: its positions and the one after it).
 
-    For the speculative rule a verifier also gets the drafted ``tokens``, the distributions ``q``
-    [n, V] the drafter drew them from, and the acceptance coins ``u_accept`` [n]."""
+    For the speculative rule also the drafted ``tokens``, the distributions ``q`` [n, V] the
+    drafter drew them from, and the acceptance coins ``u_accept`` [n]."""
 
     sampling: Sampling
     u: np.ndarray
@@ -110,8 +110,16 @@ def inverse_cdf(p: np.ndarray, u: float) -> int:
     return int(min(np.searchsorted(c, u * c[-1], side="right"), np.flatnonzero(p)[-1]))
 
 
+def draw_rows(p: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """The token of each row of ``p`` [n, V] (probabilities, warped) drawn with its uniform number
+    ``u`` [n] by :func:`inverse_cdf`: a verifier's draws, or a drafter's sampled block."""
+    p = np.asarray(p, dtype=np.float64)
+    assert p.ndim == 2 and p.shape[0] == len(u), (p.shape, len(u))
+    return np.array([inverse_cdf(row, float(x)) for row, x in zip(p, u)], dtype=np.int64)
+
+
 def speculative_draws(p: np.ndarray, draw: Draw) -> np.ndarray:
-    """The tokens a verified round commits under speculative sampling, as a verdict's argmax
+    """The tokens a verified round commits under speculative sampling, as a verdict's tokens
     [n + 1] (the agreeing prefix of ``draw.tokens`` is what it accepts; -1 between a rejection and the
     bonus position, which no rule reads).
 

@@ -121,7 +121,7 @@ def run_settings(run_cfg: dict) -> dict:
 def check_online_settings(pred, run_cfg: dict) -> None:
     """Refuse a run with ``--alpha`` whose settings differ from those the online thresholds of
     ``pred`` were chosen with: the guarantee is for that policy only."""
-    want = ((getattr(pred, "online", None) or {}).get("settings")) if run_cfg.get("policy", {}).get("alpha") else None
+    want = ((pred.online or {}).get("settings")) if run_cfg.get("policy", {}).get("alpha") else None
     if not want:
         return
     have = run_settings(run_cfg)

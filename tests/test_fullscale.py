@@ -1,0 +1,422 @@
+"""The full-scale study's pieces (``vskip fullscale``) and the online calibration's steps
+(``vskip calibrate-online sweep|finished``), with a runner that records each vskip command and
+writes the files the real one would: which model each round decodes with, which blocks it trains
+and calibrates on, where it writes, which runs each report sets side by side, and that the
+committed reports were made by exactly the commands these pieces give."""
+
+import gzip
+import io
+import json
+import shlex
+import sys
+import tarfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from vskip.study import fullscale as fsm
+from vskip.study.fullscale import FullScale
+from vskip.study.grids import grid
+from vskip.study.jobs import Processes, deadline
+from vskip.study.prefix import online
+
+ROOT = Path(__file__).parents[1]
+FULL = ROOT / "docs" / "results" / "full"
+ONLINE = ROOT / "docs" / "results" / "online"
+STRICT = {"n_prompts": 2, "generated_tokens": 10, "verifier_calls": 4, "draft_blocks": 4, "pass_at_1": 0.5}
+
+
+def _out(cmd):
+    return Path(cmd[cmd.index("--out") + 1])
+
+
+class FakeRunner:
+    """Records every command; a run writes its summary and config, a training its manifest, a
+    report its scheduler.json naming itself. ``stop``: the deadline stops the timed commands
+    before they write anything."""
+
+    def __init__(self, stop=False):
+        self.calls, self.stop = [], stop
+
+    def __call__(self, commands, *, timed=False, quiet=False):
+        self.calls += [list(c) for c in commands]
+        if timed and self.stop:
+            return False
+        for c in commands:
+            if c[0] == "run":
+                _out(c).mkdir(parents=True, exist_ok=True)
+                strict = c[c.index("--policy") + 1] == "strict"
+                (_out(c) / "summary.json").write_text(json.dumps(STRICT) if strict else '{"n_prompts": 1}')
+                (_out(c) / "config.json").write_text("{}")
+            elif c[0] == "train-predictor":
+                kind = c[c.index("--kind") + 1]
+                (_out(c) / kind).mkdir(parents=True, exist_ok=True)
+                (_out(c) / kind / "manifest.json").write_text("{}")
+            elif c[0] == "report":
+                _out(c).mkdir(parents=True, exist_ok=True)
+                (_out(c) / "scheduler.json").write_text(json.dumps([str(_out(c))]))
+        return True
+
+    def verb(self, verb):
+        return [c for c in self.calls if c[0] == verb]
+
+
+@pytest.fixture
+def study(tmp_path):
+    R, A = tmp_path / "runs", tmp_path / "results"
+    for t in ("humaneval", "mbpp"):
+        for d in (R / "traces" / t, A / "traces" / t):
+            d.mkdir(parents=True)
+            (d / "summary.json").write_text(json.dumps(STRICT))
+    (A / "predictors" / "prefix").mkdir(parents=True)
+    (A / "predictors" / "prefix" / "manifest.json").write_text("{}")
+    return FullScale(runs=R, results=A, limits=(("humaneval", 2), ("mbpp", 2)))
+
+
+def _round(fs, r):
+    return replace(fs, round=r)
+
+
+def test_each_round_decodes_with_the_last_model_and_trains_on_every_round(study):
+    R, A = study.runs, study.results
+    run = FakeRunner()
+    with pytest.raises(ValueError, match="no model of round 1"):  # round 2 needs round 1's model and blocks
+        fsm.onpolicy(_round(study, 2), run)
+    fsm.onpolicy(study, run)
+    fsm.onpolicy(_round(study, 2), run)
+    runs = run.verb("run")
+    assert [r[r.index("--predictor") + 1] for r in runs] == [str(A / "predictors")] * 2 + [
+        str(A / "predictors-round1")] * 2
+    assert all(r[r.index("--alpha") + 1] == "0.05" and "--trace" in r for r in runs)
+    assert [_out(r) for r in runs[2:]] == [R / "onpolicy2" / "humaneval", R / "onpolicy2" / "mbpp"]
+    train = run.verb("train-predictor")[-1]
+    assert train[train.index("--on-policy"):train.index("--calibrate-on")] == [
+        "--on-policy", str(R / "onpolicy1" / "humaneval"), str(R / "onpolicy1" / "mbpp"),
+        "--on-policy", str(R / "onpolicy2" / "humaneval"), str(R / "onpolicy2" / "mbpp")]
+    assert train[train.index("--calibrate-on") + 1] == "on-policy" and _out(train) == A / "predictors-round2"
+    assert (A / "onpolicy2" / "mbpp" / "summary.json").read_text() == '{"n_prompts": 1}'
+
+    # round 2 offline: round 1 and round 2 replayed on round 2's blocks; online: round 2's model
+    fsm.onpolicy_check(_round(study, 2), run)
+    assert [_out(d) for d in run.verb("diagnose")] == [A / "diagnose-onpolicy2-round1", A / "diagnose-onpolicy2-round2"]
+    fsm.onpolicy_sweep(_round(study, 2), run)
+    sweeps = run.verb("sweep")
+    assert {s[s.index("--predictor") + 1] for s in sweeps} == {str(A / "predictors-round2")}
+    assert {s[s.index("--grid") + 1] for s in sweeps} == {"promise"}
+    assert [_out(s) for s in sweeps] == [R / "sweeps-round2" / "humaneval-round2", R / "sweeps-round2" / "mbpp-round2"]
+
+
+def test_a_round_needs_the_earlier_rounds_blocks_and_the_same_strict_traces(study):
+    (study.results / "predictors-round1" / "prefix").mkdir(parents=True)
+    (study.results / "predictors-round1" / "prefix" / "manifest.json").write_text("{}")
+    with pytest.raises(ValueError, match="trains on round 1's blocks too"):
+        fsm.onpolicy(_round(study, 2), FakeRunner())
+    other = {**STRICT, "verifier_calls": 5}
+    (study.runs / "traces" / "mbpp" / "summary.json").write_text(json.dumps(other))
+    run = FakeRunner()
+    with pytest.raises(RuntimeError, match="traces of mbpp made here differ"):
+        fsm.onpolicy(study, run)
+    assert run.calls == []  # nothing decoded on traces that differ
+
+
+def test_a_round_stopped_at_the_deadline_trains_nothing_and_resumes(study):
+    run = FakeRunner(stop=True)
+    fsm.onpolicy(study, run)  # stopped: not a failure
+    assert [c[0] for c in run.calls] == ["run", "run"]
+    assert not (study.results / "predictors-round1").exists()
+
+    class Unfinished(FakeRunner):  # finished, but a run wrote no summary: a failure
+        def __call__(self, commands, **kw):
+            self.calls += [list(c) for c in commands]
+            return True
+
+    with pytest.raises(RuntimeError, match="on-policy run of humaneval, mbpp is unfinished"):
+        fsm.onpolicy(study, Unfinished())
+
+
+def test_a_fresh_machine_makes_the_traces_again_first(study):
+    for t in ("humaneval", "mbpp"):
+        (study.runs / "traces" / t / "summary.json").unlink()
+    run = FakeRunner()
+    fsm.onpolicy(study, run)
+    assert [c[c.index("--policy") + 1] for c in run.calls[:4]] == ["strict", "strict", "prefix", "prefix"]
+    assert [_out(c) for c in run.calls[:2]] == [study.runs / "traces" / "humaneval", study.runs / "traces" / "mbpp"]
+    assert all("--trace" in c and c[c.index("--drafter-dtype") + 1] == "float32" for c in run.calls[:4])
+
+
+def test_pack_sets_each_round_beside_strict_round_0_and_the_earlier_rounds(study):
+    R, A = study.runs, study.results
+    a, raw = "prefix_model_a0.05_measured_s64", "raw_eb0.70_ec0.70_k3_s64"
+    for d in ("sweeps/humaneval/strict", f"sweeps/humaneval/{a}", f"sweeps/humaneval/{raw}",
+              "sweeps/humaneval/raw_eb0.70_ec0.70_k0_s64", f"sweeps-round1/humaneval-round1/{a}",
+              f"sweeps-round2/humaneval-round2/{a}"):
+        (R / d).mkdir(parents=True)
+    run = FakeRunner()
+    fsm.pack(study, run)
+    reports = {_out(r): r[1:r.index("--frontier-k-min")] for r in run.verb("report")}
+    # raw confidence's frontier beside each round (its k_min 3 settings; the k_min diagnostic is not a frontier)
+    beside = [str(R / "sweeps/humaneval" / d) for d in ("strict", a, raw)]
+    assert reports == {A / "report": [str(R / "sweeps/humaneval")],
+                       A / "report-round1": [str(R / "sweeps-round1/humaneval-round1"), *beside],
+                       A / "report-round2": [str(R / "sweeps-round2/humaneval-round2"), *beside,
+                                             str(R / f"sweeps-round1/humaneval-round1/{a}")]}
+    assert all(r[r.index("--frontier-k-min") + 1] == "3" and "--timing" not in r for r in run.verb("report"))
+    # docs/results/scheduler.json is the newest round's, which holds every round beside round 0
+    assert json.loads((A.parent / "scheduler.json").read_text()) == [str(A / "report-round2")]
+
+
+def test_pack_compresses_the_timing_rows_and_keeps_committed_bytes(study):
+    R, A = study.runs, study.results
+    t = R / "timing" / "humaneval-cache"
+    t.mkdir(parents=True)
+    (t / "settings.json").write_text("{}")
+    (t / "shard-1-of-2.jsonl").write_text('{"a": 1}\n')
+    (R / "sweeps" / "mbpp").mkdir(parents=True)
+    run = FakeRunner()
+    fsm.pack(study, run)
+    gz = A / "timing" / "humaneval-cache" / "shard-1-of-2.jsonl.gz"
+    assert gzip.decompress(gz.read_bytes()) == b'{"a": 1}\n'
+    assert run.verb("compare") == [["compare", "--summary", "--out", str(gz.parent)]]
+    (report,) = run.verb("report")
+    assert report[report.index("--timing") + 1:report.index("--archive")] == [str(gz.parent)]
+    committed = gzip.compress(b'{"a": 1}\n', compresslevel=1, mtime=1)  # other bytes, the same rows: kept
+    gz.write_bytes(committed)
+    fsm.pack(study, FakeRunner())
+    assert gz.read_bytes() == committed
+    (t / "shard-1-of-2.jsonl").write_text('{"a": 1}\n{"a": 2}\n')  # more rows: compressed again
+    fsm.pack(study, FakeRunner())
+    assert gzip.decompress(gz.read_bytes()) == b'{"a": 1}\n{"a": 2}\n'
+
+
+def test_unpack_restores_the_archives_and_the_timing_rows_and_keeps_newer_files(study, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    A = study.results
+
+    def archive(path, members):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:xz") as tar:
+            for name, data in members.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(buf.getvalue())
+
+    archive(A / "report" / "runs.tar.xz", {"x/sweeps/he/strict/summary.json": b"old",
+                                           "x/sweeps/he/strict/c.json": b"c"})
+    archive(A / "report-round1" / "runs.tar.xz", {"x/sweeps-round1/he/a/summary.json": b"r1"})
+    (A / "timing" / "he-cache").mkdir(parents=True)
+    (A / "timing" / "he-cache" / "settings.json").write_text("{}")
+    (A / "timing" / "he-cache" / "shard-1-of-2.jsonl.gz").write_bytes(gzip.compress(b"rows\n"))
+    (tmp_path / "x/sweeps/he/strict").mkdir(parents=True)
+    (tmp_path / "x/sweeps/he/strict/summary.json").write_text("newer")
+    written = fsm.unpack(study)
+    assert (tmp_path / "x/sweeps/he/strict/summary.json").read_text() == "newer"
+    assert (tmp_path / "x/sweeps/he/strict/c.json").read_text() == "c"
+    assert (tmp_path / "x/sweeps-round1/he/a/summary.json").read_text() == "r1"
+    assert (study.runs / "timing/he-cache/shard-1-of-2.jsonl").read_text() == "rows\n"
+    assert len(written) == 3
+    archive(A / "report" / "runs.tar.xz", {"../evil": b"x"})
+    with pytest.raises(ValueError, match="outside the directory"):
+        fsm.unpack(study)
+    assert not (tmp_path.parent / "evil").exists()
+
+
+def test_timing_times_every_key_point_with_the_cache_and_humaneval_without(study):
+    fs = replace(study, limits=(("humaneval", 9), ("mbpp", 9)))
+    run = FakeRunner()
+    fsm.timing(fs, run)
+    outs = [str(_out(c).name) for c in run.calls]
+    assert outs == ["humaneval-cache"] * 2 + ["mbpp-cache"] * 2 + ["humaneval-nocache"] * 2
+    ids = {_out(c).name: c[c.index("--ids") + 1] for c in run.calls}
+    assert ids["humaneval-cache"] == ids["humaneval-nocache"] == "HumanEval/0,HumanEval/8"
+    assert len(ids["mbpp-cache"].split(",")) == 2
+    assert [c[c.index("--shard") + 1] for c in run.calls] == ["1/2", "2/2"] * 3
+    assert all(c[c.index("--repeats") + 1] == ("3" if "--verifier-cache" in c else "1") for c in run.calls)
+    stopped = FakeRunner(stop=True)
+    fsm.timing(fs, stopped)  # the deadline: nothing after the first pair
+    assert len(stopped.calls) == 2
+
+
+def test_the_timed_configurations_are_those_the_committed_timings_hold():
+    fs = FullScale()
+    for name, cache in (("humaneval-cache", True), ("mbpp-cache", True), ("humaneval-nocache", False)):
+        settings = json.loads((FULL / "timing" / name / "settings.json").read_text())
+        assert fs.timed_configs(cache).split(",") == list(settings["configs"]), name
+    assert FullScale(key="ar,strict").timed_configs(True) == "ar,strict"
+
+
+def _runs_of_archives(root: Path, archives):
+    """The run directories the committed archives hold, made (empty) under ``root``."""
+    for a in archives:
+        with tarfile.open(a, "r:xz") as tar:
+            for name in tar.getnames():
+                (root / name).parent.mkdir(parents=True, exist_ok=True)
+
+
+def _made_by(report_md: Path) -> str:
+    lines = report_md.read_text().splitlines()
+    return lines[lines.index("```") + 1]
+
+
+def test_the_committed_reports_were_made_by_the_commands_pack_gives(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "docs").symlink_to(ROOT / "docs")
+    _runs_of_archives(tmp_path, sorted(FULL.glob("report*/runs.tar.xz")))
+    cmds = fsm.report_commands(FullScale())
+    assert [_out(c) for c in cmds] == [Path("docs/results/full/report"), Path("docs/results/full/report-round1"),
+                                       Path("docs/results/full/report-round2")]
+    for c in cmds:
+        assert shlex.join(["vskip", *c]) == _made_by(_out(c) / "report.md")
+
+
+def test_only_narrows_sweep_to_one_task_and_the_command_refuses_it_elsewhere(study):
+    run = FakeRunner()
+    fsm.sweep(replace(study, only="mbpp"), run)
+    assert [c[c.index("--task") + 1] for c in run.calls] == ["mbpp"]
+    assert [c[c.index("--grid") + 1] for c in run.calls] == ["full"]
+    with pytest.raises(ValueError, match="not a task of the study"):
+        FullScale(only="gsm8k")
+    with pytest.raises(ValueError, match="tasks of vskip"):
+        FullScale(limits=(("nosuchtask", 3),))
+    from vskip.commands import build_parser
+
+    for argv in (["fullscale", "pack", "--only", "mbpp"], ["fullscale", "sweep", "--limit", "gsm8k=3"]):
+        a = build_parser().parse_args(argv)
+        with pytest.raises(ValueError, match="--only narrows|the study's tasks"):
+            a.fn(a)
+
+
+def test_the_command_names_every_piece():
+    from vskip.commands import fullscale
+
+    assert fullscale.STEP_NAMES == tuple(fsm.STEPS)
+
+
+def test_train_trains_each_model_once_and_diagnoses_on_one_thread(study):
+    for t in ("humaneval", "mbpp"):
+        (study.runs / "traces" / t / "config.json").write_text("{}")
+    (study.results / "predictors" / "marginal").mkdir()
+    (study.results / "predictors" / "marginal" / "manifest.json").write_text("{}")
+    run = FakeRunner()
+    fsm.train(study, run)
+    assert [c[c.index("--kind") + 1] for c in run.verb("train-predictor")] == ["conditional"]
+    (diag,) = run.verb("diagnose")
+    assert diag[diag.index("--threads") + 1] == "1" and _out(diag) == study.results / "diagnose"
+    assert (study.results / "traces" / "mbpp" / "config.json").exists()
+
+
+# ----------------------------------------------------------------------------- running the pieces
+
+
+def test_deadline_reads_a_time_of_today_or_a_date():
+    import datetime as dt
+
+    now = dt.datetime(2026, 3, 1, 10, 0)
+    assert deadline("08:40", now) == dt.datetime(2026, 3, 1, 8, 40).timestamp()  # past: the piece does not start
+    assert deadline("2026-03-02 01:05", now) == dt.datetime(2026, 3, 2, 1, 5).timestamp()
+    assert deadline(None) is None
+    with pytest.raises(ValueError, match="HH:MM"):
+        deadline("tonight")
+
+
+def test_processes_stop_at_the_deadline_and_name_a_failure(tmp_path, monkeypatch, capsys):
+    fake = tmp_path / "python"
+    fake.write_text('#!/usr/bin/env bash\ncase "$3" in sleep) exec sleep 30 ;; fail) exit 3 ;; esac\n')
+    fake.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(fake))
+    assert Processes(None)([["ok"], ["ok"]], timed=True)
+    with pytest.raises(RuntimeError, match="`vskip fail` exited 3"):
+        Processes(None)([["ok"], ["fail"]])
+    t0 = time.time()
+    assert not Processes(time.time() + 1.5, margin=0)([["sleep"], ["ok"]], timed=True)
+    assert time.time() - t0 < 15
+    assert not Processes(time.time() + 30, what="fullscale")([["fail"]], timed=True)  # too close to start
+    assert "fullscale: the deadline has passed" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- the online calibration
+
+
+def _online_predictor(path):
+    path.mkdir()  # `init` wrote the one-rotation model there
+    online.write_ids(path, ["HumanEval/1", "Mbpp/2", "HumanEval/3"], ["HumanEval/4", "Mbpp/5"])
+    return path
+
+
+def test_online_ids_per_task_and_the_sweeps_that_decode_them(tmp_path):
+    p = _online_predictor(tmp_path / "p")
+    assert (p / "ids" / "humaneval.cal").read_text() == "HumanEval/1,HumanEval/3\n"
+    assert online.read_ids(p, "test") == {"humaneval": "HumanEval/4", "mbpp": "Mbpp/5"}
+    cmds = online.sweep_commands(p, "cal", tmp_path / "cal", 128)
+    assert [(c[c.index("--task") + 1], c[c.index("--grid") + 1], c[c.index("--ids") + 1], _out(c)) for c in cmds] == [
+        ("humaneval", "online-cal", "HumanEval/1,HumanEval/3", tmp_path / "cal" / "humaneval"),
+        ("mbpp", "online-cal", "Mbpp/2", tmp_path / "cal" / "mbpp")]
+    assert {c[c.index("--grid") + 1] for c in online.sweep_commands(p, "test", tmp_path / "t", 128)} == {"online-test"}
+    with pytest.raises(ValueError, match="no cal prompt ids"):
+        online.read_ids(tmp_path, "cal")
+
+
+def test_online_chooses_on_the_thresholds_every_task_finished(tmp_path):
+    p, cal = _online_predictor(tmp_path / "p"), tmp_path / "cal"
+    assert online.finished(p, cal) == []
+    names = {pt.policy.lam: pt.name for pt in grid("online-cal")}
+    for t, lams in (("humaneval", (0.95, 0.90, 0.85)), ("mbpp", (0.95, 0.90))):
+        for lam in lams:
+            (cal / t / names[lam]).mkdir(parents=True)
+            (cal / t / names[lam] / "summary.json").write_text("{}")
+    (cal / "mbpp" / names[0.85]).mkdir()  # unfinished on MBPP: left out
+    assert online.finished(p, cal) == [cal / t / names[lam] for lam in (0.90, 0.95) for t in ("humaneval", "mbpp")]
+    from vskip.commands import build_parser
+
+    a = build_parser().parse_args(["calibrate-online", "finished", str(p), str(tmp_path / "nothing")])
+    with pytest.raises(ValueError, match="no threshold has finished"):
+        a.fn(a)
+
+
+def test_the_committed_online_reports_were_made_from_the_finished_thresholds(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "docs").symlink_to(ROOT / "docs")
+    cal = ONLINE / "cal-report" / "runs.tar.xz"
+    with tarfile.open(cal, "r:xz") as tar:
+        for name in tar.getnames():
+            if name.endswith("/summary.json"):
+                (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+                (tmp_path / name).write_text("{}")
+    runs = online.finished(Path("docs/results/online/predictor"), Path("runs/online/cal"))
+    want = shlex.join(["vskip", "report", *map(str, runs), "--archive", "--out", "docs/results/online/cal-report"])
+    assert want == _made_by(ONLINE / "cal-report" / "report.md")
+    rec = json.loads((ONLINE / "predictor" / "prefix" / "online.json").read_text())
+    assert rec["runs"] == list(map(str, runs))  # and `choose` read the same runs, in the same order
+
+
+# ----------------------------------------------------------------------------- the scripts
+
+
+def test_the_scripts_find_vskip_one_way_and_hold_no_python():
+    scripts = sorted((ROOT / "scripts").glob("*.sh"))
+    runs_vskip = [p for p in scripts if "VSKIP" in p.read_text() and p.name != "setup.sh"]
+    assert {p.name for p in runs_vskip} >= {"fullscale.sh", "online.sh", "conditioned.sh", "drafter_v2.sh",
+                                             "paper_plans.sh", "gpu_check.sh"}
+    for p in runs_vskip:
+        text = p.read_text()
+        assert text.count("VSKIP=${VSKIP:-.venv/bin/vskip}\n") == 1, p.name
+        assert not any(s in text for s in ("<<", "python3", "python -c", ".venv/bin/python")), p.name
+
+
+def test_fullscale_sh_hands_its_knobs_to_vskip_fullscale(tmp_path):
+    import os
+    import subprocess
+
+    stub = tmp_path / "vskip"
+    stub.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
+    stub.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("R", "A", "MNT", "GRID", "ROUND", "KEY", "NOCACHE_KEY")}
+    env.update(VSKIP=str(stub), ONLY="mbpp", UNTIL="08:40", NOCACHE_TASKS="humaneval mbpp", R="r")
+    p = subprocess.run(["bash", str(ROOT / "scripts" / "fullscale.sh"), "sweep", "--limit", "mbpp=20"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == ["fullscale", "sweep", "--limit", "mbpp=20", "--runs", "r", "--only", "mbpp",
+                                     "--until", "08:40", "--nocache-tasks", "humaneval,mbpp"]

@@ -1,0 +1,116 @@
+"""The one door to a decode.
+
+Every command that decodes (``generate``, ``run``, ``compare``, ``sweep``) enters here with a
+:class:`~vskip.engine.settings.Settings`, checked when it was built. :func:`open_decoder` then does
+the rest once, in this order: it resolves the runtime (:func:`runtime_of`), tokenizes the prompts
+with the verifier's tokenizer alone so that one too long for the context refuses before any model
+loads, plans the memory for the longest block the decode will draft, loads the pair
+(:func:`open_models`), loads the predictor a learned policy reads and checks it against the
+settings its online thresholds were chosen with. The :class:`Decoder` it returns decodes prompts
+with exactly those settings.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+from ..engine.models.config import ModelConfig
+from ..engine.settings import Settings
+
+
+def runtime_of(models: ModelConfig):
+    """The runtime (devices, dtypes, threads, memory) ``models`` asks for: the one place it is resolved."""
+    from ..engine.runtime import resolve_runtime
+
+    return resolve_runtime(models.device, models.dtype, models.threads, models.drafter_dtype, models.drafter_device,
+                           models.verifier_device, models.max_memory)
+
+
+def open_models(models: ModelConfig, need_drafter: bool = True, budget: tuple[int, int, int] | None = None, runtime=None):
+    """The model pair, placed for ``budget`` (longest prompt, new tokens, longest block; None: a
+    generic budget, as a sweep's workers load once per process)."""
+    from ..engine.models.load import load_pair
+
+    runtime = runtime or runtime_of(models)
+    return load_pair(runtime, drafter=models.drafter, verifier=models.verifier, steps=models.steps,
+                     use_cache=models.verifier_cache, need_drafter=need_drafter, reveal=models.reveal,
+                     copy_prior=models.copy_prior, budget=budget)
+
+
+def longest_prompt(models: ModelConfig, prompts: str | list[tuple[str, str]], max_new_tokens: int) -> int:
+    """The longest of ``prompts`` (a user message, or ``(name, text)`` pairs) in the verifier's
+    tokens, from its tokenizer alone: a prompt that cannot fit ``max_new_tokens`` more refuses
+    here, before any model loads."""
+    from ..engine.models.load import check_prompt_fits
+
+    return check_prompt_fits(models.verifier, prompts, max_new_tokens)
+
+
+def settings_record(s: Settings) -> dict:
+    """The settings as a run directory's ``config.json`` records them (``run``'s policy, decode
+    and models), which the online thresholds' settings are compared with."""
+    policy = asdict(s.policy)
+    policy["guards"] = asdict(s.policy.guards)
+    return json.loads(json.dumps({"policy": policy, "decode": asdict(s.decode), "models": asdict(s.models)}))
+
+
+def load_policy_predictor(s: Settings, runtime, record: dict | None = None, loaded: dict | None = None):
+    """The trained predictor a learned policy reads (None for the others), checked against the
+    settings its online thresholds hold for (``record``: the run's recorded settings). ``loaded``:
+    predictors already read, by (kind, directory), which several configurations share."""
+    if not s.policy.learned:
+        return None
+    from .predictor import load_predictor, note_thresholds
+    from .prefix.calibrate import check_online_settings
+
+    key = (s.policy.predictor_kind, s.predictor)
+    predictor = (loaded or {}).get(key) or load_predictor(s.predictor, s.policy.predictor_kind, runtime)
+    if loaded is not None:
+        loaded[key] = predictor
+    check_online_settings(predictor, record if record is not None else settings_record(s))
+    note_thresholds(predictor, s.policy.alpha)
+    return predictor
+
+
+@dataclass
+class Decoder:
+    """A decode opened through the door: the settings, the loaded pair and the predictor."""
+
+    settings: Settings
+    pair: object
+    runtime: object
+    predictor: object | None = None
+
+    @property
+    def drafter(self):
+        return self.pair.drafter if self.settings.policy.uses_drafter else None
+
+    def warmup(self, ids: Sequence[int]) -> None:
+        """A.8: one draft block (the longest this decode drafts) and one verifier forward."""
+        from ..engine.decode import warmup
+
+        warmup(self.drafter, self.pair.verifier, ids, self.settings.longest_block)
+
+    def decode(self, ids: Sequence[int], task_id: str | None = None, sample: int = 0):
+        from ..engine.decode import decode
+
+        s = self.settings
+        return decode(ids, self.drafter, self.pair.verifier, s.policy, s.decode, self.predictor, task_id=task_id,
+                      sample=sample)
+
+
+def open_decoder(s: Settings, prompts: str | list[tuple[str, str]] | None = None, pair=None,
+                 record: dict | None = None) -> Decoder:
+    """Open a decode of ``s``: the runtime once, the prompts' fit (before any model loads), the pair
+    placed for the longest block the decode drafts (unless ``pair`` is one already loaded), and the
+    predictor (``record``: the run's recorded settings, for the online thresholds' check)."""
+    runtime = pair.runtime if pair is not None and pair.runtime is not None else runtime_of(s.models)
+    if pair is None:
+        budget = None
+        if prompts is not None:
+            n = longest_prompt(s.models, prompts, s.decode.max_new_tokens)
+            budget = (n, s.decode.max_new_tokens, s.longest_block)
+        pair = open_models(s.models, s.policy.uses_drafter, budget, runtime)
+    return Decoder(s, pair, runtime, load_policy_predictor(s, runtime, record))

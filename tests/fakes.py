@@ -8,6 +8,8 @@ and gives high confidence to correct tokens and lower confidence to corrupted on
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from vskip.engine.models.protocols import DRAFT_FEATURES, DraftBlock
@@ -21,10 +23,15 @@ SPECIAL = 1
 def fake_logits(seq) -> np.ndarray:
     a = seq[-1] if len(seq) else 0
     b = seq[-2] if len(seq) > 1 else 0
+    return _logits(int(a), int(b), len(seq) >= 40).copy()
+
+
+@lru_cache(maxsize=None)
+def _logits(a: int, b: int, late: bool) -> np.ndarray:
     rng = np.random.default_rng(1000 * a + b)
     z = rng.normal(size=V)
     z[SPECIAL] = -10.0
-    z[EOS] = -10.0 if len(seq) < 40 else z.max() + 1.0  # sequences end after ~40 tokens
+    z[EOS] = z.max() + 1.0 if late else -10.0  # sequences end after ~40 tokens
     return z
 
 
@@ -85,7 +92,16 @@ class FakeVerifier:
         seq, block = list(seq), [int(t) for t in block]
         return np.array([warp(fake_logits(seq + block[:j]), sampling) for j in range(len(block) + 1)])
 
-    def prefill(self, ids):
+    def score_many(self, calls):
+        return [self.score(c.seq, c.block, c.shadow) for c in calls]
+
+    def distributions_many(self, calls, sampling):
+        return [self.distributions(c.seq, c.block, sampling, c.shadow) for c in calls]
+
+    def open_slots(self, n):
+        pass
+
+    def prefill(self, ids, slot=0):
         pass
 
     def set_cache(self, on):
@@ -105,7 +121,7 @@ class FakeVerifier:
     def warmup(self, seq, gamma):
         pass
 
-    def reset(self):
+    def reset(self, slot=None):
         pass
 
 
@@ -125,12 +141,15 @@ class FakeDrafter:
         """A deterministic stand-in for a copy hint's match length: 0..11 as the sequence grows."""
         return len(seq) % 12
 
+    def propose_many(self, requests, features=False, sampling=None):
+        return [self.propose(seq, g, features, sampling, slot) for slot, seq, g in requests]
+
     def with_steps(self, steps):
         if steps != 1:
             raise ValueError("the fake drafter drafts in one forward")
         return self
 
-    def propose(self, seq, gamma, features=False, sampling=None):
+    def propose(self, seq, gamma, features=False, sampling=None, slot=0):
         self.blocks += 1
         self.gammas.append(gamma)
         rng = np.random.default_rng(self.seed * 7919 + len(seq))
@@ -172,7 +191,7 @@ class FakeDrafter:
     def warmup(self, seq, gamma):
         pass
 
-    def reset(self):
+    def reset(self, slot=None):
         pass
 
 

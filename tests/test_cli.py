@@ -117,3 +117,18 @@ def test_an_unknown_task_exits_2_naming_the_tasks(argv, tmp_path, capsys):
     assert len(lines) == 1 and lines[0].startswith("vskip: error: argument --task: invalid choice: 'nope'"), lines
     assert all(repr(t) in lines[0] for t in ALL_TASKS), lines
     assert not (tmp_path / "x").exists()
+
+
+def test_no_conditioned_drafter_is_called_shipped(capsys):
+    """None ships: the help names the drafter a user trains, and the name the loader knows for
+    installed weights refuses with one line saying how to make them, before any model loads."""
+    from vskip import cli
+    from vskip.engine.models.load import load_pair
+    from vskip.engine.runtime import Runtime
+
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "none ships" in help_text and "smollm2-135m-conditioned" not in help_text
+    with pytest.raises(FileNotFoundError, match="no conditioned drafter ships with vskip: train one"):
+        load_pair(Runtime(), drafter="smollm2-135m-conditioned")

@@ -92,14 +92,43 @@ def test_rows_pair_every_prompt_and_resume(tmp_path):
     acc = [x for r in rows if r.config == "strict" for x in r.accepted]
     assert s["configs"]["strict"]["p_L_ge1"] == pytest.approx(sum(x >= 1 for x in acc) / len(acc))
     assert "× ar" in compare_summary.format_summary(s)
-    # every row names the machine it was timed on; a prompt whose rows were timed on two machines
-    # is counted, and the printed summary says the ratios are not paired there
+    # every row names the machine it was timed on, and the printed table ends with it
     assert len(s["machines"]) == 1 and "prompts_split_across_machines" not in s
-    assert "machines" not in compare_summary.summarize_comparison([replace(r, machine=None) for r in rows])
-    moved = [replace(r, machine="0123456789ab") if r.task_id == "t0" and r.config == "ar" else r for r in rows]
-    s2 = compare_summary.summarize_comparison(moved)
-    assert s2["prompts_split_across_machines"] == 1 and len(s2["machines"]) == 2
-    assert "1 prompts have configurations timed on different machines" in compare_summary.format_summary(s2)
+    assert compare_summary.format_summary(s).splitlines()[-1] == f"Machine: {s['machines'][0]}."
+    bare = compare_summary.summarize_comparison([replace(r, machine=None) for r in rows])
+    assert "machines" not in bare and "Machine: not recorded" in compare_summary.format_summary(bare).splitlines()[-1]
+
+
+def test_the_summary_never_pairs_two_machines_clocks_and_marks_rows_from_several(tmp_path):
+    """A prompt whose configurations were timed on different machines is left out of every ratio
+    (refused, and counted); whole prompts timed on another machine are paired there, and the last
+    line of the printed table names each machine with its prompts and marks the mix."""
+    rows = _rows([{"task_id": f"t{i}", "config": c, "repeat": 0, "machine": "EPYC (AVX2)", "generated_tokens": 10,
+                   "decode_seconds": sec, "digest": "d", "tokens": [1]}
+                  for i in range(4) for c, sec in (("ar", 2.0), ("strict", 1.0))])
+    one = compare_summary.summarize_comparison(rows)
+    assert one["n_prompts"] == 4 and one["configs"]["strict"]["ratio_vs_ar"] == pytest.approx(2.0)
+    # four prompts are too few for a bootstrap interval (35 distinct resamples): each prompt's ratio instead
+    assert one["configs"]["strict"]["ratio_by_prompt"] == pytest.approx({f"t{i}": 2.0 for i in range(4)})
+    assert "4 prompts are too few for a bootstrap interval over prompts; × ar by prompt:\n- strict: 2.000, 2.000" in (
+        compare_summary.format_summary(one))
+    # prompt t0's Strict SDD row comes from a machine twice as fast: pairing it would bias the ratio
+    split = [replace(r, machine="Xeon (AMX)", result=replace(r.result, decode_seconds=0.5))
+             if (r.task_id, r.config) == ("t0", "strict") else r for r in rows]
+    s = compare_summary.summarize_comparison(split)
+    assert s["n_prompts"] == 3 and s["prompts_split_across_machines"] == 1
+    assert s["configs"]["strict"]["ratio_vs_ar"] == pytest.approx(2.0)  # t0 left out, not paired across machines
+    last = compare_summary.format_summary(s).splitlines()[-1]
+    assert last.startswith("Machines (mixed): ") and "1 prompts timed on several machines left out" in last
+    # whole prompts on another machine: each paired on its own machine, the mix marked
+    moved = [replace(r, machine="Xeon (AMX)") if r.task_id in ("t0", "t1") else r for r in rows]
+    s = compare_summary.summarize_comparison(moved)
+    assert s["n_prompts"] == 4 and s["prompts_by_machine"] == {"EPYC (AVX2)": 2, "Xeon (AMX)": 2}
+    assert "EPYC (AVX2) (2 prompts); Xeon (AMX) (2 prompts)" in compare_summary.format_summary(s).splitlines()[-1]
+    # an id an earlier vskip wrote (a hash of the machine's record) is named by its record
+    legacy = [replace(r, machine="fab443138af2") for r in rows]
+    assert compare_summary.format_summary(compare_summary.summarize_comparison(legacy)).splitlines()[-1] == (
+        "Machine: AMD EPYC (AVX2); 2 cores.")
 
 
 def test_the_summary_gives_the_agreement_of_a_skipping_configuration(tmp_path):
@@ -169,11 +198,20 @@ def test_rows_written_before_the_record_read_as_it(tmp_path):
         compare.read_rows(path)
 
 
-def test_the_archived_comparison_rebuilds_its_summary_byte_for_byte():
-    """docs/results/speed/he164 holds rows written before compare shared the record with run:
-    read back, they give its committed summary.json and summary.md as they are."""
-    d = Path(__file__).parents[1] / "docs" / "results" / "speed" / "he164"
-    s = compare_summary.summarize_comparison(compare_summary.rows_of(d))
+_RESULTS = Path(__file__).parents[1] / "docs" / "results"
+#: every committed comparison: a directory of shard files with its summary
+_COMPARISONS = sorted({p.parent.relative_to(_RESULTS).as_posix() for p in _RESULTS.rglob("shard-*.jsonl*")})
+
+
+@pytest.mark.parametrize("where", _COMPARISONS)
+def test_every_archived_comparison_rebuilds_its_summary_byte_for_byte(where):
+    """Each committed comparison's rows (speed/he164's written before compare shared the record
+    with run, and before rows named their machine), read back with its scores where it was scored,
+    give its committed summary.json and summary.md as they are (`vskip compare --summary`), the
+    table ending with the line that names the machine."""
+    d = _RESULTS / where
+    scores = json.loads((d / "scores.json").read_text()) if (d / "scores.json").exists() else None
+    s = compare_summary.summarize_comparison(compare_summary.rows_of(d), scores)
     assert json.dumps(s, indent=1) + "\n" == (d / "summary.json").read_text()
     assert compare_summary.format_summary(s) + "\n" == (d / "summary.md").read_text()
 
@@ -415,7 +453,7 @@ def test_a_configuration_drafts_with_its_own_drafter_and_each_drafter_warms_up_w
     class Short(FakeDrafter):
         max_gamma = 4
 
-        def propose(self, seq, gamma, features=False, sampling=None):
+        def propose(self, seq, gamma, features=False, sampling=None, slot=0):
             assert gamma <= self.max_gamma, gamma
             return super().propose(seq, gamma, features)
 

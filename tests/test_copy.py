@@ -233,10 +233,13 @@ class ScriptedDrafter:
 
     max_gamma, steps, reads_verifier = None, 1, False
 
+    def propose_many(self, requests, features=False, sampling=None):
+        return [self.propose(seq, g, features, sampling, slot) for slot, seq, g in requests]
+
     def __init__(self, row, wrong_at):
         self.row, self.wrong_at, self.calls = row, list(wrong_at), 0
 
-    def propose(self, seq, gamma, features=False, sampling=None):
+    def propose(self, seq, gamma, features=False, sampling=None, slot=0):
         from vskip.engine.models.protocols import DraftBlock
 
         b = len(seq)
@@ -247,7 +250,7 @@ class ScriptedDrafter:
             toks[w] = -5
         return DraftBlock(toks, np.ones(gamma, np.float32))
 
-    def reset(self):
+    def reset(self, slot=None):
         pass
 
 

@@ -81,7 +81,7 @@ def test_a_lossy_skip_shows_in_agreement():
     pol = PolicyConfig(name="raw", eta_b=0.0, eta_c=0.0, k_min=1, s_max=1000)
 
     class Overconfident(FakeDrafter):
-        def propose(self, seq, gamma, features=False, sampling=None):
+        def propose(self, seq, gamma, features=False, sampling=None, slot=0):
             b = super().propose(seq, gamma, features)
             b.confidence[:] = 1.0
             return b

@@ -40,10 +40,13 @@ class Oracle:
 
     max_gamma, steps, reads_verifier = None, 1, False
 
+    def propose_many(self, requests, features=False, sampling=None):
+        return [self.propose(seq, g, features, sampling, slot) for slot, seq, g in requests]
+
     def __init__(self, n0, ref, error, seed=0):
         self.n0, self.ref, self.error, self.seed = n0, ref, error, seed
 
-    def propose(self, seq, gamma, features=False, sampling=None):
+    def propose(self, seq, gamma, features=False, sampling=None, slot=0):
         rng = np.random.default_rng(self.seed + len(seq))
         g = len(seq) - self.n0
         toks = np.array((list(self.ref[g : g + gamma]) + [198] * gamma)[:gamma], np.int64)
@@ -54,7 +57,7 @@ class Oracle:
     def warmup(self, seq, gamma):
         pass
 
-    def reset(self):
+    def reset(self, slot=None):
         pass
 
 

@@ -262,3 +262,105 @@ def test_a_full_disk_names_the_file_it_could_not_write(tmp_path, monkeypatch, ca
     with pytest.raises(OSError, match="No space left") as e:
         write_json(tmp_path / "x.json", {"a": 1})
     assert e.value.filename == str(tmp_path / "x.json") and not list(tmp_path.glob(".x.json.*"))
+
+
+# ----------------------------------------------------------------------------- every command's --out
+
+#: every subcommand that writes, with the other arguments it needs to reach its check of --out (the
+#: test below holds this table to the parser); ``file``: its --out names a file, not a directory
+OUT_COMMANDS = {
+    "run": ("run --task humaneval --limit 1", "dir"),
+    "compare": ("compare --limit 1", "dir"),
+    "score": ("score --task humaneval --samples {tmp}/samples.jsonl", "file"),
+    "plan": ("plan", "file"),
+    "sweep": ("sweep --task humaneval --grid cpu-small", "dir"),
+    "report": ("report {tmp}/empty", "dir"),
+    "train-predictor": ("train-predictor --kind marginal --traces {tmp}/empty", "dir"),
+    "diagnose": ("diagnose {tmp}/empty", "dir"),
+    "calibrate-prefix": ("calibrate-prefix {tmp}/empty --alpha 0.05", "file"),
+    "calibrate-online init": ("calibrate-online init --predictor {tmp}/empty", "dir"),
+    "calibrate-online sweep": ("calibrate-online sweep cal {tmp}/empty --max-new-tokens 8", "dir"),
+    "generate-data": ("generate-data", "dir"),
+    "train-drafter": ("train-drafter --data {tmp}/empty", "dir"),
+    "fit-copy-prior": ("fit-copy-prior --holdout-of {tmp}/empty", "dir"),
+    "extract-features": ("extract-features --data {tmp}/empty", "dir"),
+    "train-conditioned": ("train-conditioned --data {tmp}/empty --features {tmp}/features", "dir"),
+}
+
+
+def _commands_with_out(parser=None, prefix=()) -> set[str]:
+    import argparse
+
+    parser = parser or cli.build_parser()
+    found = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found |= _commands_with_out(sub, (*prefix, name))
+        elif "--out" in action.option_strings:
+            found.add(" ".join(prefix))
+    return found
+
+
+def test_the_walk_covers_every_command_with_out():
+    assert _commands_with_out() == set(OUT_COMMANDS)
+
+
+@pytest.mark.parametrize("out, words", [
+    ("''", "is empty"),
+    ("/", "root directory"),
+    ("{tmp}/../../../../../../../../../../..", "root directory"),
+    ("{tmp}/link", "is a link"),
+], ids=["empty", "root", "root-by-dots", "link"])
+@pytest.mark.parametrize("command", list(OUT_COMMANDS))
+def test_every_command_refuses_an_out_of_root_empty_or_link(command, out, words, tmp_path, capsys, monkeypatch):
+    """No command writes into ``/`` or the current directory by ``--out ''``, or through a link
+    given as its output directory (a file's directory, for a command whose --out is a file): each
+    refuses in one line, exit 2, before any model loads, and leaves the link's target empty."""
+    import vskip.engine.models.load as load
+
+    monkeypatch.setattr(load, "load_pair", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "features").mkdir()
+    (tmp_path / "features" / "index.json").write_text("{}")
+    (tmp_path / "samples.jsonl").write_text(json.dumps({"task_id": "HumanEval/0", "completion": "pass"}) + "\n")
+    target = tmp_path / "target"
+    target.mkdir()
+    (tmp_path / "link").symlink_to(target)
+    argv, kind = OUT_COMMANDS[command]
+    out = out.format(tmp=tmp_path)
+    if kind == "file" and out.endswith("link"):
+        out += "/out.json"
+    rc = cli.main(shlex.split(f"{argv.format(tmp=tmp_path)} --out {out}"))
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("vskip: error")]
+    if kind == "file" and words == "root directory":
+        words = "is a directory"  # --out / names a directory where a file is wanted
+    assert rc == 2 and len(err) == 1 and words in err[0], err
+    assert list(target.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == [
+        "empty", "features", "link", "samples.jsonl", "target"]
+
+
+def test_calibrate_online_init_copies_nothing_through_a_planted_link(tmp_path, outside, monkeypatch):
+    """The one-rotation model's copy replaces a link planted at its file, and a link planted as
+    its directory is refused: the file the link points at keeps its bytes."""
+    from vskip.study.prefix import model as M
+
+    src = tmp_path / "model" / M.KIND
+    src.mkdir(parents=True)
+    (src / "rot0.safetensors").write_bytes(b"weights")
+    man = {"format": M.FORMAT, "gamma": 8, "d_model": 4, "rotations": [{"rotation": 0, "file": "rot0.safetensors"}]}
+    monkeypatch.setattr(M, "read_rotations", lambda path, kind, fmt: (src, man, []))
+    out = tmp_path / "out"
+    (out / M.KIND).mkdir(parents=True)
+    (out / M.KIND / "rot0.safetensors").symlink_to(outside)
+    M.write_online_predictor(src.parent, 0, out)
+    assert not (out / M.KIND / "rot0.safetensors").is_symlink()
+    assert (out / M.KIND / "rot0.safetensors").read_bytes() == b"weights"
+    assert outside.read_text() == "precious\n"
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / M.KIND).symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(FileError, match="is a link"):
+        M.write_online_predictor(src.parent, 0, other)
+    assert not (tmp_path / "elsewhere").exists()

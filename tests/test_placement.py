@@ -194,8 +194,8 @@ def test_lossless_strict_with_a_qwen3_verifier_and_a_dream_drafter(pair_dirs, ca
     proposed = []
     propose = pair.drafter.propose
 
-    def spy(seq, gamma, features=False, sampling=None):
-        block = propose(seq, gamma, features, sampling)
+    def spy(seq, gamma, features=False, sampling=None, slot=0):
+        block = propose(seq, gamma, features, sampling, slot)
         proposed.extend(block.tokens.tolist())
         return block
 

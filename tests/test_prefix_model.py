@@ -465,7 +465,7 @@ def test_online_calibration_from_decodes_to_a_tested_threshold(tmp_path, capsys)
                                                "lam": None if want == float("inf") else want}]
     with pytest.raises(ValueError, match="differs in decode/max_new_tokens 32"):  # the thresholds hold for 24 tokens
         decode("longer", test[:1], max_new=32, alpha=0.3)
-    with pytest.raises(ValueError, match="does not exist"):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
         online_losses(pp, runs + [tmp_path / "nowhere"])
     # refused: a run at another budget, a run missing a calibration prompt, a run of another model
     for bad, match in ((decode("long", cal, max_new=32, lam=0.5), "differs from the other runs in decode/max_new_tokens"),
@@ -475,3 +475,18 @@ def test_online_calibration_from_decodes_to_a_tested_threshold(tmp_path, capsys)
             online_losses(pp, runs + [bad])
     with pytest.raises(ValueError, match="outside the calibration folds"):
         online_losses(pp, [decode("t", test[:1], lam=0.5)])
+    # refused: a run of the same thresholds sampled otherwise, or with other models (as its config.json records)
+    import shutil
+
+    for name, part, key, value in (("temperature", "sampling", "temperature", 0.6), ("top_p", "sampling", "top_p", 0.9),
+                                   ("speculative", "sampling", "speculative", True),
+                                   ("verifier", "models", "verifier", "another"), ("drafter", "models", "drafter", "x"),
+                                   ("prior", "models", "copy_prior", "0" * 64)):
+        mixed = tmp_path / f"mixed-{name}"
+        shutil.copytree(runs[1], mixed)
+        rec = json.loads((mixed / "config.json").read_text())
+        (rec["run"]["decode"]["sampling"] if part == "sampling" else rec["models"])[key] = value
+        (mixed / "config.json").write_text(json.dumps(rec))
+        what = "decode/sampling" if part == "sampling" else f"identity/{key}"
+        with pytest.raises(ValueError, match=f"mixed-{name} differs from the other runs in {what}"):
+            online_losses(pp, runs + [mixed])

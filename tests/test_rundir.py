@@ -210,7 +210,7 @@ def _dying_pair(kill_at: int):
     class Dies(FakeDrafter):
         calls = 0
 
-        def propose(self, seq, gamma, features=False, sampling=None):
+        def propose(self, seq, gamma, features=False, sampling=None, slot=0):
             Dies.calls += 1
             if Dies.calls == kill_at:
                 raise _Killed
@@ -268,8 +268,10 @@ def test_every_sample_names_the_machine_its_clocks_were_read_on(tmp_path):
     runner.run(_cfg("raw"), raw, progress=False, pair=fake_pair(None, True))
     host = json.loads((strict / "config.json").read_text())["machine"]
     assert host["cpu"] and host["cores"] >= 1 and isinstance(host["isa"], list)
+    assert host["threads"] >= 1 and host["torch"] and host["transformers"]
     samples = read_jsonl(strict / "samples.jsonl")
     assert {s["machine"] for s in samples} == {machine_id(host)}
+    assert json.loads((strict / "summary.json").read_text())["machines"] == [machine_id(host)]
     assert not [n for n in load_run(strict).notes if "machines" in n]
     # the raw run finished its last prompt on another machine
     rows = read_jsonl(raw / "samples.jsonl")
@@ -279,3 +281,21 @@ def test_every_sample_names_the_machine_its_clocks_were_read_on(tmp_path):
     rep = report.build_report([strict, raw], tmp_path / "rep", n_boot=50, warn=lambda m: None)
     assert any("raw: timed on other machines than its reference strict" in n for n in rep.notes)
     assert not any(n.startswith("strict: timed on") for n in rep.notes)
+
+
+def test_a_machine_is_named_by_its_cpu_extensions_threads_and_versions():
+    """The id rows and samples carry is a line a reader checks: the CPU model with its vector
+    extensions (the three AMX flags as one AMX), threads, torch, transformers, GPUs; the ids an
+    earlier vskip wrote (a hash of the record) are read back through the records they hash."""
+    from vskip.engine.runtime import LEGACY_RECORDS, legacy_id, machine_id, machine_name
+
+    info = {"cpu": "Intel(R) Xeon(R) Platinum", "cores": 2, "threads": 2, "torch": "2.13.0", "transformers": "5.24.0",
+            "isa": ["avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"], "gpus": ["NVIDIA H200"]}
+    assert machine_id(info) == ("Intel(R) Xeon(R) Platinum (AVX2, AVX512F, AVX512-BF16, AMX); 2 threads; "
+                                "torch 2.13.0; transformers 5.24.0; GPU NVIDIA H200")
+    assert machine_id({"cpu": "AMD EPYC", "isa": [], "threads": 1}) == "AMD EPYC (no AVX2); 1 thread"
+    # the committed rows: the sampling runs on the AVX2 EPYC, the engine's on the AVX512F Xeon
+    assert [legacy_id(r) for r in LEGACY_RECORDS] == ["fab443138af2", "4f1a4b53077f"]
+    assert machine_name("fab443138af2") == "AMD EPYC (AVX2); 2 cores"
+    assert machine_name("4f1a4b53077f") == "Intel(R) Xeon(R) Processor @ 2.60GHz (AVX2, AVX512F); 2 cores"
+    assert machine_name("a line already") == "a line already" and machine_name(None) is None

@@ -1,11 +1,13 @@
 """Sampling: the verifier's warped distribution, the position-indexed random numbers, and Strict
-SDD exact in distribution (a test that the wrong rule fails)."""
+SDD exact in distribution over every token it commits (and wrong rules rejected by the same
+chi-square)."""
 
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import replace
+from collections import Counter
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
@@ -14,9 +16,10 @@ from fakes import FakeDrafter, FakeVerifier, V, fake_logits, inverse_cdf, warp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vskip.engine.decode import DecodeConfig, decode
+from vskip.engine.decode import DecodeConfig, Job, decode, decode_many
 from vskip.engine.models.sampling import warped_probs
-from vskip.engine.policy import RULE, Draw, PolicyConfig, Rule, Sampling, Verdict, draw_rows, drawn_verdict, prompt_key
+from vskip.engine.policy import RULE, Draw, PolicyConfig, Rule, Sampling, draw_rows, drawn_verdict, prompt_key
+from vskip.engine.policy.sampling import speculative_draws
 
 PROMPT = [5, 6, 7]
 
@@ -44,49 +47,14 @@ def _exact(s: Sampling, n: int) -> dict[tuple, float]:
 
 
 class AcceptEverything(Rule):
-    """The deliberately wrong rule: every drafted token is accepted, and only the bonus token is
-    the verifier's own draw."""
+    """Wrong: every drafted token is accepted, and only the bonus token is the verifier's own draw."""
 
     def accept(self, cfg, draft, verdict):
         return len(draft)
 
 
-def _samples(rule: Rule, policy: str, s: Sampling, n_tokens: int, seeds: range, drafter_error: float = 0.0):
-    counts: dict[tuple, int] = {}
-    for seed in seeds:
-        cfg = DecodeConfig(gamma=4, max_new_tokens=n_tokens, sampling=replace(s, seed=seed))
-        drafter = None if policy == "ar" else FakeDrafter(error=drafter_error, seed=seed)
-        out = tuple(decode(PROMPT, drafter, FakeVerifier(), PolicyConfig(name=policy), cfg, task_id="t",
-                           rule=rule).tokens)
-        counts[out] = counts.get(out, 0) + 1
-    return counts
-
-
-def _chi2(counts: dict, exact: dict) -> tuple[float, int]:
-    n = sum(counts.values())
-    if not set(counts) <= set(exact):  # a continuation the verifier never samples
-        return math.inf, len(exact) - 1
-    stat = sum((counts.get(k, 0) - n * p) ** 2 / (n * p) for k, p in exact.items())
-    return stat, len(exact) - 1
-
-
-@pytest.mark.parametrize("drafter_error", [0.0, 0.5])
-def test_strict_sdd_samples_the_verifiers_distribution_exactly(drafter_error):
-    """3-token continuations under temperature 1 and top-4 (64 of them, enumerated exactly):
-    Strict SDD with a drafter biased to the verifier's argmax matches the exact distribution by
-    chi-square at 1e-3 over 2000 seeds; the accept-everything rule is rejected by a wide margin."""
-    s = Sampling(temperature=1.0, top_k=4)
-    exact = _exact(s, 3)
-    assert len(exact) == 64 and abs(sum(exact.values()) - 1) < 1e-12
-    stat, df = _chi2(_samples(RULE, "strict", s, 3, range(2000), drafter_error), exact)
-    assert stat < _chi2_critical(df), (stat, df)
-    wrong = _samples(AcceptEverything(), "strict", s, 3, range(2000), drafter_error)
-    stat_w, _ = _chi2(wrong, exact)
-    assert stat_w > 10 * _chi2_critical(df), stat_w
-
-
 class ResampleFromP(Rule):
-    """A wrong speculative rule, the classic mistake: accept with min(1, p/q), but on rejection
+    """Wrong, the classic mistake of the speculative rule: accept with min(1, p/q), but on rejection
     draw afresh from p instead of from the residual max(0, p - q)."""
 
     def verdict(self, p, draw):
@@ -100,19 +68,239 @@ class ResampleFromP(Rule):
         return drawn_verdict(out)
 
 
-@pytest.mark.parametrize("drafter_error", [0.0, 0.2])
-def test_the_speculative_rule_samples_the_verifiers_distribution_exactly(drafter_error):
-    """The standard rule (the drafter samples from its own q, min(1, p/q), the residual on
-    rejection) with a drafter whose q depends on the context alone: the same 64 continuations,
-    2000 seeds, chi-square at 1e-3; resampling from p instead of the residual is rejected."""
-    s = Sampling(temperature=1.0, top_k=4, speculative=True)
-    exact = _exact(s, 3)
-    stat, df = _chi2(_samples(RULE, "strict", s, 3, range(2000), drafter_error), exact)
-    assert stat < _chi2_critical(df), (stat, df)
-    stat_w, _ = _chi2(_samples(ResampleFromP(), "strict", s, 3, range(2000), drafter_error), exact)
-    assert stat_w > _chi2_critical(df), stat_w  # 206 and 165 here (a drafter far from p hides it: at 0.5, 72)
-    stat_e, _ = _chi2(_samples(AcceptEverything(), "strict", s, 3, range(2000), drafter_error), exact)
-    assert stat_e > 10 * _chi2_critical(df), stat_e
+class VerifierArgmaxBonus(Rule):
+    """Wrong: after a block accepted whole, the bonus token is the verifier's argmax, not its draw."""
+
+    def verdict(self, scores, draw):
+        v = super().verdict(scores, draw)
+        if draw is None:
+            return v
+        tokens = v.tokens.copy()
+        tokens[-1] = int(np.argmax(scores[-1]))
+        return drawn_verdict(tokens)
+
+
+class Remembering(FakeDrafter):
+    """The fake drafter, remembering the context and the block of its last proposal."""
+
+    def propose(self, seq, gamma, features=False, sampling=None, slot=0):
+        self.context, self.sampling = list(seq), sampling
+        self.block = super().propose(seq, gamma, features, sampling)
+        return self.block
+
+
+class DrafterArgmaxBonus(Rule):
+    """Wrong: the bonus token is the drafter's choice at the position after the block (its argmax,
+    which the greedy fake corrupts at its error rate), not the verifier's draw."""
+
+    def __init__(self, drafter: Remembering):
+        self.drafter = drafter
+
+    def verdict(self, scores, draw):
+        v = super().verdict(scores, draw)
+        if draw is None:
+            return v
+        d = self.drafter
+        drafted = draw.tokens if draw.speculative else d.block.tokens[: len(scores) - 1]
+        after = FakeDrafter(d.error, d.seed).propose(d.context + [int(t) for t in drafted], 1, sampling=d.sampling)
+        tokens = v.tokens.copy()
+        tokens[-1] = int(after.tokens[0])
+        return drawn_verdict(tokens)
+
+
+class SpeculativeByDefinition(Rule):
+    """The standard rule written out here from its definition: keep x_i while ``keeps``, at the first
+    rejection a token of the residual max(0, p - q) (``residual_token``; :func:`inverse_cdf`
+    normalises it), after a whole block the bonus drawn from p. Unchanged it commits the library's
+    tokens (a test says so); each mutant below changes one step."""
+
+    def keeps(self, u, p_x, q_x):
+        return u * q_x < p_x  # probability min(1, p/q)
+
+    def residual_token(self, residual, u):
+        return inverse_cdf(residual, u)
+
+    def verdict(self, scores, draw):
+        if draw is None or not draw.speculative:
+            return super().verdict(scores, draw)
+        p = np.asarray(scores, np.float64)
+        p, q = p / p.sum(-1, keepdims=True), draw.q / draw.q.sum(-1, keepdims=True)
+        out = np.full(len(p), -1)
+        out[-1] = inverse_cdf(p[-1], draw.u[-1])
+        for i, x in enumerate(int(t) for t in draw.tokens):
+            residual = np.maximum(p[i] - q[i], 0.0)
+            residual[x] = 0.0
+            if self.keeps(draw.u_accept[i], p[i][x], q[i][x]) or not residual.any():
+                out[i] = x  # (a residual without mass: only a mutant rejects there)
+                continue
+            out[i] = self.residual_token(residual, draw.u[i])
+            break
+        return drawn_verdict(out)
+
+
+class ResidualNotRenormalised(SpeculativeByDefinition):
+    """Wrong: the residual drawn from as if its mass were 1; a number beyond its mass falls on its
+    last token."""
+
+    def residual_token(self, residual, u):
+        return int(min(np.searchsorted(np.cumsum(residual), u, side="right"), np.flatnonzero(residual)[-1]))
+
+
+class AcceptQOverP(SpeculativeByDefinition):
+    """Wrong: a drafted token kept with probability min(1, q/p) instead of min(1, p/q)."""
+
+    def keeps(self, u, p_x, q_x):
+        return u * p_x < q_x
+
+
+@dataclass(frozen=True)
+class Case:
+    """Continuations of ``tokens`` tokens after PROMPT under temperature 1 and ``top_k``,
+    enumerated exactly; Strict SDD decodes them in blocks of ``gamma`` over 2000 seeds with a fake
+    drafter of error ``drafter_error``."""
+
+    gamma: int
+    tokens: int
+    top_k: int
+    drafter_error: float
+
+    def sampling(self, speculative: bool) -> Sampling:
+        return Sampling(temperature=1.0, top_k=self.top_k, speculative=speculative)
+
+
+#: gamma below the tokens counted, so that every token a first block commits is counted: its bonus
+#: token when it is accepted whole, its correction wherever a rejection cuts it
+CASES = {"bonus counted": Case(gamma=2, tokens=3, top_k=4, drafter_error=0.2),  # 64 continuations
+         "a cut at each position": Case(gamma=3, tokens=4, top_k=3, drafter_error=0.1)}  # 81
+#: the wrong rules, each made for a drafter (the coupled rule's, then the speculative rule's too)
+COUPLED_MUTANTS = {"accept everything": lambda d: AcceptEverything(),
+                   "bonus: the verifier's argmax": lambda d: VerifierArgmaxBonus(),
+                   "bonus: the drafter's argmax": DrafterArgmaxBonus}
+SPECULATIVE_MUTANTS = {**COUPLED_MUTANTS,
+                       "resample from p": lambda d: ResampleFromP(),
+                       "residual not renormalised": lambda d: ResidualNotRenormalised(),
+                       "min(1, q/p)": lambda d: AcceptQOverP()}
+
+
+def _samples(rule_for, case: Case, speculative: bool, drafter_error: float, seeds=range(2000)):
+    """(count of each continuation, count of each accepted length of the first block) over the
+    seeds; ``rule_for(drafter)`` gives the rule of a decode."""
+    counts, cuts = Counter(), Counter()
+    s = case.sampling(speculative)
+    for seed in seeds:
+        drafter = Remembering(error=drafter_error, seed=seed)
+        cfg = DecodeConfig(gamma=case.gamma, max_new_tokens=case.tokens, sampling=replace(s, seed=seed))
+        r = decode(PROMPT, drafter, FakeVerifier(), PolicyConfig(name="strict"), cfg, task_id="t",
+                   rule=rule_for(drafter))
+        counts[tuple(r.tokens)] += 1
+        cuts[r.rounds[0].accepted] += 1
+    return counts, cuts
+
+
+def _chi2(counts: Counter, exact: dict, pool: float = 5.0) -> tuple[float, int]:
+    """Pearson's statistic and its degrees of freedom, the continuations expected fewer than
+    ``pool`` times pooled into one cell; infinite for a continuation the verifier never samples."""
+    n = sum(counts.values())
+    if not set(counts) <= set(exact):
+        return math.inf, len(exact) - 1
+    cells = [(counts[k], n * p) for k, p in exact.items() if n * p >= pool]
+    rare = [(counts[k], n * p) for k, p in exact.items() if n * p < pool]
+    if rare:
+        cells.append((sum(o for o, _ in rare), sum(e for _, e in rare)))
+    return sum((o - e) ** 2 / e for o, e in cells), len(cells) - 1
+
+
+def _check(rule_for, case: Case, speculative: bool, drafter_error: float) -> tuple[float, float, Counter]:
+    """(chi-square statistic, its critical value at 1e-3, the first block's accepted lengths)."""
+    exact = _exact(case.sampling(speculative), case.tokens)
+    assert abs(sum(exact.values()) - 1) < 1e-12 and len(exact) == case.top_k ** case.tokens
+    counts, cuts = _samples(rule_for, case, speculative, drafter_error)
+    stat, df = _chi2(counts, exact)
+    return stat, _chi2_critical(df), cuts
+
+
+MODES = pytest.mark.parametrize("speculative", [False, True], ids=["coupled", "speculative"])
+
+
+@MODES
+@pytest.mark.parametrize("case", CASES)
+def test_the_rule_samples_the_verifiers_distribution_over_every_committed_token(case, speculative):
+    """Strict SDD's coupled rule, and the standard speculative rule (the drafter samples from a q
+    that depends on the context alone), match the exact distribution by chi-square at 1e-3 over
+    2000 seeds, with the bonus token and a cut at every position of the first block among the
+    tokens counted, each at least 100 times."""
+    c = CASES[case]
+    stat, critical, cuts = _check(lambda d: RULE, c, speculative, c.drafter_error)
+    assert all(cuts[a] >= 100 for a in range(c.gamma + 1)), cuts
+    assert stat < critical, (stat, critical)
+
+
+@MODES
+def test_the_rule_is_exact_with_a_drafter_far_from_or_equal_to_the_verifier(speculative):
+    """The same with the greedy drafter wrong half the time, and with the sampling drafter's q the
+    verifier's own p at the block's first position (then the first position is never rejected)."""
+    c = CASES["bonus counted"]
+    stat, critical, _ = _check(lambda d: RULE, c, speculative, 0.0 if speculative else 0.5)
+    assert stat < critical, (stat, critical)
+
+
+#: chi-square of each wrong rule here, against 102.2 (bonus counted) and 124.9 (a cut at each position);
+#: inf: a continuation the verifier never samples (a token outside its top-k: a drafter's argmax, a
+#: token min(1, q/p) keeps where p has no mass, every corrupted draft kept); in brackets the statistic
+#: over the continuations the verifier can sample alone, conditioned on them
+#:                                 bonus counted               a cut at each position
+#:                               coupled    speculative         coupled    speculative
+#: accept everything             inf (6395)  inf (308)         inf (10585) inf (1145)
+#: bonus: the verifier's argmax    262        301                 296        270
+#: bonus: the drafter's argmax   inf (190)   inf (99)          inf (261)   inf (130)
+#: resample from p                  -         162                  -         250
+#: residual not renormalised        -         471                  -         247
+#: min(1, q/p)                      -        inf (162)             -        inf (955)
+@pytest.mark.parametrize("mode,mutant", [("coupled", m) for m in COUPLED_MUTANTS]
+                         + [("speculative", m) for m in SPECULATIVE_MUTANTS])
+@pytest.mark.parametrize("case", CASES)
+def test_a_wrong_rule_is_rejected_by_the_chi_square(case, mode, mutant):
+    c = CASES[case]
+    rule_for = (SPECULATIVE_MUTANTS if mode == "speculative" else COUPLED_MUTANTS)[mutant]
+    stat, critical, _ = _check(rule_for, c, mode == "speculative", c.drafter_error)
+    assert stat > critical, (stat, critical)
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(1, 5))
+def test_the_rule_written_from_its_definition_is_the_librarys(seed, n):
+    """The mutants differ from the library's speculative rule by their one change only."""
+    rng = np.random.default_rng(seed)
+    p, q = rng.dirichlet(np.ones(6) * 0.7, size=n + 1), rng.dirichlet(np.ones(6) * 0.7, size=n)
+    p[rng.random(p.shape) < 0.3] = 0.0
+    p[:, 0] += 0.01
+    tokens = np.array([inverse_cdf(row, u) for row, u in zip(q, rng.random(n))])
+    draw = Draw(Sampling(temperature=1.0), rng.random(n + 1), tokens=tokens, q=q, u_accept=rng.random(n))
+    got, want = SpeculativeByDefinition().verdict(p, draw).tokens, speculative_draws(p, draw)
+    assert got.tolist() == want.tolist()
+
+
+def _batched(rule: Rule, case: Case, speculative: bool, batch_size: int = 8, n: int = 2000) -> Counter:
+    """The continuations of ``n`` jobs of PROMPT, each with its own random numbers (its task id
+    keys them), decoded ``batch_size`` at a time by the batched loop with one drafter (greedy and
+    right for the coupled rule, so that blocks are accepted whole; the case's for the speculative)."""
+    cfg = DecodeConfig(gamma=case.gamma, max_new_tokens=case.tokens, sampling=case.sampling(speculative))
+    drafter = FakeDrafter(case.drafter_error if speculative else 0.0, seed=0)
+    jobs = [Job(PROMPT, task_id=f"t{i}") for i in range(n)]
+    return Counter(tuple(r.tokens) for _, r in decode_many(jobs, drafter, FakeVerifier(), PolicyConfig(name="strict"),
+                                                           cfg, batch_size=batch_size, rule=rule))
+
+
+@pytest.mark.parametrize("mode,mutant", [("coupled", None), ("speculative", None),
+                                         ("coupled", "bonus: the verifier's argmax"), ("speculative", "resample from p"),
+                                         ("speculative", "residual not renormalised"), ("speculative", "min(1, q/p)")])
+def test_the_batched_loop_samples_exactly_and_rejects_a_wrong_rule(mode, mutant):
+    """The same chi-square through the batched loop (8 sequences side by side, 2000 jobs): the
+    rules pass with the bonus token among the tokens counted, and wrong rules are rejected."""
+    c, speculative = CASES["bonus counted"], mode == "speculative"
+    rule = RULE if mutant is None else (SPECULATIVE_MUTANTS if speculative else COUPLED_MUTANTS)[mutant](None)
+    stat, df = _chi2(_batched(rule, c, speculative), _exact(c.sampling(speculative), c.tokens))
+    assert (stat < _chi2_critical(df)) == (mutant is None), (stat, _chi2_critical(df))
 
 
 def test_the_speculative_rule_accepts_more_and_reproduces_across_a_resume_of_its_positions():
@@ -138,8 +326,6 @@ def test_the_speculative_rule_accepts_more_and_reproduces_across_a_resume_of_its
 def test_speculative_draws_follow_the_rule_position_by_position():
     """speculative_draws on hand-made rows: kept while u * q(x) < p(x); at the first rejection a
     token of the residual (never the rejected one); the bonus from p after a whole block."""
-    from vskip.engine.policy.sampling import speculative_draws
-
     p = np.array([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5], [0.0, 0.0, 1.0]])
     q = np.array([[0.25, 0.75, 0.0], [0.0, 1.0, 0.0]])
     s = Sampling(temperature=1.0)

@@ -359,6 +359,24 @@ def test_environment_secrets(kind, monkeypatch):
     assert secret not in r.stdout_tail
 
 
+def test_no_view_of_its_own_memory(kind):
+    """Under bubblewrap and namespaces the program has no /proc: neither its own memory
+    (/proc/self/mem, where the scorer's nonce lives) nor its maps, by any path or descriptor."""
+    r = run("""
+        import os
+        for path in ("/proc/self/mem", "/proc/self/maps", "/proc/1/mem"):
+            try:
+                os.close(os.open(path, os.O_RDONLY))
+                print("OPENED", path)
+            except OSError as e:
+                print("refused", path, type(e).__name__)
+    """, kind)
+    assert r.status == "passed", r.stderr_tail
+    if not S.sandbox_info(kind)["pid_namespace"]:
+        pytest.skip("rlimits keeps the host's /proc (the verdict's hook refuses it; docs/security.md)")
+    assert "OPENED" not in r.stdout_tail and r.stdout_tail.count("FileNotFoundError") == 3
+
+
 def test_recursion_to_the_c_stack_limit(kind):
     r = run("""
         import sys

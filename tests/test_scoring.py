@@ -199,10 +199,11 @@ FORGERS = {
     "fresh_interpreter": "import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'print(1)'])\n",
     "own_audit_hook": "import sys\nsys.addaudithook(lambda *a: None)\n",
 }
-#: the forgers the guard stops before they do anything, with the route it names
+#: the forgers the guard stops before they do anything, with the route it names (``/proc`` is
+#: missing altogether under bubblewrap and namespaces: the link leads nowhere there)
 REFUSED = {"gc_scan": "gc.get_objects", "gc_referents": "gc.get_referents", "trace_function": "sys.settrace",
            "signal_handler": "signal.signal", "ctypes_memory": "import ctypes", "ctypes_by_path": "import _ctypes",
-           "proc_self_mem": "open /proc/", "fresh_interpreter": "subprocess.Popen",
+           "proc_self_mem": ("open /proc/", "FileNotFoundError"), "fresh_interpreter": "subprocess.Popen",
            "own_audit_hook": "sys.addaudithook"}
 HOSTILE.update({f"forge_{k}": WRONG0 + v for k, v in FORGERS.items()})
 
@@ -241,7 +242,9 @@ def test_hostile_completion_does_not_pass(name, mode, monkeypatch):
     assert not res.passed, res
     forger = name.removeprefix("forge_")
     if forger in REFUSED:
-        assert res.detail.startswith(f"vskip-verdict: refused {REFUSED[forger]}"), res
+        routes = REFUSED[forger] if isinstance(REFUSED[forger], tuple) else (REFUSED[forger],)
+        assert any(res.detail.startswith(r if r.endswith("Error") else f"vskip-verdict: refused {r}")
+                   for r in routes), res
     elif name.startswith("forge_") and forger != "tests_swallowed_by_a_string":
         assert res.detail in ("AssertionError", "exit status 1", "the program exited before the tests finished"), res
     if name.endswith("before_tests"):
@@ -256,7 +259,7 @@ def test_the_program_file_holds_no_marker():
     assert "VSKIP-DONE" not in program
     compile(program, "p", "exec")
     call = next(n for n in ast.walk(ast.parse(program))
-                if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "_vskip_guard")
+                if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "_vskip_run")
     assert call.args[0].value.startswith("from __future__ import annotations\nfrom typing import List\n")
 
 

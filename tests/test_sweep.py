@@ -19,7 +19,8 @@ from vskip.engine.policy import LEARNED
 from vskip.study import grids, sweep
 
 TIMING = {"decode_seconds", "draft_seconds", "verify_seconds", "predict_seconds", "shadow_seconds",
-          "tokens_per_s", "policy_seconds", "policy_share", "c_D", "c_V"}
+          "tokens_per_s", "policy_seconds", "policy_share", "c_D", "c_V",
+          "machine", "machines"}  # where the clocks were read: a process of other threads is another machine
 IDS = ("HumanEval/0", "HumanEval/1", "HumanEval/2", "HumanEval/3", "HumanEval/4")
 
 
@@ -63,7 +64,7 @@ def crashing_pair(models, need_drafter):
 
 
 class SlowDrafter(FakeDrafter):
-    def propose(self, seq, gamma, features=False, sampling=None):
+    def propose(self, seq, gamma, features=False, sampling=None, slot=0):
         time.sleep(0.01)
         return super().propose(seq, gamma, features)
 

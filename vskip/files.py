@@ -11,9 +11,11 @@ One module for what every result directory needs:
   while a file someone gave must exist and be whole.
 - :class:`DirLock`: an exclusive ``flock`` on a file in a directory, so a second writer refuses at
   once instead of interleaving its results with the first one's.
-- Nothing is written through a link: a replaced file's link is replaced (:func:`write_atomic`),
-  appends (:func:`open_append`) and the lock file refuse links, and a device node, FIFO or socket
-  is never replaced.
+- Nothing is written through a link: a replaced file's link is replaced (:func:`write_atomic`,
+  :func:`copy_file`), appends (:func:`open_append`), the lock file and the directories vskip makes
+  (:func:`own_dir`) refuse links, and a device node, FIFO or socket is never replaced.
+- :func:`check_writable_dir`: the one check of every command's output directory (not ``''``, not
+  ``/``, not a link, not a file), with :func:`check_output_path` for an output file.
 
 Standard library only.
 """
@@ -100,6 +102,36 @@ def check_output_file(path: Path) -> Path:
     through): a device node, a FIFO or a socket given as an output is not vskip's to replace."""
     _replaceable(Path(path))
     return Path(path)
+
+
+def check_output_path(path: Path | str | None, what: str = "--out") -> Path:
+    """An output *file* a command will write: named, not a directory, replaceable
+    (:func:`check_output_file`), in a directory that passes :func:`check_writable_dir`."""
+    if path is None or not str(path).strip():
+        raise FileError(f"{what} is empty: name a file")
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        raise FileError(f"{what} {path} is a directory; name a file")
+    check_writable_dir(path.parent, f"directory of {what}")
+    return check_output_file(path)
+
+
+def own_dir(path: Path | str) -> Path:
+    """``path`` as a directory of vskip's own inside an output directory: created with its parents
+    if missing, never a link (a link planted where vskip makes a directory would send its files
+    elsewhere)."""
+    path = Path(path)
+    if path.is_symlink():
+        raise FileError(f"{path} is a link; vskip writes only into directories of its own (remove the link)")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def copy_file(src: Path | str, dst: Path | str) -> Path:
+    """``src``'s bytes at ``dst``, atomically: a link at ``dst`` is replaced, never written through."""
+    import shutil
+
+    return write_atomic(dst, lambda tmp: shutil.copyfile(src, tmp))
 
 
 def _replaceable(path: Path) -> None:
@@ -225,13 +257,20 @@ def read_jsonl_lines(path: Path | str, on_cut: Callable[[str], None] | None = No
     return rows
 
 
-def check_writable_dir(path: Path | str, what: str = "output directory") -> Path:
-    """Create ``path`` if needed and make sure files can be written in it (before any work)."""
-    if not str(path).strip():
+def check_writable_dir(path: Path | str | None, what: str = "output directory") -> Path:
+    """The one check of a directory a command writes into, before any work: it is named (not
+    ``''``), it is not the root directory, it is not a link (whose target would receive the files)
+    and not a file; then it is created if needed and a file written in it once, anew."""
+    if path is None or not str(path).strip():
         raise FileError(f"{what} is empty: name a directory")
     path = Path(path)
+    if os.path.realpath(path) == os.path.realpath(os.sep):
+        raise FileError(f"{what} {path} is the root directory; name a directory of its own")
+    if path.is_symlink():
+        raise FileError(f"{what} {path} is a link; name the directory itself (vskip writes through no link)")
     if path.exists() and not path.is_dir():
-        raise FileError(f"{what} {path} is a file, not a directory")
+        kind = "a file" if path.is_file() else "not a regular file"
+        raise FileError(f"{what} {path} is {kind}, not a directory")
     try:
         import tempfile
 
@@ -241,6 +280,33 @@ def check_writable_dir(path: Path | str, what: str = "output directory") -> Path
         os.unlink(probe)
     except OSError as e:
         raise FileError(f"cannot write in {what} {path}: {e.strerror or e}") from None
+    return path
+
+
+def check_regular_file(path: Path | str, what: str = "file") -> Path:
+    """A file a command reads as configuration or weights: it exists and is a regular file (a FIFO
+    or a device would block the read or never end; a directory fails late and unclearly)."""
+    path = Path(path)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} {path} does not exist") from None
+    if stat.S_ISDIR(mode):
+        raise FileError(f"{what} {path} is a directory, not a file")
+    if not stat.S_ISREG(mode):
+        raise FileError(f"{what} {path} is not a regular file (a FIFO or a device is never read)")
+    return path
+
+
+def check_input_dir(path: Path | str, what: str = "directory", hint: str = "") -> Path:
+    """A directory a command reads: one that does not exist and one that is a file (or a FIFO)
+    are told apart in the message, which names it (and ``hint``: how to make it)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{what} {path} does not exist{hint}")
+    if not path.is_dir():
+        kind = "a file" if path.is_file() else "not a regular file"
+        raise FileError(f"{what} {path} is {kind}, not a directory")
     return path
 
 

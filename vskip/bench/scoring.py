@@ -125,7 +125,9 @@ def build_program(problem: Problem, completion: str) -> str:
     if problem.test is None:
         raise ValueError(f"{problem.task_id} has no test code")
     code = extract_code(completion)
+    helpers = ""
     if problem.task == "humaneval":
+        helpers = problem.prompt  # the prompt's own helpers (poly, encode_cyclic), run apart for the tests
         if problem.entry_point and _defines_top_level(code, problem.entry_point):
             # The full function was rewritten: keep the prompt's own imports (``from typing
             # import List`` ...), which a model often drops when it restates the function.
@@ -139,7 +141,7 @@ def build_program(problem: Problem, completion: str) -> str:
         tests = problem.test
     # __future__ imports must come first in a module: hoist them above the prompt's imports
     future = "".join(m.group(0).rstrip("\n") + "\n" for m in _FUTURE.finditer(solution))
-    return verdict.build(future + _FUTURE.sub("", solution), tests)
+    return verdict.build(future + _FUTURE.sub("", solution), tests, problem.entry_point, helpers)
 
 
 def _last_line(text: str, limit: int = 300) -> str:

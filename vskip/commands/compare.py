@@ -41,15 +41,20 @@ def cmd_compare(a) -> int:
     from ..bench import tasks
     from ..study import compare, runner, variants
 
+    from ..files import check_writable_dir
+
     if a.summary:
         if not a.out or not Path(a.out).is_dir():
             raise ValueError("--summary needs --out DIR holding a comparison's rows")
         from ..files import DirLock
 
+        check_writable_dir(a.out, "comparison directory")
         if a.score:
             runner.check_sandbox(compare.settings_task(Path(a.out)))
         with DirLock(Path(a.out), "comparison directory"):
             return _print_comparison(Path(a.out), None, score=a.score, progress=not a.quiet)
+    if a.out is not None:
+        check_writable_dir(a.out, "comparison directory")
     if a.score:
         runner.check_sandbox(a.task)
     if a.limit is not None and a.limit < 1:
@@ -145,9 +150,9 @@ def _print_comparison(rows_dir, out, what: str | None = None, score: bool = Fals
         scores = read_json(rows_dir / compare.SCORES, "comparison scores")
     s = compare_summary.summarize_comparison(rows, scores)
     text = compare_summary.format_summary(s)
-    print(text)
     print(f"{s['n_prompts']} prompts{' of ' + what if what else ''}; ar is the verifier alone, paired per prompt; "
           f"= ar counts outputs identical to it")
+    print(text)  # the table, ending with the line that names the machine
     if out is None and what is None:
         out = rows_dir
     if out is not None:

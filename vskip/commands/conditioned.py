@@ -86,19 +86,18 @@ def _until(text: str | None) -> float | None:
 
 def _verifier(a) -> Path:
     if a.verifier:
-        if not Path(a.verifier).is_dir():
-            raise FileNotFoundError(f"verifier directory {a.verifier} does not exist")
-        return Path(a.verifier)
+        from ..files import check_input_dir
+
+        return check_input_dir(a.verifier, "verifier directory")
     from ..engine.models.embedded import embedded_verifier_dir
 
     return embedded_verifier_dir()
 
 
 def cmd_extract(a) -> int:
-    from ..files import check_writable_dir
+    from ..files import check_input_dir, check_writable_dir
 
-    if not Path(a.data).is_dir():
-        raise FileNotFoundError(f"data directory {a.data} does not exist")
+    check_input_dir(a.data, "data directory")
     if a.taps < 1 or a.holdout < 0 or (a.max_rows is not None and a.max_rows < 0):
         raise ValueError("--taps must be >= 1, --holdout and --max-rows >= 0")
     until = _until(a.until)
@@ -121,7 +120,7 @@ def cmd_extract(a) -> int:
 def cmd_train(a) -> int:
     from ..distill.config import ConditionedTrainConfig
     from ..distill.train_conditioned import export, train
-    from ..files import check_writable_dir
+    from ..files import check_input_dir, check_writable_dir
 
     cfg = ConditionedTrainConfig(**{k: getattr(a, k) for k in (
         "num_layers", "block_size", "blocks_per_seq", "batch_seqs", "steps", "warmup", "max_tail", "holdout", "seed",
@@ -132,8 +131,7 @@ def cmd_train(a) -> int:
 
     device = training_device(a.device)
     for what, p in (("data directory", a.data), ("features directory", a.features)):
-        if not Path(p).is_dir():
-            raise FileNotFoundError(f"{what} {p} does not exist")
+        check_input_dir(p, what)
     if not (Path(a.features) / "index.json").is_file():
         raise FileNotFoundError(f"{a.features} holds no index.json (make it with vskip extract-features)")
     check_writable_dir(a.out, "training directory")

@@ -112,24 +112,25 @@ def _cmd_fit_copy(a) -> int:
     from ..engine.models.config import ModelConfig
     from ..engine.models.embedded import embedded_drafter_dir, file_sha256
     from ..study.door import open_models
-    from ..files import check_writable_dir, read_json
+    from ..files import check_input_dir, check_output_path, check_writable_dir, read_json
 
     if (a.holdout_of is None) == (a.fit_shards is None):
         raise ValueError("give either --fit-shards (with --data) or --holdout-of TRAIN_DIR")
     if a.gamma < 1 or a.per_row < 1:
         raise ValueError(f"--gamma and --per-row must be >= 1, got {a.gamma} and {a.per_row}")
-    if a.drafter and not Path(a.drafter).is_dir():
-        raise FileNotFoundError(f"drafter directory {a.drafter} does not exist")
+    if a.drafter:
+        check_input_dir(a.drafter, "drafter directory")
     if a.fit_shards is not None:
-        if not a.data or not Path(a.data).is_dir():
-            raise FileNotFoundError(f"data directory {a.data} does not exist (--fit-shards needs --data)")
+        if not a.data:
+            raise FileNotFoundError("--fit-shards needs --data")
+        check_input_dir(a.data, "data directory", " (--fit-shards needs --data)")
         for name in (*a.fit_shards, *a.eval_shards):
             if not (Path(a.data) / name).is_file():
                 raise FileNotFoundError(f"shard {Path(a.data) / name} does not exist")
     elif a.eval_shards:
         raise ValueError("--holdout-of evaluates on the second half of the held-out rows; drop --eval-shards")
-    if a.out and not a.out.endswith(".json"):
-        check_writable_dir(a.out)
+    if a.out is not None:  # a file, or a directory to write copy_prior.json into
+        (check_output_path(a.out) if a.out.endswith(".json") else check_writable_dir(a.out, "copy prior directory"))
     if a.holdout_of is not None:  # before the models load: a bad training directory refuses at once
         data_dir, rows = holdout_answers(Path(a.holdout_of))
     pair = open_models(ModelConfig(drafter=a.drafter, verifier=a.verifier, device="cpu", dtype="float32",
@@ -148,7 +149,7 @@ def _cmd_fit_copy(a) -> int:
     ddir = Path(a.drafter) if a.drafter else embedded_drafter_dir()
     weights = sorted(ddir.glob("*.safetensors"))
     prior.meta["drafter_weights_sha256"] = {w.name: file_sha256(w) for w in weights}
-    path = write_copy_prior(prior, Path(a.out) if a.out else ddir)
+    path = write_copy_prior(prior, Path(a.out) if a.out is not None else ddir)
     print(json.dumps({"copy_prior": str(path), **{k: prior.meta[k] for k in ("fit", "heldout") if k in prior.meta}}))
     return 0
 
@@ -164,7 +165,7 @@ def _cmd_train(a) -> int:
     from ..distill.config import TrainConfig
     from ..distill.train import train
     from ..engine.models.embedded import embedded_verifier_dir
-    from ..files import check_writable_dir
+    from ..files import check_input_dir, check_writable_dir
 
     if a.layers:
         a.num_layers = len(a.layers)
@@ -175,10 +176,10 @@ def _cmd_train(a) -> int:
                                                    "copy_input", "full_mask_share", "early_share",
                                                    "early_tokens", "replay_answers", "replay_tokens",
                                                    "init_from")})
-    if a.verifier and not Path(a.verifier).is_dir():
-        raise FileNotFoundError(f"verifier directory {a.verifier} does not exist")
-    if not a.generate and not Path(a.data).is_dir():
-        raise FileNotFoundError(f"data directory {a.data} does not exist (use --generate)")
+    if a.verifier:
+        check_input_dir(a.verifier, "verifier directory")
+    if not a.generate:
+        check_input_dir(a.data, "data directory", " (use --generate)")
     if a.init_from and not (Path(a.init_from) / "train_state.safetensors").is_file():
         raise FileNotFoundError(f"--init-from {a.init_from}: no train_state.safetensors (not a drafter training "
                                 "directory)")
@@ -262,12 +263,11 @@ def cmd_generate_data(a) -> int:
     from ..distill.generate import check_agreement, generate_distillation, resolve_prompts
     from ..distill.prompts import count_by_source
     from ..distill.shards import dataset_totals
-    from ..files import write_json
+    from ..files import check_output_path, check_writable_dir, write_json
 
     if a.summary:
         summary = dataset_totals(Path(a.out))
-        Path(a.summary).parent.mkdir(parents=True, exist_ok=True)
-        write_json(Path(a.summary), summary)
+        write_json(check_output_path(a.summary, "--summary"), summary)
         print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=1))
         return 0
     if a.verifier:
@@ -282,6 +282,7 @@ def cmd_generate_data(a) -> int:
     unknown = sorted(set(sources) - set(SOURCES))
     if unknown or not sources:
         raise ValueError(f"--sources: unknown {', '.join(unknown) or '(none given)'}; expected some of {', '.join(SOURCES)}")
+    check_writable_dir(a.out, "data directory")
     prompts = resolve_prompts(a.out, a.prompts, sources, a.seed)
     if a.check:
         from ..engine.runtime import Runtime

@@ -82,8 +82,9 @@ def add_block_flags(g) -> None:
 def add_model_flags(p: argparse.ArgumentParser, threads_help: str = "torch CPU threads") -> None:
     """The model flags shared by every command that loads the pair (run, generate, sweep)."""
     m = p.add_argument_group("models")
-    m.add_argument("--drafter", help="drafter directory, or an embedded drafter's name (smollm2-135m-diffusion, "
-                                     "smollm2-135m-conditioned; default: the preset's)")
+    m.add_argument("--drafter", help="drafter directory (a conditioned drafter you trained with vskip "
+                                     "train-conditioned: none ships), or the shipped drafter's name, "
+                                     "smollm2-135m-diffusion (default: the preset's)")
     add_verifier_flag(m, help="verifier checkpoint directory (default: embedded SmolLM2-135M-Instruct)")
     m.add_argument("--copy-prior", default="auto", metavar="auto|off|PATH",
                    help="the drafter's copy prior: auto (the drafter's copy_prior.json if it has one), off, or a file")

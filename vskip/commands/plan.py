@@ -32,6 +32,8 @@ def register(subparsers) -> None:
     pl.add_argument("--gamma", type=int, default=GAMMA, help=f"block length (default: {GAMMA}; the paper: 32)")
     pl.add_argument("--verifier-cache", action=argparse.BooleanOptionalAction, default=True,
                     help="--no-verifier-cache: the verifier recomputes the whole sequence every call (the paper)")
+    pl.add_argument("--batch-size", type=int, default=1,
+                    help="sequences decoded side by side (run --batch-size), each with its own caches (default: 1)")
     pl.add_argument("--out", help="write the plan as JSON here (and the table beside it as .md)")
     pl.set_defaults(fn=cmd_plan, argv=None)
 
@@ -40,13 +42,17 @@ def cmd_plan(a) -> int:
     from ..engine.models.load import resolve_drafter_dir, resolve_verifier_dir
     from ..engine.models.placement import plan_memory
     from ..engine.runtime import STRATEGIES, normalize_device, parse_max_memory
-    from ..files import write_atomic, write_json
+    from ..files import check_output_path, write_atomic, write_json
 
+    if a.out is not None:
+        check_output_path(a.out)
+        check_output_path(Path(a.out).with_suffix(".md"))
     vdir = resolve_verifier_dir(a.verifier)
     ddir = None if a.no_drafter else resolve_drafter_dir(a.drafter)
     if ddir is not None and not ddir.exists():
         raise FileNotFoundError(f"drafter path {ddir} does not exist")
-    for v, flag in ((a.prompt_tokens, "--prompt-tokens"), (a.max_new_tokens, "--max-new-tokens"), (a.gamma, "--gamma")):
+    for v, flag in ((a.prompt_tokens, "--prompt-tokens"), (a.max_new_tokens, "--max-new-tokens"), (a.gamma, "--gamma"),
+                    (a.batch_size, "--batch-size")):
         if v < 1:
             raise ValueError(f"{flag} must be >= 1, got {v}")
     device = a.device or "cuda:0"
@@ -59,10 +65,10 @@ def cmd_plan(a) -> int:
     plan = plan_memory(vdir, ddir, verifier_device=verifier_on, drafter_device=drafter_on, dtype=dtype,
                        drafter_dtype=a.drafter_dtype or dtype, prompt_tokens=a.prompt_tokens,
                        max_new_tokens=a.max_new_tokens, gamma=a.gamma, verifier_cache=a.verifier_cache,
-                       capacity=parse_max_memory(a.max_memory))
+                       capacity=parse_max_memory(a.max_memory), batch=a.batch_size)
     text = plan.describe()
     print(text)
-    if a.out:
+    if a.out is not None:
         command = getattr(a, "command_line", None) or "vskip plan " + " ".join(sys.argv[2:])
         write_json(Path(a.out), {"command": command} | plan.to_json())
         write_atomic(Path(a.out).with_suffix(".md"), f"```\n{command}\n```\n\n{text}\n")

@@ -133,6 +133,9 @@ def cmd_diagnose(a) -> int:
     if any(not 0 < x < 1 for x in a.alpha):
         raise ValueError(f"--alpha must lie in (0, 1), got {a.alpha}")
     cfg = DiagnoseConfig(repetitions=a.repetitions, seed=a.seed, alphas=tuple(a.alpha))
+    from ..files import check_writable_dir
+
+    check_writable_dir(a.out, "diagnose directory")
     s = diagnose(a.traces, a.out, predictors=a.predictors, cfg=cfg, runtime=runtime)
     print(json.dumps({"out": str(Path(a.out) / "diagnose.md"), "blocks": s["blocks"], "bce": s["bce"],
                       "permutation": {p["signal"]: [round(p["original"], 3), round(p["permuted_mean"], 3)]
@@ -159,14 +162,14 @@ def _calibrate_prefix(subparsers) -> None:
 def cmd_calibrate_prefix(a) -> int:
     import numpy as np
 
-    from ..files import check_writable_dir, write_json
+    from ..files import check_output_path, write_json
     from ..study.prefix.calibrate import calibrate_traces
 
-    if a.out:
-        check_writable_dir(Path(a.out).parent or Path("."), "directory of --out")
+    if a.out is not None:
+        check_output_path(a.out)
     cal, record = calibrate_traces(a.traces, a.alpha, a.step)
     record["command"] = getattr(a, "command_line", None)
-    if a.out:
+    if a.out is not None:
         write_json(a.out, record)
     if cal.lam == float("inf"):
         print(f"no threshold keeps alpha = {a.alpha} with {cal.n} prompts (the bound needs at least "
@@ -225,7 +228,7 @@ def cmd_calibrate_online_init(a) -> int:
     from ..study.prefix.model import load_prefix_predictor, write_online_predictor
     from ..study.prefix.online import write_ids
 
-    check_writable_dir(Path(a.out).parent or Path("."), "directory of --out")
+    check_writable_dir(a.out, "directory of the one-rotation model")
     write_online_predictor(a.predictor, a.rotation, a.out)
     for path, n in write_ids(a.out, *load_prefix_predictor(a.out).online_ids):
         print(f"{path}: {n} {path.suffix[1:]} prompts", file=sys.stderr)
@@ -233,9 +236,11 @@ def cmd_calibrate_online_init(a) -> int:
 
 
 def cmd_calibrate_online_sweep(a) -> int:
+    from ..files import check_writable_dir
     from ..study.jobs import Processes, deadline
     from ..study.prefix.online import sweep_commands
 
+    check_writable_dir(a.out, "directory of the sweeps")
     Processes(deadline(a.until), what="calibrate-online")(
         sweep_commands(a.predictor, a.part, a.out, a.max_new_tokens, a.threads), timed=True)
     return 0

@@ -20,6 +20,9 @@ def register(subparsers) -> None:
     add_policy_flags(r)
     r.add_argument("--samples-per-prompt", type=bounded(int, 1, 100_000), default=1,
                    help="completions per prompt, each with its own random numbers (pass@k; needs --temperature > 0)")
+    r.add_argument("--batch-size", type=bounded(int, 1, 1024), default=1,
+                   help="decode this many prompts side by side, sharing each verifier forward; every prompt's "
+                        "output is batch 1's up to floating-point near-ties (default: 1)")
     r.set_defaults(fn=cmd_run)
 
 
@@ -29,7 +32,7 @@ def cmd_run(a) -> int:
     if a.limit is not None and a.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {a.limit}")
     cfg = RunConfig.of(settings(a), a.task, limit=a.limit, ids=task_ids(a.ids), score=a.score,
-                       samples_per_prompt=a.samples_per_prompt)
+                       samples_per_prompt=a.samples_per_prompt, batch_size=a.batch_size)
     summary = run(cfg, a.out, progress=not a.quiet, command=getattr(a, "command_line", None))
     keys = ("task", "policy", "n_prompts", "pass_at_1", "tokens_per_s", "calls_per_token", "blocks_per_token",
             "strict_token", "full_prefix", "skipped_rounds")

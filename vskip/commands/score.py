@@ -19,20 +19,17 @@ def cmd_score(a) -> int:
     import contextlib
 
     from ..bench.scoring import score_samples_file
-    from ..files import DirLock, FileError, check_output_file, check_writable_dir, write_json
+    from ..files import DirLock, check_output_path, write_json
 
     lock = contextlib.nullcontext()
-    if a.out:  # before scoring: results must not be lost to an unwritable --out
-        if Path(a.out).is_dir():
-            raise FileError(f"--out {a.out} is a directory; name a file")
-        lock = DirLock(check_writable_dir(Path(a.out).parent or Path("."), "directory of --out"), "directory of --out")
-        check_output_file(Path(a.out))
+    if a.out is not None:  # before scoring: results must not be lost to an unwritable --out
+        lock = DirLock(check_output_path(a.out).parent, "directory of --out")
     from ..study.runner import check_sandbox
 
     check_sandbox(a.task)
     with lock:
         res = score_samples_file(a.task, a.samples)
-        if a.out:
+        if a.out is not None:
             write_json(a.out, res)
     print(f"{res['task']}: pass@1 = {res['pass_at_1']:.4f} ({sum(r['passed'] for r in res['results'])}/{res['n']}) sandbox={res['sandbox']}")
     for k, e in res["pass_at_k"].items():

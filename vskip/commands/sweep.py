@@ -72,7 +72,7 @@ def cmd_sweep(a) -> int:
             note = "  (needs --predictor)" if pt.policy.learned else ""
             print(f"{pt.name:40s} {pt.role}{note}")
         return 0
-    if not a.task or not a.out:
+    if not a.task or a.out is None:
         raise ValueError("--task and --out are required")
     if a.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {a.workers}")

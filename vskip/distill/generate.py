@@ -46,7 +46,7 @@ from vskip.distill.prompts import (SOURCES, TrainPrompt, build_prompts, count_by
                                    write_prompts)
 from vskip.distill.shards import (FORMAT_VERSION, INDEX_FILE, PROMPTS_FILE, RESUME_KEYS, file_sha256, read_index,
                                   read_shard, shard_name, write_shard)
-from vskip.files import DirLock, write_atomic
+from vskip.files import DirLock, own_dir, write_atomic
 
 # --------------------------------------------------------------------------------------------
 # Generation
@@ -188,7 +188,7 @@ def generate_distillation(
         raise ValueError("no prompts")
     if shard_size < 1 or slots < 1 or max_new_tokens < 1 or threads < 1:
         raise ValueError("shard_size, slots, max_new_tokens and threads must be positive")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    own_dir(out_dir)
     from vskip.engine.runtime import Runtime
 
     Runtime(threads=threads).activate()

@@ -53,10 +53,16 @@ class StoredAnswer:
         same = np.asarray(block, np.int64) == tokens[:g]
         return Verdict(tokens, np.where(same, 0.0, -np.inf), (~same).astype(np.int64))
 
-    def distributions(self, seq, block, sampling, shadow: bool = False):
+    def score_many(self, calls) -> list[Verdict]:
+        return [self.score(c.seq, c.block, c.shadow) for c in calls]
+
+    def distributions_many(self, calls, sampling):
         raise ValueError("a stored answer is the verifier's greedy one: it has no distributions to sample")
 
-    def prefill(self, ids) -> None:
+    def open_slots(self, n: int) -> None:
+        pass
+
+    def prefill(self, ids, slot: int = 0) -> None:
         pass
 
     def set_cache(self, on: bool) -> None:
@@ -65,7 +71,7 @@ class StoredAnswer:
     def warmup(self, seq, gamma: int) -> None:
         pass
 
-    def reset(self) -> None:
+    def reset(self, slot: int | None = None) -> None:
         pass
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..files import write_atomic, write_json
+from ..files import own_dir, write_atomic, write_json
 from .rows import Data, load_rows, split
 from .shards import data_fingerprint
 
@@ -154,8 +154,7 @@ def extract(data_dir: Path, out: Path, verifier_dir: Path, layers: tuple[int, ..
     from ..engine.runtime import Runtime
 
     Runtime(threads=threads).activate()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = own_dir(out)
     data = load_rows(Path(data_dir))
     ho, order = plan_rows(data, holdout, seed)
     # the same split the training run makes (a check, not a second definition)

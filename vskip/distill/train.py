@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from ..engine.models.copy import copy_hint
 from ..engine.models.diffusion_lm import HINT_MAX_LEN, DiffusionLM, hint_code
 from ..engine.models.drafter_io import drafter_from_verifier, save_drafter
-from ..files import save_figure
+from ..files import own_dir, save_figure, write_atomic
 from .config import TrainConfig
 from .offline import acceptance, replay
 from .rows import Data, head_vocabulary, load_rows, outside_head, split
@@ -238,8 +238,7 @@ def train(data_dir: Path, out: Path, verifier_dir: Path, cfg: TrainConfig, progr
     directory ``out/drafter`` (only what differs from the verifier, fp16), which it returns.
     ``stop_at``: stop at this step of the schedule with a checkpoint, export nothing and return
     None (a rerun without it goes on with the same schedule)."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = own_dir(out)
     from ..engine.runtime import Runtime
 
     Runtime(threads=cfg.threads).activate()
@@ -276,7 +275,7 @@ def train(data_dir: Path, out: Path, verifier_dir: Path, cfg: TrainConfig, progr
             load_state(Path(cfg.init_from), model, None)  # with its figures under this run's evaluation
             log = [source["entry"] | _evaluate(model, ho, cfg)]
     run = json.loads((out / "config.json").read_text()) if resume and (out / "config.json").exists() else {}
-    (out / "config.json").write_text(json.dumps({"train": asdict(cfg), "data": str(data_dir),
+    write_atomic(out / "config.json", json.dumps({"train": asdict(cfg), "data": str(data_dir),
                                                  "data_files": data_fingerprint(data_dir), "rows": len(tr),
                                                  "holdout_rows": len(ho), "head_size": len(head),
                                                  "holdout_outside_head": outside_head(ho, head),
@@ -397,7 +396,7 @@ def write_manifest(drafter_dir: Path, train_dir: Path, data_dir: Path, verifier_
         "holdout": spec["meta"].get("holdout"),
         "weights": {"file": weights.name, "bytes": weights.stat().st_size, "sha256": file_sha256(weights)},
     }
-    (drafter_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    write_atomic(drafter_dir / "manifest.json", json.dumps(manifest, indent=1))
     return manifest
 
 

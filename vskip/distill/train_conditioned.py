@@ -251,11 +251,10 @@ def train(data_dir: Path, features_dir: Path, out: Path, verifier_dir: Path, cfg
     from tqdm import tqdm
 
     from ..engine.runtime import Runtime
-    from ..files import write_json
+    from ..files import own_dir, write_json
     from .taps import load_taps, read_index, summary
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = own_dir(out)
     Runtime(threads=cfg.threads).activate()
     torch.manual_seed(cfg.seed)
     data = load_rows(Path(data_dir))

@@ -13,14 +13,15 @@ then skip or verify, then commit, which builds the round's record once, complete
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
 from ..defaults import GAMMA, MAX_NEW_TOKENS
 from .features import assemble_features
-from .models.protocols import DraftBlock, Drafter, Predictor, Verifier
+from .models.protocols import Call, DraftBlock, Drafter, Predictor, Verifier
 from .policy import (RULE, BlockLength, Decision, Draw, GuardContext, PolicyConfig, Rule, Sampling, block_length,
                      committed_tokens, decide, draw_rows, prompt_key, strict_accept, verify_length)
 from .policy.sampling import ACCEPT, DRAFTER
@@ -197,6 +198,16 @@ class _Outcome:
     gamma: int
 
 
+@dataclass(frozen=True)
+class Job:
+    """One prompt to decode (token ids); ``task_id`` and ``sample`` (the index of a sampled
+    completion) key its random numbers."""
+
+    prompt: Sequence[int]
+    task_id: str | None = None
+    sample: int = 0
+
+
 def decode(
     prompt: Sequence[int],
     drafter: Drafter | None,
@@ -208,78 +219,169 @@ def decode(
     sample: int = 0,
     rule: Rule = RULE,
 ) -> DecodeResult:
-    """Decode one prompt (token ids) and return the generated tokens with per-round records.
-    ``task_id`` and ``sample`` (the index of a sampled completion) key its random numbers;
+    """Decode one prompt (token ids) and return the generated tokens with per-round records: the
+    loop of :func:`decode_many` with one prompt."""
+    [(_, result)] = decode_many([Job(prompt, task_id, sample)], drafter, verifier, policy, cfg, predictor, rule=rule)
+    return result
+
+
+def decode_many(jobs: Iterable[Job], drafter: Drafter | None, verifier: Verifier, policy: PolicyConfig,
+                cfg: DecodeConfig, predictor: Predictor | None = None, batch_size: int = 1,
+                rule: Rule = RULE) -> Iterator[tuple[Job, DecodeResult]]:
+    """The decode loop. It holds up to ``batch_size`` sequences; each round, every sequence runs
+    its own steps up to the verifier (block length, draft, score, decide), then the sequences
+    that verify share one verifier forward, the shadow verifications of those that skipped share
+    another (off the clock), and each commits on its own. A finished sequence's slot takes the
+    next job at once (continuous batching). Yields each job with its result as it finishes.
+
     ``rule``: the acceptance rule (the paper's unless another is given). The settings themselves
     are checked where they are made (:func:`check_settings`); here, what they ask of the models."""
-    check_prompt(prompt, verifier, cfg)
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
     check_models(drafter, policy, cfg, predictor)
-    if policy.alpha is not None:  # the threshold calibrated for this prompt's fold (the prefix policy)
-        policy = replace(policy, lam=predictor.threshold(task_id, policy.alpha))
-    return _Decode(prompt, drafter, verifier, policy, cfg, predictor, task_id, sample, rule).run()
+    models = _Models(drafter if policy.uses_drafter else None, verifier, predictor, rule)
+    verifier.open_slots(batch_size)
+    if models.drafter is not None:
+        models.drafter.reset()
+    queue, active = deque(jobs), {}
+    while queue or active:
+        for slot in range(batch_size):
+            if slot not in active and queue:
+                job = queue.popleft()
+                check_prompt(job.prompt, verifier, cfg)
+                p = policy
+                if p.alpha is not None:  # the threshold calibrated for this prompt's fold (the prefix policy)
+                    p = replace(p, lam=predictor.threshold(job.task_id, p.alpha))
+                active[slot] = _Decode(job, slot, models, p, cfg)
+        blocks = models.draft({slot: d for slot, d in active.items() if d.drafter is not None})
+        asks = {slot: d.plan(*blocks.get(slot, (None, 0, 0))) for slot, d in active.items()}
+        verdicts = models.judge({s: (active[s], a) for s, a in asks.items() if a.verify is not None}, "verify")
+        shadows = models.judge({s: (active[s], a) for s, a in asks.items() if a.shadow is not None}, "shadow")
+        for slot in list(active):
+            d = active[slot]
+            if d.finish(asks[slot], verdicts.get(slot), shadows.get(slot)):
+                del active[slot]
+                yield d.job, d.result()
+
+
+@dataclass
+class _Models:
+    """What every sequence of the loop shares: the models, the rule and the shadow clock."""
+
+    drafter: Drafter | None
+    verifier: Verifier
+    predictor: Predictor | None
+    rule: Rule
+    shadow_seconds: float = 0.0
+
+    def draft(self, drafting: dict) -> dict:
+        """One drafter call for the sequences ``drafting`` {slot: decode}: each one's block (under
+        the speculative rule, with the tokens the loop draws from its distributions), the block
+        length its policy asked for and the one drafted, by slot. The call's time goes to each
+        participant's draft clock."""
+        if not drafting:
+            return {}
+        lengths = {slot: d.block_length() for slot, d in drafting.items()}
+        d0 = next(iter(drafting.values()))
+        s, features = d0.cfg.sampling, d0.cfg.trace or d0.policy.learned
+        t = now()
+        blocks = self.drafter.propose_many([(slot, d.seq, lengths[slot][1]) for slot, d in drafting.items()],
+                                           features=features, sampling=s if s.speculative else None)
+        out = {}
+        for (slot, d), block in zip(drafting.items(), blocks):
+            d.blocks += 1
+            if s.speculative:
+                g = lengths[slot][1]
+                block = replace(block, tokens=draw_rows(block.q, s.uniforms(d.key, d.generated, g, DRAFTER)))
+            out[slot] = (block, *lengths[slot])
+        spent = now() - t
+        for d in drafting.values():
+            d.clocks.seconds["draft"] += spent
+        return out
+
+    def judge(self, asks: dict, clock: str) -> dict:
+        """One verifier forward over the sequences' calls ``asks`` {slot: (decode, ask)}: each
+        one's verdict (its scores judged by the rule with its own numbers), by slot. The forward's
+        time goes to each participant's ``clock`` (and the shadow clock all sequences subtract)."""
+        if not asks:
+            return {}
+        shadow = clock == "shadow"
+        calls = [Call(d.seq, a.shadow if shadow else a.verify, shadow, slot) for slot, (d, a) in asks.items()]
+        sampling = next(iter(asks.values()))[0].cfg.sampling
+        t = now()
+        if sampling.greedy:
+            scores = self.verifier.score_many(calls)
+        else:
+            scores = self.verifier.distributions_many(calls, sampling)
+        spent = now() - t
+        if shadow:
+            self.shadow_seconds += spent
+        out = {}
+        for (slot, (d, a)), call, sc in zip(asks.items(), calls, scores):
+            d.clocks.seconds[clock] += spent
+            out[slot] = self.rule.verdict(sc, None if sampling.greedy else d.draw(len(call.block) + 1, a.block))
+        return out
+
+
+@dataclass
+class _Ask:
+    """What a sequence asks of the verifier this round: the tokens to verify, or to shadow-verify
+    after a skip (None: nothing), with its block and decision."""
+
+    verify: np.ndarray | tuple | None
+    shadow: np.ndarray | None = None
+    block: DraftBlock | None = None
+    decision: Decision | None = None
+    gamma: int = 0
+    feats: np.ndarray | None = None
 
 
 class _Decode:
-    """One prompt's decode: the models, the settings and what the loop carries from round to round."""
+    """One prompt's decode in the loop: its slot, settings, and what it carries from round to round."""
 
-    def __init__(self, prompt, drafter, verifier, policy: PolicyConfig, cfg: DecodeConfig, predictor, task_id,
-                 sample: int, rule: Rule):
-        self.drafter = drafter if policy.uses_drafter else None
-        self.verifier, self.policy, self.cfg, self.predictor, self.rule = verifier, policy, cfg, predictor, rule
-        self.task_id = task_id
-        self.key = 0 if cfg.sampling.greedy else prompt_key(task_id, prompt, sample)  # a greedy decode draws nothing
-        self.seq, self.n0 = list(prompt), len(prompt)
+    def __init__(self, job: Job, slot: int, models: _Models, policy: PolicyConfig, cfg: DecodeConfig):
+        self.job, self.slot, self.models, self.policy, self.cfg = job, slot, models, policy, cfg
+        self.drafter, self.verifier = models.drafter, models.verifier
+        self.key = 0 if cfg.sampling.greedy else prompt_key(job.task_id, job.prompt, job.sample)  # greedy draws nothing
+        self.seq, self.n0 = list(job.prompt), len(job.prompt)
         self.D = 0  # unverified tokens committed since the last verifier call
         self.last_full = False  # the previous verified block was accepted whole
         self.calls = self.blocks = 0
-        self.clocks, self.traces = _Clocks(), []
+        self.clocks, self.traces, self.rounds, self.stop = _Clocks(), [], [], "length"
+        if self.drafter is not None:
+            self.drafter.reset(slot)
+        self.verifier.reset(slot)
+        self.t_start, self.shadow_start = now(), models.shadow_seconds
+        if self.drafter is not None and self.drafter.reads_verifier:  # the drafter's context: the prompt's features
+            self.clocks.time("draft", self.verifier.prefill, self.seq[:-1], slot)
 
     @property
     def generated(self) -> int:
         return len(self.seq) - self.n0
 
-    def run(self) -> DecodeResult:
-        if self.drafter is not None:
-            self.drafter.reset()
-        self.verifier.reset()
-        rounds, stop = [], "length"
-        t_start = now()
-        if self.drafter is not None and self.drafter.reads_verifier:  # the drafter's context: the prompt's features
-            self.clocks.time("draft", self.verifier.prefill, self.seq[:-1])
-        for r in range(self.cfg.max_new_tokens):
-            if self.generated >= self.cfg.max_new_tokens:
-                break
-            out = self.sdd_round(r) if self.drafter is not None else self.ar_round()
-            rec, stop = self.commit(r, out)
-            rounds.append(rec)
-            if stop == "eos":
-                break
-        total, sec = now() - t_start, self.clocks.seconds
+    def result(self) -> DecodeResult:
+        total = now() - self.t_start - (self.models.shadow_seconds - self.shadow_start)
+        sec = self.clocks.seconds
         return DecodeResult(
-            tokens=self.seq[self.n0:], rounds=rounds, decode_seconds=total - sec["shadow"],
-            draft_seconds=sec["draft"], verify_seconds=sec["verify"], predict_seconds=sec["predict"],
-            shadow_seconds=sec["shadow"], verifier_calls=self.calls, draft_blocks=self.blocks, stop=stop,
-            traces=self.traces,
+            tokens=self.seq[self.n0:], rounds=self.rounds, decode_seconds=total, draft_seconds=sec["draft"],
+            verify_seconds=sec["verify"], predict_seconds=sec["predict"], shadow_seconds=sec["shadow"],
+            verifier_calls=self.calls, draft_blocks=self.blocks, stop=self.stop, traces=self.traces,
         )
 
-    # -- the verifier alone ------------------------------------------------------------------
-    def ar_round(self) -> _Outcome:
-        """One token per call: the verifier's argmax, or its draw."""
-        v = self.judge(())
-        self.calls += 1
-        return _Outcome(v.tokens[:1], verified=True, K=0, K_hat=0, L=None, accepted=0, relaxed=False,
-                        reason="verify", gamma=0)
-
-    # -- a round of Figure 2 -----------------------------------------------------------------
-    def sdd_round(self, r: int) -> _Outcome:
-        gamma, g = self.block_length()
-        block = self.draft(g)
+    # -- a round of Figure 2, up to the verifier -----------------------------------------------
+    def plan(self, block: DraftBlock | None, gamma: int, g: int) -> _Ask:
+        """Steps 2-3 (score, decide) on the round's drafted ``block`` (block length ``g`` of the
+        ``gamma`` asked for; steps 1, the block length and the draft, ran for the whole batch in
+        :meth:`_Models.draft`): what this round asks of the verifier. The verifier alone (``ar``)
+        asks for one token per call: its argmax, or its draw."""
+        if block is None:
+            return _Ask(verify=())
         q, feats = self.score(block)
-        d = self.decide(r, block, q, shortened=g < gamma)
-        out = self.skip(block, d, g) if d.K > 0 else self.verify(block, d, g)
-        if self.cfg.trace:
-            self.traces.append(BlockTrace(r, feats, block.hidden_array(), block.confidence.copy(), out.L, out.K))
-        return out
+        d = self.decide(block, q, shortened=g < gamma)
+        if d.K > 0:  # 4a. skip: the shadow verifier only audits the committed prefix (L)
+            return _Ask(None, block.tokens if self.cfg.shadow else None, block, d, g, feats)
+        checked = block.tokens[: verify_length(block.confidence, self.cfg.trim)]
+        return _Ask(checked, None, block, d, g, feats)
 
     def block_length(self) -> tuple[int, int]:
         """(the block length the policy asks for, that length within the remaining budget)."""
@@ -288,68 +390,24 @@ class _Decode:
             gamma = block_length(self.cfg.blocks, self.drafter.match_length(self.seq), self.last_full)
         return gamma, min(gamma, self.cfg.max_new_tokens - self.generated)
 
-    def draft(self, g: int) -> DraftBlock:
-        """1. Draft: the drafter's choice at each position, or under the speculative rule tokens the
-        loop draws from the drafter's distributions with the positions' own numbers."""
-        return self.clocks.time("draft", self._draft, g)
-
-    def _draft(self, g: int) -> DraftBlock:
-        s = self.cfg.sampling
-        features = self.cfg.trace or self.policy.learned
-        block = self.drafter.propose(self.seq, g, features=features, sampling=s if s.speculative else None)
-        self.blocks += 1
-        if s.speculative:
-            block = replace(block, tokens=draw_rows(block.q, s.uniforms(self.key, self.generated, g, DRAFTER)))
-        return block
-
     def score(self, block: DraftBlock) -> tuple[np.ndarray, np.ndarray | None]:
         """2. Score: the raw confidences, or the trained predictor's scores of the block's features."""
         want = self.cfg.trace or self.policy.learned
         feats = assemble_features(block.features, self.generated, self.D, self.cfg.task) if want else None
         if not self.policy.learned:
             return block.confidence, feats
-        q = self.clocks.time("predict", self.predictor.scores, block, feats, self.task_id)
+        q = self.clocks.time("predict", self.models.predictor.scores, block, feats, self.job.task_id)
         return np.asarray(q, dtype=np.float64), feats
 
-    def decide(self, r: int, block: DraftBlock, q: np.ndarray, shortened: bool) -> Decision:
+    def decide(self, block: DraftBlock, q: np.ndarray, shortened: bool) -> Decision:
         """3. Decide: the skip length K (0: verify), with the costs so far for the prefix policy."""
         sec = self.clocks.seconds
         ctx = GuardContext(np.asarray(self.seq[-_HISTORY:]), self.verifier.special_ids, self.verifier.eos_ids,
                            shortened=shortened, c_D=sec["draft"] / self.blocks if self.blocks else None,
                            c_V=sec["verify"] / self.calls if self.calls else None)
-        return decide(self.policy, self.D, r, block.tokens, q, ctx)
+        return decide(self.policy, self.D, len(self.rounds), block.tokens, q, ctx)
 
-    def skip(self, block: DraftBlock, d: Decision, g: int) -> _Outcome:
-        """4a. Skip: commit the prefix unverified; the shadow verifier only audits it (L)."""
-        self.D += d.K
-        L = None
-        if self.cfg.shadow:
-            L = strict_accept(block.tokens, self.judge(block.tokens, block, shadow=True))
-        return _Outcome(block.tokens[: d.K], verified=False, K=d.K, K_hat=d.K_hat, L=L, accepted=d.K, relaxed=True,
-                        reason=d.reason, gamma=g)
-
-    def verify(self, block: DraftBlock, d: Decision, g: int) -> _Outcome:
-        """4b. Verify: the method's acceptance rule, then the correction or bonus token."""
-        checked = block.tokens[: verify_length(block.confidence, self.cfg.trim)]
-        v = self.judge(checked, block)
-        self.calls += 1
-        acc = self.rule.accept(self.policy, checked, v)
-        self.D, self.last_full = 0, acc == len(checked)
-        return _Outcome(committed_tokens(checked, v, acc), verified=True, K=0, K_hat=d.K_hat,
-                        L=strict_accept(checked, v), accepted=acc, relaxed=self.policy.lossy_acceptance and acc > 0,
-                        reason=d.reason, gamma=g)
-
-    def judge(self, tokens: Sequence[int], block: DraftBlock | None = None, shadow: bool = False):
-        """The verifier's verdict on ``tokens`` after the committed sequence: it scores them (its
-        argmax, or its warped distributions when sampling) and the rule draws with the numbers of
-        the generated positions they occupy (under the speculative rule, with the block's q)."""
-        s, clock = self.cfg.sampling, "shadow" if shadow else "verify"
-        if s.greedy:
-            return self.rule.verdict(self.clocks.time(clock, self.verifier.score, self.seq, tokens, shadow=shadow), None)
-        p = self.clocks.time(clock, self.verifier.distributions, self.seq, tokens, s, shadow=shadow)
-        return self.rule.verdict(p, self._draw(len(tokens) + 1, block))
-
-    def _draw(self, n: int, block: DraftBlock | None) -> Draw:
+    def draw(self, n: int, block: DraftBlock | None) -> Draw:
         """The numbers of generated positions ``generated .. generated + n - 1``; under the
         speculative rule also the block's first ``n - 1`` drafted tokens, their q and the coins."""
         s, start = self.cfg.sampling, self.generated
@@ -359,22 +417,54 @@ class _Decode:
         m = n - 1
         return Draw(s, u, tokens=block.tokens[:m], q=block.q[:m], u_accept=s.uniforms(self.key, start, m, ACCEPT))
 
-    # -- 5. commit and 6. record ---------------------------------------------------------------
-    def commit(self, r: int, out: _Outcome) -> tuple[RoundRecord, str]:
+    # -- 4. the verdicts, 5. commit and 6. record ----------------------------------------------------
+    def finish(self, ask: _Ask, verdict, shadow) -> bool:
+        """Complete the round with the verifier's verdicts; returns whether the decode is done."""
+        if ask.block is None:  # the verifier alone
+            self.calls += 1
+            out = _Outcome(verdict.tokens[:1], verified=True, K=0, K_hat=0, L=None, accepted=0, relaxed=False,
+                           reason="verify", gamma=0)
+        elif ask.verify is None:
+            out = self.skip(ask, shadow)
+        else:
+            out = self.verify(ask, verdict)
+        if self.cfg.trace:
+            self.traces.append(BlockTrace(len(self.rounds), ask.feats, ask.block.hidden_array(),
+                                          ask.block.confidence.copy(), out.L, out.K))
+        self.commit(out)
+        return self.stop == "eos" or self.generated >= self.cfg.max_new_tokens
+
+    def skip(self, ask: _Ask, shadow) -> _Outcome:
+        """4a. Skip: commit the prefix unverified."""
+        d = ask.decision
+        self.D += d.K
+        L = strict_accept(ask.block.tokens, shadow) if shadow is not None else None
+        return _Outcome(ask.block.tokens[: d.K], verified=False, K=d.K, K_hat=d.K_hat, L=L, accepted=d.K,
+                        relaxed=True, reason=d.reason, gamma=ask.gamma)
+
+    def verify(self, ask: _Ask, v) -> _Outcome:
+        """4b. Verify: the method's acceptance rule, then the correction or bonus token."""
+        checked = ask.verify
+        self.calls += 1
+        acc = self.models.rule.accept(self.policy, checked, v)
+        self.D, self.last_full = 0, acc == len(checked)
+        return _Outcome(committed_tokens(checked, v, acc), verified=True, K=0, K_hat=ask.decision.K_hat,
+                        L=strict_accept(checked, v), accepted=acc, relaxed=self.policy.lossy_acceptance and acc > 0,
+                        reason=ask.decision.reason, gamma=ask.gamma)
+
+    def commit(self, out: _Outcome) -> None:
         """Commit never past the budget and nothing after an end-of-sequence token; the record of
         the round, built once with what was committed (``accepted`` and ``K`` shrink with a cut that
         falls inside the draft prefix)."""
         new = [int(x) for x in out.new[: self.cfg.max_new_tokens - self.generated]]
         cut = next((i + 1 for i, tok in enumerate(new) if tok in self.verifier.eos_ids), None)
-        stop = "length"
         if cut is not None:
-            new, stop = new[:cut], "eos"
+            new, self.stop = new[:cut], "eos"
         self.seq.extend(new)
         n = len(new)
-        rec = RoundRecord(round=r, verified=out.verified, K=min(out.K, n), K_hat=out.K_hat, L=out.L,
-                          accepted=min(out.accepted, n), committed=n, relaxed=out.relaxed, reason=out.reason,
-                          gamma=out.gamma)
-        return rec, stop
+        self.rounds.append(RoundRecord(round=len(self.rounds), verified=out.verified, K=min(out.K, n), K_hat=out.K_hat,
+                                       L=out.L, accepted=min(out.accepted, n), committed=n, relaxed=out.relaxed,
+                                       reason=out.reason, gamma=out.gamma))
 
 
 def warmup(drafter: Drafter | None, verifier: Verifier, prompt: Sequence[int], gamma: int) -> None:

@@ -118,10 +118,10 @@ class PromptResult:
 
 def summarize(samples: Sequence[dict], rounds: Sequence[Round]) -> dict:
     """The summary of one run: ΣN/ΣT throughput, calls and blocks per generated token, agreement
-    (Eqs. 1-2), pass@1 over scored samples, and the cost model of Eq. 7 (c_D, c_V, mean strict
-    commit A). Every aggregate of a run is computed here: the run's own ``summary.json``, a merged
-    sweep and the report. A total whose field some sample lacks is None, and ``missing`` (present
-    only then) names the fields that could not be found."""
+    (Eqs. 1-2), pass@1 over scored samples, the cost model of Eq. 7 (c_D, c_V, mean strict
+    commit A) and the machines the clocks were read on. Every aggregate of a run is computed here:
+    the run's own ``summary.json``, a merged sweep and the report. A total whose field some sample
+    lacks is None, and ``missing`` (present only then) names the fields that could not be found."""
     missing: list[str] = []
     res = [PromptResult.from_json(s) for s in samples]
     N = _total(res, "generated_tokens", missing)
@@ -165,6 +165,9 @@ def summarize(samples: Sequence[dict], rounds: Sequence[Round]) -> dict:
         "mean_accepted": ((sum(r.L for r in verified if r.L is not None) / len(strict_commit))
                           if strict_commit else None),
     }
+    hosts = sorted({s["machine"] for s in samples if s.get("machine")})
+    if hosts:  # the machines its clocks were read on (:func:`vskip.engine.runtime.machine_id`), where samples name them
+        out["machines"] = hosts
     tasks = {s.get("task_id") for s in samples}
     if len(tasks) < len(samples):  # several completions per prompt (--samples-per-prompt)
         out["n_prompts"], out["n_samples"] = len(tasks), len(samples)

@@ -111,16 +111,21 @@ def native_bf16(device: str) -> bool:
         return False
 
 
-#: CPU features that change what a model call costs (vector width, native bfloat16, matrix tiles)
-_ISA = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+#: CPU features that change what a model call costs, as /proc/cpuinfo's flags name them: vector
+#: width (AVX2, AVX512F), native bfloat16 (AVX512-BF16) and matrix tiles (AMX)
+_ISA = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+#: how a machine's name writes them (the three AMX flags as one AMX)
+EXTENSIONS = {"avx2": "AVX2", "avx512f": "AVX512F", "avx512_bf16": "AVX512-BF16", "amx_tile": "AMX",
+              "amx_bf16": "AMX", "amx_int8": "AMX"}
 
 
 def machine(runtime: "Runtime | None" = None) -> dict:
     """What the clocks of a run were read on: the CPU model, its cores, the instruction-set
-    features that change a model call's cost, and the GPUs the run uses. Two runs timed on
-    different machines cannot be compared by their tokens/s."""
-    import os
+    features that change a model call's cost, the threads a model call uses, the torch and
+    transformers versions, and the GPUs the run uses. Two runs timed on different machines cannot
+    be compared by their tokens/s."""
     import platform
+    from importlib.metadata import PackageNotFoundError, version
 
     cpu, flags = platform.processor() or platform.machine(), set()
     try:
@@ -132,21 +137,62 @@ def machine(runtime: "Runtime | None" = None) -> dict:
                 flags = set(value.split())
     except OSError:
         pass
-    out = {"cpu": cpu, "cores": os.cpu_count(), "isa": [f for f in _ISA if f in flags]}
+    import torch
+
+    out = {"cpu": cpu, "cores": os.cpu_count(), "isa": [f for f in _ISA if f in flags],
+           "threads": (runtime.threads if isinstance(runtime, Runtime) else None) or torch.get_num_threads()}
+    for name in ("torch", "transformers"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
     gpus = runtime.cuda_indices() if isinstance(runtime, Runtime) else []
     if gpus:
-        import torch
-
         out["gpus"] = [torch.cuda.get_device_name(i) for i in gpus]
     return out
 
 
 def machine_id(info: dict) -> str:
-    """A short, stable name for :func:`machine`'s record (12 hex digits of its sha256)."""
+    """:func:`machine`'s record as one line a reader can check: the CPU model and the vector
+    extensions it has, threads, torch and transformers, GPUs where any. Rows, samples and
+    summaries name their machine by it, so two machines are told apart at a glance."""
+    ext = list(dict.fromkeys(EXTENSIONS[f] for f in info.get("isa", []) if f in EXTENSIONS))
+    parts = [f"{info.get('cpu') or 'unknown CPU'} ({', '.join(ext) if ext else 'no AVX2'})"]
+    if info.get("threads"):
+        parts.append(f"{info['threads']} thread{'s' if info['threads'] != 1 else ''}")
+    elif info.get("cores"):
+        parts.append(f"{info['cores']} cores")
+    parts += [f"{name} {info[name]}" for name in ("torch", "transformers") if info.get(name)]
+    if info.get("gpus"):
+        parts.append("GPU " + ", ".join(info["gpus"]))
+    return "; ".join(parts)
+
+
+#: the records behind the ids rows and samples carried before ids were :func:`machine_id`'s line:
+#: 12 hex digits of the sha256 of the record as JSON with sorted keys (:func:`legacy_id`)
+LEGACY_RECORDS = (
+    {"cpu": "AMD EPYC", "cores": 2, "isa": ["avx2"]},
+    {"cpu": "Intel(R) Xeon(R) Processor @ 2.60GHz", "cores": 2, "isa": ["avx2", "avx512f"]},
+)
+
+
+def legacy_id(info: dict) -> str:
+    """The id an earlier vskip gave ``info``: 12 hex digits of its sha256."""
     import hashlib
     import json
 
     return hashlib.sha256(json.dumps(info, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def machine_name(ident: str | None) -> str | None:
+    """The line that names a machine, from an id as rows and samples carry it (an earlier
+    vskip's hash is read through :data:`LEGACY_RECORDS`; one not there stays as it is)."""
+    if ident is None:
+        return None
+    for info in LEGACY_RECORDS:
+        if legacy_id(info) == ident:
+            return machine_id(info)
+    return ident
 
 
 def training_device(device: str | None, flag: str = "--device") -> str:

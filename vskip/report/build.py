@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 
 from ..defaults import K_MIN
 from ..engine.policy import SIGNALS
-from ..files import write_atomic
+from ..files import own_dir, write_atomic
 from ..study.rundir import ARCHIVE, SAMPLES, Run, find_run_dirs, load_run
 from .figures import figure1, figure4, figure5, figure_disagreement
 from .interpolate import interpolated_table
@@ -63,8 +63,7 @@ def build_report(paths: Sequence[Path], out: Path, k_min: int = K_MIN, n_boot: i
     warn = warn or (lambda msg: print(f"vskip report: {msg}", file=sys.stderr))
     notes: list[str] = []
     runs = _read_runs(paths, notes, warn)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = own_dir(out)
     md = ["# vskip report", "", "Inputs: " + ", ".join(f"`{p}`" for p in paths), ""]
     if command:
         md += ["Made by:", "", "```", command, "```", ""]

@@ -39,7 +39,7 @@ from pathlib import Path
 from ..defaults import MAX_NEW_TOKENS
 from ..engine.metrics import PromptResult
 from ..engine.models.config import ModelConfig
-from ..files import FileError, naming, open_append, read_json, read_jsonl_lines, write_atomic, write_jsonl
+from ..files import FileError, naming, open_append, own_dir, read_json, read_jsonl_lines, write_atomic, write_jsonl
 from .variants import Variant
 
 SETTINGS = "settings.json"
@@ -176,7 +176,7 @@ def claim(out: Path, record: dict) -> None:
         if clash:
             raise ValueError(f"{out} holds configurations of the same name with other settings: {', '.join(clash)}")
         record = {"fixed": new["fixed"], "configs": old_configs | new["configs"]}
-    out.mkdir(parents=True, exist_ok=True)
+    own_dir(out)
     write_atomic(path, json.dumps(record, indent=1))
 
 
@@ -229,7 +229,7 @@ def run_compare(prompts, pair, variants, out: Path, shard: tuple[int, int] = (1,
     if repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {repeats}")
     i, n = shard
-    out.mkdir(parents=True, exist_ok=True)
+    own_dir(out)
     path = out / f"shard-{i}-of-{n}.jsonl"
     kept = read_rows(path)
     done = {(r.task_id, r.config, r.repeat) for r in kept}

@@ -1,8 +1,11 @@
 """The summary of a ``vskip compare`` directory (:mod:`vskip.study.compare` decodes it): its rows
 read back and checked, paired per prompt and repeat, tokens/s as ΣN/ΣT and its ratio to ``ar``
-and to Strict SDD with 95% bootstrap intervals over prompts, outputs equal to ``ar``, tokens per
-verifier call, StrictToken and FullPrefix (Eqs. 1-2) where a relaxed rule committed drafted tokens,
-c_D/c_V and the time outside model forwards; and its text table."""
+and to Strict SDD with 95% bootstrap intervals over prompts (and each prompt's ratio where they
+are fewer than :data:`FEW_PROMPTS`), outputs equal to ``ar``, tokens per verifier call,
+StrictToken and FullPrefix (Eqs. 1-2) where a relaxed rule committed drafted tokens, c_D/c_V and
+the time outside model forwards; and its text table, which ends with the line that names the
+machine. A ratio never pairs two machines' clocks: a prompt whose rows were timed on several
+machines is left out, and rows from several machines are marked."""
 
 from __future__ import annotations
 
@@ -12,6 +15,16 @@ import numpy as np
 
 from ..stats import resample_indices
 from .compare import CompareRow, read_rows
+
+
+#: below this many prompts a percentile bootstrap over prompts has too few distinct resamples to be
+#: an interval (4 prompts: 35): the summary gives each prompt's ratio instead
+FEW_PROMPTS = 10
+
+
+def _by_prompt(N, T, N0, T0, common: list[str]) -> dict[str, float]:
+    """Each prompt's (N/T) / (N0/T0), its repeats pooled."""
+    return {t: float((n / s) / (n0 / s0)) for t, n, s, n0, s0 in zip(common, N, T, N0, T0)}
 
 
 def _ratio_interval(N, T, N0, T0, reps: int = 2000, seed: int = 0) -> tuple[float, float]:
@@ -56,6 +69,9 @@ def summarize_comparison(rows: list[CompareRow], scores: dict[str, dict[str, boo
     n_rep = 1 + max(r.repeat for r in rows)
     common = sorted(t for t in set.intersection(*(set(v) for v in by.values()))
                     if all(len(by[c][t]) == n_rep for c in by))
+    # a ratio never pairs two machines' clocks: a prompt whose rows were timed on several is left out
+    split = {t for t in common if len({x.machine for c in by for x in by[c][t].values()}) > 1}
+    common = [t for t in common if t not in split]
     ar = {t: by["ar"][t][0] for t in common}
     N0, T0 = _totals(by["ar"], common, range(n_rep))
     out = {"n_prompts": len(common), **({"repeats": n_rep} if n_rep > 1 else {}), "configs": {}}
@@ -68,7 +84,9 @@ def summarize_comparison(rows: list[CompareRow], scores: dict[str, dict[str, boo
                if r.digest != ar[t].digest and r.tokens is not None and ar[t].tokens is not None]
         d = {"tokens": int(sum(r.result.generated_tokens for r in rs)), "seconds": float(T.sum()),
              "tokens_per_s": float(N.sum() / T.sum()), "ratio_vs_ar": float((N.sum() / T.sum()) / (N0.sum() / T0.sum())),
-             "ratio_ci95": _ratio_interval(N, T, N0, T0), "same_as_ar": same,
+             "ratio_ci95": _ratio_interval(N, T, N0, T0),
+             **({"ratio_by_prompt": _by_prompt(N, T, N0, T0, common)} if len(common) < FEW_PROMPTS else {}),
+             "same_as_ar": same,
              "first_divergence": {"n": len(div), "median": float(np.median(div)) if div else None,
                                   "min": int(min(div)) if div else None}}
         if n_rep > 1:
@@ -86,10 +104,29 @@ def summarize_comparison(rows: list[CompareRow], scores: dict[str, dict[str, boo
     hosts = sorted({r.machine for r in rows if r.machine})
     if hosts:  # rows written before rows named their machine have no such key
         out["machines"] = hosts
-        split = [t for t in common if len({x.machine for c in by for x in by[c][t].values()}) > 1]
+        if len(hosts) > 1:
+            out["prompts_by_machine"] = {h: sum(by["ar"][t][0].machine == h for t in common) for h in hosts}
         if split:
             out["prompts_split_across_machines"] = len(split)
     return out
+
+
+def machine_line(s: dict) -> str:
+    """The line a printed speed table ends with: the machine its rows were timed on (several: each
+    with its prompts, each prompt paired on one machine; those whose rows span machines are left out)."""
+    from ..engine.runtime import machine_name
+
+    hosts = s.get("machines", [])
+    if not hosts:
+        return "Machine: not recorded (rows written before rows named their machine)."
+    if len(hosts) == 1:
+        return f"Machine: {machine_name(hosts[0])}."
+    counts = s.get("prompts_by_machine", {})
+    named = "; ".join(f"{machine_name(h)} ({counts.get(h, 0)} prompts)" for h in hosts)
+    split = s.get("prompts_split_across_machines", 0)
+    left = f"; {split} prompts timed on several machines left out" if split else ""
+    return (f"Machines (mixed): {named}. Each ratio pairs a prompt's rows from one machine; the pooled "
+            f"ratios mix the machines{left}.")
 
 
 def _pass_at_1(out: dict, scores: dict[str, dict[str, bool]], common: list[str]) -> None:
@@ -116,6 +153,8 @@ def _pair(res: dict, ref: dict, common: list[str], n_rep: int) -> dict:
     interval over prompts, and, with several repeats, each repeat's ratio."""
     (N, T), (N0, T0) = _totals(res, common, range(n_rep)), _totals(ref, common, range(n_rep))
     d = {"ratio": float((N.sum() / T.sum()) / (N0.sum() / T0.sum())), "ci95": _ratio_interval(N, T, N0, T0)}
+    if len(common) < FEW_PROMPTS:
+        d["by_prompt"] = _by_prompt(N, T, N0, T0, common)
     if n_rep > 1:
         per = [(_totals(res, common, [q]), _totals(ref, common, [q])) for q in range(n_rep)]
         d["by_repeat"] = [float((n.sum() / t.sum()) / (n0.sum() / t0.sum())) for (n, t), (n0, t0) in per]
@@ -182,6 +221,14 @@ def _cost_figures(rs: list[CompareRow], n: float, seconds: float) -> dict:
     return d
 
 
+def _spread(by_prompt: dict | None, ci: tuple[float, float]) -> str:
+    """The table's interval cell: the range of the per-prompt ratios where prompts are few, else the
+    bootstrap interval."""
+    if by_prompt:
+        return f"{min(by_prompt.values()):.3f}–{max(by_prompt.values()):.3f}"
+    return f"[{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
 def _with_ci(d: dict, key: str) -> str:
     if d.get(key) is None:
         return "–"
@@ -200,13 +247,14 @@ def format_summary(s: dict) -> str:
     rel = any("rel_calls" in d for d in s["configs"].values())
     agree = any(d.get("relaxed_rounds") for d in s["configs"].values())
     scored = any("pass_at_1" in d for d in s["configs"].values())
+    few = any("ratio_by_prompt" in d for d in s["configs"].values())
     rows = []
     for name, d in s["configs"].items():
-        lo, hi = d["ratio_ci95"]
-        row = [name, d["tokens"], f(d["tokens_per_s"], ".2f"), f(d["ratio_vs_ar"], ".3f"), f"[{lo:.3f}, {hi:.3f}]"]
+        row = [name, d["tokens"], f(d["tokens_per_s"], ".2f"), f(d["ratio_vs_ar"], ".3f"),
+               _spread(d.get("ratio_by_prompt"), d["ratio_ci95"])]
         if vs:
             v = vs.get(name)
-            row += ["–", "–"] if v is None else [f"{v['ratio']:.3f}", f"[{v['ci95'][0]:.3f}, {v['ci95'][1]:.3f}]"]
+            row += ["–", "–"] if v is None else [f"{v['ratio']:.3f}", _spread(v.get("by_prompt"), v["ci95"])]
         row += [f"{d['same_as_ar']}/{s['n_prompts']}", f(d.get("tokens_per_call"), ".2f")]
         if rel:
             row += [_with_ci(d, "rel_calls"), _with_ci(d, "rel_blocks")]
@@ -217,8 +265,10 @@ def format_summary(s: dict) -> str:
             row += ["–", "–"] if "pass_at_1" not in d else [f"{d['pass_at_1']:.3f} ({d['passed']}/{d['scored']})",
                                                             f"+{won} −{lost} (p {d['mcnemar_p']:.2f})"]
         rows.append(row + [f(d.get("c_D_over_c_V"), ".3f"), f(d.get("outside_forwards"), ".1%")])
-    table = tabulate(rows, headers=["config", "tokens", "tok/s", "× ar", "95% CI (prompts)",
-                                    *(["× strict", "95% CI"] if vs else []), "= ar", "tokens/call",
+    span = "by prompt: min–max" if few else "95% CI (prompts)"
+    table = tabulate(rows, headers=["config", "tokens", "tok/s", "× ar", span,
+                                    *(["× strict", "by prompt" if few else "95% CI"] if vs else []), "= ar",
+                                    "tokens/call",
                                     *(["rel. calls [95% CI]", "rel. blocks [95% CI]"] if rel else []),
                                     *(["StrictToken", "FullPrefix"] if agree else []),
                                     *(["pass@1", "vs ar: +won −lost"] if scored else []), "c_D/c_V",
@@ -228,6 +278,10 @@ def format_summary(s: dict) -> str:
         table += (f"\n\nrel. calls and blocks: per generated token, over Strict SDD's on the same prompts. Eq. 8 at "
                   f"Strict SDD's measured costs: A = {e['A']:.3f} tokens per call, c_D = {e['c_D_ms']:.1f} ms, "
                   f"c_V = {e['c_V_ms']:.1f} ms, K* = A c_D / (c_D + c_V) = {e['K_star']:.3f}.")
+    if few:
+        table += (f"\n\n{s['n_prompts']} prompts are too few for a bootstrap interval over prompts; × ar by prompt:\n"
+                  + "\n".join(f"- {name}: " + ", ".join(f"{x:.3f}" for x in d["ratio_by_prompt"].values())
+                               for name, d in s["configs"].items() if name != "ar"))
     if s.get("repeats", 1) > 1:
         table += f"\n\nEach prompt decoded {s['repeats']} times by every configuration; × ar by repeat:\n"
         table += "\n".join(f"- {name}: " + ", ".join(f"{x:.3f}" for x in d["ratio_by_repeat"])
@@ -235,8 +289,4 @@ def format_summary(s: dict) -> str:
         if vs:
             table += "\n\n× strict by repeat:\n" + "\n".join(
                 f"- {name}: " + ", ".join(f"{x:.3f}" for x in v["by_repeat"]) for name, v in vs.items() if "by_repeat" in v)
-    if len(s.get("machines", [])) > 1:
-        split = s.get("prompts_split_across_machines", 0)
-        table += (f"\n\nTimed on {len(s['machines'])} machines ({', '.join(s['machines'])}); {split} prompts have "
-                  "configurations timed on different machines, so their speed ratios are not paired.")
-    return table
+    return table + "\n\n" + machine_line(s)

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..engine.metrics import auroc
 from ..engine.policy import DEFAULT_GATES, feasible_prefix
-from ..files import save_figure, write_atomic
+from ..files import own_dir, save_figure, write_atomic
 from ..files import write_csv as _write_csv
 from .proposition1 import Prop1Result, proposition1
 from .ranking import feasible_prefix_rows, ranking_diagnostics, reliability_md, top_md
@@ -291,8 +291,7 @@ def diagnose(trace_dirs: Sequence[str | Path], out: str | Path, predictors: str 
     for kind, fp in kinds.items():
         if fp.gamma != g:
             raise ValueError(f"the {kind} predictor was trained at gamma = {fp.gamma}, the traces have {g}")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = own_dir(out)
 
     scores = {"raw": ts.confidence.astype(np.float64)}
     for kind, fp in kinds.items():

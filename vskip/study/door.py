@@ -28,9 +28,9 @@ def runtime_of(models: ModelConfig):
                            models.verifier_device, models.max_memory)
 
 
-def open_models(models: ModelConfig, need_drafter: bool = True, budget: tuple[int, int, int] | None = None, runtime=None):
-    """The model pair, placed for ``budget`` (longest prompt, new tokens, longest block; None: a
-    generic budget, as a sweep's workers load once per process)."""
+def open_models(models: ModelConfig, need_drafter: bool = True, budget: tuple | None = None, runtime=None):
+    """The model pair, placed for ``budget`` (longest prompt, new tokens, longest block and
+    optionally the batch size; None: a generic budget, as a sweep's workers load once per process)."""
     from ..engine.models.load import load_pair
 
     runtime = runtime or runtime_of(models)
@@ -100,17 +100,26 @@ class Decoder:
         return decode(ids, self.drafter, self.pair.verifier, s.policy, s.decode, self.predictor, task_id=task_id,
                       sample=sample)
 
+    def decode_many(self, jobs, batch_size: int = 1):
+        """Decode :class:`~vskip.engine.decode.Job` s ``batch_size`` at a time, yielding (job, result)
+        as each finishes."""
+        from ..engine.decode import decode_many
+
+        s = self.settings
+        return decode_many(jobs, self.drafter, self.pair.verifier, s.policy, s.decode, self.predictor, batch_size)
+
 
 def open_decoder(s: Settings, prompts: str | list[tuple[str, str]] | None = None, pair=None,
-                 record: dict | None = None) -> Decoder:
+                 record: dict | None = None, batch_size: int = 1) -> Decoder:
     """Open a decode of ``s``: the runtime once, the prompts' fit (before any model loads), the pair
-    placed for the longest block the decode drafts (unless ``pair`` is one already loaded), and the
-    predictor (``record``: the run's recorded settings, for the online thresholds' check)."""
+    placed for the longest block the decode drafts and ``batch_size`` sequences side by side
+    (unless ``pair`` is one already loaded), and the predictor (``record``: the run's recorded
+    settings, for the online thresholds' check)."""
     runtime = pair.runtime if pair is not None and pair.runtime is not None else runtime_of(s.models)
     if pair is None:
         budget = None
         if prompts is not None:
             n = longest_prompt(s.models, prompts, s.decode.max_new_tokens)
-            budget = (n, s.decode.max_new_tokens, s.longest_block)
+            budget = (n, s.decode.max_new_tokens, s.longest_block, batch_size)
         pair = open_models(s.models, s.policy.uses_drafter, budget, runtime)
     return Decoder(s, pair, runtime, load_policy_predictor(s, runtime, record))

@@ -10,14 +10,13 @@ committed. Run directories are named by :func:`vskip.study.grids.config_name` th
 from __future__ import annotations
 
 import gzip
-import shutil
 import sys
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..bench.tasks import TASKS, load_task
-from ..files import read_json, write_atomic
+from ..files import copy_file, read_json, write_atomic
 from .compare import SETTINGS
 from .grids import GridPoint, grid
 from .jobs import Runner
@@ -118,7 +117,7 @@ def unpack(fs: FullScale) -> list[Path]:
         d = fs.runs / "timing" / gz.parent.name
         d.mkdir(parents=True, exist_ok=True)
         if not (d / SETTINGS).exists():
-            shutil.copyfile(gz.parent / SETTINGS, d / SETTINGS)
+            copy_file(gz.parent / SETTINGS, d / SETTINGS)
         rows = d / gz.name[: -len(".gz")]
         if not rows.exists():
             written.append(write_atomic(rows, gzip.decompress(gz.read_bytes())))
@@ -154,7 +153,7 @@ def train(fs: FullScale, run: Runner) -> None:
     for t in fs.tasks:
         (fs.results / "traces" / t).mkdir(parents=True, exist_ok=True)
         for name in (CONFIG, SUMMARY):
-            shutil.copyfile(fs.traces(t) / name, fs.results / "traces" / t / name)
+            copy_file(fs.traces(t) / name, fs.results / "traces" / t / name)
     pred = fs.model(0)
     for kind in ("marginal", "conditional", "prefix"):
         if not (pred / kind / "manifest.json").exists():
@@ -245,7 +244,7 @@ def onpolicy(fs: FullScale, run: Runner) -> None:
     for t in fs.tasks:  # what the on-policy runs were, beside the retrained model
         (fs.results / f"onpolicy{r}" / t).mkdir(parents=True, exist_ok=True)
         for name in (CONFIG, SUMMARY):
-            shutil.copyfile(fs.onpolicy(r, t) / name, fs.results / f"onpolicy{r}" / t / name)
+            copy_file(fs.onpolicy(r, t) / name, fs.results / f"onpolicy{r}" / t / name)
 
 
 def onpolicy_check(fs: FullScale, run: Runner) -> None:
@@ -336,7 +335,7 @@ def pack(fs: FullScale, run: Runner) -> None:
     for d in sorted((fs.runs / "timing").glob(f"*/{SETTINGS}")):
         out = fs.results / "timing" / d.parent.name
         out.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(d, out / SETTINGS)
+        copy_file(d, out / SETTINGS)
         for rows in sorted(d.parent.glob("shard-*.jsonl")):
             _gzip_if_changed(rows, out / f"{rows.name}.gz")
         run([["compare", "--summary", "--out", str(out)]], quiet=True)
@@ -345,7 +344,7 @@ def pack(fs: FullScale, run: Runner) -> None:
     # the newest round's report holds that round, every earlier one and round 0
     for out in [*(fs.results / f"report-round{r}" for r in range(MAX_ROUND, 0, -1)), fs.results / "report"]:
         if (out / "scheduler.json").is_file():
-            shutil.copyfile(out / "scheduler.json", fs.results.parent / "scheduler.json")
+            copy_file(out / "scheduler.json", fs.results.parent / "scheduler.json")
             break
 
 

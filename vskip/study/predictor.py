@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from ..engine.features import FEATURE_NAMES
-from ..files import write_atomic
+from ..files import own_dir, write_atomic
 from .rotations import (MANIFEST, Rotation, hidden_rows, owner_of, read_rotations, rotation_file, rotations,
                         save_rotation, test_owners)
 from .traces import FOLD_SEED, KINDS, N_FOLDS, TraceSet, folds, survival_labels
@@ -191,8 +191,7 @@ def train_predictor(ts: TraceSet, cfg: PredictorTrainConfig, out: str | Path, pr
               file=sys.stderr)
     fl = folds(ts.prompt_ids, seed=cfg.fold_seed, k=cfg.k)
     rots = rotations(fl)
-    kdir = Path(out) / cfg.kind
-    kdir.mkdir(parents=True, exist_ok=True)
+    kdir = own_dir(Path(out) / cfg.kind)
     entries = []
     bar = tqdm(total=cfg.epochs * len(rots), desc=f"train {cfg.kind}", unit="epoch", disable=not progress,
                file=sys.stderr)

@@ -21,7 +21,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..files import write_atomic
+from ..files import own_dir, write_atomic
 
 MANIFEST = "manifest.json"
 #: share of a prefix rotation's training prompts held back to choose the epoch
@@ -87,7 +87,7 @@ def save_rotation(path: Path, state: dict, mean: np.ndarray, std: np.ndarray, me
     tensors["norm.mean"] = torch.from_numpy(np.asarray(mean, np.float32))
     tensors["norm.std"] = torch.from_numpy(np.asarray(std, np.float32))
     md = {k: v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()}
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    own_dir(Path(path).parent)
     write_atomic(Path(path), lambda tmp: save_file(tensors, tmp, metadata=md))
 
 

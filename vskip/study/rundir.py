@@ -298,7 +298,10 @@ def load_run(path: Path) -> Run:
     if run.samples and not run.rounds:
         n.append("no rounds.jsonl: agreement and A are unknown")
     if len(run.machines) > 1:
-        n.append(f"timed on {len(run.machines)} machines ({', '.join(sorted(run.machines))}): its tokens/s mixes them")
+        from ..engine.runtime import machine_name
+
+        named = "; ".join(machine_name(m) for m in sorted(run.machines))
+        n.append(f"timed on {len(run.machines)} machines ({named}): its tokens/s mixes them")
     if run.task is None:
         n.append("the task is unknown (no summary.json or config.json names it)")
     if run.policy is None:

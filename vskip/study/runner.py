@@ -14,7 +14,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..engine.decode import DecodeConfig
+from ..engine.decode import DecodeConfig, Job
 from ..engine.metrics import PromptResult, summarize
 from ..engine.models.config import ModelConfig, model_defaults, with_defaults
 from ..engine.policy import PolicyConfig, Sampling
@@ -36,6 +36,9 @@ class RunConfig:
     predictor: str | None = None
     #: completions per prompt (pass@k), each with its own random numbers; needs sampling
     samples_per_prompt: int = 1
+    #: sequences decoded side by side (:func:`vskip.engine.decode.decode_many`); each prompt's
+    #: output is batch 1's, up to floating-point near-ties
+    batch_size: int = 1
     #: the checked settings of the fields above (:meth:`of` hands over those the command line
     #: checked; otherwise they are built, and so checked, here); never written to ``config.json``
     settings: Settings | None = field(default=None, compare=False, repr=False)
@@ -43,6 +46,8 @@ class RunConfig:
     def __post_init__(self):
         if self.settings is None:
             object.__setattr__(self, "settings", Settings(self.policy, self.decode, self.models, self.predictor))
+        if self.batch_size < 1:
+            raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.samples_per_prompt < 1:
             raise ValueError(f"--samples-per-prompt must be >= 1, got {self.samples_per_prompt}")
         if self.samples_per_prompt > 1 and self.decode.sampling.greedy:
@@ -87,7 +92,7 @@ def _check_resume(out: Path, cfg_json: dict) -> None:
     if isinstance(run, dict) and isinstance(run.get("decode"), dict):  # written before sampling existed
         run = {**run, "decode": with_defaults(run["decode"], {"sampling": asdict(Sampling())})}
     if isinstance(run, dict):
-        run = with_defaults(run, {"samples_per_prompt": 1})
+        run = with_defaults(run, {"samples_per_prompt": 1, "batch_size": 1})
     if run != cfg_json:
         raise ValueError(f"{out} holds a run with another configuration; choose another --out or remove it")
 
@@ -133,8 +138,10 @@ def _run_locked(cfg: RunConfig, out: Path, problems, progress: bool, pair, comma
     scoring_note = None
     if cfg.score:
         scoring_note = score_samples(cfg.task, problems, samples, progress)
-    rounds = read_rounds(out / ROUNDS)  # written once, in prompt (and sample) order
-    write_jsonl(out / SAMPLES, samples)  # now with each completion's test result
+    rounds = read_rounds(out / ROUNDS)  # written once, in the order the completions finished
+    # now with each completion's test result, in the order the completions were appended (a batch
+    # finishes them out of prompt order), which is the order of their rounds: a resume pairs them
+    write_jsonl(out / SAMPLES, list(done.values()))
     dcfg = cfg.decode
     summary = {"task": cfg.task, "policy": cfg.policy.name, **cfg.policy.summary(),
                "gamma": dcfg.gamma, "gamma_max": dcfg.gamma_max, "steps": m.steps, "verifier_cache": m.verifier_cache,
@@ -151,7 +158,8 @@ def _models(cfg: RunConfig, problems, pair):
     from .door import open_decoder
 
     prompts = [(p.task_id, tasks.user_prompt(p)) for p in problems]
-    return open_decoder(cfg.settings, prompts, pair=pair, record=json.loads(json.dumps(cfg.to_json())))
+    return open_decoder(cfg.settings, prompts, pair=pair, record=json.loads(json.dumps(cfg.to_json())),
+                        batch_size=cfg.batch_size)
 
 
 def _decode_prompts(cfg: RunConfig, out: Path, problems, decoder, done: dict, progress: bool,
@@ -169,11 +177,17 @@ def _decode_prompts(cfg: RunConfig, out: Path, problems, decoder, done: dict, pr
     todo = [(p, i) for p in problems for i in range(n) if (p.task_id, i) not in done]
     if todo:
         decoder.warmup(prompts[todo[0][0].task_id])
-    bar = tqdm(todo, desc=f"{cfg.task} {cfg.policy.name}", unit="prompt" if n == 1 else "sample", disable=not progress,
-               file=sys.stderr)
+    bar = tqdm(total=len(todo), desc=f"{cfg.task} {cfg.policy.name}", unit="prompt" if n == 1 else "sample",
+               disable=not progress, file=sys.stderr)
     tok_total = sec_total = 0.0
-    for p, i in bar:
-        res = decoder.decode(prompts[p.task_id], task_id=p.task_id, sample=i)
+    by_job = {}
+    jobs = []
+    for p, i in todo:
+        job = Job(prompts[p.task_id], task_id=p.task_id, sample=i)
+        by_job[id(job)] = (p, i)
+        jobs.append(job)
+    for job, res in decoder.decode_many(jobs, cfg.batch_size):  # in the order they finish
+        p, i = by_job[id(job)]
         which = {"task_id": p.task_id, **({"sample": i} if n > 1 else {})}
         rounds = [RoundRow.of(r, p.task_id, i if n > 1 else None) for r in res.rounds]
         sample = {
@@ -189,7 +203,9 @@ def _decode_prompts(cfg: RunConfig, out: Path, problems, decoder, done: dict, pr
         done[(p.task_id, i)] = sample
         tok_total += res.generated_tokens
         sec_total += res.decode_seconds
+        bar.update(1)
         bar.set_postfix(tok_s=f"{tok_total / max(sec_total, 1e-9):.1f}")
+    bar.close()
 
 
 def check_sandbox(task: str) -> None:

@@ -32,7 +32,7 @@ from ..defaults import K_MIN, S_MAX
 from ..engine.decode import DecodeConfig
 from ..engine.metrics import summarize
 from ..engine.models.config import ModelConfig
-from ..files import DirLock, FileError
+from ..files import DirLock, FileError, own_dir
 from ..files import read_jsonl as _read_jsonl
 from ..files import write_json
 from ..files import write_jsonl as _write_jsonl
@@ -223,8 +223,7 @@ def merge_shards(run_dir: Path, cfg: RunConfig, shard_dirs: Sequence[Path], sele
     shard_summary = json.loads((Path(shard_dirs[0]) / SUMMARY).read_text())
     keys = _summarize_keys()
     summary = {k: v for k, v in shard_summary.items() if k not in keys} | summarize(ordered, all_rounds)
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = own_dir(run_dir)
     (run_dir / SUMMARY).unlink(missing_ok=True)
     write_json(run_dir / CONFIG, head)
     _write_jsonl(run_dir / ROUNDS, (r.to_json() for r in all_rounds))
@@ -281,7 +280,7 @@ def _check_and_record(p: SweepPlan, out: Path, command: str | None) -> SweepPlan
             rec["grids"] = list(dict.fromkeys(old.get("grids", [old.get("grid")]) + [p.grid]))
             if command is None:
                 rec["command"] = old.get("command")
-    out.mkdir(parents=True, exist_ok=True)
+    own_dir(out)
     write_json(path, rec)
     return p
 
@@ -307,8 +306,7 @@ def run_sweep(
         raise ValueError(f"unknown executor {executor!r}; expected local or ray")
     if executor == "ray":
         _import_ray()  # before anything is written
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = own_dir(out)
     with DirLock(out, "sweep directory"):
         return _run_locked(p, out, workers, executor, address, pair_factory, progress, command, gpus_per_worker)
 

@@ -38,7 +38,7 @@ import numpy as np
 
 from ..engine.features import FEATURE_NAMES
 from ..engine.policy import LEARNED
-from ..files import read_jsonl, write_atomic
+from ..files import check_input_dir, own_dir, read_jsonl, write_atomic
 from .rundir import CONFIG, SAMPLES, TRACE_DIR  # noqa: E402
 
 FORMAT = "vskip-traces/1"
@@ -139,7 +139,7 @@ def append_traces(run_dir: str | Path, task_id: str, traces: Sequence, gamma: in
         "hidden_clipped": str(n_clipped),
     }
     path = trace_path(run_dir, task_id)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    own_dir(path.parent)
     write_atomic(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
     return path
 
@@ -262,8 +262,7 @@ def _read_trace_runs(run_dirs, hidden: bool) -> tuple[dict[str, dict], list, set
     per_prompt: dict[str, dict] = {}
     policies, gammas = [], set()
     for rd in map(Path, run_dirs):
-        if not rd.is_dir():
-            raise FileNotFoundError(f"trace run directory {rd} does not exist")
+        check_input_dir(rd, "trace run directory")
         files = trace_files(rd)
         if not files:
             raise ValueError(f"{rd} holds no block traces (decode with `vskip run ... --trace`)")

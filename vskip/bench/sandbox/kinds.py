@@ -85,7 +85,8 @@ def _bwrap_base(privileged: bool, with_perms: bool) -> list[str] | None:
             argv += ["--ro-bind", f, f]
     if os.path.isdir("/etc/ld.so.conf.d"):
         argv += ["--ro-bind", "/etc/ld.so.conf.d", "/etc/ld.so.conf.d"]
-    argv += ["--proc", "/proc", "--dev", "/dev"]
+    # no /proc: the program gets no view of its own memory (/proc/self/mem) or of other processes
+    argv += ["--dev", "/dev"]
     made: set[str] = set()
     for d in _python_dirs():
         # bwrap makes missing parents 0700; the sandbox uid must be able to traverse them.

@@ -135,7 +135,8 @@ def _run(code, setup: _Setup, timeout, memory_mb, file_mb, nofile, nproc, max_ou
         argv = prefix + [sys.executable, "-I", "-S", "-c", _RUNNER, json.dumps(cfg)]
         if setup.kind == "namespaces":
             jail = {
-                "root": os.path.join(host_dir, "root"), "workdir": workdir, "disk_bytes": disk_mb << 20,
+                "root": os.path.join(host_dir, "root"), "proc": os.path.join(host_dir, "proc"),
+                "workdir": workdir, "disk_bytes": disk_mb << 20,
                 "program_host": prog_host, "program": f"{workdir}/{PROGRAM_NAME}", "ro": _jail_binds(),
                 "pivot_root": _PIVOT_ROOT[os.uname().machine], "nest_user": setup.nest_user,
                 "python": sys.executable, "runner": _RUNNER, "runner_cfg": json.dumps(cfg),

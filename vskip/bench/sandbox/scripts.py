@@ -69,8 +69,8 @@ os._exit(os.WEXITSTATUS(status))
 # The jail of the "namespaces" kind: runs as root of fresh mount/net/pid/ipc/uts namespaces (made
 # by util-linux `unshare`; inside a user namespace when we are not root), builds a new root on a
 # tmpfs holding only read-only binds of the system and Python directories, a size-limited /tmp and
-# working directory, a fresh /proc and a few device nodes, pivots into it and detaches the old
-# root. Then it gives up root: to a fresh uid (when the host is root; the runner switches), or to
+# working directory (no program runs from either) and a few device nodes, and no /proc, pivots into
+# it and detaches the old root. Then it gives up root: to a fresh uid (when the host is root; the runner switches), or to
 # an unprivileged uid of a nested user namespace (when not root), and execs the runner.
 _JAIL = r"""
 import ctypes, json, os, sys
@@ -84,8 +84,9 @@ def mount(src, dst, fs, flags, data=None):
         e = ctypes.get_errno()
         raise OSError(e, "mount %s on %s: %s" % (src, dst, os.strerror(e)))
 
-def write(path, text):
-    with open(path, "w") as f:
+def write(path, text, dir_fd=None):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=dir_fd)
+    with open(fd, "w") as f:
         f.write(text)
 
 try:
@@ -96,7 +97,7 @@ try:
     size = "size=%d" % cfg["disk_bytes"]
     for d, mode in (("/tmp", "1777"), (cfg["workdir"], "0777")):
         os.makedirs(root + d, exist_ok=True)
-        mount("tmpfs", root + d, "tmpfs", NOSUID | NODEV, size + ",mode=" + mode)
+        mount("tmpfs", root + d, "tmpfs", NOSUID | NODEV | NOEXEC, size + ",mode=" + mode)
     with open(cfg["program_host"], "rb") as src, open(root + cfg["program"], "wb") as dst:
         dst.write(src.read())
     os.chmod(root + cfg["program"], 0o644)
@@ -117,8 +118,11 @@ try:
     for name in ("null", "zero", "full", "random", "urandom"):
         write(root + "/dev/" + name, "")
         mount("/dev/" + name, root + "/dev/" + name, None, BIND)
-    os.makedirs(root + "/proc", exist_ok=True)
-    mount("proc", root + "/proc", "proc", NOSUID | NODEV | NOEXEC)
+    procfd = None
+    if cfg["nest_user"]:  # a /proc outside the new root, reached by a descriptor only, to map the uid
+        os.makedirs(cfg["proc"], exist_ok=True)
+        mount("proc", cfg["proc"], "proc", NOSUID | NODEV | NOEXEC)
+        procfd = os.open(cfg["proc"], os.O_RDONLY | os.O_DIRECTORY)
     os.mkdir(root + "/.old")
     os.chdir(root)
     if libc.syscall(cfg["pivot_root"], b".", b".old") != 0:
@@ -132,9 +136,10 @@ try:
     if cfg["nest_user"]:  # root of a user namespace: become an unprivileged uid of a nested one
         if libc.unshare(0x10000000) != 0:
             raise OSError(ctypes.get_errno(), "nested user namespace")
-        write("/proc/self/setgroups", "deny")
-        write("/proc/self/uid_map", "65534 0 1")
-        write("/proc/self/gid_map", "65534 0 1")
+        write("self/setgroups", "deny", procfd)
+        write("self/uid_map", "65534 0 1", procfd)
+        write("self/gid_map", "65534 0 1", procfd)
+        os.close(procfd)
         os.setgid(65534)
         os.setuid(65534)
     os.chdir(cfg["workdir"])

@@ -305,9 +305,12 @@ class ConditionedDrafter:
         self.copy = None
         self.reset()
 
-    def reset(self) -> None:
+    def reset(self, slot: int | None = None) -> None:
         self._ctx: list | None = None
         self._ctx_ids: list[int] = []
+
+    def propose_many(self, requests, features: bool = False, sampling: Sampling | None = None) -> list[DraftBlock]:
+        return [self.propose(seq, g, features, sampling, slot) for slot, seq, g in requests]
 
     def with_steps(self, steps: int) -> "ConditionedDrafter":
         if steps != 1:
@@ -346,8 +349,10 @@ class ConditionedDrafter:
         return m
 
     @torch.inference_mode()
-    def propose(self, seq: Sequence[int], gamma: int, features: bool = False,
-                sampling: Sampling | None = None) -> DraftBlock:
+    def propose(self, seq: Sequence[int], gamma: int, features: bool = False, sampling: Sampling | None = None,
+                slot: int = 0) -> DraftBlock:
+        if slot != 0:
+            raise ValueError("the conditioned drafter drafts for one sequence at a time (batch size 1)")
         seq = [int(t) for t in seq]
         assert len(seq) >= 1 and gamma >= 1, (len(seq), gamma)
         if gamma > self.spec.max_gamma:

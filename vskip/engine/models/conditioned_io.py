@@ -100,10 +100,9 @@ def save_conditioned(model: ConditionedLM, out_dir: Path, meta: dict | None = No
     never the verifier's embedding or head)."""
     from safetensors.torch import save_file
 
-    from ...files import write_atomic
+    from ...files import own_dir, write_atomic
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = own_dir(out_dir)
     spec = model.spec if meta is None else replace(model.spec, meta={**model.spec.meta, **meta})
     sd = {k: v.detach().cpu() for k, v in model.state_dict().items() if v is not None}
     sd = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in sd.items()}

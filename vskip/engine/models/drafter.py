@@ -94,9 +94,21 @@ class DiffusionDrafter:
         other.reset()
         return other
 
-    def reset(self) -> None:
+    def reset(self, slot: int | None = None) -> None:
+        """Forget a slot's cached context (a new prompt follows there), or every slot's (None)."""
+        if slot is None:
+            self._slots: dict[int, tuple] = {}
+        else:
+            self._slots.pop(slot, None)
         self._cache = None
         self._cached_ids: list[int] = []
+
+    def _enter(self, slot: int) -> None:
+        """Draft for the sequence held in ``slot``: its context cache becomes the current one."""
+        self._cache, self._cached_ids = self._slots.get(slot, (None, []))
+
+    def _leave(self, slot: int) -> None:
+        self._slots[slot] = (self._cache, self._cached_ids)
 
     def match_length(self, seq: Sequence[int]) -> int:
         """The copy hint's match length after ``seq`` (0 when neither a copy prior nor the
@@ -210,10 +222,42 @@ class DiffusionDrafter:
 
     # -- proposal --------------------------------------------------------------------------
     @torch.inference_mode()
-    def propose(self, seq: Sequence[int], gamma: int, features: bool = False,
-                sampling: Sampling | None = None) -> DraftBlock:
+    def propose(self, seq: Sequence[int], gamma: int, features: bool = False, sampling: Sampling | None = None,
+                slot: int = 0) -> DraftBlock:
+        """Reveal a block of ``gamma`` masks after ``seq`` (the sequence held in ``slot``)."""
+        self._enter(slot)
+        try:
+            return self._propose(seq, gamma, features, sampling)
+        finally:
+            self._leave(slot)
+
+    def _propose(self, seq: Sequence[int], gamma: int, features: bool, sampling: Sampling | None) -> DraftBlock:
         """Reveal a block of ``gamma`` masks in ``steps`` steps: each step scores the masked
         positions (:meth:`_step_scores`) and reveals the most confident ones (:meth:`_reveal`)."""
+        row = self.start_block(seq, gamma, features, sampling)
+        for s in range(self.steps):
+            self.step_input(row, s)
+            h = self._first_hidden(row.x, row.start, row.missing, row.code) if s == 0 else \
+                self._hidden(row.x, row.start, row.code)
+            self.step_output(row, s, h)
+        return row.finish()
+
+    def propose_many(self, requests: Sequence[tuple[int, Sequence[int], int]], features: bool = False,
+                     sampling: Sampling | None = None) -> list[DraftBlock]:
+        """Draft a block for each (slot, seq, gamma) of ``requests``: with block attention and
+        several rows, each reveal step runs every row in one forward
+        (:func:`vskip.engine.models.drafter_batch.block_hidden_many`); otherwise one row at a time."""
+        if len(requests) == 1 or self.spec.attention != "block":
+            return [self.propose(seq, g, features, sampling, slot) for slot, seq, g in requests]
+        from .drafter_batch import draft_many
+
+        with torch.inference_mode():
+            return draft_many(self, requests, features, sampling)
+
+    # the steps of one block, shared by one row and many
+    def start_block(self, seq: Sequence[int], gamma: int, features: bool, sampling: Sampling | None) -> "_Row":
+        """A block about to be revealed after ``seq``: its query, the context the current cache
+        lacks, its hints and its empty reveal state."""
         assert len(seq) >= 1 and gamma >= 1, (len(seq), gamma)
         if sampling is not None and self.steps != 1:
             raise ValueError(f"a sampled draft (--speculative-sampling) needs a drafter that drafts its block in one "
@@ -221,29 +265,35 @@ class DiffusionDrafter:
         x, P, start, missing = self._block_input(seq, gamma)
         hint, lam = self._copy_prior_hint(seq, gamma)
         hint_in, code = self._hint_input(seq, x, P, gamma)
-        full_code = None if code is None else code.clone()
         b = _Reveal.empty(gamma, self._W.shape[1], self._W.dtype, self.device, features)
-        q = None
-        for s, n in enumerate(reveal_counts(gamma, self.steps)):
-            if s > 0 and code is not None:  # hints hold up to the first revealed token that breaks them
-                wrong = (~b.masked) & (b.tokens != hint_in)
-                keep = torch.cumsum(wrong.long(), 0) - wrong.long() == 0
-                code[0, P:] = torch.where(keep, full_code[0, P:], -1)
-            h = self._first_hidden(x, start, missing, code) if s == 0 else self._hidden(x, start, code)
-            h = h[P - 1 : P - 1 + gamma]  # shifted: hidden j-1 predicts j
-            logp = self._log_probs(h, hint, lam, b)
-            sc = self._step_scores(logp, features)
-            if features and s == 0:
-                b.p1_0, b.ne_0 = sc.p1.clone(), -sc.ent
-            if n == 0:
-                continue
-            idx = sc.score.masked_fill(~b.masked, float("-inf")).topk(n).indices
-            chosen = self._token(sc.top.indices[idx, 0], idx, hint)
-            if sampling is not None:  # the only step: the loop draws every position from q
-                q = self._distributions(logp, hint, sampling)
-            self._reveal(b, x, P, idx, chosen, s, n, sc, h, gamma)
-        assert not bool(b.masked.any()), "every position is revealed by the last step"
-        return b.block(q)
+        return _Row(x, P, start, missing, hint, lam, hint_in, code, None if code is None else code.clone(), b,
+                    gamma, features, sampling, reveal_counts(gamma, self.steps))
+
+    def step_input(self, row: "_Row", s: int) -> None:
+        """Before step ``s``: hints hold up to the first revealed token that breaks them."""
+        if s > 0 and row.code is not None:
+            b = row.reveal
+            wrong = (~b.masked) & (b.tokens != row.hint_in)
+            keep = torch.cumsum(wrong.long(), 0) - wrong.long() == 0
+            row.code[0, row.P:] = torch.where(keep, row.full_code[0, row.P:], -1)
+
+    def step_output(self, row: "_Row", s: int, h: torch.Tensor) -> None:
+        """After step ``s``, from the hidden states ``h`` of the row's query [P + gamma, d]: score
+        every position and reveal the most confident masked ones."""
+        P, gamma, b = row.P, row.gamma, row.reveal
+        h = h[P - 1 : P - 1 + gamma]  # shifted: hidden j-1 predicts j
+        logp = self._log_probs(h, row.hint, row.lam, b)
+        sc = self._step_scores(logp, row.features)
+        if row.features and s == 0:
+            b.p1_0, b.ne_0 = sc.p1.clone(), -sc.ent
+        n = row.counts[s]
+        if n == 0:
+            return
+        idx = sc.score.masked_fill(~b.masked, float("-inf")).topk(n).indices
+        chosen = self._token(sc.top.indices[idx, 0], idx, row.hint)
+        if row.sampling is not None:  # the only step: the loop draws every position from q
+            row.q = self._distributions(logp, row.hint, row.sampling)
+        self._reveal(b, row.x, P, idx, chosen, s, n, sc, h, gamma)
 
     def _copy_prior_hint(self, seq: Sequence[int], gamma: int):
         """(hint tokens [gamma], mixture weights [gamma]) of the copy prior, or (None, None)."""
@@ -301,6 +351,22 @@ class DiffusionDrafter:
             rows = torch.nonzero(hint >= 0)[:, 0]
             full[rows, hint[rows]] = torch.logaddexp(full[rows, hint[rows]], logp[rows, n].double())
         return warped_probs(full, sampling).cpu().numpy()
+
+
+class _Row:
+    """One block in the making: its query ``x`` [1, P + gamma] at ``start``, the context it brings
+    along (``missing``), its hints and hint input (``code``), and its reveal state."""
+
+    def __init__(self, x, P, start, missing, hint, lam, hint_in, code, full_code, reveal, gamma, features, sampling,
+                 counts):
+        self.x, self.P, self.start, self.missing = x, P, start, missing
+        self.hint, self.lam, self.hint_in, self.code, self.full_code = hint, lam, hint_in, code, full_code
+        self.reveal, self.gamma, self.features, self.sampling, self.counts = reveal, gamma, features, sampling, counts
+        self.q = None
+
+    def finish(self) -> DraftBlock:
+        assert not bool(self.reveal.masked.any()), "every position is revealed by the last step"
+        return self.reveal.block(self.q)
 
 
 class _Scores:

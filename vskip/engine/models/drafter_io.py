@@ -80,8 +80,9 @@ def save_drafter(model: DiffusionLM, out_dir: Path, base_dir: Path | None = None
     base checkpoint's are left out (only what differs from the verifier ships)."""
     from safetensors.torch import save_file
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    from ...files import own_dir, write_atomic
+
+    out_dir = own_dir(out_dir)
     spec = model.spec if meta is None else replace(model.spec, meta={**model.spec.meta, **meta})
     sd = {k: v.detach().cpu() for k, v in model.state_dict().items() if v is not None}
     if base_dir is not None:
@@ -91,8 +92,8 @@ def save_drafter(model: DiffusionLM, out_dir: Path, base_dir: Path | None = None
             if name in base and base[name].shape == v.shape and torch.equal(base[name].to(v.dtype), v):
                 del sd[k]
     sd = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in sd.items()}
-    save_file(sd, str(out_dir / WEIGHTS_FILE))
-    (out_dir / SPEC_FILE).write_text(json.dumps(spec.to_json(), indent=1))
+    write_atomic(out_dir / WEIGHTS_FILE, lambda tmp: save_file(sd, tmp))
+    write_atomic(out_dir / SPEC_FILE, json.dumps(spec.to_json(), indent=1))
     return out_dir
 
 

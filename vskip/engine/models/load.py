@@ -268,11 +268,12 @@ def plan_pair(runtime: Runtime, vdir: Path, ddir: Path | None, use_cache: bool,
     if ddir is not None and not ((Path(ddir) / "drafter.json").exists() or is_dream_checkpoint(ddir)
                                 or is_conditioned(ddir)):
         ddir = None  # an untrained drafter built from the verifier: a few layers of it
-    prompt, new, gamma = budget or DEFAULT_BUDGET
+    prompt, new, gamma, *rest = budget or DEFAULT_BUDGET
     plan = plan_memory(
         vdir, ddir, verifier_device=runtime.verifier_on, drafter_device=runtime.drafter_on, dtype=runtime.dtype,
         drafter_dtype=runtime.drafter_dtype or runtime.dtype, prompt_tokens=prompt, max_new_tokens=new,
         gamma=gamma, verifier_cache=use_cache, capacity=parse_max_memory(runtime.max_memory),
+        batch=rest[0] if rest else 1,
     )
     if show is None:
         show = runtime.verifier_split or bool(runtime.cuda_indices())
@@ -389,6 +390,10 @@ def load_pair(
     if need_drafter and copy_prior not in (None, "off", "none", "auto") and not Path(copy_prior).is_dir() \
             and not Path(copy_prior).is_file():
         raise ValueError(f"copy prior {copy_prior} is not a regular file")
+    if need_drafter and drafter == EMBEDDED_CONDITIONED \
+            and not (resolve_drafter_dir(drafter) / "drafter.json").exists():
+        raise FileNotFoundError("no conditioned drafter ships with vskip: train one (vskip train-conditioned, "
+                                "docs/conditioned.md) and pass its directory with --drafter")
     if need_drafter and drafter in (None, "", "default", EMBEDDED_DRAFTER, EMBEDDED_CONDITIONED) \
             and not (resolve_drafter_dir(drafter) / "drafter.json").exists():  # never a silent stand-in
         raise FileNotFoundError(f"the embedded drafter's {resolve_drafter_dir(drafter) / 'drafter.json'} is missing; reinstall "

@@ -201,7 +201,8 @@ class MemoryPlan:
         s = self.settings
         head = (f"memory plan: verifier {_count(s['verifier']['params'])} parameters in {s['dtype']}"
                 + (f", drafter {_count(s['drafter']['params'])} in {s['drafter_dtype']}" if s.get("drafter") else "")
-                + f"; {s['tokens']} tokens at most per sequence; verifier cache "
+                + f"; {s['tokens']} tokens at most per sequence"
+                + (f", {s['batch']} sequences side by side" if s.get("batch", 1) != 1 else "") + "; verifier cache "
                 + ("kept" if s["verifier_cache"] else "recomputed every call"))
         lines = [head, "| device | capacity GiB | weights | cache | activations | reserve | total | verdict | holds |",
                  "|---|---|---|---|---|---|---|---|---|"]
@@ -324,9 +325,12 @@ def plan_memory(
     gamma: int,
     verifier_cache: bool = True,
     capacity: dict[str, int | None] | None = None,
+    batch: int = 1,
 ) -> MemoryPlan:
     """The memory each device needs for this pair and placement (see the module's docstring).
-    ``capacity``: bytes per device (``--max-memory``); what is free on this machine otherwise."""
+    ``capacity``: bytes per device (``--max-memory``); what is free on this machine otherwise.
+    ``batch``: sequences decoded side by side, each with its own caches (the verifier's ragged
+    cache holds ``batch`` rows of ``tokens`` positions) and its rows in every forward."""
     vshape = read_shape(verifier_dir, "verifier")
     dshape = read_shape(drafter_dir, "drafter") if drafter_dir is not None else None
     vb, db = DTYPE_BYTES[dtype], DTYPE_BYTES[drafter_dtype]
@@ -353,12 +357,12 @@ def plan_memory(
     if dshape is not None:
         u = devices[drafter_device]
         u.weights += dshape.params * db
-        u.cache += 0 if dshape.recompute else dshape.cache_bytes(tokens, db)
+        u.cache += 0 if dshape.recompute else batch * dshape.cache_bytes(tokens, db)
         u.activations += dshape.activation_bytes(tokens if dshape.recompute else prompt_tokens + gamma, db, gamma)
         u.holds.append("drafter")
 
-    v_act = vshape.activation_bytes(prompt_tokens + gamma + 1 if verifier_cache else tokens, vb, gamma + 1)
-    v_cache = vshape.cache_bytes(tokens, vb) if verifier_cache else 0
+    v_act = batch * vshape.activation_bytes(prompt_tokens + gamma + 1 if verifier_cache else tokens, vb, gamma + 1)
+    v_cache = batch * vshape.cache_bytes(tokens, vb) if verifier_cache else 0
     vmap = None
     if not split:
         u = devices[names[0]]
@@ -375,6 +379,7 @@ def plan_memory(
         "dtype": dtype, "drafter_dtype": drafter_dtype, "verifier_device": verifier_device,
         "drafter_device": drafter_device if dshape else None, "prompt_tokens": prompt_tokens,
         "max_new_tokens": max_new_tokens, "gamma": gamma, "tokens": tokens, "verifier_cache": verifier_cache,
+        **({"batch": batch} if batch != 1 else {}),
         "cuda_reserve": CUDA_RESERVE,
     }
     return MemoryPlan(list(devices.values()), vmap, settings, problems)

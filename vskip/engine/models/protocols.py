@@ -79,6 +79,17 @@ class DraftBlock:
         return h.float().cpu().numpy()
 
 
+@dataclass(frozen=True)
+class Call:
+    """One verifier call of a batched forward: judge ``block`` after ``seq`` for the sequence held
+    in ``slot``; a ``shadow`` call leaves that slot as a real decode would find it."""
+
+    seq: Sequence[int]
+    block: Sequence[int]
+    shadow: bool = False
+    slot: int = 0
+
+
 class Drafter(Protocol):
     """What the loop and ``vskip compare`` use of a drafter, all of it."""
 
@@ -90,11 +101,17 @@ class Drafter(Protocol):
     #: the prompt (:meth:`Verifier.prefill`) before the first block
     reads_verifier: bool
 
-    def propose(self, seq: Sequence[int], gamma: int, features: bool = False,
-                sampling: Sampling | None = None) -> DraftBlock:
-        """Draft ``gamma`` tokens to follow ``seq`` (prompt + committed output): the drafter's
-        choice at each position; with ``sampling`` (only drafters with ``steps == 1``), also its
-        distributions warped by those settings, in ``DraftBlock.q``, for the loop to draw from."""
+    def propose(self, seq: Sequence[int], gamma: int, features: bool = False, sampling: Sampling | None = None,
+                slot: int = 0) -> DraftBlock:
+        """Draft ``gamma`` tokens to follow ``seq`` (prompt + committed output) of the sequence
+        held in ``slot`` (whose cached context it keeps): the drafter's choice at each position;
+        with ``sampling`` (only drafters with ``steps == 1``), also its distributions warped by
+        those settings, in ``DraftBlock.q``, for the loop to draw from."""
+
+    def propose_many(self, requests: Sequence[tuple[int, Sequence[int], int]], features: bool = False,
+                     sampling: Sampling | None = None) -> list[DraftBlock]:
+        """:meth:`propose` for each (slot, seq, gamma) of ``requests``, in one forward per reveal
+        step where the drafter can (the loop's batch)."""
 
     def with_steps(self, steps: int) -> "Drafter":
         """A drafter sharing this one's weights that reveals a block in ``steps`` steps (this one
@@ -102,8 +119,8 @@ class Drafter(Protocol):
 
     def warmup(self, seq: Sequence[int], gamma: int) -> None: ...
 
-    def reset(self) -> None:
-        """Forget any cached context (a new prompt follows)."""
+    def reset(self, slot: int | None = None) -> None:
+        """Forget a slot's cached context (a new prompt follows there), or every slot's (None)."""
 
     def match_length(self, seq: Sequence[int]) -> int:
         """How many of the last tokens of ``seq`` the drafter can continue by copying (its copy
@@ -120,26 +137,30 @@ class Verifier(Protocol):
     #: whether it keeps a KV cache (:meth:`set_cache`)
     use_cache: bool
 
-    def score(self, seq: Sequence[int], block: Sequence[int], shadow: bool = False) -> Verdict:
-        """Judge ``block`` after ``seq`` greedily: the argmax at each block position and after
-        it, with the drafted tokens' logit gaps and ranks. A shadow call must leave the verifier's
-        state as a real decode would find it."""
+    def open_slots(self, n: int) -> None:
+        """Hold ``n`` sequences at once (slots 0 .. n - 1), all empty: the batch of the loop."""
 
-    def distributions(self, seq: Sequence[int], block: Sequence[int], sampling: Sampling,
-                      shadow: bool = False) -> np.ndarray:
-        """The warped distributions (float64 [len(block) + 1, V]) at each block position and after
-        it, under ``sampling``'s temperature, top-k and top-p; state as :meth:`score` leaves it."""
+    def score_many(self, calls: Sequence[Call]) -> list[Verdict]:
+        """Judge each call's ``block`` after its ``seq`` greedily, all in one forward: the argmax
+        at each block position and after it, with the drafted tokens' logit gaps and ranks. A
+        shadow call must leave its slot as a real decode would find it."""
 
-    def prefill(self, ids: Sequence[int]) -> None:
-        """Run over committed tokens ``ids`` (a prompt), so that what it keeps (its cache, the
-        hidden states a conditioned drafter reads) holds them."""
+    def distributions_many(self, calls: Sequence[Call], sampling: Sampling) -> list[np.ndarray]:
+        """The warped distributions (float64 [len(block) + 1, V]) at each call's block positions
+        and after it, under ``sampling``'s temperature, top-k and top-p; state as
+        :meth:`score_many` leaves it."""
+
+    def prefill(self, ids: Sequence[int], slot: int = 0) -> None:
+        """Run over committed tokens ``ids`` (a prompt) in ``slot``, so that what it keeps (its
+        cache, the hidden states a conditioned drafter reads) holds them."""
 
     def set_cache(self, on: bool) -> None:
         """Keep a KV cache (on) or recompute the whole sequence every call (off, as the paper)."""
 
     def warmup(self, seq: Sequence[int], gamma: int) -> None: ...
 
-    def reset(self) -> None: ...
+    def reset(self, slot: int | None = None) -> None:
+        """Forget a slot's sequence (a new prompt follows there), or every slot's (None)."""
 
 
 class Predictor(Protocol):

@@ -6,10 +6,14 @@ the head is :class:`~vskip.engine.models.head.ExactHead` (a bfloat16 screen with
 then the surviving candidates in float64): cheaper, exact, and the same whatever the number of
 positions a call scores. ``exact_head=False`` keeps the model's own head.
 
-Cache discipline: before each call the cache is cropped to the longest prefix it shares with the
-new input (and never past the last committed token, whose logits are needed), then the rest —
-tokens committed by skips included — is prefilled in the same forward as the block. A shadow call
-(§3.2) crops the cache back afterwards, so it leaves nothing a later call could profit from.
+Cache discipline: the verifier holds ``slots`` sequences at once (a batch; one by default) in a
+:class:`~vskip.engine.models.ragged.RaggedCache`. Before each call a slot's cache is cut to the
+longest prefix it shares with the new input (and never past the last committed token, whose
+logits are needed) by lowering its length, then the rest — tokens committed by skips included — is
+computed in the same forward as the block. The calls of several slots share one forward
+(:meth:`HFVerifier.score_many`), each row at its own positions under its own mask. A shadow call
+(§3.2) lowers its slot's length back afterwards, so it leaves nothing a later call could profit
+from. One slot or many, it is the same code.
 """
 
 from __future__ import annotations
@@ -21,15 +25,9 @@ import torch
 
 from ..policy import Sampling, Verdict  # data types only
 from .head import ExactHead, plain_head
-from .protocols import common_prefix
+from .protocols import Call, common_prefix
+from .ragged import RaggedCache
 from .sampling import warped_probs
-
-
-def _crop(cache, n: int) -> None:
-    """Keep the first ``n`` positions of a transformers cache (``crop`` takes a count to drop)."""
-    drop = cache.get_seq_length() - n
-    if drop > 0:
-        cache.crop(-drop)
 
 
 def _cache_kwarg(model) -> str:
@@ -66,13 +64,27 @@ class HFVerifier:
         self.taps: list = []
         self._hooked: set[int] = set()
         self._grabbed: dict[int, torch.Tensor] = {}
-        self.reset()
+        self.open_slots(1)
 
-    def reset(self) -> None:
-        self._cache = None
-        self._cached_ids: list[int] = []
+    def open_slots(self, n: int) -> None:
+        """Hold ``n`` sequences at once (slots 0 .. n - 1), each with its own cache; all empty."""
+        if n < 1:
+            raise ValueError(f"a verifier holds at least one sequence, not {n}")
+        if self.taps and n > 1:
+            raise ValueError("a conditioned drafter reads one sequence's verifier states: batch size 1 only, for now")
+        self.slots = n
+        self._cache = RaggedCache(n)
+        self._cached_ids: list[list[int]] = [[] for _ in range(n)]
         for tap in self.taps:
             tap.reset()
+
+    def reset(self, slot: int | None = None) -> None:
+        """Forget what a slot holds (a new prompt follows there), or every slot's (None)."""
+        for i in range(self.slots) if slot is None else (slot,):
+            self._cached_ids[i] = []
+        if slot in (None, 0):
+            for tap in self.taps:
+                tap.reset()
 
     @property
     def vocabulary(self) -> int:
@@ -104,11 +116,11 @@ class HFVerifier:
         tap.reset()
 
     @torch.inference_mode()
-    def prefill(self, ids) -> None:
-        """Run over ``ids`` (committed tokens) so that the cache and the tap hold them."""
+    def prefill(self, ids, slot: int = 0) -> None:
+        """Run over ``ids`` (committed tokens) so that the slot's cache and the tap hold them."""
         ids = [int(t) for t in ids]
         if ids:
-            self._forward(ids, 1)
+            self._forward([(slot, ids, 1)])
 
     def set_cache(self, on: bool) -> None:
         """Keep a KV cache (on) or recompute the whole sequence every call (off, as the paper)."""
@@ -119,61 +131,81 @@ class HFVerifier:
         self.score(list(seq), [0] * gamma)
         self.reset()
 
-    def _forward(self, ids: list[int], keep: int) -> torch.Tensor:
-        """Outputs [keep, ...] of the last ``keep`` positions of ``ids``: final hidden states when
-        the exact head is used, logits otherwise."""
+    def _forward(self, rows: list[tuple[int, list[int], int]]) -> list[torch.Tensor]:
+        """One forward over rows (slot, ids, keep): the outputs [keep, ...] of the last ``keep``
+        positions of each row's ``ids`` (final hidden states when the exact head is used, logits
+        otherwise). Each row computes what its slot's cache lacks (all of it without a cache)."""
         base = self.model.model if self.head is not None else self.model
-        kw = {} if self.head is not None else {"logits_to_keep": keep}
-        if not self.use_cache:
-            x = torch.tensor([ids], device=self.device)
-            out = base(input_ids=x, use_cache=False, **kw)
-            self._hand_over(0, ids)
-            return self._output(out)[0, -keep:]
-        from transformers import DynamicCache
-
-        n = min(common_prefix(self._cached_ids, ids), len(ids) - keep)
-        if self._cache is None:
-            self._cache = DynamicCache(config=self.model.config)
-            n = 0
-        else:
-            _crop(self._cache, n)
-        x = torch.tensor([ids[n:]], device=self.device)
-        pos = torch.arange(n, len(ids), device=self.device)[None]
-        kw[self._cache_arg] = self._cache
-        out = base(input_ids=x, use_cache=True, position_ids=pos, **kw)
-        self._cached_ids = list(ids)
-        self._hand_over(n, ids)
-        return self._output(out)[0, -keep:]
-
-    def _hand_over(self, start: int, ids: list[int]) -> None:
-        """Give the tap the hidden states of positions ``start ..`` that this forward computed."""
-        for tap in self.taps:
-            tap.put(start, ids, torch.cat([self._grabbed[i][0] for i in tap.layers], dim=-1))
+        starts = [min(common_prefix(self._cached_ids[slot], ids), len(ids) - keep) if self.use_cache else 0
+                  for slot, ids, keep in rows]
+        T = max(len(ids) - n for (_, ids, _), n in zip(rows, starts))
+        x = torch.zeros((len(rows), T), dtype=torch.long)
+        for r, ((_, ids, _), n) in enumerate(zip(rows, starts)):
+            x[r, : len(ids) - n] = torch.tensor(ids[n:])
+        pos = torch.tensor(starts)[:, None] + torch.arange(T)[None]
+        slots = torch.tensor([slot for slot, _, _ in rows])
+        kw = {} if self.head is not None else {"logits_to_keep": 0}
+        if self.use_cache:
+            mask = self._cache.begin(slots.to(self.device), pos.to(self.device))
+            kw[self._cache_arg] = self._cache
+        else:  # every row from its first token, attending within itself: nothing is kept
+            mask = (torch.arange(T)[None, None, :] <= pos[:, :, None])[:, None].to(self.device)
+        out = self._output(base(input_ids=x.to(self.device), position_ids=pos.to(self.device), attention_mask=mask,
+                                use_cache=self.use_cache, **kw))
+        outputs = []
+        for r, ((slot, ids, keep), n) in enumerate(zip(rows, starts)):
+            self._cached_ids[slot] = list(ids)
+            if slot == 0:
+                self._hand_over(r, n, ids)
+            outputs.append(out[r, len(ids) - n - keep : len(ids) - n])
         self._grabbed.clear()
+        return outputs
+
+    def _hand_over(self, row: int, start: int, ids: list[int]) -> None:
+        """Give the tap the hidden states of positions ``start ..`` that row ``row`` computed."""
+        for tap in self.taps:
+            tap.put(start, ids, torch.cat([self._grabbed[i][row, : len(ids) - start] for i in tap.layers], dim=-1))
 
     def _output(self, out) -> torch.Tensor:
         return out.last_hidden_state if self.head is not None else out.logits
 
-    def _run(self, seq: Sequence[int], block: Sequence[int], shadow: bool) -> torch.Tensor:
-        """Final hidden states (exact head) or logits of the block's positions and the one after
-        it [len(block) + 1, ...], on the head's device; a shadow call restores the cache and the
-        taps as it found them."""
-        seq = [int(t) for t in seq]
-        block = [int(t) for t in block]
-        # What the cache could still serve before this call: a shadow call restores exactly that.
-        reusable = common_prefix(self._cached_ids, seq + block) if shadow else 0
-        tapped = [tap.covered(seq + block) for tap in self.taps] if shadow else []
-        out = self._forward(seq + block, len(block) + 1)  # [g+1, d] hidden states or [g+1, V] logits
-        if shadow and self.use_cache and self._cache is not None:
-            _crop(self._cache, reusable)
-            self._cached_ids = self._cached_ids[:reusable]
-        for tap, n in zip(self.taps, tapped):  # the skipped tokens stay without features
-            tap.keep(n)
-        return out.to(self.head.device) if self.head is not None else out
+    def _run(self, calls: Sequence[Call]) -> list[torch.Tensor]:
+        """Final hidden states (exact head) or logits of each call's block positions and the one
+        after it [len(block) + 1, ...], on the head's device, from one forward; a shadow call
+        restores its slot's cache and the taps as it found them."""
+        rows, restore = [], []
+        for c in calls:
+            ids = [int(t) for t in c.seq] + [int(t) for t in c.block]
+            rows.append((c.slot, ids, len(c.block) + 1))
+            # What the cache could still serve before this call: a shadow call restores exactly that.
+            restore.append((common_prefix(self._cached_ids[c.slot], ids),
+                            [tap.covered(ids) for tap in self.taps] if c.slot == 0 else []) if c.shadow else None)
+        outs = self._forward(rows)
+        for c, kept in zip(calls, restore):
+            if kept is not None:
+                self._cached_ids[c.slot] = self._cached_ids[c.slot][: kept[0]]
+                for tap, n in zip(self.taps, kept[1]):  # the skipped tokens stay without features
+                    tap.keep(n)
+        return [o.to(self.head.device) for o in outs] if self.head is not None else outs
 
     @torch.inference_mode()
+    def score_many(self, calls: Sequence[Call]) -> list[Verdict]:
+        return [self._verdict(out, c.block) for out, c in zip(self._run(calls), calls)]
+
+    @torch.inference_mode()
+    def distributions_many(self, calls: Sequence[Call], sampling: Sampling) -> list[np.ndarray]:
+        outs = self._run(calls)
+        return [warped_probs(o.float() @ self.head.weight.T if self.head is not None else o.float(), sampling)
+                .cpu().numpy() for o in outs]
+
     def score(self, seq: Sequence[int], block: Sequence[int], shadow: bool = False) -> Verdict:
-        out = self._run(seq, block, shadow)
+        return self.score_many([Call(seq, block, shadow)])[0]
+
+    def distributions(self, seq: Sequence[int], block: Sequence[int], sampling: Sampling,
+                      shadow: bool = False) -> np.ndarray:
+        return self.distributions_many([Call(seq, block, shadow)], sampling)[0]
+
+    def _verdict(self, out: torch.Tensor, block: Sequence[int]) -> Verdict:
         g = len(block)
         b = torch.tensor([int(t) for t in block], dtype=torch.long, device=out.device)
         if self.head is not None:
@@ -187,13 +219,6 @@ class HFVerifier:
             draft_gap=gap.cpu().numpy().astype(np.float64),
             draft_rank=rank,
         )
-
-    @torch.inference_mode()
-    def distributions(self, seq: Sequence[int], block: Sequence[int], sampling: Sampling,
-                      shadow: bool = False) -> np.ndarray:
-        out = self._run(seq, block, shadow)
-        logits = out.float() @ self.head.weight.T if self.head is not None else out.float()
-        return warped_probs(logits, sampling).cpu().numpy()
 
 
 def _plain_verdict(logits: torch.Tensor, block: torch.Tensor):

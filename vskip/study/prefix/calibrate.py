@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...engine.policy.prefix import Calibration, calibrate
+from ...files import check_input_dir
 
 
 def verdict(mean: float, ci: tuple[float, float] | None, alpha: float) -> str:
@@ -112,10 +113,28 @@ _SHARED = (("policy", "name"), ("policy", "survival"), ("policy", "cost_ratio"),
            ("models", "verifier"), ("models", "copy_prior"), ("models", "dtype"), ("models", "drafter_dtype"))
 
 
+#: what a run's sampling settings hold that the guarantee depends on (its seed only picks the draws)
+_SAMPLING = ("temperature", "top_p", "top_k", "speculative")
+#: the models a run decoded with, as its ``config.json`` records them (the copy prior by its sha256)
+_IDENTITY = ("verifier", "drafter", "copy_prior")
+
+
 def run_settings(run_cfg: dict) -> dict:
     """The settings of a run (its ``config.json``'s ``run``) that an online calibration and the runs
-    that use its thresholds must share, as ``{"policy/cost_ratio": ..., ...}``."""
-    return {"/".join(k): (run_cfg.get(k[0]) or {}).get(k[1]) for k in _SHARED}
+    that use its thresholds must share, as ``{"policy/cost_ratio": ..., "decode/sampling": ...}``:
+    the policy, the block, the budget, the models asked for, and the sampling (greedy or its
+    temperature, top-p, top-k and rule)."""
+    out = {"/".join(k): (run_cfg.get(k[0]) or {}).get(k[1]) for k in _SHARED}
+    sampling = (run_cfg.get("decode") or {}).get("sampling")
+    out["decode/sampling"] = {k: sampling.get(k) for k in _SAMPLING} if isinstance(sampling, dict) else sampling
+    return out
+
+
+def run_identity(config: dict) -> dict:
+    """The models a finished run decoded with (its ``config.json``'s ``models``: the verifier and the
+    drafter it loaded, the copy prior's sha256), as ``{"identity/verifier": ..., ...}``."""
+    models = config.get("models") if isinstance(config.get("models"), dict) else {}
+    return {f"identity/{k}": models.get(k) for k in _IDENTITY}
 
 
 def check_online_settings(pred, run_cfg: dict) -> None:
@@ -125,7 +144,9 @@ def check_online_settings(pred, run_cfg: dict) -> None:
     if not want:
         return
     have = run_settings(run_cfg)
-    diff = [f"{k} {have.get(k)!r} (calibrated with {v!r})" for k, v in want.items() if have.get(k) != v]
+    # the models' identities are known once they load: the calibration's record keeps them beside
+    diff = [f"{k} {have.get(k)!r} (calibrated with {v!r})" for k, v in want.items()
+            if not k.startswith("identity/") and have.get(k) != v]
     if diff:
         raise ValueError(f"the online thresholds of {pred.path} hold for the settings they were chosen with; this run "
                          f"differs in {', '.join(diff)}")
@@ -136,7 +157,9 @@ def online_losses(pred, run_dirs) -> tuple[np.ndarray, list[str], np.ndarray, di
     ``--policy prefix --lam LAM`` with the one-rotation model ``pred`` on its calibration prompts.
     The loss is :func:`vskip.engine.metrics.prompt_disagreement`, the same function the report
     scores the test prompts with. Refuses runs of another model or of other settings, and a
-    threshold whose runs lack any calibration prompt."""
+    threshold whose runs lack any calibration prompt. The settings compared are those of
+    :func:`run_settings` (sampling included) and the models each run recorded
+    (:func:`run_identity`): the guarantee is for one policy on one pair."""
     from pathlib import Path
 
     from ...engine.metrics import prompt_disagreement
@@ -146,8 +169,7 @@ def online_losses(pred, run_dirs) -> tuple[np.ndarray, list[str], np.ndarray, di
     by_lam: dict[float, list] = {}
     shared = None
     for d in run_dirs:
-        if not Path(d).is_dir():
-            raise ValueError(f"{d} does not exist")
+        check_input_dir(d, "calibration run")
         run = load_run(Path(d))
         cfg = run.run_cfg
         pol = cfg.get("policy") or {}
@@ -155,9 +177,9 @@ def online_losses(pred, run_dirs) -> tuple[np.ndarray, list[str], np.ndarray, di
             raise ValueError(f"{d} is not a run of --policy prefix --predictor ... --lam LAM")
         if Path(str(cfg.get("predictor"))).resolve() not in (Path(pred.path).resolve(), Path(pred.path).resolve().parent):
             raise ValueError(f"{d} decoded with the model at {cfg.get('predictor')}, not {pred.path}")
-        s = run_settings(cfg)
+        s = run_settings(cfg) | run_identity(run.config or {})
         if shared is not None and s != shared:
-            diff = [k for k in s if s[k] != shared[k]]
+            diff = [f"{k} {s[k]!r} (the others: {shared.get(k)!r})" for k in s if s[k] != shared.get(k)]
             raise ValueError(f"{d} differs from the other runs in {', '.join(diff)}")
         shared = s
         if not set(run.ids) <= cal:

@@ -184,7 +184,7 @@ def train_prefix_predictor(ts, cfg: PrefixTrainConfig, out, calibration_folds: i
     from tqdm import tqdm
 
     from ...engine.policy.prefix import GRID, risk_curve
-    from ...files import write_json
+    from ...files import own_dir, write_json
     from ..traces import FOLD_SEED, N_FOLDS, folds
 
     if calibrate_on not in ("strict", "on-policy"):
@@ -196,8 +196,7 @@ def train_prefix_predictor(ts, cfg: PrefixTrainConfig, out, calibration_folds: i
         if onp.gamma != ts.gamma or onp.d_model != ts.d_model:
             raise ValueError(f"the on-policy traces (gamma {onp.gamma}, d_model {onp.d_model}) do not match "
                              f"the Strict SDD traces (gamma {ts.gamma}, d_model {ts.d_model})")
-    kdir = Path(out) / KIND
-    kdir.mkdir(parents=True, exist_ok=True)
+    kdir = own_dir(Path(out) / KIND)
     fl = folds(ts.prompt_ids, seed=FOLD_SEED, k=N_FOLDS)
     entries = []
     for rot in tqdm(prefix_rotations(fl, calibration_folds, cfg.seed), desc="train prefix", unit="rotation",
@@ -357,10 +356,9 @@ def write_online_predictor(src, rotation: int, out) -> dict:
     calibration prompts, neither of which it trained on, and ``--alpha`` reads the thresholds that
     :func:`vskip.study.prefix.calibrate.choose_online` writes into its manifest (none at first). Returns the
     manifest."""
-    import shutil
     from pathlib import Path
 
-    from ...files import write_json
+    from ...files import copy_file, own_dir, write_json
 
     d, man, _ = read_rotations(src, KIND, FORMAT)
     if man.get("online"):
@@ -371,8 +369,8 @@ def write_online_predictor(src, rotation: int, out) -> dict:
     kdir = Path(out) / KIND
     if (kdir / MANIFEST).exists():
         raise ValueError(f"{kdir / MANIFEST} exists: choose a new --out")
-    kdir.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(d / entry["file"], kdir / entry["file"])
+    own_dir(kdir)
+    copy_file(d / entry["file"], kdir / entry["file"])  # a link planted there is replaced, not written through
     manifest = {**man, "rotations": [entry], "online": {"source": str(src), "rotation": rotation, "thresholds": {}}}
     write_json(kdir / MANIFEST, manifest, indent=1)
     return manifest

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from ...files import write_atomic
+from ...files import own_dir, write_atomic
 from ..grids import grid
 from ..rundir import SUMMARY
 
@@ -27,7 +27,7 @@ def write_ids(path, cal: Sequence[str], test: Sequence[str]) -> list[tuple[Path,
     """``path/ids/TASK.PART``: each part's prompt ids of each task, comma-separated; returns the files
     written with their number of prompts."""
     out = []
-    (Path(path) / IDS).mkdir(exist_ok=True)
+    own_dir(Path(path) / IDS)
     for part, ids in (("cal", cal), ("test", test)):
         for t in sorted({task_of(i) for i in ids}):
             mine = [i for i in ids if task_of(i) == t]

@@ -1,0 +1,238 @@
+"""The batched loop: B sequences per round, ragged acceptance, skips decided per sequence, slots
+refilled from the queue. With the fake pair (float64 numpy, stateless) a batch decodes every
+prompt exactly as batch 1 does, for every policy; the verifier's ragged cache gives each row what
+a verifier of its own gives."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from fakes import FakeDrafter, FakeVerifier, StubPredictor
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vskip.engine.decode import DecodeConfig, Job, decode, decode_many
+from vskip.engine.models.protocols import Call
+from vskip.engine.policy import PolicyConfig, Sampling
+
+POLICIES = [
+    PolicyConfig(name="ar"),
+    PolicyConfig(name="strict"),
+    PolicyConfig.make("lenience", lenience=0.3),
+    PolicyConfig.make("topk", top_k=3),
+    PolicyConfig.make("periodic", period=3, period_k=4),
+    PolicyConfig.make("raw", eta_b=0.6, eta_c=0.6, k_min=1, s_max=12),
+    PolicyConfig.make("prefix", lam=0.5, cost_ratio=0.05),
+    PolicyConfig.make("marginal", eta_m=0.5, k_min=1),
+]
+
+
+def _jobs(n: int, seed: int) -> list[Job]:
+    rng = np.random.default_rng(seed)
+    return [Job([int(x) for x in rng.integers(2, 50, int(rng.integers(2, 9)))], task_id=f"t{i}") for i in range(n)]
+
+
+def _rows(res):
+    return (res.tokens, [tuple(vars(r).values()) for r in res.rounds], res.verifier_calls, res.draft_blocks, res.stop)
+
+
+def _one_by_one(jobs, policy, cfg, error):
+    pred = StubPredictor(2.0) if policy.learned else None
+    return {j.task_id: _rows(decode(j.prompt, FakeDrafter(error), FakeVerifier(), policy, cfg, pred, task_id=j.task_id,
+                                    sample=j.sample)) for j in jobs}
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: p.name)
+@pytest.mark.parametrize("batch", [2, 3, 7])
+def test_a_batch_decodes_each_prompt_as_batch_one_does(policy, batch):
+    """Seven prompts of different lengths, in a shuffled order, through 2, 3 or 7 slots: every
+    prompt's tokens, rounds, calls and blocks equal its batch-1 decode (ragged acceptance, skips
+    with their shadow L, refills after each finish)."""
+    cfg = DecodeConfig(gamma=6, max_new_tokens=50, task="humaneval", trace=policy.learned)
+    jobs = _jobs(7, 3)
+    want = _one_by_one(jobs, policy, cfg, 0.3)
+    order = [jobs[i] for i in np.random.default_rng(batch).permutation(len(jobs))]
+    pred = StubPredictor(2.0) if policy.learned else None
+    got = {j.task_id: _rows(r) for j, r in decode_many(order, FakeDrafter(0.3), FakeVerifier(), policy, cfg, pred,
+                                                        batch_size=batch)}
+    assert got == want
+    if policy.name in ("periodic", "raw", "prefix", "marginal"):  # the batch held skipped rounds too
+        assert any(not rec[1] for r in got.values() for rec in r[1])
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10**6), batch=st.integers(1, 6), n=st.integers(1, 9), gamma=st.integers(1, 10),
+       error=st.floats(0.0, 1.0), temperature=st.sampled_from([0.0, 0.7]), gamma_max=st.sampled_from([None, 12]))
+def test_any_batch_equals_batch_one(seed, batch, n, gamma, error, temperature, gamma_max):
+    """Random prompts, batch sizes, block shapes and (coupled) sampling: the same output per prompt."""
+    s = Sampling(temperature=temperature, seed=seed % 1000)
+    cfg = DecodeConfig(gamma=gamma, max_new_tokens=40, sampling=s, gamma_max=gamma_max)
+    policy = PolicyConfig.make("raw", eta_b=0.5, eta_c=0.5, k_min=1, s_max=16)
+    jobs = _jobs(n, seed)
+    want = _one_by_one(jobs, policy, cfg, error)
+    got = {j.task_id: _rows(r) for j, r in decode_many(jobs[::-1], FakeDrafter(error), FakeVerifier(), policy, cfg,
+                                                        batch_size=batch)}
+    assert got == want
+
+
+def test_the_speculative_rule_in_a_batch_draws_what_batch_one_draws():
+    s = Sampling(temperature=1.0, seed=4, speculative=True)
+    cfg = DecodeConfig(gamma=4, max_new_tokens=30, sampling=s)
+    jobs = _jobs(5, 9)
+    want = _one_by_one(jobs, PolicyConfig(name="strict"), cfg, 0.2)
+    got = {j.task_id: _rows(r) for j, r in decode_many(jobs, FakeDrafter(0.2), FakeVerifier(), PolicyConfig(name="strict"),
+                                                        cfg, batch_size=3)}
+    assert got == want
+
+
+def test_verifying_sequences_share_one_forward_and_skipped_ones_a_shadow_forward():
+    """Each round makes at most one real and one shadow verifier forward, whatever the batch."""
+    forwards = []
+
+    class Counting(FakeVerifier):
+        def score_many(self, calls):
+            forwards.append((len(calls), calls[0].shadow))
+            assert len({c.slot for c in calls}) == len(calls)  # one call per sequence
+            return super().score_many(calls)
+
+    policy = PolicyConfig.make("raw", eta_b=0.5, eta_c=0.5, k_min=1, s_max=16)
+    jobs = _jobs(6, 1)
+    results = list(decode_many(jobs, FakeDrafter(0.1), Counting(), policy, DecodeConfig(gamma=6, max_new_tokens=40),
+                               batch_size=6))
+    assert len(results) == 6 and max(n for n, _ in forwards) > 1
+    assert any(shadow for _, shadow in forwards)
+    calls = sum(r.verifier_calls for _, r in results)
+    assert sum(n for n, shadow in forwards if not shadow) == calls and sum(1 for _, s in forwards if not s) < calls
+
+
+def test_a_bad_batch_size_is_refused():
+    with pytest.raises(ValueError, match="batch-size"):
+        list(decode_many(_jobs(1, 0), FakeDrafter(), FakeVerifier(), PolicyConfig(name="strict"), DecodeConfig(),
+                         batch_size=0))
+
+
+# -- the verifier's ragged cache ---------------------------------------------------------------
+
+def _verifier(model):
+    from vskip.engine.models.verifier import HFVerifier
+
+    return HFVerifier(model, eos_ids=[0], exact_head=False)
+
+
+def test_each_row_of_a_ragged_forward_is_what_its_own_verifier_gives():
+    """Three sequences of different lengths in three slots, over rounds that verify, reject (the
+    cache cut back by lowering a row's length), skip and shadow-verify: each row's verdict equals
+    that of a fresh verifier decoding the row alone (float64 model: equal to rounding)."""
+    from test_models import tiny_llama
+
+    model = tiny_llama(3).double()
+    batched = _verifier(model)
+    batched.open_slots(3)
+    seqs = [[5, 9, 2, 7, 3], [11, 4], [8, 8, 1, 6, 2, 9, 4, 7]]
+    rng = np.random.default_rng(0)
+    alone = [_verifier(model) for _ in seqs]
+    for rnd in range(5):
+        calls = []
+        for slot, seq in enumerate(seqs):
+            block = [int(x) for x in rng.integers(2, 90, int(rng.integers(0, 5)))]
+            calls.append(Call(list(seq), block, shadow=(rnd + slot) % 3 == 0, slot=slot))
+        got = batched.score_many(calls)
+        for c, v in zip(calls, got):
+            ref = alone[c.slot].score(c.seq, c.block, c.shadow)
+            assert np.array_equal(v.tokens, ref.tokens)
+            assert np.allclose(v.draft_gap, ref.draft_gap, atol=1e-9)
+        for slot, c in enumerate(calls):  # commit a prefix of the block and the verifier's next token
+            if not c.shadow:
+                keep = int(rng.integers(0, len(c.block) + 1))
+                seqs[slot] = list(c.seq) + list(c.block[:keep]) + [int(got[slot].tokens[keep])]
+            else:
+                seqs[slot] = list(c.seq) + list(c.block[:1])
+
+
+def test_a_subset_of_slots_reads_only_its_rows():
+    """Only slots 0 and 2 verify this round: slot 1's cache is left as it was."""
+    from test_models import tiny_llama
+
+    model = tiny_llama(4).double()
+    v = _verifier(model)
+    v.open_slots(3)
+    seqs = [[5, 9, 2], [11, 4, 6, 7], [8, 1]]
+    v.score_many([Call(s, [3], slot=i) for i, s in enumerate(seqs)])
+    v.score_many([Call(seqs[0] + [3], [4, 5], slot=0), Call(seqs[2] + [3], [], slot=2)])
+    got = v.score_many([Call(seqs[1] + [3], [7], slot=1)])[0]
+    ref = _verifier(model).score(seqs[1] + [3], [7])
+    assert np.array_equal(got.tokens, ref.tokens) and np.allclose(got.draft_gap, ref.draft_gap, atol=1e-9)
+
+
+def test_a_conditioned_drafter_is_refused_in_a_batch():
+    from test_models import tiny_llama
+
+    v = _verifier(tiny_llama(5))
+    v.taps.append(object())
+    with pytest.raises(ValueError, match="batch size 1"):
+        v.open_slots(2)
+    torch.manual_seed(0)
+
+
+# -- a run directory decoded in a batch ---------------------------------------------------------
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_batched_run_writes_what_batch_one_writes(tmp_path, n):
+    """`vskip run --batch-size 3` on the fake pair: the same samples (in prompt order once read
+    back by task id) and rounds per prompt as batch 1, the batch size recorded, and a rerun resumes
+    (nothing decoded twice); with 3 samples per prompt the samples of one prompt fill a batch."""
+    import json
+    from dataclasses import replace
+
+    from test_rundir import _cfg
+    from test_sweep import fake_pair, read_dir
+
+    from vskip.study import runner
+
+    one, three = tmp_path / "one", tmp_path / "three"
+    runner.run(_cfg("strict", n), one, progress=False, pair=fake_pair(None, True))
+    cfg = replace(_cfg("strict", n), batch_size=3, settings=None)
+    runner.run(cfg, three, progress=False, pair=fake_pair(None, True))
+    a, b = read_dir(one), read_dir(three)
+    key = lambda s: (s["task_id"], s.get("sample", 0))  # noqa: E731
+    assert sorted(a["samples"], key=key) == sorted(b["samples"], key=key)
+    by = lambda rows: sorted(rows, key=lambda r: (r["task_id"], r.get("sample") or 0, r["round"]))  # noqa: E731
+    assert by(a["rounds"]) == by(b["rounds"])
+    assert json.loads((three / "config.json").read_text())["run"]["batch_size"] == 3
+    before = (three / "rounds.jsonl").read_bytes()
+    runner.run(cfg, three, progress=False, pair=fake_pair(None, True))
+    assert (three / "rounds.jsonl").read_bytes() == before
+
+
+# -- the drafter's rows in one forward ---------------------------------------------------------
+
+@pytest.mark.parametrize("steps", [1, 2])
+def test_drafting_several_slots_in_one_forward_gives_each_its_own_block(steps):
+    """Three slots with contexts of different lengths, over rounds in which each commits a
+    different number of tokens (so each brings a different amount of context along): the blocks
+    drafted together equal those each slot's drafter drafts alone (float64: equal to rounding)."""
+    import copy
+
+    from test_copy import tiny_drafter
+
+    base = tiny_drafter()
+    base.model.double()
+    base._W = base._W.double()
+    base.steps = steps
+    alone = [copy.deepcopy(base) for _ in range(3)]
+    for d in alone:
+        d.reset()
+    many = copy.deepcopy(base)
+    many.reset()
+    rng = np.random.default_rng(1)
+    seqs = [[int(x) for x in rng.integers(2, 60, n)] for n in (3, 9, 5)]
+    for _ in range(4):
+        gammas = [int(g) for g in rng.integers(2, 8, 3)]
+        got = many.propose_many([(i, s, g) for i, (s, g) in enumerate(zip(seqs, gammas))], features=True)
+        for i, (s, g) in enumerate(zip(seqs, gammas)):
+            ref = alone[i].propose(s, g, features=True)
+            assert got[i].tokens.tolist() == ref.tokens.tolist()
+            assert np.allclose(got[i].confidence, ref.confidence, atol=1e-9)
+            assert np.allclose(got[i].features, ref.features, atol=1e-9)
+            seqs[i] = s + [int(t) for t in ref.tokens[: int(rng.integers(0, g + 1))]] + [int(rng.integers(2, 60))]

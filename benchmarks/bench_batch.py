@@ -9,8 +9,8 @@ with batch-1 ``ar``; where it differs, the gap between the verifier's top two lo
 differing token is recomputed in float64 (a near-tie that the batch's float32 rounding flipped
 has a gap far below 1e-4). Usage::
 
-    python benchmarks/bench_batch.py --task humaneval --limit 16 --max-new-tokens 128 \\
-        --batch 1,2,4,8 --configs ar,strict,raw --out docs/results/batching/he16
+    python benchmarks/bench_batch.py --task humaneval --limit 12 --max-new-tokens 96 \\
+        --batch 1,2,4,8 --configs ar,strict,raw --repeats 2 --out docs/results/batching/he12
 """
 
 from __future__ import annotations
@@ -90,6 +90,26 @@ def _forward_costs(verifier, batches, gamma: int, ctx: int = 300, reps: int = 6)
     return out
 
 
+def table(record: dict) -> str:
+    """The results as a table, ending with the machine line (results.md; printed)."""
+    from vskip.engine.runtime import machine_id
+
+    names = list(dict.fromkeys(r["config"] for r in record["rows"]))
+    lines = ["| config | B | tok/s | range | x ar at B | x B=1 | latency s | = ar at B=1 |", "|---|---|---|---|---|---|---|---|"]
+    for r in sorted(record["rows"], key=lambda r: (r["batch"], names.index(r["config"]))):
+        lines.append(f"| {r['config']} | {r['batch']} | {r['throughput']:.2f} | {r['throughput_min']:.2f}-"
+                     f"{r['throughput_max']:.2f} | {r['x_ar_same_batch'] or 0:.3f} | {r['x_batch1'] or 0:.2f} | "
+                     f"{r['latency_median']:.2f} | {r.get('equal_ar1', '-')}/{r.get('n', '-')} |")
+    gaps = [f"{r['config']} at B={r['batch']}, {k}: top-two gap {g:.2e}" for r in record["rows"]
+            for k, g in (r.get("gaps") or {}).items() if g is not None]
+    lines += ["", "Outputs unlike ar at B=1 (float64 gap at the first differing token): " + ("; ".join(gaps) or "none")]
+    costs = record["verifier_forward_seconds"]
+    one = costs["1x1"]
+    lines += ["", "Verifier forward, cost against 1x1: " + ", ".join(f"{k} {v / one:.2f}" for k, v in costs.items()),
+              "", f"Machine: {machine_id(record['machine'])}"]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--task", default="humaneval")
@@ -100,7 +120,13 @@ def main(argv=None) -> int:
     p.add_argument("--configs", default="ar,strict,raw")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--out", required=True)
+    p.add_argument("--summary", action="store_true", help="only rewrite OUT/results.md from OUT/results.json")
     a = p.parse_args(argv)
+    if a.summary:
+        text = table(json.loads((Path(a.out) / "results.json").read_text()))
+        (Path(a.out) / "results.md").write_text(text)
+        print(text, end="")
+        return 0
     from tqdm import tqdm
 
     from vskip.bench import tasks
@@ -149,19 +175,15 @@ def main(argv=None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     record = {"command": " ".join(["python", "benchmarks/bench_batch.py", *(argv or sys.argv[1:])]),
-              "machine": machine(), "threads": torch.get_num_threads(), "task": a.task, "limit": a.limit,
+              "machine": machine(pair.runtime), "threads": torch.get_num_threads(), "task": a.task, "limit": a.limit,
               "max_new_tokens": a.max_new_tokens, "gamma": a.gamma, "repeats": a.repeats, "rows": rows,
               "verifier_forward_seconds": costs}
     (out / "results.json").write_text(json.dumps(record, indent=1) + "\n")
-    print(f"{'config':8} {'B':>3} {'tok/s':>7} {'range':>15} {'x ar@B':>7} {'x B=1':>6} {'lat s':>6} {'=ar1':>6}")
-    for r in sorted(rows, key=lambda r: (r["batch"], names.index(r["config"]))):
-        print(f"{r['config']:8} {r['batch']:>3} {r['throughput']:7.2f} {r['throughput_min']:7.2f}-{r['throughput_max']:<7.2f}"
-              f" {r['x_ar_same_batch'] or 0:7.3f} {r['x_batch1'] or 0:6.2f} {r['latency_median']:6.2f}"
-              f" {r.get('equal_ar1', '-')}/{r.get('n', '-')}")
-    one = costs.get("1x1")
-    print("verifier forward, cost against 1x1: " + ", ".join(f"{k} {v / one:.2f}" for k, v in costs.items()))
-    m = record["machine"]
-    print(f"machine: {m['cpu']}, {m['cores']} cores, {' '.join(m['isa'])}, {record['threads']} threads")
+    (out / "config.json").write_text(json.dumps({"command": record["command"], "machine": record["machine"]},
+                                                indent=1) + "\n")  # where the machine of these clocks is read
+    text = table(record)
+    (out / "results.md").write_text(text)
+    print(text, end="")
     return 0
 
 

@@ -27,7 +27,16 @@ from vskip.bench import sandbox
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("bubblewrap", "namespaces", "rlimits", "rlimits-own-uid")
 TESTS = ["tests/test_sandbox.py", "tests/test_scoring.py::test_hostile_completion_does_not_pass",
-         "tests/test_bad_input.py::test_bad_input_is_one_line_naming_the_problem"]
+         "tests/test_verdict.py", "tests/test_bad_input.py::test_bad_input_is_one_line_naming_the_problem"]
+#: the routes that forged a pass before the verdict of docs/security.md, by the start of their names in
+#: tests/test_verdict.py::test_forged_pass_route
+ROUTES = (("hook_reentry", "1. re-entering the verdict's audit hook"),
+          ("namespace_swap", "2. swapping the runner's namespace"),
+          ("builtin_shadow", "3. shadowing a builtin the tests use"),
+          ("module_", "3. shadowing or patching a module the tests import"),
+          ("prompt_helper", "3. redefining or patching a prompt helper the tests call"),
+          ("memory", "probe: reading memory through a directory descriptor"))
+CHEAP = "the cheap routes (tests/test_scoring.py)"
 
 
 def _hostile_sandbox_tests() -> set[str]:
@@ -73,6 +82,8 @@ def tabulate(cases: list[dict]) -> dict:
     hostile = _hostile_sandbox_tests()
     programs = {m: Counter() for m in MODES}
     completions = {m: Counter() for m in MODES}
+    routes = {label: {m: Counter() for m in MODES} for label in dict.fromkeys([*(r for _, r in ROUTES), CHEAP])}
+    residual: dict[str, dict[str, str]] = {}
     probes = Counter()
     for c in cases:
         base, _, param = c["name"].partition("[")
@@ -81,10 +92,18 @@ def tabulate(cases: list[dict]) -> dict:
             probes["probes"] += 1
             probes["clean" if c["outcome"] == "passed" else _failure_kind(c["message"])] += 1
             continue
-        if base == "test_hostile_completion_does_not_pass":
+        if base in ("test_hostile_completion_does_not_pass", "test_forged_pass_route"):
             mode = auto if params[-1] == "auto" else params[-1]
-            completions[mode]["run"] += 1
-            completions[mode]["not a pass" if c["outcome"] == "passed" else "forged or escaped"] += 1
+            label = CHEAP if base == "test_hostile_completion_does_not_pass" else next(
+                (r for start, r in ROUTES if params[0].startswith(start)), CHEAP)
+            outcome = "not a pass" if c["outcome"] == "passed" else "forged or escaped"
+            for counts in (completions[mode], routes[label][mode]):
+                counts["run"] += 1
+                counts[outcome] += 1
+        elif base.startswith("test_residual_") and c["outcome"] != "skipped":
+            mode = auto if params and params[-1] == "auto" else (params[-1] if params else auto)
+            residual.setdefault(base.removeprefix("test_residual_"), {})[mode] = (
+                "as documented" if c["outcome"] == "passed" else "differs: " + c["message"].splitlines()[0][:80])
         elif base in hostile:
             mode = next((p for p in params if p in MODES), None)
             if mode is None:
@@ -95,6 +114,8 @@ def tabulate(cases: list[dict]) -> dict:
         "machine": {"python": platform.python_version(), "root": os.geteuid() == 0, "auto": auto},
         "modes": {m: {"state": _mode_state(m), "hostile_programs": dict(programs[m]),
                       "hostile_completions": dict(completions[m])} for m in MODES},
+        "routes": {label: {m: dict(n) for m, n in per.items() if n} for label, per in routes.items()},
+        "residual": residual,
         "bad_input": dict(probes),
         "failed_tests": [c["name"] for c in cases if c["outcome"] == "failed"],
     }
@@ -109,8 +130,9 @@ def markdown(result: dict, command: str) -> str:
         f"Python {result['machine']['python']}, {'as root' if result['machine']['root'] else 'not root'}; "
         f"`auto` picks `{result['machine']['auto']}` here. Hostile programs: the hostile section of "
         "`tests/test_sandbox.py` (limits, kills, network, files, secrets, signals; counted as contained when the "
-        "test passes). Hostile completions: `tests/test_scoring.py` (early exits, forged markers and verdicts, "
-        "introspection; counted as not a pass when the test passes).",
+        "test passes). Hostile completions: `tests/test_scoring.py` and `tests/test_verdict.py` (early exits, forged "
+        "markers and verdicts, introspection, the hook re-entered, the runner's namespace swapped, builtins and "
+        "modules shadowed; counted as not a pass when the test passes).",
         "",
         "| mode | on this machine | hostile programs run | contained | escaped | hostile completions run | not a pass | forged or escaped |",
         "|---|---|---|---|---|---|---|---|",
@@ -119,6 +141,32 @@ def markdown(result: dict, command: str) -> str:
         p, c = row["hostile_programs"], row["hostile_completions"]
         lines.append(f"| {mode} | {row['state']} | {p.get('run', 0)} | {p.get('contained', 0)} | {p.get('escaped', 0)} | "
                      f"{c.get('run', 0)} | {c.get('not a pass', 0)} | {c.get('forged or escaped', 0)} |")
+    modes = [m for m in MODES if any(m in per for per in result.get("routes", {}).values())]
+    lines += [
+        "",
+        "Forged passes per route (`tests/test_verdict.py::test_forged_pass_route`, each a route that forged a pass "
+        "before the verdict of docs/security.md; the cheap routes of `tests/test_scoring.py` beside them): "
+        "completions run / not a pass / forged.",
+        "",
+        "| route | " + " | ".join(modes) + " |",
+        "|---|" + "---|" * len(modes),
+    ]
+    for label, per in result.get("routes", {}).items():
+        cells = [f"{per[m].get('run', 0)} / {per[m].get('not a pass', 0)} / {per[m].get('forged or escaped', 0)}"
+                 if m in per else "not run" for m in modes]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    res = result.get("residual", {})
+    rmodes = sorted({m for per in res.values() for m in per}, key=MODES.index)
+    lines += [
+        "",
+        "Residual routes (`tests/test_verdict.py::test_residual_*`: what each can and cannot do, as docs/security.md "
+        "states it):",
+        "",
+        "| residual route | " + " | ".join(rmodes) + " |",
+        "|---|" + "---|" * len(rmodes),
+    ]
+    for name, per in res.items():
+        lines.append(f"| {name.replace('_', ' ')} | " + " | ".join(per.get(m, "not run") for m in rmodes) + " |")
     b = result["bad_input"]
     kinds = ("traceback", "wrong exit status", "no one-line error", "cause not named")
     lines += [

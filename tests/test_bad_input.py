@@ -26,6 +26,8 @@ def _files(tmp):
     (tmp / "run" / "config.json").write_text("{")
     (tmp / "run" / "samples.jsonl").write_text("")
     os.mkfifo(tmp / "fifo")
+    (tmp / "fifo_dir").mkdir()
+    os.mkfifo(tmp / "fifo_dir" / "drafter.json")
     (tmp / "deep.jsonl").write_text("[" * 100000 + "]" * 100000 + "\n")
     row = {"task_id": "HumanEval/0", "config": "ar", "repeat": 0, "seconds": 1.0, "tokens": 5, "calls": 5}
     for name, change in [("cmp_zero", {"seconds": 0}), ("cmp_negative", {"seconds": -2.0}),
@@ -86,6 +88,15 @@ CASES = [
     ("train-conditioned --data {tmp}/nope --features {tmp}/empty --out {tmp}/t", "data directory"),
     ("train-conditioned --data {tmp}/empty --features {tmp}/empty --out {tmp}/t --lr nan", "--lr"),
     ("train-conditioned --data {tmp}/empty --features {tmp}/empty --out {tmp}/t --block-size 1", "--block-size"),
+    ("train-conditioned --data {tmp}/empty --features {tmp}/empty --out {tmp}/t --block-size 1000000",
+     "--block-size must lie in 2..513"),
+    # a file where a directory is expected is named as one, not as missing
+    ("train-conditioned --data {tmp}/afile --features {tmp}/empty --out {tmp}/t", "afile is a file, not a directory"),
+    ("extract-features --data {tmp}/afile --out {tmp}/f", "data directory {tmp}/afile is a file, not a directory"),
+    ("train-drafter --data {tmp}/afile --out {tmp}/t", "data directory {tmp}/afile is a file, not a directory"),
+    ("fit-copy-prior --data {tmp}/empty --fit-shards a.npz --drafter {tmp}/afile", "afile is a file, not a directory"),
+    ("train-predictor --kind marginal --traces {tmp}/afile --out {tmp}/p", "afile is a file, not a directory"),
+    ("plan --drafter {tmp}/fifo_dir", "drafter.json is not a regular file"),
     ("train-conditioned --data {tmp}/empty --features {tmp}/empty --out {tmp}/t --until 25:99", "--until"),
     ("extract-features --data {tmp}/nope --out {tmp}/f", "data directory"),
     ("extract-features --data {tmp}/empty --out {tmp}/f --taps 0", "--taps"),
@@ -265,4 +276,4 @@ def test_bad_input_is_one_line_naming_the_problem(argv, fragment, tmp_path, caps
     lines = [l for l in err.splitlines() if l.startswith("vskip:")]
     assert lines and lines[0].startswith("vskip: error: "), err
     assert rc == 2, (rc, err)
-    assert fragment.lower() in lines[0].lower(), (fragment, lines[0])
+    assert fragment.format(tmp=tmp_path).lower() in lines[0].lower(), (fragment, lines[0])

@@ -234,8 +234,8 @@ def _variant(tmp_path, d: Path, name: str, **change) -> Path:
 
 
 @pytest.mark.parametrize("case,change,gamma,words", [
-    ("layers", {"target_layer_ids": [0, 9]}, 4, "reads verifier layers [9]"),
-    ("width", {"hidden_size": 32}, 4, "width 32"),
+    ("layers", {"target_layer_ids": [0, 9]}, 4, "target_layer_ids names layer 9, but the verifier has 4 layers"),
+    ("width", {"hidden_size": 32}, 4, "hidden_size 32 is not the verifier's width"),
     ("block", {}, 8, "block size 8"),
 ])
 def test_a_bad_drafter_directory_is_refused_in_one_line(dirs, tmp_path, capsys, monkeypatch, case, change, gamma, words):
@@ -455,3 +455,101 @@ def test_transformers_baselines_sample_with_the_same_settings_seeded_per_prompt(
     ar = decode(ids, None, pair.verifier, PolicyConfig(name="ar"), DecodeConfig(gamma=4, max_new_tokens=20))
     assert greedy == ar.tokens
     assert parse_variant("hf", DecodeConfig(gamma=4), 1).params == ()  # greedy settings stay as they were
+
+
+def _damage(d: Path, case: str) -> str:
+    """Change the DFlash directory ``d`` as ``case`` says; returns the extra flags the case needs."""
+    import os
+    import shutil
+
+    cfg = json.loads((d / "config.json").read_text())
+    weights = d / "model.safetensors"
+    extra = ""
+    if case == "list":
+        cfg = [cfg]
+    elif case == "heads":
+        cfg["num_attention_heads"] *= 2
+        cfg["num_key_value_heads"] *= 2
+    elif case == "fc":
+        cfg["dflash_config"]["target_layer_ids"] = [0, 1, 2]
+    elif case in ("mask_big", "mask_negative"):
+        cfg["dflash_config"]["mask_token_id"] = cfg["vocab_size"] + 5 if case == "mask_big" else -1
+    elif case == "float_layers":
+        cfg["dflash_config"]["target_layer_ids"] = [0.0, 2.7]
+    elif case == "block":
+        cfg["block_size"] = 1000000
+    elif case == "duplicate":
+        shutil.copyfile(weights, d / "model-copy.safetensors")
+    elif case == "weights_dir":
+        (d / "extra.safetensors").mkdir()
+    elif case == "weights_fifo":
+        weights.unlink()
+        os.mkfifo(weights)
+    elif case == "steps":
+        extra = "--steps 2"
+    if case == "config_fifo":
+        (d / "config.json").unlink()
+        os.mkfifo(d / "config.json")
+    else:
+        (d / "config.json").write_text(json.dumps(cfg))
+    return extra
+
+
+@pytest.mark.parametrize("case, words", [
+    ("list", "config.json is a JSON list, not an object"),
+    ("heads", "_proj.weight has shape"),
+    ("fc", "fc.weight has shape"),
+    ("mask_big", "dflash_config.mask_token_id"),
+    ("mask_negative", "dflash_config.mask_token_id -1 lies outside"),
+    ("float_layers", "dflash_config.target_layer_ids[0] must be an integer, got 0.0"),
+    ("block", "block_size 1000000 lies outside 2..513"),
+    ("duplicate", "is in both"),
+    ("weights_dir", "extra.safetensors is a directory, not a file"),
+    ("weights_fifo", "model.safetensors is not a regular file"),
+    ("config_fifo", "config.json is not a regular file"),
+    ("steps", "drafts its block in one forward; --steps 2"),
+])
+def test_a_drafter_directory_is_checked_before_any_weight_loads(dirs, tmp_path, capsys, monkeypatch, case, words):
+    """Issue 52's bad drafter directories: each refuses in one line naming the file and the field,
+    exit 2, before the verifier (or any weight) loads, and none hangs on a FIFO."""
+    import shutil
+
+    import vskip.engine.models.load as load
+
+    v, d = dirs
+    bad = tmp_path / case
+    shutil.copytree(d, bad)
+    extra = _damage(bad, case)
+    monkeypatch.setattr(load, "load_verifier", lambda *a, **k: pytest.fail("the verifier loaded"))
+    rc = main(["generate", "def f():", "--drafter", str(bad), "--verifier", str(v), "--policy", "strict", "--gamma",
+               "4", "--max-new-tokens", "8", *extra.split()])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and words in err[0], err
+    assert str(bad) in err[0] or case == "steps", err
+
+
+def test_extract_resume_rebuilds_a_damaged_chunk_and_training_names_it(llama_dir, tmp_path, capsys):
+    """A chunk cut short or changed in place is not kept by a resume: its size and sha256 are
+    checked against index.json and it is extracted again, to the same bytes; before that, reading
+    the features refuses in one line naming the chunk."""
+    from test_train import _tiny_data
+
+    from vskip.distill.taps import extract, load_taps
+    from vskip.files import FileError, file_sha256
+
+    data = _tiny_data(tmp_path / "data", n=12)
+    feats = tmp_path / "feats"
+    extract(data, feats, llama_dir, (0, 1), holdout=2, chunk_rows=4, max_rows=4, progress=False)
+    first, second = feats / "chunk_00000.safetensors", feats / "chunk_00001.safetensors"
+    good = {p: p.read_bytes() for p in (first, second)}
+    second.write_bytes(good[second][: len(good[second]) // 2])  # a truncated chunk, as a full disk leaves it
+    flipped = bytearray(good[first])
+    flipped[-1] ^= 0xFF
+    first.write_bytes(bytes(flipped))  # same size, other bytes
+    with pytest.raises(FileError, match="chunk_00001.safetensors is .* bytes where the index records"):
+        load_taps(feats)
+    idx = extract(data, feats, llama_dir, (0, 1), holdout=2, chunk_rows=4, max_rows=4, progress=False)
+    err = capsys.readouterr().err
+    assert "chunk_00000.safetensors is not the bytes the index records" in err and "chunk_00001" in err
+    assert {p: p.read_bytes() for p in (first, second)} == good
+    assert idx["chunks"]["1"]["sha256"] == file_sha256(second) and len(load_taps(feats).features) == 6

@@ -364,3 +364,27 @@ def test_calibrate_online_init_copies_nothing_through_a_planted_link(tmp_path, o
     with pytest.raises(FileError, match="is a link"):
         M.write_online_predictor(src.parent, 0, other)
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_a_full_disk_while_locking_names_the_lock_file(tmp_path, monkeypatch):
+    import errno
+
+    import vskip.files as files
+
+    real = files._open_lock
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(files, "_open_lock", lambda path: Full(real(path)))
+    with pytest.raises(OSError) as e:
+        with DirLock(tmp_path, "run directory"):
+            pass
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(tmp_path / ".lock")

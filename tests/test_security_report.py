@@ -45,3 +45,29 @@ def test_counts_per_mode_and_by_failure(report, monkeypatch):
     assert len(got["failed_tests"]) == 4
     text = report.markdown(got, "python scripts/security_report.py")
     assert "| namespaces | stands in as bubblewrap | 1 | 0 | 1 | 1 | 0 | 1 |" in text
+
+
+def test_routes_and_residual_routes_are_counted_per_mode(report, monkeypatch):
+    monkeypatch.setattr(report.sandbox, "sandbox_kind", lambda mode: "bubblewrap")
+    cases = [
+        _case("test_forged_pass_route[hook_reentry_import_name-auto]", "tests.test_verdict"),
+        _case("test_forged_pass_route[hook_reentry_builtin-namespaces]", "tests.test_verdict", "failed", "forged"),
+        _case("test_forged_pass_route[namespace_swap_through_main-auto]", "tests.test_verdict"),
+        _case("test_forged_pass_route[prompt_helper_patched-auto]", "tests.test_verdict"),
+        _case("test_hostile_completion_does_not_pass[forge_gc_scan-auto]", "tests.test_scoring"),
+        _case("test_residual_always_equal_result[auto]", "tests.test_verdict"),
+        _case("test_residual_native_code_from_a_written_file[namespaces]", "tests.test_verdict", "failed",
+              "EXEC\nmore"),
+    ]
+    got = report.tabulate(cases)
+    routes = got["routes"]
+    assert routes["1. re-entering the verdict's audit hook"] == {
+        "bubblewrap": {"run": 1, "not a pass": 1}, "namespaces": {"run": 1, "forged or escaped": 1}}
+    assert routes["2. swapping the runner's namespace"] == {"bubblewrap": {"run": 1, "not a pass": 1}}
+    assert routes[report.CHEAP] == {"bubblewrap": {"run": 1, "not a pass": 1}}
+    assert got["modes"]["bubblewrap"]["hostile_completions"] == {"run": 4, "not a pass": 4}
+    assert got["residual"] == {"always_equal_result": {"bubblewrap": "as documented"},
+                               "native_code_from_a_written_file": {"namespaces": "differs: EXEC"}}
+    text = report.markdown(got, "python scripts/security_report.py")
+    assert "| 1. re-entering the verdict's audit hook | 1 / 1 / 0 | 1 / 0 / 1 |" in text
+    assert "| native code from a written file | not run | differs: EXEC |" in text

@@ -1,4 +1,4 @@
-"""The verdict a program cannot reach (issue 52): every route that forged a pass before (the hook
+"""The verdict a program cannot reach: every route that forged a pass before this design (the hook
 re-entered, the runner's namespace swapped, a builtin, module or prompt helper shadowed, memory
 read by a path the hook did not resolve) now fails, in every sandbox that may run hostile code;
 and the residual routes do what docs/security.md says, no more."""
@@ -82,7 +82,8 @@ while True:
         pass
 """
 
-#: name: (issue 52's route number, task, completion, what the one line of a refusal names or None)
+#: name: (route: 1 the hook re-entered, 2 the namespace swapped, 3 a name the tests read shadowed; the task;
+#: the completion; what the one line of a refusal names, or None for a plain failed assert)
 ROUTES = {
     "hook_reentry_import_name": (1, "0", WRONG0 + _WALK + "class _S(str):\n    __str__ = _walk_and_exit\n"
                                  "__import__(_S('colorsys'))\n", "import of a name that is not a str"),
@@ -153,11 +154,12 @@ def test_the_entry_point_is_looked_up_by_name_and_type():
     from test_scoring import GOOD0
 
     res = _score("0", GOOD0 + "has_close_elements = 5\n")
-    assert not res.passed and res.detail == "vskip-verdict: the entry point has_close_elements is missing or not a function"
-    cached = GOOD0.replace("def has_close_elements", "import functools\n\n\n@functools.lru_cache\ndef helper():\n"
-                           "    return 1\n\n\ndef has_close_elements")
-    assert _score("0", cached).passed
-    assert _score("0", GOOD0 + "\nimport functools\nhas_close_elements = functools.partial(has_close_elements)\n").passed
+    assert not res.passed
+    assert res.detail == "vskip-verdict: the entry point has_close_elements is missing or not a function"
+    cached = "import functools\n\n\n@functools.lru_cache\ndef fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n"
+    assert _score("55", cached).passed
+    partial = GOOD0 + "\nimport functools\nhas_close_elements = functools.partial(has_close_elements)\n"
+    assert _score("0", partial).passed
     p = T.load_task("mbpp", ids=["367"])[0]  # its tests build trees of the solution's class Node
     assert SC.score(p, p.reference).passed
 

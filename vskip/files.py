@@ -343,10 +343,15 @@ class DirLock:
         except BlockingIOError:
             f.close()
             raise Busy(f"another process is writing {self.what} {self.dir}; wait for it or use another") from None
-        f.seek(0)
-        f.truncate()
-        f.write(str(os.getpid()))
-        f.flush()
+        try:
+            with naming(self.dir / self.name):  # a full disk names the lock file
+                f.seek(0)
+                f.truncate()
+                f.write(str(os.getpid()))
+                f.flush()
+        except BaseException:
+            f.close()
+            raise
         self._f = f
         return self
 

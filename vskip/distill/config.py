@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..defaults import MAX_GAMMA
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -102,8 +104,8 @@ class ConditionedTrainConfig:
                     "eval_blocks", "replay_tokens"):
             if getattr(self, key) < 1:
                 raise ValueError(f"--{key.replace('_', '-')} must be >= 1, got {getattr(self, key)}")
-        if self.block_size < 2:
-            raise ValueError(f"--block-size must be >= 2, got {self.block_size}")
+        if not 2 <= self.block_size <= MAX_GAMMA + 1:  # a draft of at most MAX_GAMMA tokens, as decoding allows
+            raise ValueError(f"--block-size must lie in 2..{MAX_GAMMA + 1}, got {self.block_size}")
         if not (self.lr > 0 and math.isfinite(self.lr)) or not (self.loss_decay > 0 and math.isfinite(self.loss_decay)):
             raise ValueError("--lr and --loss-decay must be finite and > 0")
         if not 0.0 <= self.no_tail_share <= 1.0:

@@ -9,18 +9,22 @@ bfloat16. The forward stops after the last tapped layer.
 Layout of a features directory::
 
     index.json          tapped layers, width, the verifier's hash, the data's fingerprint, the
-                        held-out split, and one entry per chunk (rows, tokens, bytes, seconds)
+                        held-out split, and one entry per chunk (rows, tokens, bytes, sha256,
+                        seconds)
     chunk_NNNNN.safetensors   ``features`` bf16 [tokens, k*d], ``offsets`` int64 [rows + 1],
                         ``rows`` int64 [rows] (indices into :func:`vskip.distill.rows.load_rows`)
 
 Chunk 0 holds the held-out rows (the training run's evaluation), the others the training rows in
-a seeded random order; a rerun skips the chunks present, and ``--until`` or ``--max-rows`` bound
-how far one run goes, so extraction and training can share a time budget.
+a seeded random order; a rerun skips the chunks present whose size and sha256 are those the index
+records (a damaged chunk is rebuilt, never kept), and ``--until`` or ``--max-rows`` bound how far
+one run goes, so extraction and training can share a time budget. Training reads only chunks of
+the size the index records, and names a damaged one.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..files import own_dir, write_atomic, write_json
+from ..files import FileError, own_dir, write_atomic, write_json
 from .rows import Data, load_rows, split
 from .shards import data_fingerprint
 
@@ -82,11 +86,19 @@ class RowFeatures(Mapping):
     of one tensor each), so that training on every row does not hold them all in memory."""
 
     def __init__(self, out: Path, chunks: list[dict]):
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
         self._files, self._where = [], {}
         for entry in chunks:
-            f = safe_open(str(Path(out) / entry["file"]), framework="pt")
+            path = Path(out) / entry["file"]
+            if chunk_damage(path, entry, hash_it=False):
+                raise FileError(f"{path} is {chunk_damage(path, entry, hash_it=False)}: rerun vskip extract-features "
+                                f"on {out} to rebuild it")
+            try:
+                f = safe_open(str(path), framework="pt")
+            except SafetensorError as e:
+                raise FileError(f"{path} is not a readable safetensors file ({e}): rerun vskip extract-features "
+                                f"on {out} to rebuild it") from None
             off = f.get_tensor("offsets").tolist()
             for j, r in enumerate(f.get_tensor("rows").tolist()):
                 self._where[int(r)] = (len(self._files), off[j], off[j + 1])
@@ -114,6 +126,27 @@ class Taps:
 
     def rows(self) -> list[int]:
         return sorted(self.features)
+
+
+def chunk_damage(path: Path, entry: dict, hash_it: bool = True) -> str | None:
+    """What is wrong with a chunk file against its index entry (missing, not a regular file, of
+    another size, of another sha256 when ``hash_it`` and the entry records one), or None."""
+    import os
+    import stat as stat_
+
+    from ..files import file_sha256
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return "missing"
+    if not stat_.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_size != entry.get("bytes"):
+        return f"{st.st_size} bytes where the index records {entry.get('bytes')}"
+    if hash_it and entry.get("sha256") and file_sha256(path) != entry["sha256"]:
+        return "not the bytes the index records (its sha256 differs)"
+    return None
 
 
 def read_index(out: Path) -> dict:
@@ -172,6 +205,11 @@ def extract(data_dir: Path, out: Path, verifier_dir: Path, layers: tuple[int, ..
     for k, v in settings.items():
         if idx.get(k) != v:
             raise ValueError(f"{out} holds features made with another {k}; use a new directory")
+    for key, entry in sorted(idx["chunks"].items()):  # resume keeps only the chunks that are whole
+        damage = chunk_damage(out / entry.get("file", chunk_name(int(key))), entry)
+        if damage:
+            print(f"vskip: {out / entry.get('file', chunk_name(int(key)))} is {damage}: rebuilding it", file=sys.stderr)
+            del idx["chunks"][key]
     fwd = tapped_forward(model, tuple(layers))
     plan = [ho] + [order[i : i + chunk_rows] for i in range(0, len(order), chunk_rows)]
     if max_rows is not None:
@@ -197,7 +235,8 @@ def extract(data_dir: Path, out: Path, verifier_dir: Path, layers: tuple[int, ..
         name = chunk_name(ci)
         write_atomic(out / name, lambda tmp: save_file(tensors, tmp))
         idx["chunks"][str(ci)] = {"file": name, "rows": len(rows), "tokens": offsets[-1],
-                                  "bytes": (out / name).stat().st_size, "seconds": round(time.time() - t0, 2)}
+                                  "bytes": (out / name).stat().st_size, "sha256": file_sha256(out / name),
+                                  "seconds": round(time.time() - t0, 2)}
         write_json(out / INDEX, idx)
         bar.update(1)
     bar.close()

@@ -1,4 +1,4 @@
-"""A drafter directory checked against the verifier before any weights load.
+"""What a drafter directory is checked with before any weights load (the kinds: :mod:`.drafter_check`).
 
 Every file read as a configuration or as weights must be a regular file (a FIFO or a device
 would block the read, a directory named like a file fails late and unclearly), and every
@@ -118,38 +118,6 @@ def meta_shapes(module_factory) -> dict[str, tuple[int, ...]]:
     with torch.device("meta"):
         module = module_factory()
     return {k: tuple(v.shape) for k, v in module.state_dict().items() if v is not None}
-
-
-def check_drafter_dir(ddir: Path, vdir: Path, gamma: int | None = None, steps: int | None = None) -> None:
-    """Everything about the drafter directory ``ddir`` that can be checked against the verifier in
-    ``vdir`` without loading a weight (see the module's docstring); a no-op for a directory that
-    is neither kind (the loader names it)."""
-    from .conditioned import SPEC_FORMAT
-
-    ddir = Path(ddir)
-    vcfg = read_config(Path(vdir) / "config.json", "verifier configuration")
-    for name in ("manifest.json", "copy_prior.json", "generation_config.json", "tokenizer.json",
-                 "tokenizer_config.json", "vocab.json", "added_tokens.json"):
-        if os.path.lexists(ddir / name):
-            check_regular_file(ddir / name, "drafter file")
-    if os.path.lexists(ddir / "drafter.json"):
-        spec = read_config(ddir / "drafter.json", "drafter spec")
-        if spec.get("format") == SPEC_FORMAT:
-            from .checkpoint_kinds import check_conditioned_dir
-
-            check_conditioned_dir(ddir, spec, vcfg, gamma, steps)
-        else:
-            from .checkpoint_kinds import check_diffusion_dir
-
-            check_diffusion_dir(ddir, spec, vcfg)
-    elif os.path.lexists(ddir / "config.json"):
-        cfg = read_config(ddir / "config.json", "drafter configuration")
-        from .checkpoint_kinds import check_dflash_dir, check_dream_dir, is_dflash_config, is_dream_config
-
-        if is_dflash_config(cfg):
-            check_dflash_dir(ddir, cfg, vcfg, gamma, steps)
-        elif is_dream_config(cfg):
-            check_dream_dir(ddir, cfg, vcfg)
 
 
 def max_block(what: Path, field: str, block) -> int:

@@ -16,6 +16,7 @@ import torch
 from ...defaults import GAMMA, MAX_NEW_TOKENS, STEPS
 from ..runtime import Runtime, parse_max_memory
 from .attention import use_gqa_attention
+from .drafter_check import check_drafter_dir
 from .conditioned_io import is_conditioned
 from .copy import COPY_FILE, CopyPrior
 from .drafter import DiffusionDrafter
@@ -341,6 +342,8 @@ def drafter_beside(pair: ModelPair, drafter: str, models) -> object:
     vdir = resolve_verifier_dir(models.verifier)
     if drafter not in (EMBEDDED_DRAFTER, EMBEDDED_CONDITIONED, UNTRAINED) and not Path(drafter).exists():
         raise FileNotFoundError(f"drafter path {drafter} does not exist")
+    if drafter != UNTRAINED:
+        check_drafter_dir(resolve_drafter_dir(drafter), vdir, steps=models.steps)
     adapter, _ = _load_drafter(drafter, vdir, pair.verifier, pair.tokenizer, pair.runtime, models.steps,
                                models.reveal, models.copy_prior)
     return adapter
@@ -399,6 +402,8 @@ def load_pair(
         raise FileNotFoundError(f"the embedded drafter's {resolve_drafter_dir(drafter) / 'drafter.json'} is missing; reinstall "
                                 f"vskip (--drafter {UNTRAINED} drafts with an untrained one built from the verifier)")
     vdir = resolve_verifier_dir(verifier)
+    if need_drafter and drafter != UNTRAINED:  # before anything reads its files: they must fit the verifier
+        check_drafter_dir(resolve_drafter_dir(drafter), vdir, gamma=budget[2] if budget else None, steps=steps)
     if need_drafter and is_conditioned(resolve_drafter_dir(drafter)):
         if copy_prior not in (None, "off", "none", "auto"):
             raise ValueError(f"--copy-prior {copy_prior}: the conditioned drafter {drafter} has no copy prior")

@@ -123,9 +123,11 @@ def read_shape(path: Path, name: str) -> Shape:
     """The shape of a checkpoint directory: ``config.json`` (transformers layouts, Dream) or a
     vskip drafter's ``drafter.json``."""
     path = Path(path)
+    from ...files import check_regular_file
+
     spec = path / "drafter.json"
     if spec.exists():
-        d = json.loads(spec.read_text())
+        d = json.loads(check_regular_file(spec, "drafter spec").read_text())
         bb = d["backbone"]
         heads = int(bb["num_heads"])
         return Shape(name=name, vocab=int(bb["vocab_size"]), hidden=int(bb["hidden_size"]),
@@ -138,7 +140,7 @@ def read_shape(path: Path, name: str) -> Shape:
     if not cfg.exists():
         raise FileNotFoundError(f"no config.json in {path}")
     try:
-        data = json.loads(cfg.read_text())
+        data = json.loads(check_regular_file(cfg, "model configuration").read_text())
         return Shape.from_hf(data, name)
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{cfg} does not describe a decoder-only transformer: {e}") from None

@@ -64,6 +64,7 @@ class HFVerifier:
         self.taps: list = []
         self._hooked: set[int] = set()
         self._grabbed: dict[int, torch.Tensor] = {}
+        self.slots = 0
         self.open_slots(1)
 
     def open_slots(self, n: int) -> None:
@@ -72,8 +73,9 @@ class HFVerifier:
             raise ValueError(f"a verifier holds at least one sequence, not {n}")
         if self.taps and n > 1:
             raise ValueError("a conditioned drafter reads one sequence's verifier states: batch size 1 only, for now")
+        if self.slots != n:  # the same slots keep their buffers: a query reads only positions written anew
+            self._cache = RaggedCache(n)
         self.slots = n
-        self._cache = RaggedCache(n)
         self._cached_ids: list[list[int]] = [[] for _ in range(n)]
         for tap in self.taps:
             tap.reset()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from fakes import FakeDrafter, FakeVerifier, StubPredictor
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -172,7 +171,6 @@ def test_a_conditioned_drafter_is_refused_in_a_batch():
     v.taps.append(object())
     with pytest.raises(ValueError, match="batch size 1"):
         v.open_slots(2)
-    torch.manual_seed(0)
 
 
 # -- a run directory decoded in a batch ---------------------------------------------------------

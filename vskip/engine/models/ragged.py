@@ -26,6 +26,7 @@ class RaggedCache:
         self.k: dict[int, torch.Tensor] = {}
         self.v: dict[int, torch.Tensor] = {}
         self.rows: torch.Tensor | None = None  # the slots of the forward in progress [B]
+        self.whole = False  # they are every slot, in order
         self.pos: torch.Tensor | None = None  # their write positions [B, T]
         self.span = 0  # columns the forward's attention reads
 
@@ -35,6 +36,8 @@ class RaggedCache:
         each row's own sequence."""
         self.rows, self.pos = rows, pos
         self.span = int(pos.max()) + 1
+        # every slot in order: each layer reads its buffers as views, no copy
+        self.whole = len(rows) == self.slots and bool((rows == torch.arange(self.slots, device=rows.device)).all())
         cols = torch.arange(self.span, device=pos.device)
         return (cols[None, None, :] <= pos[:, :, None])[:, None]
 
@@ -61,7 +64,7 @@ class RaggedCache:
         where = (rows[:, None].expand(B, T), slice(None), pos)
         k[where] = key.permute(0, 2, 1, 3)
         v[where] = value.permute(0, 2, 1, 3)
-        if B == self.slots and bool((rows == torch.arange(B, device=rows.device)).all()):
+        if self.whole:
             return k[:, :, : self.span], v[:, :, : self.span]
         return k[:, :, : self.span].index_select(0, rows), v[:, :, : self.span].index_select(0, rows)
 

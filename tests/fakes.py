@@ -233,3 +233,27 @@ def trace_run(path, n: int, policy=None, predictor=None, gamma: int = 8, max_new
                      task_id=tid)
         append_traces(path, tid, res.traces)
     return prompts
+
+
+class FakeTokenizer:
+    """Text for the fake vocabulary: token t (2..49) is one character of ``CHARS``; EOS and the
+    special token decode to nothing (skip_special_tokens). The chat template joins the messages'
+    contents, so a chat and a completion of the same text give the same ids."""
+
+    CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUV"
+    chat_template = "contents joined"
+
+    def __len__(self):
+        return V
+
+    def __call__(self, text, add_special_tokens=True):
+        try:
+            return {"input_ids": [self.CHARS.index(c) + 2 for c in text]}
+        except ValueError:
+            raise ValueError(f"the fake tokenizer reads only {self.CHARS!r}") from None
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(self.CHARS[t - 2] if t >= 2 else ("" if skip_special_tokens else "<%d>" % t) for t in ids)
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=False, **kw):
+        return "".join(m["content"] for m in messages)

@@ -234,3 +234,56 @@ def test_drafting_several_slots_in_one_forward_gives_each_its_own_block(steps):
             assert np.allclose(got[i].confidence, ref.confidence, atol=1e-9)
             assert np.allclose(got[i].features, ref.features, atol=1e-9)
             seqs[i] = s + [int(t) for t in ref.tokens[: int(rng.integers(0, g + 1))]] + [int(rng.integers(2, 60))]
+
+
+def test_jobs_with_their_own_settings_share_a_batch_and_each_decodes_as_alone():
+    """The server's case: each job brings its policy and decode settings (block length, budget,
+    sampling); through one loop of three slots, each gives what its own decode gives."""
+    from vskip.engine.decode import Loop
+
+    own = [(PolicyConfig(name="strict"), DecodeConfig(gamma=6, max_new_tokens=30)),
+           (PolicyConfig(name="ar"), DecodeConfig(max_new_tokens=12)),
+           (PolicyConfig.make("raw", eta_b=0.6, eta_c=0.6, k_min=1), DecodeConfig(gamma=4, max_new_tokens=40)),
+           (PolicyConfig(name="strict"), DecodeConfig(gamma=5, max_new_tokens=25, sampling=Sampling(0.8, seed=3))),
+           (PolicyConfig.make("periodic", period=2, period_k=3), DecodeConfig(gamma=7, max_new_tokens=50)),
+           (PolicyConfig(name="strict"), DecodeConfig(gamma=9, max_new_tokens=20, sampling=Sampling(1.0, 0.9, seed=5)))]
+    jobs = [Job(j.prompt, j.task_id, policy=p, cfg=c) for j, (p, c) in zip(_jobs(len(own), 11), own)]
+    want = {j.task_id: _rows(decode(j.prompt, FakeDrafter(0.3), FakeVerifier(), j.policy, j.cfg, task_id=j.task_id))
+            for j in jobs}
+    loop = Loop(FakeDrafter(0.3), FakeVerifier(), PolicyConfig(name="ar"), DecodeConfig(), batch_size=3)
+    queue, got = list(jobs), {}
+    while queue or loop.active:
+        while queue and loop.free:
+            loop.admit(queue.pop(0))
+        for step in loop.round():
+            assert step.error is None
+            if step.result is not None:
+                got[step.job.task_id] = _rows(step.result)
+    assert got == want
+    assert {r[1][0][9] for r in got.values()} >= {0, 6, 4}  # the blocks differed in one batch
+
+
+def test_a_cancelled_sequence_frees_its_slot_and_the_others_go_on():
+    from vskip.engine.decode import Loop
+
+    cfg = DecodeConfig(gamma=6, max_new_tokens=40)
+    policy = PolicyConfig(name="strict")
+    jobs = _jobs(3, 5)
+    loop = Loop(FakeDrafter(0.3), FakeVerifier(), policy, cfg, batch_size=2)
+    a, b = loop.admit(jobs[0]), loop.admit(jobs[1])
+    streamed = {a: [], b: []}
+    for step in loop.round():
+        streamed[step.slot] += step.committed
+    part = loop.cancel(a)
+    assert part.stop == "cancelled" and part.tokens == streamed[a] and loop.free == 1
+    assert loop.admit(jobs[2]) == a
+    got = {}
+    while loop.active:
+        for step in loop.round():
+            if step.slot == b:
+                streamed[b] += step.committed
+            if step.result is not None:
+                got[step.job.task_id] = step.result.tokens
+    for j in jobs[1:]:
+        assert got[j.task_id] == decode(j.prompt, FakeDrafter(0.3), FakeVerifier(), policy, cfg).tokens
+    assert streamed[b] == got[jobs[1].task_id]  # what each round committed adds up to the result

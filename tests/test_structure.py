@@ -153,7 +153,7 @@ def test_only_the_environment_module_touches_the_process_environment():
 #: The floors of the layout (docs/architecture.md): a module may import its own floor's and the
 #: floors below, never one above. The root modules are the ground floor.
 FLOORS = {"defaults": 0, "environment": 0, "files": 0, "stats": 0, "engine": 1, "bench": 2, "study": 3,
-          "distill": 3, "report": 4, "commands": 5, "cli": 6, "__main__": 7}
+          "distill": 3, "report": 4, "serve": 4, "commands": 5, "cli": 6, "__main__": 7}
 
 
 def _floor(module: str) -> int | None:

@@ -19,49 +19,16 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ..defaults import GAMMA, MAX_NEW_TOKENS
 from .features import assemble_features
 from .models.protocols import Call, DraftBlock, Drafter, Predictor, Verifier
-from .policy import (RULE, BlockLength, Decision, Draw, GuardContext, PolicyConfig, Rule, Sampling, block_length,
+from .policy import (RULE, Decision, Draw, GuardContext, PolicyConfig, Rule, Sampling, block_length,
                      committed_tokens, decide, draw_rows, prompt_key, strict_accept, verify_length)
 from .policy.sampling import ACCEPT, DRAFTER
 from .runtime import now
+from .settings import DecodeConfig, check_models, check_prompt
 
 #: How many committed tokens the repetition guard looks back over.
 _HISTORY = 64
-
-
-@dataclass(frozen=True)
-class DecodeConfig:
-    """``gamma``: draft block length; ``max_new_tokens``: output budget; ``shadow``: recover L on
-    skipped rounds (§3.2); ``trace``: keep the A.7 inputs of every block; ``task``: dataset name
-    for the indicator features; ``gamma_max``/``min_match``: a block length per round, ``trim``:
-    verify only the confident drafted prefix (:mod:`vskip.engine.policy.blocks`; None: the paper's
-    fixed blocks); ``sampling``: temperature 0 (greedy, the paper) or the verifier's sampling
-    settings and seed (:mod:`vskip.engine.policy.sampling`)."""
-
-    gamma: int = GAMMA
-    max_new_tokens: int = MAX_NEW_TOKENS
-    shadow: bool = True
-    trace: bool = False
-    task: str | None = None
-    gamma_max: int | None = None
-    min_match: int = 8
-    trim: float | None = None
-    sampling: Sampling = Sampling()
-
-    def __post_init__(self):
-        if isinstance(self.sampling, dict):  # read back from a run directory's config.json
-            object.__setattr__(self, "sampling", Sampling(**self.sampling))
-        self.blocks  # validates gamma, gamma_max, min_match and trim
-        if self.trace and self.trim is not None:
-            raise ValueError("traces need the strict length L of whole blocks: collect them without --trim")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max-new-tokens must be >= 1, got {self.max_new_tokens}")
-
-    @property
-    def blocks(self) -> BlockLength:
-        return BlockLength(self.gamma, self.gamma_max, self.min_match, self.trim)
 
 
 @dataclass(frozen=True)
@@ -124,52 +91,6 @@ class DecodeResult:
         return max(0.0, self.decode_seconds - self.draft_seconds - self.verify_seconds)
 
 
-def check_prompt(prompt: Sequence[int], verifier: Verifier, cfg: DecodeConfig) -> None:
-    if len(prompt) == 0:
-        raise ValueError("the prompt is empty")
-    need = len(prompt) + cfg.max_new_tokens + cfg.blocks.longest + 1
-    if need > verifier.max_length:
-        raise ValueError(
-            f"prompt of {len(prompt)} tokens + {cfg.max_new_tokens} new tokens + a block of "
-            f"{cfg.blocks.longest} exceeds the verifier's context of {verifier.max_length} tokens"
-        )
-
-
-def check_settings(policy: PolicyConfig, cfg: DecodeConfig, steps: int | None = None) -> None:
-    """The rules that tie a policy to decode settings, checked once where settings are made
-    (:class:`vskip.engine.settings.Settings`): trimming only where it cannot change what is accepted,
-    lenience and top-k greedy only, and the speculative rule only for a drafter that drafts in one
-    forward (``steps``; None: checked against the drafter by :func:`check_models`)."""
-    if cfg.trim is not None and policy.lossy_acceptance:
-        raise ValueError(f"--trim would change what {policy.name} accepts; use it with strict or a skip policy")
-    if not cfg.sampling.greedy and policy.lossy_acceptance:
-        raise ValueError(f"{policy.name} acceptance is defined on the verifier's argmax; it takes no --temperature")
-    if steps is not None and policy.uses_drafter:
-        check_speculative(cfg.sampling, steps)
-
-
-def check_speculative(sampling: Sampling, steps: int) -> None:
-    """The speculative rule is exact only for a drafter that drafts its block in one forward."""
-    if sampling.speculative and steps != 1:
-        raise ValueError(f"--speculative-sampling needs a drafter that drafts its block in one forward (--steps 1), "
-                         f"not in {steps} reveal steps")
-
-
-def check_models(drafter: Drafter | None, policy: PolicyConfig, cfg: DecodeConfig, predictor) -> None:
-    """What the settings ask of the models they meet: a drafter (drafting blocks this long, in one
-    forward for the speculative rule) and a predictor where the policy needs them."""
-    if not policy.uses_drafter:
-        return
-    if drafter is None:
-        raise ValueError(f"policy {policy.name!r} needs a drafter")
-    if drafter.max_gamma is not None and cfg.blocks.longest > drafter.max_gamma:
-        raise ValueError(f"this drafter drafts at most {drafter.max_gamma} tokens a block; "
-                         f"--gamma {cfg.blocks.longest} is more")
-    check_speculative(cfg.sampling, drafter.steps)
-    if policy.learned and predictor is None:
-        raise ValueError(f"policy {policy.name!r} needs a trained predictor")
-
-
 class _Clocks:
     """Seconds spent per part of a round (A.8: every clock read synchronises the device)."""
 
@@ -201,24 +122,33 @@ class _Outcome:
 @dataclass(frozen=True)
 class Job:
     """One prompt to decode (token ids); ``task_id`` and ``sample`` (the index of a sampled
-    completion) key its random numbers."""
+    completion) key its random numbers. ``policy`` and ``cfg``: this job's own settings, checked
+    where they were made (a server's request); None: the loop's."""
 
     prompt: Sequence[int]
     task_id: str | None = None
     sample: int = 0
+    policy: PolicyConfig | None = None
+    cfg: DecodeConfig | None = None
 
 
-def decode(
-    prompt: Sequence[int],
-    drafter: Drafter | None,
-    verifier: Verifier,
-    policy: PolicyConfig,
-    cfg: DecodeConfig,
-    predictor: Predictor | None = None,
-    task_id: str | None = None,
-    sample: int = 0,
-    rule: Rule = RULE,
-) -> DecodeResult:
+@dataclass(frozen=True)
+class Step:
+    """What one round did to one sequence: the tokens it ``committed`` and the round's ``record``,
+    and when the sequence is done, its ``result`` (None while it runs); ``error``: the failure that
+    ended this sequence alone (its result then holds what it had committed)."""
+
+    job: Job
+    slot: int
+    committed: list[int]
+    record: RoundRecord | None = None
+    result: DecodeResult | None = None
+    error: BaseException | None = None
+
+
+def decode(prompt: Sequence[int], drafter: Drafter | None, verifier: Verifier, policy: PolicyConfig,
+           cfg: DecodeConfig, predictor: Predictor | None = None, task_id: str | None = None, sample: int = 0,
+           rule: Rule = RULE) -> DecodeResult:
     """Decode one prompt (token ids) and return the generated tokens with per-round records: the
     loop of :func:`decode_many` with one prompt."""
     [(_, result)] = decode_many([Job(prompt, task_id, sample)], drafter, verifier, policy, cfg, predictor, rule=rule)
@@ -228,40 +158,104 @@ def decode(
 def decode_many(jobs: Iterable[Job], drafter: Drafter | None, verifier: Verifier, policy: PolicyConfig,
                 cfg: DecodeConfig, predictor: Predictor | None = None, batch_size: int = 1,
                 rule: Rule = RULE) -> Iterator[tuple[Job, DecodeResult]]:
-    """The decode loop. It holds up to ``batch_size`` sequences; each round, every sequence runs
-    its own steps up to the verifier (block length, draft, score, decide), then the sequences
-    that verify share one verifier forward, the shadow verifications of those that skipped share
-    another (off the clock), and each commits on its own. A finished sequence's slot takes the
-    next job at once (continuous batching). Yields each job with its result as it finishes.
+    """Decode ``jobs`` through one :class:`Loop` of ``batch_size`` slots: a finished sequence's
+    slot takes the next job at once (continuous batching). Yields each job with its result as it
+    finishes; a sequence's failure is raised."""
+    loop = Loop(drafter if policy.uses_drafter else None, verifier, policy, cfg, predictor, batch_size, rule)
+    queue = deque(jobs)
+    while queue or loop.active:
+        while queue and loop.free:
+            loop.admit(queue.popleft())
+        for step in loop.round():
+            if step.error is not None:
+                raise step.error
+            if step.result is not None:
+                yield step.job, step.result
 
-    ``rule``: the acceptance rule (the paper's unless another is given). The settings themselves
-    are checked where they are made (:func:`check_settings`); here, what they ask of the models."""
-    if batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
-    check_models(drafter, policy, cfg, predictor)
-    models = _Models(drafter if policy.uses_drafter else None, verifier, predictor, rule)
-    verifier.open_slots(batch_size)
-    if models.drafter is not None:
-        models.drafter.reset()
-    queue, active = deque(jobs), {}
-    while queue or active:
-        for slot in range(batch_size):
-            if slot not in active and queue:
-                job = queue.popleft()
-                check_prompt(job.prompt, verifier, cfg)
-                p = policy
-                if p.alpha is not None:  # the threshold calibrated for this prompt's fold (the prefix policy)
-                    p = replace(p, lam=predictor.threshold(job.task_id, p.alpha))
-                active[slot] = _Decode(job, slot, models, p, cfg)
-        blocks = models.draft({slot: d for slot, d in active.items() if d.drafter is not None})
-        asks = {slot: d.plan(*blocks.get(slot, (None, 0, 0))) for slot, d in active.items()}
-        verdicts = models.judge({s: (active[s], a) for s, a in asks.items() if a.verify is not None}, "verify")
-        shadows = models.judge({s: (active[s], a) for s, a in asks.items() if a.shadow is not None}, "shadow")
-        for slot in list(active):
-            d = active[slot]
-            if d.finish(asks[slot], verdicts.get(slot), shadows.get(slot)):
+
+class Loop:
+    """The decode loop. It holds up to ``batch_size`` sequences; each :meth:`round`, every sequence
+    runs its own steps up to the verifier (block length, draft, score, decide), then the sequences
+    that verify share one verifier forward, the shadow verifications of those that skipped share
+    another (off the clock), and each commits on its own. Jobs join between rounds (:meth:`admit`)
+    and may leave between rounds (:meth:`cancel`).
+
+    ``policy``, ``cfg``: the settings of jobs that bring none of their own. ``rule``: the
+    acceptance rule (the paper's unless another is given). The settings themselves are checked
+    where they are made (:func:`check_settings`); here, what they ask of the models.
+
+    A failure in one sequence's own steps ends that sequence alone (its :class:`Step` carries the
+    error); a failure of a forward the sequences share is raised."""
+
+    def __init__(self, drafter: Drafter | None, verifier: Verifier, policy: PolicyConfig, cfg: DecodeConfig,
+                 predictor: Predictor | None = None, batch_size: int = 1, rule: Rule = RULE):
+        if batch_size < 1:
+            raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+        check_models(drafter, policy, cfg, predictor)
+        self.policy, self.cfg, self.batch_size = policy, cfg, batch_size
+        self.models = _Models(drafter, verifier, predictor, rule)
+        self.active: dict[int, _Decode] = {}
+        verifier.open_slots(batch_size)
+        if drafter is not None:
+            drafter.reset()
+
+    @property
+    def free(self) -> int:
+        """How many slots are free."""
+        return self.batch_size - len(self.active)
+
+    def admit(self, job: Job) -> int:
+        """Give ``job`` the lowest free slot; returns the slot. Refuses a prompt that does not fit
+        and settings the models cannot run."""
+        if not self.free:
+            raise RuntimeError("every slot of the loop is taken")
+        policy, cfg = job.policy or self.policy, job.cfg or self.cfg
+        if job.policy is not None or job.cfg is not None:
+            check_models(self.models.drafter, policy, cfg, self.models.predictor)
+        check_prompt(job.prompt, self.models.verifier, cfg)
+        if policy.alpha is not None:  # the threshold calibrated for this prompt's fold (the prefix policy)
+            policy = replace(policy, lam=self.models.predictor.threshold(job.task_id, policy.alpha))
+        slot = next(s for s in range(self.batch_size) if s not in self.active)
+        self.active[slot] = _Decode(job, slot, self.models, policy, cfg)
+        return slot
+
+    def cancel(self, slot: int) -> DecodeResult:
+        """End the sequence in ``slot`` now (its result so far, stop ``cancelled``); the slot is free."""
+        d = self.active.pop(slot)
+        d.stop = "cancelled"
+        return d.result()
+
+    def round(self) -> list[Step]:
+        """One round of every active sequence; a :class:`Step` per sequence, in the order they
+        joined the loop."""
+        active, steps = self.active, {}
+        blocks = self.models.draft({slot: d for slot, d in active.items() if d.drafter is not None})
+        asks = {}
+        for slot, d in list(active.items()):
+            asks[slot] = self._own(slot, steps, d.plan, *blocks.get(slot, (None, 0, 0)))
+        asks = {s: a for s, a in asks.items() if s in active}
+        verdicts = self.models.judge({s: (active[s], a) for s, a in asks.items() if a.verify is not None}, "verify")
+        shadows = self.models.judge({s: (active[s], a) for s, a in asks.items() if a.shadow is not None}, "shadow")
+        for slot in list(asks):
+            d, before = active[slot], active[slot].generated
+            done = self._own(slot, steps, d.finish, asks[slot], verdicts.get(slot), shadows.get(slot))
+            if slot not in active:
+                continue
+            new = d.seq[d.n0 + before:]
+            if done:
                 del active[slot]
-                yield d.job, d.result()
+            steps[slot] = Step(d.job, slot, new, d.rounds[-1], d.result() if done else None)
+        return list(steps.values())
+
+    def _own(self, slot: int, steps: dict, fn, *args):
+        """Run one sequence's own step; a failure there ends that sequence alone."""
+        try:
+            return fn(*args)
+        except Exception as e:  # noqa: BLE001 - reported on the sequence's Step
+            d = self.active.pop(slot)
+            d.stop = "error"
+            steps[slot] = Step(d.job, slot, [], None, d.result(), e)
+            return None
 
 
 @dataclass
@@ -275,52 +269,65 @@ class _Models:
     shadow_seconds: float = 0.0
 
     def draft(self, drafting: dict) -> dict:
-        """One drafter call for the sequences ``drafting`` {slot: decode}: each one's block (under
-        the speculative rule, with the tokens the loop draws from its distributions), the block
-        length its policy asked for and the one drafted, by slot. The call's time goes to each
-        participant's draft clock."""
-        if not drafting:
-            return {}
-        lengths = {slot: d.block_length() for slot, d in drafting.items()}
-        d0 = next(iter(drafting.values()))
-        s, features = d0.cfg.sampling, d0.cfg.trace or d0.policy.learned
-        t = now()
-        blocks = self.drafter.propose_many([(slot, d.seq, lengths[slot][1]) for slot, d in drafting.items()],
-                                           features=features, sampling=s if s.speculative else None)
+        """The drafter's calls for the sequences ``drafting`` {slot: decode}, one per kind of
+        request (one for a batch of the same settings): each one's block (under the speculative
+        rule, with the tokens the loop draws from its distributions), the block length its policy
+        asked for and the one drafted, by slot. A call's time goes to each participant's draft clock."""
         out = {}
-        for (slot, d), block in zip(drafting.items(), blocks):
-            d.blocks += 1
-            if s.speculative:
-                g = lengths[slot][1]
-                block = replace(block, tokens=draw_rows(block.q, s.uniforms(d.key, d.generated, g, DRAFTER)))
-            out[slot] = (block, *lengths[slot])
-        spent = now() - t
-        for d in drafting.values():
-            d.clocks.seconds["draft"] += spent
+        for group in _groups(drafting, lambda d: (d.cfg.trace or d.policy.learned,
+                                                  d.cfg.sampling if d.cfg.sampling.speculative else None)):
+            lengths = {slot: d.block_length() for slot, d in group.items()}
+            d0 = next(iter(group.values()))
+            s, features = d0.cfg.sampling, d0.cfg.trace or d0.policy.learned
+            t = now()
+            blocks = self.drafter.propose_many([(slot, d.seq, lengths[slot][1]) for slot, d in group.items()],
+                                               features=features, sampling=s if s.speculative else None)
+            for (slot, d), block in zip(group.items(), blocks):
+                d.blocks += 1
+                if s.speculative:
+                    g = lengths[slot][1]
+                    block = replace(block, tokens=draw_rows(block.q, s.uniforms(d.key, d.generated, g, DRAFTER)))
+                out[slot] = (block, *lengths[slot])
+            spent = now() - t
+            for d in group.values():
+                d.clocks.seconds["draft"] += spent
         return out
 
     def judge(self, asks: dict, clock: str) -> dict:
-        """One verifier forward over the sequences' calls ``asks`` {slot: (decode, ask)}: each
-        one's verdict (its scores judged by the rule with its own numbers), by slot. The forward's
-        time goes to each participant's ``clock`` (and the shadow clock all sequences subtract)."""
-        if not asks:
-            return {}
-        shadow = clock == "shadow"
-        calls = [Call(d.seq, a.shadow if shadow else a.verify, shadow, slot) for slot, (d, a) in asks.items()]
-        sampling = next(iter(asks.values()))[0].cfg.sampling
-        t = now()
-        if sampling.greedy:
-            scores = self.verifier.score_many(calls)
-        else:
-            scores = self.verifier.distributions_many(calls, sampling)
-        spent = now() - t
-        if shadow:
-            self.shadow_seconds += spent
+        """The verifier's forwards over the sequences' calls ``asks`` {slot: (decode, ask)}, one per
+        way of scoring (one for a batch of the same sampling settings): each one's verdict (its
+        scores judged by the rule with its own numbers), by slot. A forward's time goes to each
+        participant's ``clock`` (and the shadow clock all sequences subtract)."""
         out = {}
-        for (slot, (d, a)), call, sc in zip(asks.items(), calls, scores):
-            d.clocks.seconds[clock] += spent
-            out[slot] = self.rule.verdict(sc, None if sampling.greedy else d.draw(len(call.block) + 1, a.block))
+        shadow = clock == "shadow"
+        for group in _groups(asks, lambda da: _scoring(da[0].cfg.sampling)):
+            calls = [Call(d.seq, a.shadow if shadow else a.verify, shadow, slot) for slot, (d, a) in group.items()]
+            sampling = next(iter(group.values()))[0].cfg.sampling
+            t = now()
+            if sampling.greedy:
+                scores = self.verifier.score_many(calls)
+            else:
+                scores = self.verifier.distributions_many(calls, sampling)
+            spent = now() - t
+            if shadow:
+                self.shadow_seconds += spent
+            for (slot, (d, a)), call, sc in zip(group.items(), calls, scores):
+                d.clocks.seconds[clock] += spent
+                out[slot] = self.rule.verdict(sc, None if sampling.greedy else d.draw(len(call.block) + 1, a.block))
         return out
+
+
+def _scoring(s: Sampling):
+    """What a verifier forward's scores depend on: the greedy argmax, or the warped distribution."""
+    return None if s.greedy else (s.temperature, s.top_p, s.top_k)
+
+
+def _groups(items: dict, key) -> list[dict]:
+    """``items`` split by ``key`` of their values, each group in the items' order."""
+    groups: dict = {}
+    for k, v in items.items():
+        groups.setdefault(key(v), {})[k] = v
+    return list(groups.values())
 
 
 @dataclass
@@ -341,7 +348,8 @@ class _Decode:
 
     def __init__(self, job: Job, slot: int, models: _Models, policy: PolicyConfig, cfg: DecodeConfig):
         self.job, self.slot, self.models, self.policy, self.cfg = job, slot, models, policy, cfg
-        self.drafter, self.verifier = models.drafter, models.verifier
+        self.drafter = models.drafter if policy.uses_drafter else None
+        self.verifier = models.verifier
         self.key = 0 if cfg.sampling.greedy else prompt_key(job.task_id, job.prompt, job.sample)  # greedy draws nothing
         self.seq, self.n0 = list(job.prompt), len(job.prompt)
         self.D = 0  # unverified tokens committed since the last verifier call

@@ -100,6 +100,14 @@ class Decoder:
         return decode(ids, self.drafter, self.pair.verifier, s.policy, s.decode, self.predictor, task_id=task_id,
                       sample=sample)
 
+    def loop(self, batch_size: int = 1):
+        """The decode loop itself (:class:`~vskip.engine.decode.Loop`), for a caller that admits
+        jobs as they come and reads each round (the server); jobs may bring their own settings."""
+        from ..engine.decode import Loop
+
+        s = self.settings
+        return Loop(self.pair.drafter, self.pair.verifier, s.policy, s.decode, self.predictor, batch_size)
+
     def decode_many(self, jobs, batch_size: int = 1):
         """Decode :class:`~vskip.engine.decode.Job` s ``batch_size`` at a time, yielding (job, result)
         as each finishes."""
@@ -110,16 +118,18 @@ class Decoder:
 
 
 def open_decoder(s: Settings, prompts: str | list[tuple[str, str]] | None = None, pair=None,
-                 record: dict | None = None, batch_size: int = 1) -> Decoder:
+                 record: dict | None = None, batch_size: int = 1, drafter: bool | None = None) -> Decoder:
     """Open a decode of ``s``: the runtime once, the prompts' fit (before any model loads), the pair
     placed for the longest block the decode drafts and ``batch_size`` sequences side by side
     (unless ``pair`` is one already loaded), and the predictor (``record``: the run's recorded
-    settings, for the online thresholds' check)."""
+    settings, for the online thresholds' check; ``drafter``: load the drafter or not, whatever the
+    policy reads, for a server whose requests choose their own policy)."""
     runtime = pair.runtime if pair is not None and pair.runtime is not None else runtime_of(s.models)
     if pair is None:
         budget = None
         if prompts is not None:
             n = longest_prompt(s.models, prompts, s.decode.max_new_tokens)
             budget = (n, s.decode.max_new_tokens, s.longest_block, batch_size)
-        pair = open_models(s.models, s.policy.uses_drafter, budget, runtime)
+        need = s.policy.uses_drafter if drafter is None else drafter
+        pair = open_models(s.models, need, budget, runtime)
     return Decoder(s, pair, runtime, load_policy_predictor(s, runtime, record))

@@ -1,0 +1,88 @@
+"""Opening a server (the pair through the one door, the worker, the routes) and running it under
+uvicorn, with SIGTERM as a graceful stop: new requests are refused, the admitted ones finish up
+to ``--shutdown-timeout``, and the process exits 0."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+
+from .app import ServeState, build_app
+from .engine import Engine
+from .metrics import Metrics
+
+
+def model_name(models) -> str:
+    """The served model's name: the verifier directory's name, or the embedded verifier's."""
+    from ..engine.models.embedded import EMBEDDED_VERIFIER
+
+    if models.verifier in (None, "", "default", EMBEDDED_VERIFIER):
+        return EMBEDDED_VERIFIER
+    return Path(models.verifier).resolve().name
+
+
+def open_state(a, settings, decoder=None) -> ServeState:
+    """The server's state from its parsed flags ``a`` and the command line's function ``settings``
+    that checks them (every request's flags go through it too; ``decoder``: a pair already opened,
+    as tests pass a fake one)."""
+    from ..engine.decode import warmup
+    from ..engine.prompting import encode_chat
+    from ..study.door import open_decoder
+
+    s = settings(a)  # the server's own settings: checked, and the flags each request lays its keys over
+    max_gamma = a.max_gamma if a.max_gamma is not None else max(64, s.longest_block)
+    if s.longest_block > max_gamma:
+        raise ValueError(f"--gamma {s.longest_block} is more than --max-gamma {max_gamma}")
+    dec = decoder or open_decoder(s, batch_size=a.max_batch, drafter=True)
+    drafter = dec.pair.drafter
+    if drafter is not None and drafter.max_gamma is not None:
+        max_gamma = min(max_gamma, drafter.max_gamma)
+    if decoder is None:
+        warmup(drafter, dec.pair.verifier, encode_chat(dec.pair.tokenizer, "Hello"), s.longest_block)
+    name = a.served_model_name or model_name(s.models)
+    metrics = Metrics(name, a.max_batch, max_gamma)
+    timeout = a.request_timeout if a.request_timeout and a.request_timeout > 0 else None
+    engine = Engine(dec.loop(a.max_batch), dec.pair.tokenizer, metrics, a.max_queue, timeout)
+    return ServeState(engine, metrics, a, dec.pair.tokenizer, name, s.decode.max_new_tokens, max_gamma, settings)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host``:``port`` (0: a free port)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, reuse_port=False)
+
+
+def make_server(state: ServeState, shutdown_timeout: float, log_level: str = "warning"):
+    """The uvicorn server of ``state``'s routes. On SIGTERM (its ``handle_exit``) the worker drains
+    at once, so that a request arriving on an open connection gets 503."""
+    import uvicorn
+    from sse_starlette.sse import AppStatus
+
+    AppStatus.disable_automatic_graceful_drain()  # running streams finish; uvicorn's deadline ends the rest
+    engine = state.engine
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            engine.drain()
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(build_app(state), log_level=log_level, access_log=False,
+                            timeout_graceful_shutdown=shutdown_timeout, lifespan="on")
+    return Server(config)
+
+
+def serve(state: ServeState, sock: socket.socket, shutdown_timeout: float) -> int:
+    """Serve ``state`` on ``sock`` until SIGTERM or SIGINT; 0 after a graceful stop."""
+    server = make_server(state, shutdown_timeout)
+    if threading.current_thread() is threading.main_thread():
+        # uvicorn raises the signal again after it stops; a handler of our own makes that a clean exit
+        signal.signal(signal.SIGTERM, lambda *_: None)
+    host, port = sock.getsockname()[:2]
+    engine = state.engine
+    print(f"vskip serve: {state.model_name} on http://{host}:{port} (batch {engine.loop.batch_size}, "
+          f"queue {engine.max_queue}, policy {engine.loop.policy.name})", file=sys.stderr, flush=True)
+    server.run(sockets=[sock])
+    return 0

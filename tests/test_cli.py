@@ -132,3 +132,62 @@ def test_no_conditioned_drafter_is_called_shipped(capsys):
     assert "none ships" in help_text and "smollm2-135m-conditioned" not in help_text
     with pytest.raises(FileNotFoundError, match="no conditioned drafter ships with vskip: train one"):
         load_pair(Runtime(), drafter="smollm2-135m-conditioned")
+
+
+#: every command that decodes through the loop, with what else it needs to parse
+BATCHING = {"run": ["run", "--task", "humaneval", "--out", "o"], "compare": ["compare"],
+            "sweep": ["sweep", "--grid", "kmin"],
+            "calibrate-online sweep": ["calibrate-online", "sweep", "cal", "p", "--out", "o", "--max-new-tokens", "8"]}
+
+
+def _batch_action(parser, argv):
+    """The --batch-size action of the (sub)command ``argv`` names."""
+    import argparse
+
+    for word in argv:
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if sub is None or word not in sub.choices:
+            break
+        parser = sub.choices[word]
+    return next(a for a in parser._actions if "--batch-size" in a.option_strings)
+
+
+@pytest.mark.parametrize("name", list(BATCHING))
+def test_every_decoding_command_takes_the_one_batch_flag(name, capsys):
+    """run, compare, sweep and calibrate-online sweep take --batch-size from one definition
+    (flags.add_batch_flag): the same help and default, and the parser refuses a value outside 1..1024."""
+    from vskip.commands import build_parser
+
+    parser, argv = build_parser(), BATCHING[name]
+    assert parser.parse_args(argv).batch_size == 1 and parser.parse_args(argv + ["--batch-size", "7"]).batch_size == 7
+    mine, runs = _batch_action(parser, argv), _batch_action(parser, BATCHING["run"])
+    assert (mine.help, mine.default) == (runs.help, 1) and "side by side" in mine.help
+    for bad, needle in (("0", "must lie in 1..1024, got 0"), ("1025", "must lie in 1..1024"), ("two", "an integer")):
+        with pytest.raises(SystemExit) as e:
+            parser.parse_args(argv + ["--batch-size", bad])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert "argument --batch-size" in err and needle in err, err
+
+
+@pytest.mark.parametrize("argv", [["run", "--task", "humaneval", "--out", "x"],
+                                  ["compare", "--task", "humaneval", "--configs", "ar,strict", "--out", "x"],
+                                  ["sweep", "--task", "humaneval", "--grid", "kmin", "--out", "x"]])
+def test_a_conditioned_drafter_refuses_a_batch_before_any_model_loads(argv, tmp_path, capsys, monkeypatch):
+    """A conditioned drafter reads one sequence's verifier states: --batch-size 2 with one refuses
+    with a line saying so, before a model loads; --batch-size 1 goes on to load it."""
+    import vskip.study.door
+    from vskip import cli
+    from vskip.engine.models.conditioned import SPEC_FORMAT
+
+    drafter = tmp_path / "cond"
+    drafter.mkdir()
+    (drafter / "drafter.json").write_text(json.dumps({"format": SPEC_FORMAT}))
+    monkeypatch.setattr(vskip.study.door, "open_models", lambda *a, **k: pytest.fail("a model was loaded"))
+    argv = [str(tmp_path / a) if a == "x" else a for a in argv] + ["--drafter", str(drafter), "--ids", "HumanEval/0",
+                                                                   "--no-score" if argv[0] != "compare" else "--quiet"]
+    assert cli.main(argv + ["--batch-size", "2"]) == 2
+    err = capsys.readouterr().err
+    assert f"--batch-size 2: the conditioned drafter {drafter} reads one sequence's verifier states" in err, err
+    with pytest.raises(pytest.fail.Exception, match="a model was loaded"):
+        cli.main(argv + ["--batch-size", "1"])

@@ -501,3 +501,116 @@ def test_score_runs_each_configurations_outputs_and_pairs_pass_at_1_with_ar(tmp_
     (tmp_path / "scores.json").unlink()
     assert main(["compare", "--summary", "--score", "--out", str(tmp_path)]) == 2
     assert "names no task" in capsys.readouterr().err
+
+
+# -- --batch-size: every configuration decodes its prompts side by side -------------------------
+
+class _SlotsVerifier(FakeVerifier):
+    """The fake verifier, noting the slots each loop opens and how many calls share each forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.slots, self.widths = [], []
+
+    def open_slots(self, n):
+        self.slots.append(n)
+
+    def score_many(self, calls):
+        self.widths.append(len(calls))
+        return super().score_many(calls)
+
+
+def _cli_pair(monkeypatch):
+    """`vskip compare` on the fake pair (no model loads); returns the verifier it decodes with."""
+    import vskip.study.door
+    from test_sweep import FakeTokenizer
+
+    verifier = _SlotsVerifier()
+    pair = SimpleNamespace(drafter=FakeDrafter(0.3, 2), verifier=verifier, tokenizer=FakeTokenizer(), runtime=None,
+                           extra_drafters={})
+    monkeypatch.setattr(vskip.study.door, "open_models", lambda *a, **k: pair)
+    return verifier
+
+
+#: what a row of `vskip compare` holds beyond its clocks
+_CLOCKS = {"decode_seconds", "draft_seconds", "verify_seconds", "predict_seconds", "shadow_seconds", "machine"}
+
+_BATCH_CONFIGS = "ar,strict,raw+eta_b=0.6+eta_c=0.5+k_min=1,strict+gamma=4+gamma_max=12+min_match=3+cache=off"
+
+
+def _compare(out, batch: int, *more) -> list:
+    from vskip.cli import main
+
+    ids = ",".join(f"HumanEval/{i}" for i in range(5))
+    assert main(["compare", "--task", "humaneval", "--ids", ids, "--configs", _BATCH_CONFIGS, "--gamma", "8",
+                 "--max-new-tokens", "40", "--repeats", "2", "--quiet", "--out", str(out), "--batch-size", str(batch),
+                 *more]) == 0
+    rows = [{k: v for k, v in r.to_json().items() if k not in _CLOCKS}
+            for r in compare.read_rows(out / "shard-1-of-1.jsonl")]
+    return sorted(rows, key=lambda r: (r["task_id"], r["config"], r["repeat"]))
+
+
+@pytest.mark.parametrize("batch", [2, 3])
+def test_a_batched_comparison_gives_the_rows_of_batch_one(tmp_path, monkeypatch, capsys, batch):
+    """`vskip compare --batch-size B` on the fake pair: every configuration (ar, Strict SDD, a skip
+    policy, the cache off) decodes B prompts side by side and writes, per prompt, configuration and
+    repeat, the tokens, counts and rounds batch 1 writes; the batch size is recorded, and a rerun
+    at another batch size refuses to mix rows in the directory."""
+    verifier = _cli_pair(monkeypatch)
+    one = _compare(tmp_path / "one", 1)
+    assert set(verifier.slots) == {1} and set(verifier.widths) == {1}
+    verifier.slots.clear(), verifier.widths.clear()
+    many = _compare(tmp_path / "many", batch)
+    assert many == one and len(one) == 5 * 4 * 2
+    assert set(verifier.slots) == {batch} and max(verifier.widths) == batch  # side by side, in one forward
+    assert "prompts side by side" in capsys.readouterr().out
+    for d, b in ((tmp_path / "one", 1), (tmp_path / "many", batch)):
+        assert json.loads((d / "settings.json").read_text())["fixed"]["batch_size"] == b
+    # resume: nothing is decoded again
+    verifier.slots.clear()
+    assert _compare(tmp_path / "many", batch) == one and verifier.slots == []
+    from vskip.cli import main
+
+    ids = ",".join(f"HumanEval/{i}" for i in range(5))
+    assert main(["compare", "--task", "humaneval", "--ids", ids, "--configs", _BATCH_CONFIGS, "--gamma", "8",
+                 "--max-new-tokens", "40", "--repeats", "2", "--quiet", "--out", str(tmp_path / "one"),
+                 "--batch-size", str(batch)]) == 2
+    assert "batch_size" in capsys.readouterr().err
+
+
+def test_a_batched_comparison_groups_the_prompts_and_rotates_the_order_by_group(tmp_path):
+    """Five prompts at batch 2: groups of 2, 2 and 1, each configuration decoding a group in one
+    loop, the first configuration moving on from group to group."""
+    prompts = [(f"t{i}", [7, 3, 9, i + 2]) for i in range(5)]
+    chosen = [parsing.parse_variant(s, BASE, 1) for s in ("ar", "strict", "strict+gamma=4")]
+    pair = SimpleNamespace(drafter=FakeDrafter(0.3, 2), verifier=_SlotsVerifier(), runtime=None, extra_drafters={})
+    rows = compare.read_rows(compare.run_compare(prompts, pair, chosen, tmp_path, progress=False, batch_size=2))
+    assert pair.verifier.slots == [2] * 9  # 3 groups x 3 configurations
+    assert [r.config for r in rows[:6]] == ["ar", "ar", "strict", "strict", "strict+gamma=4", "strict+gamma=4"]
+    assert [rows[6].config, rows[12].config] == ["strict", "strict+gamma=4"]  # each group's first moves on
+    assert [sorted({r.task_id for r in rows[6 * k: 6 * k + 6]}) for k in range(2)] == [["t0", "t1"], ["t2", "t3"]]
+    ref = compare.read_rows(compare.run_compare(prompts, _pair(), chosen, tmp_path / "one", progress=False))
+    key = lambda r: (r.task_id, r.config)  # noqa: E731
+    assert [(key(r), r.tokens, r.accepted) for r in sorted(rows, key=key)] == \
+        [(key(r), r.tokens, r.accepted) for r in sorted(ref, key=key)]
+
+
+def test_transformers_decoders_and_a_bad_batch_size_are_refused(tmp_path, monkeypatch, capsys):
+    """hf and lookupN decode one prompt at a time: --batch-size 2 with them refuses before any model
+    loads; the parser refuses a batch size outside 1..1024."""
+    import vskip.study.door
+    from vskip.cli import main
+
+    monkeypatch.setattr(vskip.study.door, "open_models", lambda *a, **k: pytest.fail("a model was loaded"))
+    assert main(["compare", "--task", "humaneval", "--ids", "HumanEval/0", "--configs", "ar,strict,hf,lookup4",
+                 "--batch-size", "2", "--out", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err
+    assert "--batch-size 2: hf, lookup4 decode with transformers' generate" in err
+    assert not list((tmp_path / "c").iterdir())  # no settings recorded, no rows
+    with pytest.raises(ValueError, match="transformers' generate"):
+        compare.run_compare([("t0", [7, 3])], _pair(), [parsing.parse_variant("hf", BASE, 1)], tmp_path, batch_size=2)
+    for bad in ("0", "1025", "two"):
+        with pytest.raises(SystemExit) as e:
+            main(["compare", "--task", "humaneval", "--batch-size", bad])
+        assert e.value.code == 2
+        assert "argument --batch-size" in capsys.readouterr().err

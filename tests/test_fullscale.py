@@ -359,6 +359,82 @@ def test_online_ids_per_task_and_the_sweeps_that_decode_them(tmp_path):
         online.read_ids(tmp_path, "cal")
 
 
+class _InProcess:
+    """Stands in for :class:`Processes`: runs each vskip command in this process, in turn."""
+
+    def __init__(self, until=None, what="vskip"):
+        pass
+
+    def __call__(self, commands, *, timed=False, quiet=False):
+        from vskip.cli import main
+
+        for c in commands:
+            assert main(list(map(str, c))) == 0, c
+        return True
+
+
+@pytest.mark.parametrize("batch", [2, 3])
+def test_online_sweeps_decode_at_the_batch_size_and_give_batch_ones_runs(tmp_path, monkeypatch, batch):
+    """`calibrate-online sweep cal P --batch-size B` hands B to each task's `vskip sweep`, whose runs
+    (every threshold of grid online-cal, on the fake pair with a stub prefix model) decode B
+    prompts side by side and hold what batch 1 decodes, the batch size recorded; the parser
+    refuses a bad value."""
+    from fakes import FakeVerifier, StubPredictor
+    from test_sweep import fake_pair
+
+    import vskip.study.jobs
+    import vskip.study.predictor
+    from vskip.cli import build_parser
+    from vskip.study import sweep
+
+    p = tmp_path / "p"
+    p.mkdir()
+    online.write_ids(p, ["HumanEval/1", "Mbpp/12", "HumanEval/3", "Mbpp/11", "HumanEval/5"], ["HumanEval/4"])
+    assert [c[c.index("--batch-size") + 1] for c in online.sweep_commands(p, "cal", tmp_path, 24, 1, batch)] == \
+        [str(batch)] * 2
+    slots = []
+
+    class Verifier(FakeVerifier):
+        def open_slots(self, n):
+            slots.append(n)
+
+    def pair(models, need_drafter):
+        out = fake_pair(models, need_drafter)
+        out.verifier = Verifier()
+        return out
+
+    monkeypatch.setattr(vskip.study.jobs, "Processes", _InProcess)
+    monkeypatch.setattr(sweep, "load_models", pair)
+    monkeypatch.setattr(vskip.study.predictor, "load_predictor", lambda d, kind, runtime=None: StubPredictor(2.0))
+
+    def calibrate(out, b):
+        a = build_parser().parse_args(["calibrate-online", "sweep", "cal", str(p), "--out", str(out),
+                                       "--max-new-tokens", "24", "--batch-size", str(b)])
+        assert a.fn(a) == 0
+        runs = {}
+        for d in sorted(out.glob("*/*/config.json")):
+            run = json.loads(d.read_text())["run"]
+            samples = sorted((json.loads(l) for l in (d.parent / "samples.jsonl").read_text().splitlines()),
+                             key=lambda r: r["task_id"])
+            runs[d.parent.relative_to(out)] = (run.pop("batch_size"), run,
+                                               [(r["task_id"], r["tokens"], r["skipped_rounds"]) for r in samples])
+        return runs
+
+    one = calibrate(tmp_path / "one", 1)
+    assert set(slots) == {1}
+    slots.clear()
+    many = calibrate(tmp_path / "many", batch)
+    assert set(slots) == {batch}
+    assert len(one) == 2 * len(grid("online-cal")) and set(many) == set(one)
+    assert {k: v[1:] for k, v in many.items()} == {k: v[1:] for k, v in one.items()}
+    assert {v[0] for v in one.values()} == {1} and {v[0] for v in many.values()} == {batch}
+    assert any(n for v in one.values() for _, _, n in v[2])  # the thresholds skip rounds
+    for bad in ("0", "-1", "1025"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["calibrate-online", "sweep", "cal", str(p), "--out", "o", "--max-new-tokens",
+                                       "8", "--batch-size", bad])
+
+
 def test_online_chooses_on_the_thresholds_every_task_finished(tmp_path):
     p, cal = _online_predictor(tmp_path / "p"), tmp_path / "cal"
     assert online.finished(p, cal) == []

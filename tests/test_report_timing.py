@@ -32,11 +32,12 @@ def _models(cache=True, dtype=None):
 
 
 def comparison(d: Path, task="humaneval", ids=IDS, cache=True, max_new=256, dtype=None, specs=SPECS,
-               seconds=SECONDS) -> Path:
+               seconds=SECONDS, batch_size=1) -> Path:
     """A comparison directory as `vskip compare --repeats 2 --predictor p0` writes it."""
     dec = DecodeConfig(gamma=8, max_new_tokens=max_new, task=task)
     variants = [parse_variant(s, dec, 1, "p0") for s in specs]
-    compare.claim(d, compare.settings_record(task, max_new, Runtime(), _models(cache, dtype), variants, "p0"))
+    compare.claim(d, compare.settings_record(task, max_new, Runtime(), _models(cache, dtype), variants, "p0",
+                                             batch_size))
     rows = [{"task_id": t, "config": s, "repeat": q, "machine": "m", "tokens": 10,
              "seconds": seconds[s][q], "digest": "d", "output": [1]}
             for t in ids for q in (0, 1) for s in specs]
@@ -63,6 +64,11 @@ def test_the_configuration_that_decodes_as_the_run_did(tmp_path):
                   run_cfg(survival="model", alpha=0.05, task="mbpp"), run_cfg(survival="model", alpha=0.05, max_new=512),
                   run_cfg(survival="model", alpha=0.05, cache=False), run_cfg("raw", predictor=None, eta_b=0.7)):
         assert t.config_for(other) is None
+    # a batch's clocks stand for that batch only (speculation pays less under load)
+    batched = {**run_cfg(survival="model", alpha=0.05), "batch_size": 4}
+    assert t.config_for(batched) is None
+    four = Timing(comparison(tmp_path / "b4", batch_size=4))
+    assert four.config_for(batched) == P_ALPHA and four.config_for(run_cfg(survival="model", alpha=0.05)) is None
     nocache = Timing(comparison(tmp_path / "n", cache=False))
     assert nocache.config_for(run_cfg(survival="model", alpha=0.05)) is None
     assert nocache.config_for(run_cfg(survival="model", alpha=0.05, cache=False)) == P_ALPHA

@@ -457,3 +457,92 @@ def test_ray_missing_is_a_clear_error(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="needs the ray package"):
         sweep.run_sweep(make_plan("periodic"), tmp_path / "s", executor="ray", pair_factory=fake_pair, progress=False)
     assert not (tmp_path / "s").exists()
+
+
+# --------------------------------------------------------------------------- --batch-size
+
+
+class _SlotsVerifier(FakeVerifier):
+    """Notes the slots each loop opens (its batch size)."""
+
+    slots: list = []
+
+    def open_slots(self, n):
+        self.slots.append(n)
+
+
+def slots_pair(models, need_drafter):
+    pair = fake_pair(models, need_drafter)
+    pair.verifier = _SlotsVerifier()
+    return pair
+
+
+class _LoggedSlotsVerifier(FakeVerifier):
+    """Appends the slots each loop opens to the file $SLOTS_LOG (from any worker process)."""
+
+    def open_slots(self, n):
+        with open(os.environ["SLOTS_LOG"], "a") as f:
+            f.write(f"{os.getpid()} {n}\n")
+
+
+def logged_slots_pair(models, need_drafter):
+    pair = fake_pair(models, need_drafter)
+    pair.verifier = _LoggedSlotsVerifier()
+    return pair
+
+
+def _without_batch(d: Path) -> dict:
+    """A run directory without its timings, its samples and rounds in prompt order (a batch finishes
+    them out of order), and its recorded batch size apart."""
+    r = read_dir(d)
+    batch = r["run"].pop("batch_size")
+    r["samples"].sort(key=lambda s: s["task_id"])
+    r["rounds"].sort(key=lambda x: (x["task_id"], x["round"]))
+    return {**r, "batch_size": batch}
+
+
+@pytest.mark.parametrize("batch", [2, 3])
+def test_cli_batch_size_decodes_side_by_side_and_gives_batch_ones_runs(tmp_path, monkeypatch, batch):
+    """`vskip sweep --batch-size B` on the fake pair: every configuration's run decodes B prompts side
+    by side and writes what batch 1 writes, with the batch size in its config.json and in the
+    sweep's record of each configuration; a bad value is refused by the parser."""
+    monkeypatch.setattr(sweep, "load_models", slots_pair)
+    monkeypatch.setattr(_SlotsVerifier, "slots", [])
+    from vskip.cli import main
+
+    def run(out, b):
+        assert main(["sweep", "--task", "humaneval", "--grid", "cpu-small", "--ids", ",".join(IDS), "--gamma", "8",
+                     "--max-new-tokens", "24", "--no-score", "--quiet", "--out", str(out), "--batch-size", str(b)]) == 0
+        return {n: _without_batch(out / n) for n in make_plan().configs}
+
+    one = run(tmp_path / "one", 1)
+    assert set(_SlotsVerifier.slots) == {1}
+    _SlotsVerifier.slots.clear()
+    many = run(tmp_path / "many", batch)
+    assert set(_SlotsVerifier.slots) == {batch}
+    assert {n: {**r, "batch_size": 1} for n, r in many.items()} == one
+    assert {r["batch_size"] for r in many.values()} == {batch}
+    rec = json.loads((tmp_path / "many" / "sweep.json").read_text())
+    assert {c["run"]["batch_size"] for c in rec["configs"]} == {batch}
+    for bad in ("0", "1025"):
+        with pytest.raises(SystemExit) as e:
+            parser().parse_args(["sweep", "--grid", "kmin", "--batch-size", bad])
+        assert e.value.code == 2
+
+
+def test_worker_processes_decode_at_the_plans_batch_size(unbroken, tmp_path, monkeypatch):
+    """Two worker processes on two shards: each unit's run config carries the batch size to its
+    worker, which decodes B prompts side by side and writes what one process at batch 1 writes."""
+    out, p, _ = unbroken
+    log = tmp_path / "slots.log"
+    monkeypatch.setenv("SLOTS_LOG", str(log))
+    q = make_plan(shards=2, batch_size=2)
+    assert {c.batch_size for c in q.configs.values()} == {u.cfg.batch_size for u in q.units(tmp_path)} == {2}
+    sweep.run_sweep(q, tmp_path / "s", workers=2, pair_factory=logged_slots_pair, progress=False)
+    seen = [line.split() for line in log.read_text().splitlines()]
+    assert seen and {n for _, n in seen} == {"2"} and str(os.getpid()) not in {pid for pid, _ in seen}  # in workers
+    tmp_path = tmp_path / "s"
+    for name in p.configs:
+        a, b = _without_batch(out / name), _without_batch(tmp_path / name)
+        assert (a.pop("batch_size"), b.pop("batch_size")) == (1, 2)
+        assert a == b, name

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .flags import add_policy_flags, add_task_flag, settings, task_ids
+from .flags import add_batch_flag, add_policy_flags, add_task_flag, check_batch, settings, task_ids
 
 
 def register(subparsers) -> None:
@@ -33,6 +33,7 @@ def register(subparsers) -> None:
                         "pass@1, paired with ar's (kept in OUT/scores.json; with --summary, scores the rows there)")
     c.add_argument("--shard", default="1/1", help="I/N: this process takes prompts I, I+N, ... (default: 1/1)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_batch_flag(c)
     add_policy_flags(c, policy=False)
     c.set_defaults(fn=cmd_compare)
 
@@ -79,6 +80,10 @@ def cmd_compare(a) -> int:
         v.settings(models, a.predictor)  # every configuration's settings checked before any model loads
     if not any(v.name == "ar" for v in variants):
         raise ValueError("--configs must include ar, the reference every configuration is measured against")
+    compare.check_batch(variants, a.batch_size)
+    # the drafters the comparison loads (the verifier holds their taps, whichever configuration decodes)
+    check_batch(a.batch_size, ([models.drafter] if any(v.policy not in (None, "ar") for v in variants) else [])
+                + [v.drafter for v in variants if v.drafter])
     ids = task_ids(a.ids)
     problems = tasks.load_task(a.task, limit=a.limit, ids=list(ids) if ids else None)
     if not problems:
@@ -99,7 +104,7 @@ def cmd_compare(a) -> int:
         lock = DirLock(Path(a.out), f"shard {shard[0]}/{shard[1]} of the comparison in", name=f".lock-shard-{shard[0]}-of-{shard[1]}")
         with DirLock(Path(a.out), "comparison directory", wait=True):  # settings.json: read, merge, write
             compare.claim(Path(a.out), compare.settings_record(a.task, dec.max_new_tokens, runtime, models, variants,
-                                                               a.predictor))
+                                                               a.predictor, a.batch_size))
     with lock:
         return _decode_and_print(a, compare, tasks, models, dec, variants, runtime, problems, shard, n)
 
@@ -114,8 +119,8 @@ def _decode_and_print(a, compare, tasks, models, dec, variants, runtime, problem
     # checked against that drafter when it decodes)
     gamma = max([dec.blocks.longest] + [v.decode.blocks.longest for v in variants
                                         if v.decode is not None and not v.drafter])
-    pair = open_models(models, any(v.policy not in (None, "ar") for v in variants), (n, dec.max_new_tokens, gamma),
-                       runtime)
+    pair = open_models(models, any(v.policy not in (None, "ar") for v in variants),
+                       (n, dec.max_new_tokens, gamma, a.batch_size), runtime)
     from ..engine.models.embedded import EMBEDDED_DRAFTER
     from ..engine.models.load import drafter_beside
 
@@ -126,10 +131,12 @@ def _decode_and_print(a, compare, tasks, models, dec, variants, runtime, problem
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(a.out) if a.out else Path(tmp)
         compare.run_compare(prompts, pair, variants, out, shard, dec.max_new_tokens, progress=not a.quiet,
-                            repeats=a.repeats, predictor=a.predictor, models=models)
+                            repeats=a.repeats, predictor=a.predictor, models=models, batch_size=a.batch_size)
+        batched = f", {a.batch_size} prompts side by side" if a.batch_size != 1 else ""
         return _print_comparison(out, Path(a.out) if a.out else None,
-                                 f"{a.task}, {dec.max_new_tokens} new tokens at most, verifier {runtime.dtype}, "
-                                 f"drafter {runtime.drafter_dtype}{_sampled(dec.sampling)}", a.score, not a.quiet)
+                                 f"{a.task}, {dec.max_new_tokens} new tokens at most{batched}, verifier "
+                                 f"{runtime.dtype}, drafter {runtime.drafter_dtype}{_sampled(dec.sampling)}", a.score,
+                                 not a.quiet)
 
 
 def _sampled(s) -> str:

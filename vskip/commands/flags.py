@@ -131,6 +131,40 @@ def add_threads_flag(p, default: int | None = None, help: str = "torch CPU threa
     p.add_argument("--threads", type=int, default=default, help=help)
 
 
+#: the most sequences one loop decodes side by side (``--batch-size``)
+MAX_BATCH = 1024
+
+
+def add_batch_flag(p) -> None:
+    """``--batch-size``: the sequences one loop decodes side by side
+    (:func:`vskip.engine.decode.decode_many`), the same flag for every command that decodes
+    through it (``run``, ``compare``, ``sweep``, ``calibrate-online sweep``)."""
+    p.add_argument("--batch-size", type=bounded(int, 1, MAX_BATCH), default=1,
+                   help="decode this many prompts side by side, sharing each verifier forward; every prompt's "
+                        "output is batch 1's up to floating-point near-ties (default: 1)")
+
+
+def check_batch(batch_size: int, drafters) -> None:
+    """Refuse ``--batch-size`` above 1 when one of ``drafters`` (the names or directories of the
+    drafters the decode loads; None: none) is a conditioned drafter: it reads one sequence's
+    verifier states, so its verifier holds one sequence at a time. Checked before any model loads
+    (the verifier refuses it too, once loaded)."""
+    if batch_size == 1:
+        return
+    names = [d for d in drafters if d]
+    if not names:
+        return
+    from pathlib import Path
+
+    from ..engine.models.conditioned_io import is_conditioned
+    from ..engine.models.embedded import EMBEDDED_CONDITIONED
+
+    for d in names:
+        if d == EMBEDDED_CONDITIONED or is_conditioned(Path(d)):
+            raise ValueError(f"--batch-size {batch_size}: the conditioned drafter {d} reads one sequence's verifier "
+                             "states, so it decodes one sequence at a time; give --batch-size 1 or another drafter")
+
+
 def apply_preset(a) -> None:
     """Fill ``--drafter``, ``--gamma`` and ``--steps`` where the command line left them out, from
     ``--preset`` (commands without the policy flags keep what they have)."""

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from .flags import MAX_SEED, add_device_flag, add_threads_flag, bounded
+from .flags import MAX_SEED, add_batch_flag, add_device_flag, add_threads_flag, bounded
 
 #: the survival predictors (``vskip.study.traces.KINDS``) and the prefix model (``vskip.study.prefix.model.KIND``)
 PREDICTOR_KINDS = ("marginal", "conditional", "prefix")
@@ -215,6 +215,7 @@ def _calibrate_online(subparsers) -> None:
     sw.add_argument("--out", required=True, help="one sweep directory per task goes under it (OUT/TASK)")
     sw.add_argument("--max-new-tokens", type=bounded(int, 1, 1 << 20), required=True, help="output budget")
     add_threads_flag(sw, default=1, help="torch CPU threads of each task's sweep (default: 1)")
+    add_batch_flag(sw)
     sw.add_argument("--until", metavar="HH:MM", help="stop at this local time (a rerun resumes)")
     sw.set_defaults(fn=cmd_calibrate_online_sweep)
     fi = sub.add_parser("finished", help="print the calibration runs of the thresholds every task finished")
@@ -242,7 +243,7 @@ def cmd_calibrate_online_sweep(a) -> int:
 
     check_writable_dir(a.out, "directory of the sweeps")
     Processes(deadline(a.until), what="calibrate-online")(
-        sweep_commands(a.predictor, a.part, a.out, a.max_new_tokens, a.threads), timed=True)
+        sweep_commands(a.predictor, a.part, a.out, a.max_new_tokens, a.threads, a.batch_size), timed=True)
     return 0
 
 

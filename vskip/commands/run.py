@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .flags import add_policy_flags, add_task_flag, bounded, settings, task_ids
+from .flags import add_batch_flag, add_policy_flags, add_task_flag, bounded, check_batch, settings, task_ids
 
 
 def register(subparsers) -> None:
@@ -20,9 +20,7 @@ def register(subparsers) -> None:
     add_policy_flags(r)
     r.add_argument("--samples-per-prompt", type=bounded(int, 1, 100_000), default=1,
                    help="completions per prompt, each with its own random numbers (pass@k; needs --temperature > 0)")
-    r.add_argument("--batch-size", type=bounded(int, 1, 1024), default=1,
-                   help="decode this many prompts side by side, sharing each verifier forward; every prompt's "
-                        "output is batch 1's up to floating-point near-ties (default: 1)")
+    add_batch_flag(r)
     r.set_defaults(fn=cmd_run)
 
 
@@ -31,7 +29,9 @@ def cmd_run(a) -> int:
 
     if a.limit is not None and a.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {a.limit}")
-    cfg = RunConfig.of(settings(a), a.task, limit=a.limit, ids=task_ids(a.ids), score=a.score,
+    s = settings(a)
+    check_batch(a.batch_size, [s.models.drafter] if s.policy.uses_drafter else [])
+    cfg = RunConfig.of(s, a.task, limit=a.limit, ids=task_ids(a.ids), score=a.score,
                        samples_per_prompt=a.samples_per_prompt, batch_size=a.batch_size)
     summary = run(cfg, a.out, progress=not a.quiet, command=getattr(a, "command_line", None))
     keys = ("task", "policy", "n_prompts", "pass_at_1", "tokens_per_s", "calls_per_token", "blocks_per_token",

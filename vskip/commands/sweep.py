@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 from ..defaults import GAMMA, K_MIN, MAX_NEW_TOKENS, S_MAX, STEPS
-from .flags import (add_block_flags, add_model_flags, add_sampling_flags, add_task_flag, bounded, decode_config,
-                    model_config, task_ids)
+from .flags import (add_batch_flag, add_block_flags, add_model_flags, add_sampling_flags, add_task_flag, bounded,
+                    check_batch, decode_config, model_config, task_ids)
 
 #: the named grids of ``vskip sweep`` (``vskip.study.grids.GRIDS`` holds them; a test keeps both equal)
 GRID_NAMES = ("table5", "kmin", "gates", "periodic", "transfer", "cpu-small", "cpu-kmin", "cpu-signals", "prefix",
@@ -35,6 +35,7 @@ def _sweep_flags(s) -> None:
     w.add_argument("--gpus-per-worker", type=bounded(float, 0.0, 1024.0), default=0.0,
                    help="Ray: GPUs reserved per worker (default: 0)")
     w.add_argument("--score", action=argparse.BooleanOptionalAction, default=True, help="score by execution")
+    add_batch_flag(w)
     w.add_argument("--quiet", action="store_true", help="no progress bar")
     g = s.add_argument_group("decoding (shared by every configuration)")
     g.add_argument("--gamma", type=int, default=GAMMA, help=f"draft block length (default: {GAMMA}; the paper: 32)")
@@ -90,16 +91,18 @@ def cmd_sweep(a) -> int:
 
     models = model_config(a)
     runtime_of(models)  # checks them
+    points = grid(a.grid, k_min=a.k_min, s_max=a.s_max)
+    check_batch(a.batch_size, [models.drafter] if any(pt.policy.uses_drafter for pt in points) else [])
     ids = task_ids(a.ids)
     check_writable_dir(a.out, "sweep directory")
     if a.score:
         from ..study.runner import check_sandbox
 
         check_sandbox(a.task)
-    n_configs = len(grid(a.grid, k_min=a.k_min, s_max=a.s_max))
+    n_configs = len(points)
     shards = a.shards or (1 if a.workers == 1 else max(1, math.ceil(a.workers / n_configs)))
     p = plan(a.task, a.grid, decode, models, limit=a.limit, ids=ids, predictor=a.predictor, score=a.score,
-             shards=shards, k_min=a.k_min, s_max=a.s_max)
+             shards=shards, k_min=a.k_min, s_max=a.s_max, batch_size=a.batch_size)
     t0 = time.time()
     summaries = run_sweep(p, Path(a.out), workers=a.workers, executor=a.executor, address=a.address,
                           progress=not a.quiet, command=getattr(a, "command_line", None),

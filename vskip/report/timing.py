@@ -4,7 +4,7 @@ A sweep times every run once, at its own moment, so its tokens/s ratio to Strict
 machine's drift between the two runs. ``vskip compare`` decodes each prompt with every
 configuration in a rotating order, several times: the drift falls on all configurations alike. A
 report given such comparisons (``vskip report --timing DIR``) finds, for a run, the configuration
-of a comparison that decodes as the run did (same task, token budget, policy and parameters,
+of a comparison that decodes as the run did (same task, token budget, batch size, policy and parameters,
 predictor, block settings, reveal steps, verifier cache and drafter precision) and takes its speed
 against the comparison's ``strict`` from there, paired per prompt over the prompts the comparison
 timed. The timed prompts are a subset of the run's; the ratio speaks for that subset. A policy that
@@ -52,6 +52,8 @@ class Timing:
         dec, models = run_cfg.get("decode") or {}, run_cfg.get("models") or {}
         fm = self.fixed.get("models") or {}
         if dec.get("max_new_tokens") != self.fixed.get("max_new_tokens"):
+            return None
+        if (run_cfg.get("batch_size") or 1) != (self.fixed.get("batch_size") or 1):  # clocks of another batch
             return None
         if any(fm.get(k) != models.get(k) for k in _MODEL_KEYS):
             return None

@@ -1,8 +1,10 @@
 """``vskip compare``: decoders side by side on the same prompts, paired per prompt.
 
 Every prompt is decoded by every configuration, one after the other, in an order that rotates
-from prompt to prompt, so machine drift falls on all configurations alike. ``ar`` (the verifier's
-own greedy decoding through vskip's verifier runtime) is the reference every other
+from prompt to prompt, so machine drift falls on all configurations alike. With ``--batch-size B``
+the prompts go in groups of B: each configuration, ``ar`` included, decodes a group side by side
+(:func:`vskip.engine.decode.decode_many`), and the order rotates from group to group. ``ar`` (the
+verifier's own greedy decoding through vskip's verifier runtime) is the reference every other
 configuration is measured and checked against. Configurations (``--configs``):
 
 - a policy name (``strict``, ``raw``, ...) with the command's settings, or with some of them
@@ -124,9 +126,10 @@ def _hf_generate(pair, ids, max_new: int, lookup: int | None, sampling: dict | N
 
 
 
-def settings_record(task: str, max_new: int, runtime, models, variants, predictor: str | None = None) -> dict:
+def settings_record(task: str, max_new: int, runtime, models, variants, predictor: str | None = None,
+                    batch_size: int = 1) -> dict:
     """What rows of a comparison directory depend on: the settings every configuration shares
-    (``fixed``) and each configuration's own."""
+    (``fixed``, with the prompts decoded side by side, ``batch_size``) and each configuration's own."""
     from dataclasses import asdict
 
     configs = {v.name: {"policy": v.policy, "lookup": v.lookup, "steps": v.steps,
@@ -136,17 +139,18 @@ def settings_record(task: str, max_new: int, runtime, models, variants, predicto
                         **({"predictor": v.predictor} if v.predictor else {}),
                         **({"drafter": v.drafter} if v.drafter else {})} for v in variants}
     return {"fixed": {"task": task, "max_new_tokens": max_new, "runtime": asdict(runtime), "models": asdict(models),
-                      **({"predictor": str(predictor)} if predictor else {})},
+                      **({"predictor": str(predictor)} if predictor else {}), "batch_size": batch_size},
             "configs": configs}
 
 
 def _fill_placement(fixed: dict) -> dict:
-    """Settings written before the placement fields existed, with their defaults filled in."""
+    """Settings written before the placement fields (or the batch size) existed, with their
+    defaults filled in."""
     from ..engine.models.config import PLACEMENT_FIELDS, model_defaults, with_defaults
 
     if not isinstance(fixed, dict):
         return fixed
-    fixed = dict(fixed)
+    fixed = {"batch_size": 1} | fixed
     if isinstance(fixed.get("models"), dict):
         fixed["models"] = with_defaults(fixed["models"], model_defaults())
     if isinstance(fixed.get("runtime"), dict):
@@ -180,8 +184,21 @@ def claim(out: Path, record: dict) -> None:
     write_atomic(path, json.dumps(record, indent=1))
 
 
-def _decode_row(pair, v: Variant, ids, tid, predictor=None) -> tuple[dict, list[int]]:
-    from ..engine.decode import decode
+def check_batch(variants, batch_size: int) -> None:
+    """Refuse ``--batch-size`` above 1 with transformers' decoders (``hf``, ``lookupN``): they
+    decode one prompt at a time, and their clocks would be set against batched ones."""
+    hf = [v.name for v in variants if v.hf]
+    if batch_size != 1 and hf:
+        raise ValueError(f"--batch-size {batch_size}: {', '.join(hf)} decode{'s' if len(hf) == 1 else ''} with "
+                         "transformers' generate, one prompt at a time, and cannot be timed against batched "
+                         "configurations; give --batch-size 1 or leave them out of --configs")
+
+
+def _decode_rows(pair, v: Variant, todo, predictor=None, batch_size: int = 1):
+    """Decode ``todo`` [(task_id, ids)] with ``v``, ``batch_size`` side by side through one loop
+    (:func:`vskip.engine.decode.decode_many`); yields (task_id, the fields of a CompareRow a decode
+    fills, tokens) as each prompt finishes."""
+    from ..engine.decode import Job, decode_many
     from ..engine.metrics import agreement_sums
 
     drafter = pair.extra_drafters.get(v.drafter, pair.drafter) if v.drafter else pair.drafter
@@ -192,14 +209,15 @@ def _decode_row(pair, v: Variant, ids, tid, predictor=None) -> tuple[dict, list[
     if v.cache is not None:
         pair.verifier.set_cache(v.cache)
     try:
-        r = decode(ids, drafter if policy.uses_drafter else None, pair.verifier, policy, v.decode, predictor,
-                   task_id=tid)
+        jobs = [Job(ids, task_id=tid) for tid, ids in todo]
+        for job, r in decode_many(jobs, drafter if policy.uses_drafter else None, pair.verifier, policy, v.decode,
+                                  predictor, batch_size):
+            row = {"result": PromptResult.of(r), "accepted": [x.accepted for x in r.rounds if x.verified and x.gamma],
+                   "agreement": list(agreement_sums(r.rounds))}
+            yield job.task_id, row, r.tokens
     finally:
         if v.cache is not None:
             pair.verifier.set_cache(before)
-    row = {"result": PromptResult.of(r), "accepted": [x.accepted for x in r.rounds if x.verified and x.gamma],
-           "agreement": list(agreement_sums(r.rounds))}  # the fields of a CompareRow a decode fills
-    return row, r.tokens
 
 
 def _predictors(pair, variants, directory: str | None, models) -> dict:
@@ -217,10 +235,14 @@ def _predictors(pair, variants, directory: str | None, models) -> dict:
 
 
 def run_compare(prompts, pair, variants, out: Path, shard: tuple[int, int] = (1, 1), max_new: int = MAX_NEW_TOKENS,
-                progress: bool = True, repeats: int = 1, predictor: str | None = None, models=None) -> Path:
+                progress: bool = True, repeats: int = 1, predictor: str | None = None, models=None,
+                batch_size: int = 1) -> Path:
     """Decode ``prompts`` [(task_id, ids)] (this shard's share) ``repeats`` times with every
     variant; returns the shard's row file. Rows already there are kept (resume). ``models``: the
-    command's :class:`~vskip.engine.models.config.ModelConfig` (the variants' settings start from it)."""
+    command's :class:`~vskip.engine.models.config.ModelConfig` (the variants' settings start from it).
+    ``batch_size``: the shard's prompts go in groups of this many, and each configuration decodes a
+    group side by side (:func:`vskip.engine.decode.decode_many`), the order of configurations
+    rotating from group to group (one prompt a group: from prompt to prompt)."""
     from tqdm import tqdm
 
     from ..engine.decode import warmup
@@ -228,6 +250,9 @@ def run_compare(prompts, pair, variants, out: Path, shard: tuple[int, int] = (1,
 
     if repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {repeats}")
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+    check_batch(variants, batch_size)
     i, n = shard
     own_dir(out)
     path = out / f"shard-{i}-of-{n}.jsonl"
@@ -243,26 +268,36 @@ def run_compare(prompts, pair, variants, out: Path, shard: tuple[int, int] = (1,
         for name, d in [(None, pair.drafter), *extra.items()]:  # each drafter with the longest block it drafts
             mine_v = [v for v in variants if not v.hf and (extra.get(v.drafter) is d if v.drafter in extra else name is None)]
             warmup(d, pair.verifier, mine[0][1], max((v.decode.blocks.longest for v in mine_v), default=1))
+    groups = [mine[j : j + batch_size] for j in range(0, len(mine), batch_size)]
+    n_ids = {tid: len(ids) for tid, ids in mine}
+    bar = tqdm(total=len(mine), desc=f"compare {i}/{n}", unit="prompt", disable=not progress, file=sys.stderr)
     with naming(path), open_append(path) as f:
-        for k, (tid, ids) in enumerate(tqdm(mine, desc=f"compare {i}/{n}", unit="prompt", disable=not progress,
-                                            file=sys.stderr)):
+        for k, group in enumerate(groups):
             for rep in range(repeats):
                 first = (k * repeats + rep) % len(variants)
                 for v in variants[first:] + variants[:first]:
-                    if (tid, v.name, rep) in done:
+                    todo = [(tid, ids) for tid, ids in group if (tid, v.name, rep) not in done]
+                    if not todo:
                         continue
-                    if v.hf:
+                    if v.hf:  # one prompt at a time (check_batch: batch size 1)
                         from ..engine.policy import prompt_key
 
-                        tokens, seconds = _hf_generate(pair, ids, max_new, v.lookup, dict(v.params) or None,
-                                                       prompt_key(tid, ids))
-                        row = {"result": PromptResult(generated_tokens=len(tokens), decode_seconds=seconds)}
+                        rows = []
+                        for tid, ids in todo:
+                            tokens, seconds = _hf_generate(pair, ids, max_new, v.lookup, dict(v.params) or None,
+                                                           prompt_key(tid, ids))
+                            rows.append((tid, {"result": PromptResult(generated_tokens=len(tokens),
+                                                                      decode_seconds=seconds)}, tokens))
                     else:
-                        row, tokens = _decode_row(pair, v, ids, tid, learned.get(v.name))
-                    row = CompareRow(task_id=tid, config=v.name, repeat=rep, machine=host, prompt_tokens=len(ids),
-                                     digest=_digest(tokens), tokens=[int(t) for t in tokens], **row)
-                    f.write(json.dumps(row.to_json()) + "\n")
-                    f.flush()
+                        rows = _decode_rows(pair, v, todo, learned.get(v.name), batch_size)
+                    for tid, row, tokens in rows:  # as each prompt finishes
+                        row = CompareRow(task_id=tid, config=v.name, repeat=rep, machine=host,
+                                         prompt_tokens=n_ids[tid], digest=_digest(tokens),
+                                         tokens=[int(t) for t in tokens], **row)
+                        f.write(json.dumps(row.to_json()) + "\n")
+                        f.flush()
+            bar.update(len(group))
+    bar.close()
     return path
 
 

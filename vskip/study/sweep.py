@@ -89,9 +89,11 @@ def plan(
     shards: int = 1,
     k_min: int = K_MIN,
     s_max: int = S_MAX,
+    batch_size: int = 1,
 ) -> SweepPlan:
     """Resolve a grid and a prompt selection into the configurations to run. Learned signals are
-    left out (and listed in ``skipped``) when there is no ``predictor``."""
+    left out (and listed in ``skipped``) when there is no ``predictor``. ``batch_size``: the
+    sequences each run decodes side by side (:attr:`RunConfig.batch_size`), in every worker."""
     from ..bench import tasks
 
     if task not in tasks.ALL_TASKS:
@@ -114,7 +116,7 @@ def plan(
         # a list survives that round trip where a tuple does not.
         configs[pt.name] = RunConfig(task=task, policy=pt.policy, decode=decode, models=models, limit=limit,
                                      ids=list(ids) if ids else None, score=score,
-                                     predictor=predictor if pt.policy.learned else None)
+                                     predictor=predictor if pt.policy.learned else None, batch_size=batch_size)
     if not configs:
         raise ValueError(f"every configuration of grid {grid_name} needs --predictor")
     return SweepPlan(task, grid_name, tuple(points), selection, configs, min(shards, len(selection)), tuple(skipped))

@@ -43,10 +43,13 @@ def read_ids(path, part: str) -> dict[str, str]:
     return {f.name[: -len(part) - 1]: f.read_text().strip() for f in files}
 
 
-def sweep_commands(path, part: str, out, max_new_tokens: int, threads: int = 1) -> list[list[str]]:
-    """One ``vskip sweep`` per task of the grid of ``part`` on its prompts of ``part``, into ``out/TASK``."""
+def sweep_commands(path, part: str, out, max_new_tokens: int, threads: int = 1,
+                   batch_size: int = 1) -> list[list[str]]:
+    """One ``vskip sweep`` per task of the grid of ``part`` on its prompts of ``part``, into ``out/TASK``,
+    each decoding ``batch_size`` prompts side by side (``--batch-size``)."""
     return [["sweep", "--task", t, "--grid", PARTS[part], "--ids", ids, "--predictor", str(path), "--max-new-tokens",
-             str(max_new_tokens), "--threads", str(threads), "--quiet", "--out", str(Path(out) / t)]
+             str(max_new_tokens), "--threads", str(threads), "--batch-size", str(batch_size), "--quiet",
+             "--out", str(Path(out) / t)]
             for t, ids in read_ids(path, part).items()]
 
 

@@ -287,3 +287,62 @@ def test_a_cancelled_sequence_frees_its_slot_and_the_others_go_on():
     for j in jobs[1:]:
         assert got[j.task_id] == decode(j.prompt, FakeDrafter(0.3), FakeVerifier(), policy, cfg).tokens
     assert streamed[b] == got[jobs[1].task_id]  # what each round committed adds up to the result
+
+
+def test_a_prompt_joining_the_batch_takes_a_forward_of_its_own():
+    """Two sequences verify short blocks while a third joins with a 40-token prompt: the long row
+    runs alone (two forwards, neither padded to the other's length), and every row still equals
+    its own verifier's."""
+    from test_models import tiny_llama
+
+    from vskip.engine.models.ragged import padding_groups
+
+    model = tiny_llama(6).double()
+    shapes = []
+    model.register_forward_hook(lambda m, args, kw, out: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+    v = _verifier(model)
+    v.open_slots(3)
+    seqs = [[5, 9, 2, 7], [11, 4, 3]]
+    v.score_many([Call(s, [], slot=i) for i, s in enumerate(seqs)])
+    shapes.clear()
+    prompt = [int(x) for x in np.random.default_rng(1).integers(2, 90, 40)]
+    calls = [Call(seqs[0] + [6], [3, 8, 1], slot=0), Call(prompt, [], slot=2), Call(seqs[1] + [2], [7], slot=1)]
+    got = v.score_many(calls)
+    assert sorted(shapes) == [(1, 40), (2, 4)]
+    for c, g in zip(calls, got):
+        ref = _verifier(model).score(c.seq, c.block)
+        assert np.array_equal(g.tokens, ref.tokens) and np.allclose(g.draft_gap, ref.draft_gap, atol=1e-9)
+    assert padding_groups([9, 9, 150, 9]) == [[0, 1, 3], [2]]
+    assert padding_groups([150, 140, 160]) == [[0, 1, 2]]  # all prompts: one forward
+    assert padding_groups([9, 30, 1]) == [[0, 1, 2]]  # within the floor
+    assert padding_groups([1, 1, 17]) == [[0, 1], [2]]
+
+
+def test_a_prompt_joining_the_drafters_batch_drafts_in_forwards_of_its_own():
+    """Two slots draft from cached contexts while a third brings a 40-token prompt: the long row
+    drafts alone, and every block equals its own drafter's."""
+    import copy
+
+    from test_copy import tiny_drafter
+
+    base = tiny_drafter()
+    base.model.double()
+    base._W = base._W.double()
+    many = copy.deepcopy(base)
+    many.reset()
+    rng = np.random.default_rng(2)
+    seqs = [[int(x) for x in rng.integers(2, 60, n)] for n in (6, 8)]
+    many.propose_many([(i, s, 4) for i, s in enumerate(seqs)])
+    seqs = [s + [7, 9] for s in seqs]
+    prompt = [int(x) for x in rng.integers(2, 60, 40)]
+    shapes = []
+    many.model.register_forward_hook(lambda m, args, out: shapes.append(tuple(args[0].shape)))
+    got = many.propose_many([(0, seqs[0], 4), (2, prompt, 4), (1, seqs[1], 4)])
+    # per reveal step (two): the prompt's row alone, its 39 context tokens riding along the first
+    # step with the last token and the block of 4; the cached rows together, 2 new context tokens each
+    assert many.steps == 2 and sorted(shapes) == [(1, 5), (1, 44), (2, 5), (2, 7)]
+    for g, s in zip(got, [seqs[0], prompt, seqs[1]]):
+        d = copy.deepcopy(base)
+        d.reset()
+        ref = d.propose(s, 4)
+        assert g.tokens.tolist() == ref.tokens.tolist() and np.allclose(g.confidence, ref.confidence, atol=1e-9)

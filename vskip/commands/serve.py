@@ -24,7 +24,9 @@ def register(subparsers) -> None:
     g.add_argument("--max-gamma", type=bounded(int, 1, 4096),
                    help="the longest block a request's vskip object may ask for (default: 64, or --gamma if longer)")
     g.add_argument("--served-model-name", help="the model id clients name (default: the verifier's directory name)")
-    s.set_defaults(fn=cmd_serve)
+    # a server runs no forward a client does not need: shadow verification (which recovers L on a
+    # skipped round for the studies) is off unless the server or a request's vskip object asks for it
+    s.set_defaults(fn=cmd_serve, shadow=False)
 
 
 def cmd_serve(a) -> int:

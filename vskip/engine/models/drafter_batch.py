@@ -15,20 +15,26 @@ from typing import Sequence
 
 import torch
 
+from .ragged import padding_groups
+
 
 def draft_many(drafter, requests: Sequence[tuple[int, Sequence[int], int]], features: bool, sampling) -> list:
-    """The blocks of ``requests`` (slot, seq, gamma), in their order."""
+    """The blocks of ``requests`` (slot, seq, gamma), in their order. A row whose context the
+    slot's cache lacks much more of than the others' (a prompt joining the batch) drafts in
+    forwards of its own (:func:`~vskip.engine.models.ragged.padding_groups`)."""
     rows, slots = [], []
     for slot, seq, g in requests:
         drafter._enter(slot)
         rows.append(drafter.start_block(seq, g, features, sampling))  # cuts the slot's cache to what still serves
         drafter._leave(slot)
         slots.append(slot)
-    for s in range(drafter.steps):
-        for row in rows:
-            drafter.step_input(row, s)
-        for row, h in zip(rows, block_hidden_many(drafter, rows, slots, first=s == 0)):
-            drafter.step_output(row, s, h)
+    for group in padding_groups([len(r.missing) + r.x.shape[1] for r in rows]):
+        these, their = [rows[i] for i in group], [slots[i] for i in group]
+        for s in range(drafter.steps):
+            for row in these:
+                drafter.step_input(row, s)
+            for row, h in zip(these, block_hidden_many(drafter, these, their, first=s == 0)):
+                drafter.step_output(row, s, h)
     return [row.finish() for row in rows]
 
 

@@ -70,3 +70,12 @@ class RaggedCache:
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.span
+
+
+def padding_groups(news: list[int], floor: int = 16, ratio: int = 4) -> list[list[int]]:
+    """Rows (their counts of new positions ``news``) grouped into forwards: a row with more than
+    ``floor`` new positions and ``ratio`` times the median goes alone; the others share one."""
+    median = sorted(news)[(len(news) - 1) // 2]
+    long = [i for i, n in enumerate(news) if n > max(floor, ratio * median)]
+    rest = [i for i in range(len(news)) if i not in long]
+    return ([rest] if rest else []) + [[i] for i in long]

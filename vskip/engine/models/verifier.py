@@ -26,7 +26,7 @@ import torch
 from ..policy import Sampling, Verdict  # data types only
 from .head import ExactHead, plain_head
 from .protocols import Call, common_prefix
-from .ragged import RaggedCache
+from .ragged import RaggedCache, padding_groups
 from .sampling import warped_probs
 
 
@@ -134,12 +134,23 @@ class HFVerifier:
         self.reset()
 
     def _forward(self, rows: list[tuple[int, list[int], int]]) -> list[torch.Tensor]:
-        """One forward over rows (slot, ids, keep): the outputs [keep, ...] of the last ``keep``
-        positions of each row's ``ids`` (final hidden states when the exact head is used, logits
-        otherwise). Each row computes what its slot's cache lacks (all of it without a cache)."""
-        base = self.model.model if self.head is not None else self.model
+        """The outputs [keep, ...] of the last ``keep`` positions of each row (slot, ids, keep)
+        (final hidden states when the exact head is used, logits otherwise). Each row computes what
+        its slot's cache lacks (all of it without a cache); the rows share one forward, except a
+        row with many more new positions than the others (a prompt joining the batch), which takes
+        a forward of its own rather than have every row padded to its length."""
         starts = [min(common_prefix(self._cached_ids[slot], ids), len(ids) - keep) if self.use_cache else 0
                   for slot, ids, keep in rows]
+        news = [len(ids) - n for (_, ids, _), n in zip(rows, starts)]
+        outputs: list = [None] * len(rows)
+        for group in padding_groups(news):
+            for i, out in zip(group, self._forward_rows([rows[i] for i in group], [starts[i] for i in group])):
+                outputs[i] = out
+        return outputs
+
+    def _forward_rows(self, rows: list[tuple[int, list[int], int]], starts: list[int]) -> list[torch.Tensor]:
+        """One forward over ``rows``, each computing its ids from ``starts`` on."""
+        base = self.model.model if self.head is not None else self.model
         T = max(len(ids) - n for (_, ids, _), n in zip(rows, starts))
         x = torch.zeros((len(rows), T), dtype=torch.long)
         for r, ((_, ids, _), n) in enumerate(zip(rows, starts)):

@@ -32,10 +32,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+#: name -> (policy, its parameters, decode settings over the command's, predictor directory)
 CONFIGS = {
-    "ar": ("ar", {}),
-    "strict": ("strict", {}),
-    "raw": ("raw", {"eta_b": 0.9, "eta_c": 0.93, "k_min": 6, "s_max": 64}),  # the paper's gates
+    "ar": ("ar", {}, {}, None),
+    "strict": ("strict", {}, {}, None),
+    "fast": ("strict", {}, {"gamma": 4, "gamma_max": 16, "min_match": 6, "trim": 0.5}, None),
+    "raw": ("raw", {"eta_b": 0.9, "eta_c": 0.93, "k_min": 6, "s_max": 64}, {}, None),  # the paper's gates
+    # the prefix scheduler at alpha 0.05 with the committed online-calibrated model (decode its test
+    # prompts: --ids-file docs/results/online/predictor/ids/humaneval.test; 128 new tokens, gamma 8)
+    "prefix": ("prefix", {"alpha": 0.05, "survival": "model", "cost_ratio": 0.22}, {},
+               "docs/results/online/predictor/prefix"),
 }
 
 
@@ -45,9 +51,9 @@ def _settings(name: str, gamma: int, max_new: int, shadow: bool = False):
     from vskip.engine.policy import PolicyConfig
     from vskip.engine.settings import Settings
 
-    policy, params = CONFIGS[name]
-    return Settings(PolicyConfig.make(policy, **params), DecodeConfig(gamma=gamma, max_new_tokens=max_new, shadow=shadow),
-                    ModelConfig(device="cpu", dtype="float32", threads=2))
+    policy, params, decode, predictor = CONFIGS[name]
+    cfg = DecodeConfig(**{"gamma": gamma, "max_new_tokens": max_new, "shadow": shadow, **decode})
+    return Settings(PolicyConfig.make(policy, **params), cfg, ModelConfig(device="cpu", threads=2, steps=1), predictor=predictor)
 
 
 class Forwards:
@@ -284,6 +290,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--task", default="humaneval")
     p.add_argument("--limit", type=int, default=16)
+    p.add_argument("--ids-file", help="a file of comma-separated task ids to decode (before --limit)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--gamma", type=int, default=8)
     p.add_argument("--batch", default="1,2,4,8")
@@ -309,7 +316,8 @@ def main(argv=None) -> int:
     names = [c for c in a.configs.split(",") if c]
     base = _settings("strict", a.gamma, a.max_new_tokens, a.shadow)
     pair = open_models(base.models, True)
-    problems = tasks.load_task(a.task, limit=a.limit)
+    ids = Path(a.ids_file).read_text().strip().split(",") if a.ids_file else None
+    problems = tasks.load_task(a.task, ids=ids)[: a.limit]
     prompts = [(pr.task_id, tasks.encode_problem(pair.tokenizer, pr)) for pr in problems]
     decoders = {n: open_decoder(_settings(n, a.gamma, a.max_new_tokens, a.shadow), pair=pair) for n in names}
     forwards = Forwards(pair)

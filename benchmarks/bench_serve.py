@@ -28,6 +28,7 @@ import json
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -171,8 +172,24 @@ def table(record: dict) -> str:
                     f"{f(s['latency_p50'])} / {f(s['latency_p99'])} | "
                     f"{'–' if s['unverified_share'] is None else format(s['unverified_share'], '.3f')} | "
                     f"{'–' if same is None else f'{same[0]}/{same[1]}'} |")
+    serve = [r for r in record["runs"] if r.get("repeat") is not None]
+    one = next((r for r in record["runs"] if r.get("repeat") is None), None)
+    ratios = []
+    for run in serve:
+        ar = next((r for r in serve if r["name"] == "serve ar" and r["repeat"] == run["repeat"]), None)
+        if run is ar:
+            continue
+        parts = [f"{run['summary']['throughput'] / ar['summary']['throughput']:.3f}x serve ar"] if ar else []
+        if one:
+            parts.append(f"{run['summary']['throughput'] / one['summary']['throughput']:.3f}x batch-1 Strict SDD")
+        ratios.append(f"- {run['name']}, repeat {run['repeat']}: " + ", ".join(parts))
+    for run in serve:
+        if run["name"] == "serve ar" and one:
+            ratios.append(f"- serve ar, repeat {run['repeat']}: "
+                          f"{run['summary']['throughput'] / one['summary']['throughput']:.3f}x batch-1 Strict SDD")
     o = record["overload"]
-    lines = ["\n".join(rows), "",
+    lines = ["\n".join(rows), "", "Throughput against serve ar in the same repeat, and against batch-1 Strict SDD:",
+             "\n".join(ratios), "",
              f"Past capacity: {o['clients']} requests at once to a server of batch {o['max_batch']} and queue "
              f"{o['max_queue']}: {o['ok']} answered 200 (all {o['ok_complete']} complete), {o['refused']} refused "
              f"with 429 (the slowest refusal after {o['refused_max_s']:.3f} s), {o['other']} other.", "",
@@ -211,7 +228,8 @@ def main(argv=None) -> int:
     prompts = [tasks.user_prompt(t) for t in tasks.load_task(a.task)[: a.limit]]
     configs = a.configs.split(",")
     runs, exits = [], []
-    proc, url = start_server(a.max_batch, 10 * a.limit, a.threads, out / "server.log")
+    logs = Path(tempfile.mkdtemp(prefix="bench-serve-"))  # the servers' stderr, read for their address
+    proc, url = start_server(a.max_batch, 10 * a.limit, a.threads, logs / "server.log")
     try:
         for rep in range(a.repeats):
             for name in configs[rep % len(configs):] + configs[: rep % len(configs)]:  # a rotating order
@@ -220,7 +238,7 @@ def main(argv=None) -> int:
                 print(f"serve {name} repeat {rep}: {json.dumps(runs[-1]['summary'])}", flush=True)
     finally:
         exits.append(stop_server(proc))
-    proc, url = start_server(a.max_batch, a.overload_queue, a.threads, out / "server-overload.log")
+    proc, url = start_server(a.max_batch, a.overload_queue, a.threads, logs / "server-overload.log")
     try:
         hit = asyncio.run(burst(url, prompts[0], a.overload_clients, a.overload_tokens))
     finally:

@@ -192,3 +192,29 @@ def test_crc_on_the_envelope_keeps_the_promise_where_crc_on_the_raw_loss_breaks_
     assert np.mean(env) <= alpha
     assert np.mean(raw) > alpha + 0.015
 
+
+
+def test_a_run_with_alpha_must_decode_with_the_settings_its_thresholds_were_chosen_with():
+    """The online thresholds hold for one policy: another block length or budget is refused; shadow
+    verification, which never changes a committed token, may differ; a run without --alpha is not
+    checked."""
+    from types import SimpleNamespace
+
+    from vskip.study.prefix.calibrate import check_online_settings, run_settings
+
+    cfg = {"policy": {"name": "prefix", "survival": "model", "cost_ratio": 0.22, "s_max": 64, "alpha": 0.05,
+                      "guards": {"max_run": 8}},
+           "decode": {"gamma": 8, "max_new_tokens": 128, "shadow": True, "gamma_max": None, "trim": None,
+                      "sampling": {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "speculative": False, "seed": 0}},
+           "models": {"steps": 1, "drafter": None, "verifier": None, "copy_prior": "auto", "dtype": None,
+                      "drafter_dtype": "auto"}}
+    pred = SimpleNamespace(online={"settings": run_settings(cfg) | {"identity/verifier": "v"}}, path="P")
+    check_online_settings(pred, cfg)
+    no_shadow = {**cfg, "decode": {**cfg["decode"], "shadow": False}}
+    check_online_settings(pred, no_shadow)
+    for key, value in (("gamma", 16), ("max_new_tokens", 256)):
+        with pytest.raises(ValueError, match=f"decode/{key} {value}"):
+            check_online_settings(pred, {**cfg, "decode": {**cfg["decode"], key: value}})
+    with pytest.raises(ValueError, match="decode/sampling"):
+        check_online_settings(pred, {**cfg, "decode": {**cfg["decode"], "sampling": {"temperature": 0.6}}})
+    check_online_settings(pred, {**cfg, "policy": {**cfg["policy"], "alpha": None}, "decode": {**cfg["decode"], "gamma": 16}})

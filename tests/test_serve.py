@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import httpx
 import numpy as np
 import pytest
-from fakes import EOS, FakeDrafter, FakeTokenizer, FakeVerifier
+from fakes import EOS, FakeDrafter, FakeTokenizer, FakeVerifier, StubPredictor
 from openai import APIStatusError, OpenAI
 
 from vskip.commands import build_parser
@@ -42,11 +42,11 @@ class SlowVerifier(FakeVerifier):
 
 
 @contextmanager
-def running(*flags, verifier=None, drafter=None):
+def running(*flags, verifier=None, drafter=None, predictor=None):
     a = build_parser().parse_args(["serve", "--port", "0", *flags])
     pair = SimpleNamespace(drafter=drafter or FakeDrafter(0.3), verifier=verifier or FakeVerifier(),
                            tokenizer=TOK, runtime=None)
-    state = open_state(a, settings, Decoder(settings(a), pair, None))
+    state = open_state(a, settings, Decoder(settings(a), pair, None, predictor))
     sock = listen("127.0.0.1", 0)
     server = make_server(state, a.shutdown_timeout)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -194,6 +194,40 @@ def test_a_sampled_request_with_a_seed_draws_the_same_text_twice():
         c = srv.client.completions.create(**{**kw, "seed": 8}).choices[0].text
         assert a == b == decoded_alone("abc", 30, {"policy": "strict"}, temperature=0.8, seed=7)
         assert c != a
+
+
+class OnlinePrefix(StubPredictor):
+    """A prefix model calibrated online (a stub): one rotation, its thresholds by alpha, and the
+    settings they hold for."""
+
+    kind, path = "prefix", "P"
+
+    def __init__(self, settings_held: dict):
+        super().__init__(2.0)
+        self.online = {"settings": settings_held, "thresholds": {"0.05": 0.5}}
+
+    def threshold(self, task_id, alpha):
+        assert task_id is None  # a server's prompt belongs to no data set
+        return self.online["thresholds"][f"{alpha:g}"]
+
+
+def test_the_prefix_scheduler_at_alpha_serves_only_the_settings_its_thresholds_hold_for():
+    from vskip.study.door import settings_record
+    from vskip.study.prefix.calibrate import run_settings
+
+    vs = {"policy": "prefix", "alpha": 0.05, "cost_ratio": 0.2}
+    a = build_parser().parse_args(["serve", "--predictor", "P"])
+    settings(a)
+    held = run_settings(settings_record(request_settings(a, CompletionRequest(prompt="abc", vskip=vs), 30, 64, settings)))
+    pred = OnlinePrefix(held)
+    with running("--predictor", "P", predictor=pred) as srv:
+        ok = post(srv, "/v1/completions", {"prompt": "abc", "max_tokens": 30, "vskip": vs})
+        assert ok.status_code == 200, ok.text
+        assert ok.json()["vskip"]["policy"] == "prefix" and pred.calls > 0
+        err = _error(post(srv, "/v1/completions", {"prompt": "abc", "max_tokens": 31, "vskip": vs}), 400, "vskip")
+        assert "max_new_tokens 31" in err["message"]
+        _error(post(srv, "/v1/completions", {"prompt": "abc", "max_tokens": 30, "vskip": {**vs, "gamma": 6}}), 400)
+        _error(post(srv, "/v1/completions", {"prompt": "abc", "vskip": {"policy": "marginal"}}), 400, "vskip.policy")
 
 
 # -- errors ---------------------------------------------------------------------------------------------

@@ -26,6 +26,8 @@ from starlette.exceptions import HTTPException
 from ..engine.decode import Job
 from ..engine.prompting import encode_messages
 from ..engine.settings import check_models, check_prompt
+from ..study.door import settings_record
+from ..study.prefix.calibrate import check_online_settings
 from .engine import Engine, Request
 from .metrics import Metrics
 from .protocol import ApiError, ChatRequest, CompletionRequest, bad, request_settings
@@ -210,6 +212,14 @@ def _job(state: ServeState, body, ids: list[int], max_tokens: int | None) -> Job
     if s.policy.learned and getattr(p, "kind", None) != s.policy.predictor_kind:
         raise bad(f"policy {s.policy.name!r} reads a {s.policy.predictor_kind} predictor; this server loaded "
                   f"{'none' if p is None else 'a ' + str(p.kind) + ' one'}", "vskip.policy")
+    if s.policy.learned and getattr(p, "online", None) is None:
+        raise bad("a server's prompts belong to no fold of a predictor trained by rotation: give the server an "
+                  "online-calibrated prefix model (vskip calibrate-online)", "vskip.policy")
+    if s.policy.alpha is not None:  # the online thresholds hold for the settings they were chosen with
+        try:
+            check_online_settings(p, settings_record(s))
+        except ValueError as e:
+            raise bad(str(e), "vskip") from None
     return Job(ids, policy=s.policy, cfg=s.decode)
 
 

@@ -113,6 +113,9 @@ _SHARED = (("policy", "name"), ("policy", "survival"), ("policy", "cost_ratio"),
            ("models", "verifier"), ("models", "copy_prior"), ("models", "dtype"), ("models", "drafter_dtype"))
 
 
+#: settings the calibration needs (its runs recover L) that never change what a run commits
+_NOT_COMMITTING = ("decode/shadow",)
+
 #: what a run's sampling settings hold that the guarantee depends on (its seed only picks the draws)
 _SAMPLING = ("temperature", "top_p", "top_k", "speculative")
 #: the models a run decoded with, as its ``config.json`` records them (the copy prior by its sha256)
@@ -144,9 +147,11 @@ def check_online_settings(pred, run_cfg: dict) -> None:
     if not want:
         return
     have = run_settings(run_cfg)
-    # the models' identities are known once they load: the calibration's record keeps them beside
+    # the models' identities are known once they load: the calibration's record keeps them beside;
+    # shadow verification only recovers L after a skip and never changes a committed token, so a
+    # run may leave it off (as a server does) and keep the guarantee
     diff = [f"{k} {have.get(k)!r} (calibrated with {v!r})" for k, v in want.items()
-            if not k.startswith("identity/") and have.get(k) != v]
+            if not k.startswith("identity/") and k not in _NOT_COMMITTING and have.get(k) != v]
     if diff:
         raise ValueError(f"the online thresholds of {pred.path} hold for the settings they were chosen with; this run "
                          f"differs in {', '.join(diff)}")

@@ -279,6 +279,11 @@ class PrefixPredictor:
         return list(rot.cal), list(rot.test)
 
     def rotation_of(self, task_id: str | None) -> int:
+        """The rotation that scores ``task_id``; a prompt of no data set (None: a server's request)
+        takes the one rotation of an online-calibrated model, whose thresholds hold for new prompts
+        of the population it was calibrated on."""
+        if task_id is None and self.online is not None:
+            return 0
         return owner_of(self._owner, task_id, KIND, self.path)
 
     def threshold(self, task_id: str | None, alpha: float) -> float:

@@ -139,36 +139,39 @@ def _gap(model, prompt, ref: list[int], got: list[int]) -> float | None:
     return float(top[0] - top[1])
 
 
-def _forward_costs(verifier, batches, gamma: int, ctx: int = 300, reps: int = 6) -> dict:
-    """Median seconds of one verifier forward of B sequences x n new positions after ``ctx``
-    cached tokens each, n = 1 (a step) and gamma + 1 (a verification)."""
+def _forward_costs(verifier, batches, gamma: int, texts: list[list[int]], reps: int = 6) -> dict:
+    """Median seconds of one verifier forward of B sequences x n new positions, n = 1 (a step) and
+    gamma + 1 (a verification), on real text: row i is ``texts[i]`` (a prompt and its ``ar``
+    continuation) with its last gamma + 1 tokens new, the block being the text's own next tokens.
+    (Random token ids would make the exact head rescore many near-tied tokens and cost more than
+    a decode's forwards do.)"""
     from vskip.engine.models.protocols import Call
 
-    rng = np.random.default_rng(0)
     out = {}
     for B in batches:
-        seqs = [[int(x) for x in rng.integers(100, 20000, ctx)] for _ in range(B)]
+        rows = [texts[i % len(texts)] for i in range(B)]
         for n in (1, gamma + 1):
             verifier.open_slots(B)
-            verifier.score_many([Call(s[:-1], [], slot=i) for i, s in enumerate(seqs)])  # cache the context
+            ctx = [t[: len(t) - gamma - 1] for t in rows]
+            verifier.score_many([Call(c, [], slot=i) for i, c in enumerate(ctx)])  # cache the context
             ts = []
             for _ in range(reps):
-                calls = [Call(s, [5] * (n - 1), shadow=True, slot=i) for i, s in enumerate(seqs)]
-                t = time.perf_counter()
+                calls = [Call(c + t[len(c): len(c) + 1] if n == 1 else c, [] if n == 1 else t[len(c): len(c) + gamma],
+                              shadow=True, slot=i) for i, (c, t) in enumerate(zip(ctx, rows))]
+                t0 = time.perf_counter()
                 verifier.score_many(calls)
-                ts.append(time.perf_counter() - t)
+                ts.append(time.perf_counter() - t0)
             out[f"{B}x{n}"] = statistics.median(ts)
     verifier.open_slots(1)
     return out
 
 
-def _draft_costs(drafter, batches, gamma: int, ctx: int = 300, reps: int = 6) -> dict:
-    """Median seconds of one drafter call drafting a block of ``gamma`` for each of B sequences
-    after ``ctx`` tokens of context."""
-    rng = np.random.default_rng(1)
+def _draft_costs(drafter, batches, gamma: int, texts: list[list[int]], reps: int = 6) -> dict:
+    """Median seconds of one drafter call drafting a block of ``gamma`` for each of B sequences of
+    real text (``texts`` as :func:`_forward_costs` reads them), their contexts cached."""
     out = {}
     for B in batches:
-        seqs = [[int(x) for x in rng.integers(100, 20000, ctx)] for _ in range(B)]
+        seqs = [texts[i % len(texts)][: len(texts[i % len(texts)]) - gamma - 1] for i in range(B)]
         drafter.reset()
         drafter.propose_many([(i, s, gamma) for i, s in enumerate(seqs)])  # the contexts cached
         ts = []
@@ -179,6 +182,20 @@ def _draft_costs(drafter, batches, gamma: int, ctx: int = 300, reps: int = 6) ->
         out[str(B)] = statistics.median(ts)
     drafter.reset()
     return out
+
+
+def _texts(decoders, pair, prompts, gamma: int) -> list[list[int]]:
+    """Each prompt with its ``ar`` continuation (decoded side by side), long enough for a block."""
+    from vskip.engine.decode import Job
+
+    dec = decoders.get("ar") or next(iter(decoders.values()))
+    if dec.settings.policy.name != "ar":
+        from vskip.study.door import open_decoder
+
+        dec = open_decoder(_settings("ar", gamma, 128), pair=pair)
+    out = [list(j.prompt) + r.tokens for j, r in dec.decode_many([Job(ids, task_id=t) for t, ids in prompts],
+                                                                  len(prompts))]
+    return [t for t in out if len(t) > 2 * (gamma + 1)]
 
 
 def _planned_mb(a, prompt_tokens: int, batch: int) -> dict:
@@ -300,6 +317,8 @@ def main(argv=None) -> int:
                    help="shadow-verify skipped rounds (off: a skip adds no verifier forward, as a server runs)")
     p.add_argument("--out", required=True)
     p.add_argument("--summary", action="store_true", help="only rewrite OUT/results.md from OUT/results.json")
+    p.add_argument("--recost", action="store_true",
+                   help="only measure the cost tables again (on real text) for OUT/results.json, and rewrite it")
     a = p.parse_args(argv)
     if a.summary:
         text = table(json.loads((Path(a.out) / "results.json").read_text()))
@@ -323,6 +342,20 @@ def main(argv=None) -> int:
     forwards = Forwards(pair)
     decoders[names[0]].warmup(prompts[0][1])
     loaded_rss = _rss()  # the pair loaded and warmed up
+    if a.recost:
+        out = Path(a.out)
+        record = json.loads((out / "results.json").read_text())
+        batches = sorted({r["batch"] for r in record["rows"]})
+        texts = _texts(decoders, pair, prompts, a.gamma)
+        record["verifier_forward_seconds"] = _forward_costs(pair.verifier, batches, a.gamma, texts)
+        record["drafter_call_seconds"] = _draft_costs(pair.drafter, batches, a.gamma, texts)
+        record["cost_model"] = cost_model(record)
+        record["recost_command"] = " ".join(["python", "benchmarks/bench_batch.py", *(argv or sys.argv[1:])])
+        (out / "results.json").write_text(json.dumps(record, indent=1) + "\n")
+        text = table(record)
+        (out / "results.md").write_text(text)
+        print(text, end="")
+        return 0
     cells = [(n, b) for b in batches for n in names]
     results: dict = {f"{n}@{b}": [] for n, b in cells}
     with tqdm(total=len(cells) * a.repeats, file=sys.stderr) as bar:
@@ -354,8 +387,9 @@ def main(argv=None) -> int:
         one = next((r for r in rows if r["config"] == row["config"] and r["batch"] == 1), None)
         row["x_ar_same_batch"] = row["throughput"] / same_b["throughput"] if same_b else None
         row["x_batch1"] = row["throughput"] / one["throughput"] if one else None
-    costs = _forward_costs(pair.verifier, batches, a.gamma)
-    draft_costs = _draft_costs(pair.drafter, batches, a.gamma)
+    texts = _texts(decoders, pair, prompts, a.gamma)
+    costs = _forward_costs(pair.verifier, batches, a.gamma, texts)
+    draft_costs = _draft_costs(pair.drafter, batches, a.gamma, texts)
     longest = max(len(ids) for _, ids in prompts)
     planned = {str(b): _planned_mb(a, longest, b) for b in batches}
     out = Path(a.out)

@@ -254,7 +254,7 @@ def test_the_summary_sets_calls_and_blocks_against_strict_and_reads_eq8():
             rows.append({"task_id": t, "config": name, "generated_tokens": toks, "decode_seconds": 1.0, "digest": "d",
                          "tokens": [1], "verifier_calls": calls, "draft_blocks": blocks,
                          "accepted": [3] * blocks if name == "strict" else [],
-                         "draft_seconds": 0.01 * blocks, "verify_seconds": 0.03 * calls})
+                         "draft_seconds": 0.01 * blocks, "verify_seconds": (0.02 if name == "ar" else 0.03) * calls})
         rows.append({"task_id": t, "config": "hf", "generated_tokens": n, "decode_seconds": 1.0, "digest": "d",
                      "tokens": [1]})
     rows = _rows(rows)
@@ -270,8 +270,12 @@ def test_the_summary_sets_calls_and_blocks_against_strict_and_reads_eq8():
     assert s["configs"]["ar"]["rel_blocks"] is None and s["configs"]["ar"]["rel_calls"] == pytest.approx(4.0)
     assert s["eq8"]["A"] == pytest.approx(4.0)  # 60 tokens in 15 calls
     assert s["eq8"]["K_star"] == pytest.approx(4.0 * 10 / (10 + 30))  # c_D 10 ms, c_V 30 ms
+    # Eq. 7: ar pays c_V(ar) = 20 ms a token; Strict SDD (c_D + c_V) / A = (10 + 30) / 4 ms
+    p = compare_summary.eq7(s)
+    assert p["verify_over_step"] == pytest.approx(1.5) and p["predicted_vs_ar"] == pytest.approx(4.0 * 20 / (10 + 30))
     text = compare_summary.format_summary(s)
     assert "rel. calls [95% CI]" in text and "K* = A c_D / (c_D + c_V) = 1.000" in text
+    assert "a verification costs 1.50 ar steps" in text and "gives Strict SDD A c_V(ar) / (c_D + c_V) = 2.000× ar" in text
     hf_row = next(line for line in text.splitlines() if line.startswith("| hf "))
     assert "0.000" not in hf_row
     no_strict = compare_summary.summarize_comparison([r for r in rows if r.config != "strict"])

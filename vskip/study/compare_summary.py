@@ -194,6 +194,19 @@ def _against_strict(out: dict, by: dict, common: list[str]) -> None:
                       "K_star": break_even_length(st["tokens_per_call"], st["c_D_ms"], st["c_V_ms"])}
 
 
+
+def eq7(s: dict) -> dict | None:
+    """Eq. 7 without T_policy, from a summary's measured costs: ``ar`` pays c_V(ar) a token, Strict
+    SDD (c_D + c_V) / A, so Strict SDD is predicted at A c_V(ar) / (c_D + c_V) times ``ar``; and what a
+    verification costs in ``ar`` steps, the figure that differs from one CPU to another. None
+    without Strict SDD's costs or ``ar``'s."""
+    e, step = s.get("eq8"), s["configs"].get("ar", {}).get("c_V_ms")
+    if not e or not step:
+        return None
+    return {"c_V_ar_ms": step, "verify_over_step": e["c_V_ms"] / step,
+            "predicted_vs_ar": e["A"] * step / (e["c_D_ms"] + e["c_V_ms"])}
+
+
 def _or_nan(x) -> float:
     return np.nan if x is None else x
 
@@ -278,6 +291,13 @@ def format_summary(s: dict) -> str:
         table += (f"\n\nrel. calls and blocks: per generated token, over Strict SDD's on the same prompts. Eq. 8 at "
                   f"Strict SDD's measured costs: A = {e['A']:.3f} tokens per call, c_D = {e['c_D_ms']:.1f} ms, "
                   f"c_V = {e['c_V_ms']:.1f} ms, K* = A c_D / (c_D + c_V) = {e['K_star']:.3f}.")
+        p = eq7(s)
+        if p is not None:
+            table += (f"\nOn this machine a verification costs {p['verify_over_step']:.2f} ar steps (c_V = "
+                      f"{e['c_V_ms']:.1f} ms against {p['c_V_ar_ms']:.1f} ms). Eq. 7 from these costs gives Strict "
+                      f"SDD A c_V(ar) / (c_D + c_V) = {p['predicted_vs_ar']:.3f}× ar (measured "
+                      f"{s['configs']['strict']['ratio_vs_ar']:.3f}×; the difference is the time outside the "
+                      f"forwards): a CPU whose verification costs more steps gains less from the same A.")
     if few:
         table += (f"\n\n{s['n_prompts']} prompts are too few for a bootstrap interval over prompts; × ar by prompt:\n"
                   + "\n".join(f"- {name}: " + ", ".join(f"{x:.3f}" for x in d["ratio_by_prompt"].values())

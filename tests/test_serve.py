@@ -350,6 +350,25 @@ def test_an_error_inside_one_sequence_fails_that_request_alone(monkeypatch):
             assert out[p].json()["choices"][0]["text"] == greedy_text(p, 30)[0]
 
 
+class FailingOnce(FakeVerifier):
+    """The fake verifier, its third forward failing (a forward the whole batch shares)."""
+
+    def score_many(self, calls):
+        self.forwards = getattr(self, "forwards", 0) + 1
+        if self.forwards == 3:
+            raise RuntimeError("the device fell over")
+        return super().score_many(calls)
+
+
+def test_a_failed_shared_forward_fails_its_round_and_the_server_goes_on():
+    with running("--policy", "strict", verifier=FailingOnce()) as srv:
+        err = _error(post(srv, "/v1/completions", {"prompt": "abc", "max_tokens": 30}), 500)
+        assert "the device fell over" in err["message"]
+        ok = post(srv, "/v1/completions", {"prompt": "hello", "max_tokens": 30})
+        assert ok.status_code == 200 and ok.json()["choices"][0]["text"] == greedy_text("hello", 30)[0]
+        assert not srv.state.loop.active
+
+
 def test_sigterm_refuses_new_requests_and_lets_the_running_ones_finish():
     """uvicorn's exit handler (what SIGTERM calls): the running stream still ends with its whole
     text and [DONE]; a request after it is refused (503 or the connection closed)."""

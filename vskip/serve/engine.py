@@ -115,47 +115,51 @@ class Engine:
         if self.thread.is_alive():
             self.thread.join(timeout)
 
-    @property
-    def idle(self) -> bool:
-        with self.cv:
-            return not self.waiting and not self.running
-
     # -- the worker ------------------------------------------------------------------------------
     def _gauges(self) -> None:
         self.metrics.of(self.metrics.running).set(len(self.running))
         self.metrics.of(self.metrics.waiting).set(len(self.waiting))
 
     def _run(self) -> None:
-        while True:
+        while self._turn():
+            pass
+
+    def _turn(self) -> bool:
+        """One turn of the worker: admit, run a round, deliver; False once stopped. A failure of the
+        round (a forward the batch shares) or of the worker's own bookkeeping fails the requests
+        decoding then, and the worker goes on."""
+        try:
             with self.cv:
                 while not self.stopped and not self.waiting and not self.running:
                     self.cv.wait()
                 if self.stopped:
-                    gone = ApiError(503, "the server shut down before this request finished", "service_unavailable_error")
-                    for req in [*self.waiting, *self.running.values()]:
-                        self._fail(req, gone)
-                    self.waiting.clear()
-                    for slot in list(self.running):
-                        self._end(slot)
-                    self._gauges()
-                    return
+                    self._fail_all(ApiError(503, "the server shut down before this request finished",
+                                            "service_unavailable_error"), waiting=True)
+                    return False
                 self._reap()
                 self._admit()
                 self._gauges()
             if not self.running:
-                continue
-            try:
-                steps = self.loop.round()
-            except Exception as e:  # noqa: BLE001 - a shared forward failed: its requests fail, the server goes on
-                err = ApiError(500, f"the decode failed: {type(e).__name__}: {e}", "internal_error")
-                for slot in list(self.running):
-                    self._fail(self.running[slot], err)
-                    self._end(slot)
-                continue
+                return True
+            steps = self.loop.round()
             self.metrics.round(len(steps), [s.record for s in steps if s.record is not None])
             for step in steps:
                 self._deliver(step)
             self._gauges()
+        except Exception as e:  # noqa: BLE001 - the requests of this round fail, the server goes on
+            self._fail_all(ApiError(500, f"the decode failed: {type(e).__name__}: {e}", "internal_error"))
+        return True
+
+    def _fail_all(self, err: ApiError, waiting: bool = False) -> None:
+        """Fail every decoding request (and the waiting ones too) with ``err``; free their slots."""
+        if waiting:
+            for req in self.waiting:
+                self._fail(req, err)
+            self.waiting.clear()
+        for slot in list(self.running):
+            self._fail(self.running[slot], err)
+            self._end(slot)
+        self._gauges()
 
     def _reap(self) -> None:
         """Drop the cancelled and the expired, waiting or decoding."""

@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import compare, conditioned, drafter, fullscale, generate, plan, predictors, report, run, score, serve, sweep
+from . import compare, conditioned, drafter, expect, fullscale, generate, plan, predictors, report, run, score, serve, sweep
 
 #: in the order ``vskip --help`` lists them
-COMMANDS = (run, generate, serve, compare, score, plan, sweep, report, predictors, drafter, conditioned, fullscale)
+COMMANDS = (run, generate, serve, compare, score, plan, expect, sweep, report, predictors, drafter, conditioned, fullscale)
 
 
 class Parser(argparse.ArgumentParser):

@@ -104,16 +104,16 @@ VSKIP_KEYS = {"policy": str, **_BLOCK_KEYS,
               **{k: p.type for k, p in POLICY_PARAMETERS.items() if p.flag}}
 
 
+#: the JSON values a flag of each type takes, and what to call them (true is not 1: bool is no int)
+_JSON_TYPES = {int: ((int,), "an integer"), float: ((int, float), "a number"), bool: ((bool,), "true or false"),
+               str: ((str,), "a string")}
+
+
 def _typed(key: str, value, kind):
-    """``value`` of the ``vskip`` object's ``key`` if it has the flag's type (JSON has no int/bool
-    confusion to allow: true is not 1)."""
-    ok = {int: lambda v: isinstance(v, int) and not isinstance(v, bool),
-          float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-          bool: lambda v: isinstance(v, bool),
-          str: lambda v: isinstance(v, str)}[kind]
-    if value is not None and not ok(value):
-        raise bad(f"vskip.{key} must be {'a number' if kind is float else 'an ' + kind.__name__ if kind is int else 'a ' + kind.__name__}, "
-                  f"got {value!r}", f"vskip.{key}")
+    """``value`` of the ``vskip`` object's ``key`` if it has the flag's type."""
+    types, name = _JSON_TYPES[kind]
+    if value is not None and (not isinstance(value, types) or (kind is not bool and isinstance(value, bool))):
+        raise bad(f"vskip.{key} must be {name}, got {value!r}", f"vskip.{key}")
     return float(value) if kind is float and value is not None else value
 
 

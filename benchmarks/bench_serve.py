@@ -43,9 +43,10 @@ CONFIGS = {
 }
 
 
-def start_server(max_batch: int, max_queue: int, threads: int, log: Path):
+def start_server(max_batch: int, max_queue: int, threads: int, log: Path, preset: str = "default"):
     err = open(log, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "vskip", "serve", "--port", "0", "--max-batch", str(max_batch),
+    proc = subprocess.Popen([sys.executable, "-m", "vskip", "serve", "--preset", preset, "--port", "0",
+                             "--max-batch", str(max_batch),
                              "--max-queue", str(max_queue), "--threads", str(threads), "--device", "cpu",
                              "--request-timeout", "0"], stdout=subprocess.DEVNULL, stderr=err)
     for _ in range(1200):
@@ -118,18 +119,17 @@ async def burst(url: str, prompt: str, n: int, max_tokens: int) -> list[dict]:
     return list(res)
 
 
-def batch_one(prompts: list[str], max_tokens: int, threads: int) -> dict:
-    """Each prompt decoded alone with Strict SDD through the door ``vskip generate`` uses."""
-    from vskip.engine.decode import DecodeConfig
-    from vskip.engine.models.config import ModelConfig
-    from vskip.engine.policy import PolicyConfig
+def batch_one(prompts: list[str], max_tokens: int, threads: int, preset: str = "default") -> dict:
+    """Each prompt decoded alone with Strict SDD through the door ``vskip generate`` uses, with the
+    settings ``vskip generate --policy strict --preset PRESET`` gives."""
+    from vskip.commands import build_parser
+    from vskip.commands.flags import settings
     from vskip.engine.prompting import encode_chat
-    from vskip.engine.settings import Settings
     from vskip.study.door import open_decoder
 
-    s = Settings(PolicyConfig(name="strict"), DecodeConfig(max_new_tokens=max_tokens),
-                 ModelConfig(device="cpu", threads=threads))
-    dec = open_decoder(s)
+    a = build_parser().parse_args(["generate", "-", "--policy", "strict", "--preset", preset, "--max-new-tokens",
+                                   str(max_tokens), "--device", "cpu", "--threads", str(threads)])
+    dec = open_decoder(settings(a))
     tok = dec.pair.tokenizer
     dec.warmup(encode_chat(tok, prompts[0]))
     out, t = [], time.perf_counter()
@@ -211,6 +211,8 @@ def main(argv=None) -> int:
     p.add_argument("--configs", default="strict,raw")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--preset", default="default",
+                   help="the server's --preset (docs/results/serve.md was measured with study: Strict SDD at gamma 8)")
     p.add_argument("--overload-clients", type=int, default=64)
     p.add_argument("--overload-queue", type=int, default=8)
     p.add_argument("--overload-tokens", type=int, default=32)
@@ -229,7 +231,7 @@ def main(argv=None) -> int:
     configs = a.configs.split(",")
     runs, exits = [], []
     logs = Path(tempfile.mkdtemp(prefix="bench-serve-"))  # the servers' stderr, read for their address
-    proc, url = start_server(a.max_batch, 10 * a.limit, a.threads, logs / "server.log")
+    proc, url = start_server(a.max_batch, 10 * a.limit, a.threads, logs / "server.log", a.preset)
     try:
         for rep in range(a.repeats):
             for name in configs[rep % len(configs):] + configs[: rep % len(configs)]:  # a rotating order
@@ -238,7 +240,7 @@ def main(argv=None) -> int:
                 print(f"serve {name} repeat {rep}: {json.dumps(runs[-1]['summary'])}", flush=True)
     finally:
         exits.append(stop_server(proc))
-    proc, url = start_server(a.max_batch, a.overload_queue, a.threads, logs / "server-overload.log")
+    proc, url = start_server(a.max_batch, a.overload_queue, a.threads, logs / "server-overload.log", a.preset)
     try:
         hit = asyncio.run(burst(url, prompts[0], a.overload_clients, a.overload_tokens))
     finally:
@@ -250,7 +252,7 @@ def main(argv=None) -> int:
                 "refused_max_s": max((r["latency"] for r in refused), default=0.0),
                 "other": len(hit) - len(ok) - len(refused)}
     print(f"overload: {json.dumps(overload)}", flush=True)
-    one_by_one = batch_one(prompts, a.max_tokens, a.threads)
+    one_by_one = batch_one(prompts, a.max_tokens, a.threads, a.preset)
     rt = one_by_one.pop("machine")
     ref = [r["text"] for r in one_by_one["requests"]]
     runs.append({"name": "batch-1 Strict SDD (vskip generate)", **one_by_one, "summary": summarise(one_by_one)})

@@ -1,18 +1,19 @@
 """Defaults every command shares, defined once.
 
-``GAMMA`` and ``STEPS`` are the fastest lossless Strict SDD configuration of the embedded pair on
-a CPU (docs/results/speed.md); the drafter runs in bfloat16 where the device has it natively
-(:func:`vskip.engine.runtime.resolve_runtime`). The paper's main setting is gamma 32 with two reveal
-steps (§5.1): pass ``--gamma 32 --steps 2`` for it.
+``GAMMA`` and ``STEPS`` are the study shape's (every sweep, trace and predictor is made in it); a
+decoding command starts from a preset (:data:`PRESETS`): by default Strict SDD in the fastest
+lossless shape measured (:data:`SHAPES`). The drafter runs in bfloat16 where the device has it
+natively (:func:`vskip.engine.runtime.resolve_runtime`). The paper's main setting is gamma 32 with
+two reveal steps (§5.1): ``--preset paper``.
 """
 
 from dataclasses import dataclass
 
-#: draft block length
+#: draft block length of the study shape
 GAMMA = 8
 #: The paper's gates (eta_b, eta_c) for raw confidence (§5.1, A.3, A.6)
 PAPER_GATES = (0.90, 0.93)
-#: reveal (denoising) steps per draft block
+#: reveal (denoising) steps per draft block of the study shape
 STEPS = 1
 #: the paper's minimum skip length and staleness threshold (§5.1)
 K_MIN = 6
@@ -25,11 +26,52 @@ MAX_SEED = 2**32 - 1
 MAX_NEW_TOKENS = 512
 #: the decoding methods (``--policy``); defined here so that the command line needs no numpy
 POLICIES = ("ar", "strict", "lenience", "topk", "periodic", "raw", "marginal", "conditional", "prefix")
-#: named decoding shapes (``--preset``): the drafter (None: the embedded standalone drafter), the
-#: block length and the reveal steps a command starts from; explicit flags override them
+#: the decoding shapes a preset picks from: the drafter (None: the embedded standalone drafter),
+#: the block length, block growth on a copy match (``gamma_max`` when the hint matches ``min_match``
+#: tokens), trimming (verify only the drafted prefix of raw confidence >= ``trim``) and the reveal steps.
+#: ``study``: every committed study's (its predictors and gates were trained and tuned on it);
+#: ``fast``: the fastest lossless Strict SDD measured on the embedded pair (docs/results/speed.md);
+#: ``paper``: the paper's (§5.1)
+#: the name of the shipped standalone diffusion drafter
+STANDALONE_DRAFTER = "smollm2-135m-diffusion"
+SHAPES = {
+    "study": {"drafter": None, "gamma": GAMMA, "gamma_max": None, "min_match": 8, "trim": None, "steps": STEPS},
+    "fast": {"drafter": None, "gamma": 4, "gamma_max": 16, "min_match": 6, "trim": 0.5, "steps": STEPS},
+    "paper": {"drafter": STANDALONE_DRAFTER, "gamma": 32, "gamma_max": None, "min_match": 8, "trim": None,
+              "steps": 2},
+}
+
+
+@dataclass(frozen=True)
+class Preset:
+    """What a command decodes with where its flags say nothing (``--preset``): the method
+    (``policy``), the shape Strict SDD and ``ar`` decode in (``lossless``) and the shape of every
+    method that skips or accepts more than the verifier's token (``other``). A skipping method keeps
+    the shape its gates and predictors were tuned and trained in, traces are collected in it, and so
+    does a drafter the lossless shape was not measured with."""
+
+    policy: str
+    lossless: str
+    other: str
+    help: str
+
+    def shape(self, policy: str, trace: bool = False, drafter: str | None = None) -> dict:
+        """The shape ``policy`` decodes in (``trace``: a run that keeps the A.7 inputs of whole blocks;
+        ``drafter``: the one the command names, None for the preset's)."""
+        lossless = SHAPES[self.lossless]
+        measured = drafter is None or drafter == (lossless["drafter"] or STANDALONE_DRAFTER)
+        return lossless if policy in ("ar", "strict") and not trace and measured else SHAPES[self.other]
+
+
+#: named starting points of the decoding commands (``--preset``); explicit flags override them
 PRESETS = {
-    "default": {"drafter": None, "gamma": GAMMA, "steps": STEPS},
-    "paper": {"drafter": "smollm2-135m-diffusion", "gamma": 32, "steps": 2},
+    "default": Preset("strict", "fast", "study",
+                      "Strict SDD, lossless, in the fastest shape measured (gamma 4, blocks of 16 after a copy match "
+                      "of 6, trimming at 0.5); a skipping method in the study shape"),
+    "study": Preset("raw", "study", "study",
+                    "every committed study's defaults: raw confidence, gamma 8, one reveal step"),
+    "paper": Preset("raw", "paper", "paper",
+                    "the paper's: raw confidence, the standalone diffusion drafter, gamma 32, two reveal steps"),
 }
 
 

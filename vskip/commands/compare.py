@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .flags import add_batch_flag, add_policy_flags, add_task_flag, check_batch, settings, task_ids
+from .flags import (add_batch_flag, add_policy_flags, add_task_flag, check_batch, decode_config, settings, task_ids,
+                    with_preset)
 
 
 def register(subparsers) -> None:
@@ -13,16 +14,17 @@ def register(subparsers) -> None:
     add_task_flag(c, default="humaneval", help="the benchmark whose prompts to decode (default: humaneval)")
     c.add_argument("--limit", type=int, help="first N prompts")
     c.add_argument("--ids", help="comma-separated task ids")
-    c.add_argument("--configs", default="ar,strict,fast",
-                   help="comma-separated: ar, a policy name with this command's settings, POLICY+key=value+... "
+    c.add_argument("--configs", default="ar,strict,paper",
+                   help="comma-separated: ar, a policy name with this command's settings (its --preset's shape: "
+                        "Strict SDD by default in the fastest lossless shape measured), POLICY+key=value+... "
                         "(keys: gamma, gamma_max, min_match, trim, steps; the policy's own: eta_b, eta_c, eta_m, "
                         "epsilon, k_min, s_max, lenience, top_k, period, period_k, lam, cost_ratio, alpha, "
                         "survival; cache=on|off for the verifier's KV cache; speculative=on|off for the standard "
                         "rule of speculative sampling (with --temperature); predictor=DIR for a learned signal's own "
                         "model instead of --predictor's), fast (Strict SDD with "
-                        "the standalone drafter, --gamma 4 --gamma-max 16 --min-match 6 --trim 0.5), hf, lookupN; "
+                        "the standalone drafter in the default preset's shape), hf, lookupN; "
                         "drafter=NAME|DIR: this configuration's own drafter; paper (Strict SDD in the paper's shape: "
-                        "the standalone drafter, gamma 32, two reveal steps) (default: ar,strict,fast)")
+                        "the standalone drafter, gamma 32, two reveal steps) (default: ar,strict,paper)")
     c.add_argument("--repeats", type=int, default=1,
                    help="decode every prompt this many times with every configuration, in rotating order; the "
                         "summary gives each repeat's ratio to ar (default: 1)")
@@ -70,7 +72,11 @@ def cmd_compare(a) -> int:
     base = settings(a, "strict")
     dec, models = base.decode, base.models
     flags = {k: getattr(a, k) for k in variants.POLICY_FLAGS if getattr(a, k, None) is not None}
-    variants = [variants.parse_variant(s, dec, models.steps, a.predictor, flags) for s in a.configs.split(",")
+
+    def start(policy: str):  # the preset shapes Strict SDD and the skipping methods apart
+        return decode_config(with_preset(a, policy))
+
+    variants = [variants.parse_variant(s, start, models.steps, a.predictor, flags) for s in a.configs.split(",")
                 if s.strip()]
     if a.predictor and not Path(a.predictor).is_dir():
         raise ValueError(f"--predictor {a.predictor} is not a directory")

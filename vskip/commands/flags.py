@@ -5,9 +5,10 @@ block-length options, the model and placement flags, the single flags many comma
 from __future__ import annotations
 
 import argparse
+import copy
 
 from ..bench.tasks import ALL_TASKS
-from ..defaults import GAMMA, MAX_NEW_TOKENS, MAX_SEED, POLICIES, POLICY_PARAMETERS, PRESETS, STEPS
+from ..defaults import GAMMA, MAX_NEW_TOKENS, MAX_SEED, POLICIES, POLICY_PARAMETERS, PRESETS, SHAPES, STEPS
 
 
 def bounded(kind, lo, hi):
@@ -26,15 +27,33 @@ def bounded(kind, lo, hi):
     return parse
 
 
+#: what ``--gamma-max off`` and ``--trim off`` read as: the setting off, whatever the preset says
+OFF = "off"
+
+
+def or_off(kind):
+    """An argparse type: a number of ``kind``, or ``off``."""
+    def parse(text: str):
+        if text == OFF:
+            return OFF
+        try:
+            return kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'} or off, "
+                                             f"got {text!r}") from None
+
+    return parse
+
+
 def add_policy_flags(p: argparse.ArgumentParser, policy: bool = True) -> None:
     g = p.add_argument_group("policy")
     if policy:
-        g.add_argument("--policy", default="raw", choices=POLICIES, help="decoding method (default: raw)")
-    g.add_argument("--preset", choices=sorted(PRESETS), default="default",
-                   help="decoding shape: default (the fastest lossless configuration measured) or paper (the "
-                        "standalone diffusion drafter, --gamma 32, --steps 2); explicit flags override it")
-    g.add_argument("--gamma", type=int, help=f"draft block length (default: the preset's; {GAMMA} by default, the paper: 32)")
-    g.add_argument("--steps", type=int, help=f"diffusion steps per block (default: the preset's; {STEPS} by default, the paper: 2)")
+        g.add_argument("--policy", choices=POLICIES, help="decoding method (default: the preset's; strict by default)")
+    g.add_argument("--preset", choices=tuple(PRESETS), default="default",
+                   help="where the method and its shape start from; explicit flags override it: "
+                        + "; ".join(f"{k}: {v.help}" for k, v in PRESETS.items()) + " (default: default)")
+    g.add_argument("--gamma", type=int, help=f"draft block length (default: the preset's; the study's {GAMMA}, the paper's 32)")
+    g.add_argument("--steps", type=int, help=f"diffusion steps per block (default: the preset's; the study's {STEPS}, the paper's 2)")
     add_block_flags(g)
     for key, param in POLICY_PARAMETERS.items():  # declared once, with their help
         if param.flag:
@@ -70,13 +89,14 @@ def add_sampling_flags(p: argparse.ArgumentParser) -> None:
 
 def add_block_flags(g) -> None:
     """Block length per round (beyond the paper; off unless --gamma-max is given)."""
-    g.add_argument("--gamma-max", type=int,
+    g.add_argument("--gamma-max", type=or_off(int), metavar="N|off",
                    help="draft a block of this length instead of --gamma when the drafter's copy hint matches at "
-                        "least --min-match tokens or the previous block was accepted whole (default: off)")
-    g.add_argument("--min-match", type=int, default=8, help="copy-hint match length that earns --gamma-max (default: 8)")
-    g.add_argument("--trim", type=float,
-                   help="verify only the leading drafted tokens with raw confidence >= TRIM (at least one; default: "
-                        "the whole block). Lossless; traces need whole blocks")
+                        "least --min-match tokens or the previous block was accepted whole (default: the preset's; "
+                        "off where --gamma is at least the preset's)")
+    g.add_argument("--min-match", type=int, help="copy-hint match length that earns --gamma-max (default: the preset's)")
+    g.add_argument("--trim", type=or_off(float), metavar="T|off",
+                   help="verify only the leading drafted tokens with raw confidence >= TRIM (at least one; off: the "
+                        "whole block; default: the preset's). Lossless; traces need whole blocks")
 
 
 def add_model_flags(p: argparse.ArgumentParser, threads_help: str = "torch CPU threads") -> None:
@@ -100,7 +120,10 @@ def add_model_flags(p: argparse.ArgumentParser, threads_help: str = "torch CPU t
                    help="what each device may hold, e.g. 0=40GiB,1=40GiB; a spread verifier uses these devices "
                         "(default: every visible GPU, all it has free)")
     m.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
-                   help="the verifier's dtype (default: float32 on CPU, bfloat16 on CUDA); only float32 is lossless on CPU")
+                   help="the verifier's dtype (default: float32 on CPU, bfloat16 on CUDA). Only float32 is lossless on "
+                        "a CPU: bfloat16 is faster where the CPU runs it natively (AVX512-BF16, AMX), but it rounds a "
+                        "verification of several positions differently from a one-token step, so Strict SDD's text "
+                        "departs even from bfloat16 ar's at near-ties (docs/results/speed.md)")
     m.add_argument("--drafter-dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
                    help="the drafter's dtype; it never changes what Strict SDD commits (default auto: bfloat16 where "
                         "the device runs it natively, else --dtype)")
@@ -165,20 +188,30 @@ def check_batch(batch_size: int, drafters) -> None:
                              "states, so it decodes one sequence at a time; give --batch-size 1 or another drafter")
 
 
-def apply_preset(a) -> None:
-    """Fill ``--drafter``, ``--gamma`` and ``--steps`` where the command line left them out, from
-    ``--preset`` (commands without the policy flags keep what they have)."""
+def with_preset(a, policy: str | None = None) -> argparse.Namespace:
+    """A copy of the parsed flags ``a`` with ``--policy`` and the decoding shape (``--drafter``,
+    ``--gamma``, ``--gamma-max``, ``--min-match``, ``--trim``, ``--steps``) filled from ``--preset``
+    where the command line left them out (``policy``: this method's shape, for commands that compare
+    several). A ``--gamma`` at least the preset's ``gamma_max`` turns the preset's block growth off;
+    ``off`` turns a setting off. Commands without the policy flags keep what they have."""
+    a = copy.copy(a)
     if getattr(a, "preset", None) is None:
-        return
+        return a
     preset = PRESETS[a.preset]
-    for key, value in preset.items():
-        if getattr(a, key, None) is None and hasattr(a, key):
+    if hasattr(a, "policy") and a.policy is None:
+        a.policy = preset.policy
+    shape = preset.shape(policy or getattr(a, "policy", None) or preset.policy, getattr(a, "trace", False),
+                         getattr(a, "drafter", None))
+    grow = shape["gamma_max"] is not None and (a.gamma is None or a.gamma < shape["gamma_max"])
+    for key, value in shape.items():
+        if hasattr(a, key) and getattr(a, key) is None and (key != "gamma_max" or grow):
             setattr(a, key, value)
+    return a
 
 
 def model_config(a):
     """The :class:`vskip.engine.models.config.ModelConfig` of parsed model flags (``--steps`` included;
-    the preset already applied)."""
+    :func:`with_preset` already applied)."""
     from ..engine.models.config import ModelConfig
 
     cp = getattr(a, "copy_prior", None)
@@ -194,12 +227,16 @@ def model_config(a):
 
 
 def decode_config(a):
-    """The :class:`vskip.engine.decode.DecodeConfig` of parsed decode and sampling flags (the preset
-    already applied)."""
+    """The :class:`vskip.engine.decode.DecodeConfig` of parsed decode and sampling flags
+    (:func:`with_preset` already applied)."""
     from ..engine.decode import DecodeConfig
 
-    return DecodeConfig(gamma=a.gamma, max_new_tokens=a.max_new_tokens, shadow=a.shadow, gamma_max=a.gamma_max,
-                        min_match=a.min_match, trim=a.trim, sampling=sampling(a),
+    def on(value):
+        return None if value == OFF else value
+
+    return DecodeConfig(gamma=a.gamma, max_new_tokens=a.max_new_tokens, shadow=a.shadow, gamma_max=on(a.gamma_max),
+                        min_match=SHAPES["study"]["min_match"] if a.min_match is None else a.min_match,
+                        trim=on(a.trim), sampling=sampling(a),
                         trace=getattr(a, "trace", False), task=getattr(a, "task", None))
 
 
@@ -210,7 +247,7 @@ def settings(a, policy_name: str | None = None):
     from ..engine.policy import PolicyConfig
     from ..engine.settings import Settings
 
-    apply_preset(a)
+    a = with_preset(a, policy_name)
     name = policy_name or a.policy
     policy = PolicyConfig.make(
         name, **{k: getattr(a, k) for k, p in POLICY_PARAMETERS.items() if p.flag},

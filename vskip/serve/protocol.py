@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..defaults import MAX_SEED, POLICIES, POLICY_PARAMETERS
+from ..defaults import MAX_SEED, POLICIES, POLICY_PARAMETERS, PRESETS
 
 
 class ApiError(Exception):
@@ -100,7 +100,7 @@ class ChatRequest(_Common):
 #: the keys of a request's ``vskip`` object: the decoding flags a request may set, by type
 _BLOCK_KEYS = {"gamma": int, "gamma_max": int, "min_match": int, "trim": float, "shadow": bool,
                "speculative_sampling": bool}
-VSKIP_KEYS = {"policy": str, **_BLOCK_KEYS,
+VSKIP_KEYS = {"policy": str, "preset": str, **_BLOCK_KEYS,
               **{k: p.type for k, p in POLICY_PARAMETERS.items() if p.flag}}
 
 
@@ -129,6 +129,8 @@ def request_settings(base: argparse.Namespace, req: _Common, max_new_tokens: int
         value = _typed(key, value, VSKIP_KEYS[key])
         if key == "policy" and value not in POLICIES:
             raise bad(f"unknown policy {value!r}; known: {', '.join(POLICIES)}", "vskip.policy")
+        if key == "preset" and value not in PRESETS:
+            raise bad(f"unknown preset {value!r}; known: {', '.join(PRESETS)}", "vskip.preset")
         setattr(a, key, value)
     for key in ("gamma", "gamma_max"):
         g = getattr(a, key, None)
@@ -145,6 +147,11 @@ def request_settings(base: argparse.Namespace, req: _Common, max_new_tokens: int
         if a.speculative_sampling:
             raise bad("vskip.speculative_sampling needs a temperature above 0", "vskip.speculative_sampling")
     try:
-        return settings(a)
+        s, own = settings(a), settings(copy.copy(base))
     except ValueError as e:
         raise bad(str(e), "vskip") from None
+    if (s.models.drafter, s.models.steps) != (own.models.drafter, own.models.steps):  # a preset's drafter
+        raise bad(f"the request's settings draft with {s.models.drafter or 'the embedded drafter'} in "
+                  f"{s.models.steps} reveal step(s); this server loaded {own.models.drafter or 'the embedded drafter'} "
+                  f"with {own.models.steps}: start a server with that preset", "vskip.preset")
+    return s

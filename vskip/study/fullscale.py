@@ -27,6 +27,8 @@ STUDY_TASKS = (("humaneval", 164), ("mbpp", 200))
 #: the drafter's dtype pinned: `auto` is bfloat16 on a CPU with AVX512-BF16 or AMX and float32
 #: without, and one run resumed on both kinds of machine would mix two drafters' confidences
 PIN = ("--drafter-dtype", "float32")
+#: the decoding commands' preset: the study shape every committed study was made in
+STUDY_PRESET = ("--preset", "study")
 #: the risk each on-policy round decodes at with the last round's model
 ONPOLICY_ALPHA = 0.05
 #: the on-policy round whose model the timing piece times (the scheduler as the study ends it)
@@ -141,7 +143,7 @@ def _extract_new(archive: Path) -> list[Path]:
 def trace_commands(fs: FullScale) -> list[list[str]]:
     """Strict SDD traces of every task, one process and one thread each."""
     return [["run", "--task", t, "--limit", str(n), "--policy", "strict", "--trace", "--max-new-tokens",
-             str(fs.max_new_tokens), "--threads", "1", *PIN, "--quiet", "--out", str(fs.traces(t))]
+             str(fs.max_new_tokens), "--threads", "1", *PIN, *STUDY_PRESET, "--quiet", "--out", str(fs.traces(t))]
             for t, n in fs.limits]
 
 
@@ -194,7 +196,7 @@ def timing(fs: FullScale, run: Runner) -> None:
             ids = every(t, n, TIMED_EVERY)
             out = fs.runs / "timing" / f"{t}-{'cache' if cache else 'nocache'}"
             cmd = ["compare", "--task", t, "--ids", ids, "--max-new-tokens", str(fs.max_new_tokens), "--threads",
-                   "1", *PIN, *flags, "--predictor", str(fs.model(0)), "--configs", fs.timed_configs(cache)]
+                   "1", *PIN, *STUDY_PRESET, *flags, "--predictor", str(fs.model(0)), "--configs", fs.timed_configs(cache)]
             if not run([[*cmd, "--shard", f"{i}/2", "--quiet", "--out", str(out)] for i in (1, 2)],
                        timed=True, quiet=True):
                 return
@@ -229,7 +231,7 @@ def onpolicy(fs: FullScale, run: Runner) -> None:
         same_strict(fs, t)
     done = run([["run", "--task", t, "--limit", str(n), "--policy", "prefix", "--predictor", str(prev), "--alpha",
                  f"{ONPOLICY_ALPHA:g}", "--trace", "--max-new-tokens", str(fs.max_new_tokens), "--threads", "1", *PIN,
-                 "--quiet", "--out", str(fs.onpolicy(r, t))] for t, n in fs.limits], timed=True)
+                 *STUDY_PRESET, "--quiet", "--out", str(fs.onpolicy(r, t))] for t, n in fs.limits], timed=True)
     unfinished = [t for t in fs.tasks if not (fs.onpolicy(r, t) / SUMMARY).exists()]
     if unfinished:
         if not done:  # stopped at the deadline: the same step resumes it

@@ -7,14 +7,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..defaults import POLICY_PARAMETERS
+from ..defaults import POLICY_PARAMETERS, SHAPES, STANDALONE_DRAFTER
 
-#: the ``fast`` configuration of the standalone drafter (chosen on 12 HumanEval prompts;
-#: docs/results/speed.md), whatever the command's drafter
-FAST = "strict+gamma=4+gamma_max=16+min_match=6+trim=0.5+drafter=smollm2-135m-diffusion"
+
+def strict_in(shape: dict) -> str:
+    """The configuration of Strict SDD in ``shape`` (:data:`vskip.defaults.SHAPES`) with the
+    standalone drafter, whatever the command's drafter."""
+    keys = [f"{k}={shape[k]}" for k in ("gamma", "gamma_max", "min_match", "trim") if shape.get(k) is not None
+            and (k != "min_match" or shape.get("gamma_max") is not None)]
+    steps = [f"steps={shape['steps']}"] if shape["steps"] != SHAPES["study"]["steps"] else []
+    return "+".join(["strict", *keys, *steps, f"drafter={shape['drafter'] or STANDALONE_DRAFTER}"])
+
+
+#: the ``fast`` configuration: Strict SDD in the default preset's shape (chosen on held-out MBPP
+#: prompts; docs/results/speed.md)
+FAST = strict_in(SHAPES["fast"])
 #: the ``paper`` configuration: Strict SDD in the paper's shape (the standalone diffusion drafter,
-#: gamma 32, two reveal steps), whatever the command's drafter
-PAPER = "strict+gamma=32+steps=2+drafter=smollm2-135m-diffusion"
+#: gamma 32, two reveal steps)
+PAPER = strict_in(SHAPES["paper"])
 
 #: settings a configuration may change, and how to read them
 _KEYS = {"gamma": int, "gamma_max": int, "min_match": int, "trim": float, "steps": int}
@@ -62,7 +72,9 @@ class Variant:
 
 
 def parse_variant(spec: str, base, steps: int, predictor: str | None = None, flags: dict | None = None):
-    """The :class:`Variant` of a ``--configs`` entry; ``base`` is the command's DecodeConfig,
+    """The :class:`Variant` of a ``--configs`` entry; ``base`` is the command's DecodeConfig (or a
+    function of a policy's name giving the DecodeConfig that policy starts from, as presets shape
+    Strict SDD and the skipping methods apart),
     ``flags`` its policy flags (:data:`POLICY_FLAGS`, overridden by the entry's own) and
     ``predictor`` the ``--predictor`` directory that learned signals read."""
     from dataclasses import fields
@@ -70,8 +82,12 @@ def parse_variant(spec: str, base, steps: int, predictor: str | None = None, fla
     from ..engine.policy import POLICIES, PolicyConfig
 
     spec = spec.strip()
-    if spec in ("fast", "paper"):
-        return replace(parse_variant(FAST if spec == "fast" else PAPER, base, steps), name=spec)
+    name = spec.split("+")[0]
+    if callable(base):
+        base = base(name if name in POLICIES else "ar")
+    if spec in ("fast", "paper"):  # a whole shape, whatever the command's
+        whole = replace(base, gamma_max=None, min_match=SHAPES["study"]["min_match"], trim=None)
+        return replace(parse_variant(FAST if spec == "fast" else PAPER, whole, steps), name=spec)
     # transformers' decoders sample with the same settings (their own random numbers)
     s = base.sampling
     sampled = () if s.greedy else (("seed", s.seed), ("temperature", s.temperature), ("top_k", s.top_k), ("top_p", s.top_p))
@@ -82,7 +98,7 @@ def parse_variant(spec: str, base, steps: int, predictor: str | None = None, fla
         if not n.isdigit() or int(n) < 1:
             raise ValueError(f"bad configuration {spec!r}; expected lookupN with N >= 1")
         return Variant(spec, lookup=int(n), params=sampled)
-    name, *pairs = spec.split("+")
+    _, *pairs = spec.split("+")
     if name not in POLICIES:
         raise ValueError(f"unknown configuration {spec!r}; expected POLICY[+key=value...], hf or lookupN")
     kw, params, cache, own, drafter = {}, {}, None, None, None
@@ -110,6 +126,8 @@ def parse_variant(spec: str, base, steps: int, predictor: str | None = None, fla
             kw["sampling"] = replace(base.sampling, speculative=v)
         else:
             (kw if key in _KEYS else params)[key] = v
+    if "gamma" in kw and "gamma_max" not in kw and base.gamma_max is not None and kw["gamma"] >= base.gamma_max:
+        kw["gamma_max"] = None  # as a preset's block growth gives way to a longer --gamma
     s = kw.pop("steps", steps)
     if s < 1:
         raise ValueError(f"steps must be >= 1 in {spec!r}")

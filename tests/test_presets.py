@@ -23,36 +23,36 @@ def decode_of(*argv, command=("generate", "-")):
     return s.policy.name, (d.gamma, d.gamma_max, d.min_match, d.trim, s.models.steps, s.models.drafter)
 
 
-FAST = (4, 16, 6, 0.5, 1, None)
+DEFAULT = (4, 16, 6, 0.3, 1, None)
 STUDY = (8, None, 8, None, 1, None)
 PAPER = (32, None, 8, None, 2, STANDALONE_DRAFTER)
 
 
 def test_the_shapes_are_the_tuples_these_tests_name():
     keys = ("gamma", "gamma_max", "min_match", "trim", "steps", "drafter")
-    assert tuple(SHAPES["fast"][k] for k in keys) == FAST
+    assert tuple(SHAPES["default"][k] for k in keys) == DEFAULT
     assert tuple(SHAPES["study"][k] for k in keys) == STUDY
     assert tuple(SHAPES["paper"][k] for k in keys) == PAPER
 
 
 @pytest.mark.parametrize("argv, policy, shape", [
-    ((), "strict", FAST),  # a new user: lossless, fastest shape
-    (("--policy", "ar"), "ar", FAST),
+    ((), "strict", DEFAULT),  # a new user: lossless, fastest shape
+    (("--policy", "ar"), "ar", DEFAULT),
     (("--policy", "raw"), "raw", STUDY),  # a skipping method keeps the shape its gates were tuned in
     (("--policy", "lenience"), "lenience", STUDY),  # trimming would change what it accepts
     (("--policy", "prefix"), "prefix", STUDY),
     (("--drafter", "some/other/drafter"), "strict", (8, None, 8, None, 1, "some/other/drafter")),
-    (("--drafter", STANDALONE_DRAFTER), "strict", FAST[:5] + (STANDALONE_DRAFTER,)),
+    (("--drafter", STANDALONE_DRAFTER), "strict", DEFAULT[:5] + (STANDALONE_DRAFTER,)),
     (("--preset", "study"), "raw", STUDY),  # every committed study's defaults
     (("--preset", "study", "--policy", "strict"), "strict", STUDY),
     (("--preset", "paper"), "raw", PAPER),
     (("--preset", "paper", "--policy", "strict"), "strict", PAPER),
-    (("--gamma", "8"), "strict", (8, 16, 6, 0.5, 1, None)),  # a flag overrides only itself
-    (("--gamma", "16"), "strict", (16, None, 6, 0.5, 1, None)),  # growth gives way to a block as long
-    (("--gamma", "32", "--gamma-max", "64"), "strict", (32, 64, 6, 0.5, 1, None)),
+    (("--gamma", "8"), "strict", (8, 16, 6, 0.3, 1, None)),  # a flag overrides only itself
+    (("--gamma", "16"), "strict", (16, None, 6, 0.3, 1, None)),  # growth gives way to a block as long
+    (("--gamma", "32", "--gamma-max", "64"), "strict", (32, 64, 6, 0.3, 1, None)),
     (("--trim", "off"), "strict", (4, 16, 6, None, 1, None)),
-    (("--gamma-max", "off"), "strict", (4, None, 6, 0.5, 1, None)),
-    (("--trim", "0.3", "--min-match", "4"), "strict", (4, 16, 4, 0.3, 1, None)),
+    (("--gamma-max", "off"), "strict", (4, None, 6, 0.3, 1, None)),
+    (("--trim", "0.5", "--min-match", "4"), "strict", (4, 16, 4, 0.5, 1, None)),
     (("--preset", "study", "--gamma-max", "16"), "raw", (8, 16, 8, None, 1, None)),
 ])
 def test_a_preset_fills_what_the_flags_leave_out(argv, policy, shape):
@@ -75,7 +75,7 @@ def test_the_parsed_flags_are_left_as_given():
     assert (a.policy, a.gamma, a.trim) == (None, None, None)
     a.policy = "raw"
     raw = settings(a)
-    assert (strict.decode.gamma, strict.decode.trim) == (4, 0.5) and (raw.decode.gamma, raw.decode.trim) == (8, None)
+    assert (strict.decode.gamma, strict.decode.trim) == (4, 0.3) and (raw.decode.gamma, raw.decode.trim) == (8, None)
 
 
 def test_off_is_refused_where_a_number_is_needed():
@@ -100,7 +100,7 @@ def start(policy):
 def test_compare_shapes_each_configuration_by_its_own_policy():
     strict = variants.parse_variant("strict", start, 1)
     raw = variants.parse_variant("raw+eta_b=0.7", start, 1)
-    assert (strict.decode.gamma, strict.decode.trim) == (4, 0.5)
+    assert (strict.decode.gamma, strict.decode.trim) == (4, 0.3)
     assert (raw.decode.gamma, raw.decode.gamma_max, raw.decode.trim) == (8, None, None)
     longer = variants.parse_variant("strict+gamma=32", start, 1)
     assert (longer.decode.gamma, longer.decode.gamma_max) == (32, None)
@@ -108,16 +108,20 @@ def test_compare_shapes_each_configuration_by_its_own_policy():
 
 @pytest.mark.parametrize("base", [DecodeConfig(gamma=8), DecodeConfig(gamma=4, gamma_max=16, min_match=6, trim=0.5),
                                   start])
-def test_fast_and_paper_are_whole_shapes_whatever_the_command(base):
+def test_the_named_configurations_are_whole_shapes_whatever_the_command(base):
+    default = variants.parse_variant("default", base, 1)
     fast = variants.parse_variant("fast", base, 1)
     paper = variants.parse_variant("paper", base, 1)
+    d = default.decode
+    assert (d.gamma, d.gamma_max, d.min_match, d.trim, default.steps, default.drafter) == DEFAULT[:5] + (STANDALONE_DRAFTER,)
     d = fast.decode
-    assert (d.gamma, d.gamma_max, d.min_match, d.trim, fast.steps, fast.drafter) == FAST[:5] + (STANDALONE_DRAFTER,)
+    assert (d.gamma, d.gamma_max, d.min_match, d.trim, fast.steps) == (4, 16, 6, 0.5, 1)
     d = paper.decode
     assert (d.gamma, d.gamma_max, d.trim, paper.steps, paper.drafter) == (32, None, None, 2, STANDALONE_DRAFTER)
 
 
-def test_the_fast_configuration_is_the_one_the_committed_speed_figures_name():
+def test_the_named_configurations_are_what_the_committed_speed_figures_name():
+    assert variants.DEFAULT == "strict+gamma=4+gamma_max=16+min_match=6+trim=0.3+drafter=smollm2-135m-diffusion"
     assert variants.FAST == "strict+gamma=4+gamma_max=16+min_match=6+trim=0.5+drafter=smollm2-135m-diffusion"
     assert variants.PAPER == "strict+gamma=32+steps=2+drafter=smollm2-135m-diffusion"
 
@@ -181,7 +185,7 @@ def test_a_served_request_gets_its_own_policys_shape():
         s = request_settings(a, CompletionRequest(prompt="x", vskip=vskip), 30, 64, settings)
         return s.policy.name, s.decode.gamma, s.decode.gamma_max, s.decode.trim
 
-    assert shape(None) == ("strict", 4, 16, 0.5)
+    assert shape(None) == ("strict", 4, 16, 0.3)
     assert shape({"policy": "raw"}) == ("raw", 8, None, None)
     assert shape({"preset": "study"}) == ("raw", 8, None, None)
     assert shape({"preset": "study", "policy": "strict", "trim": 0.4}) == ("strict", 8, None, 0.4)

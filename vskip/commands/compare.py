@@ -21,8 +21,10 @@ def register(subparsers) -> None:
                         "epsilon, k_min, s_max, lenience, top_k, period, period_k, lam, cost_ratio, alpha, "
                         "survival; cache=on|off for the verifier's KV cache; speculative=on|off for the standard "
                         "rule of speculative sampling (with --temperature); predictor=DIR for a learned signal's own "
-                        "model instead of --predictor's), fast (Strict SDD with "
-                        "the standalone drafter in the default preset's shape), hf, lookupN; "
+                        "model instead of --predictor's), default (Strict SDD with "
+                        "the standalone drafter in the default preset's shape, whatever --preset), fast (the same "
+                        "with trimming at 0.5, the opt-in shape before the default took one of its kind), hf, "
+                        "lookupN; "
                         "drafter=NAME|DIR: this configuration's own drafter; paper (Strict SDD in the paper's shape: "
                         "the standalone drafter, gamma 32, two reveal steps) (default: ar,strict,paper)")
     c.add_argument("--repeats", type=int, default=1,

@@ -16,8 +16,11 @@ configuration is measured and checked against. Configurations (``--configs``):
   ``predictor=DIR`` (this configuration's trained predictor instead of ``--predictor``, so that two
   models, say two on-policy rounds, are timed side by side; a DIR with ``+``, ``=`` or ``,`` cannot
   be named here);
-- ``fast``: Strict SDD with the opt-in settings that were fastest on the embedded pair (short
-  base blocks, long ones after a copy match, only the confident prefix verified; :data:`FAST`);
+- ``default``: Strict SDD in the default preset's shape, whatever the command's preset (short base
+  blocks, long ones after a copy match, only the confident prefix verified;
+  :data:`~vskip.study.variants.DEFAULT`); ``fast``: the same with trimming at 0.5, the opt-in
+  shape before the default took one of its kind (:data:`~vskip.study.variants.FAST`);
+- ``paper``: Strict SDD in the paper's shape (gamma 32, two reveal steps; :data:`~vskip.study.variants.PAPER`);
 - ``hf``: transformers' greedy ``generate`` on the same model object;
 - ``lookupN``: transformers' prompt-lookup assisted generation with ``prompt_lookup_num_tokens=N``.
 

@@ -1,5 +1,6 @@
-"""Block length per round (beyond the paper; opt-in): a long draft block where a long one is
-likely to be accepted, the base ``gamma`` elsewhere.
+"""Block length per round (beyond the paper; part of the default preset's shape,
+``vskip.defaults.SHAPES``): a long draft block where a long one is likely to be accepted, the base
+``gamma`` elsewhere.
 
 Strict SDD pays for every drafted position in the verification's cost, but gains only the
 positions it accepts. Long acceptances come from continuations the drafter can copy (a repeated

@@ -144,6 +144,12 @@ def test_run_writes_the_four_files(tmp_path):
     assert summary["verifier_calls"] == sum(r["verified"] for r in rounds)
     assert summary["skipped_rounds"] == sum(not r["verified"] for r in rounds)
     assert summary["draft_blocks"] == len(rounds)
+    # the printed line's speed names the machine it was measured on, as the run recorded it
+    from vskip.engine.runtime import machine_name
+
+    printed = json.loads(res.stdout.strip().splitlines()[-1])
+    assert printed["tokens_per_s"] == summary["tokens_per_s"]
+    assert printed["machines"] == [machine_name(m) for m in summary["machines"]] and printed["machines"]
     # rerunning the same command resumes: nothing is decoded again
     again = subprocess.run(
         [sys.executable, "-m", "vskip", "run", "--task", "humaneval", "--limit", "2", "--policy", "raw",

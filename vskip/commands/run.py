@@ -36,5 +36,9 @@ def cmd_run(a) -> int:
     summary = run(cfg, a.out, progress=not a.quiet, command=getattr(a, "command_line", None))
     keys = ("task", "policy", "n_prompts", "pass_at_1", "tokens_per_s", "calls_per_token", "blocks_per_token",
             "strict_token", "full_prefix", "skipped_rounds")
-    print(json.dumps({k: summary.get(k) for k in keys}))
+    from ..engine.runtime import machine_name
+
+    # a speed figure names its machine (summary.json keeps the ids; the line here is readable)
+    machines = [machine_name(m) for m in summary.get("machines") or []]
+    print(json.dumps({**{k: summary.get(k) for k in keys}, "machines": machines}))
     return 0

@@ -164,15 +164,6 @@ def test_a_subset_of_slots_reads_only_its_rows():
     assert np.array_equal(got.tokens, ref.tokens) and np.allclose(got.draft_gap, ref.draft_gap, atol=1e-9)
 
 
-def test_a_conditioned_drafter_is_refused_in_a_batch():
-    from test_models import tiny_llama
-
-    v = _verifier(tiny_llama(5))
-    v.taps.append(object())
-    with pytest.raises(ValueError, match="batch size 1"):
-        v.open_slots(2)
-
-
 # -- a run directory decoded in a batch ---------------------------------------------------------
 
 @pytest.mark.parametrize("n", [1, 3])

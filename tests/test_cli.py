@@ -168,26 +168,3 @@ def test_every_decoding_command_takes_the_one_batch_flag(name, capsys):
         assert e.value.code == 2
         err = capsys.readouterr().err
         assert "argument --batch-size" in err and needle in err, err
-
-
-@pytest.mark.parametrize("argv", [["run", "--task", "humaneval", "--out", "x"],
-                                  ["compare", "--task", "humaneval", "--configs", "ar,strict", "--out", "x"],
-                                  ["sweep", "--task", "humaneval", "--grid", "kmin", "--out", "x"]])
-def test_a_conditioned_drafter_refuses_a_batch_before_any_model_loads(argv, tmp_path, capsys, monkeypatch):
-    """A conditioned drafter reads one sequence's verifier states: --batch-size 2 with one refuses
-    with a line saying so, before a model loads; --batch-size 1 goes on to load it."""
-    import vskip.study.door
-    from vskip import cli
-    from vskip.engine.models.conditioned import SPEC_FORMAT
-
-    drafter = tmp_path / "cond"
-    drafter.mkdir()
-    (drafter / "drafter.json").write_text(json.dumps({"format": SPEC_FORMAT}))
-    monkeypatch.setattr(vskip.study.door, "open_models", lambda *a, **k: pytest.fail("a model was loaded"))
-    argv = [str(tmp_path / a) if a == "x" else a for a in argv] + ["--drafter", str(drafter), "--ids", "HumanEval/0",
-                                                                   "--no-score" if argv[0] != "compare" else "--quiet"]
-    assert cli.main(argv + ["--batch-size", "2"]) == 2
-    err = capsys.readouterr().err
-    assert f"--batch-size 2: the conditioned drafter {drafter} reads one sequence's verifier states" in err, err
-    with pytest.raises(pytest.fail.Exception, match="a model was loaded"):
-        cli.main(argv + ["--batch-size", "1"])

@@ -553,3 +553,58 @@ def test_extract_resume_rebuilds_a_damaged_chunk_and_training_names_it(llama_dir
     assert "chunk_00000.safetensors is not the bytes the index records" in err and "chunk_00001" in err
     assert {p: p.read_bytes() for p in (first, second)} == good
     assert idx["chunks"]["1"]["sha256"] == file_sha256(second) and len(load_taps(feats).features) == 6
+
+
+# -- in a batch ------------------------------------------------------------------------------
+
+
+def test_each_slot_taps_its_own_rows_of_a_shared_forward(pair):
+    """Two sequences verified in one forward: each slot's tap holds that row's hidden states, as a
+    forward over the sequence alone gives them; a shadow call leaves its slot's tap as it was."""
+    from vskip.engine.models.protocols import Call
+
+    ver = pair.verifier
+    ver.open_slots(2)
+    try:
+        seqs = [encode_chat(pair.tokenizer, t) for t in ("def add(a, b):", "Write a function that reverses a list.")]
+        ver.score_many([Call(seqs[0], [5, 6, 7], slot=0), Call(seqs[1], [8, 9], slot=1)])
+        tap = ver.taps[0]
+        for slot, (seq, block) in enumerate(zip(seqs, ([5, 6, 7], [8, 9]))):
+            assert tap.ids_of(slot) == seq + block
+            with torch.no_grad():
+                hs = ver.model.model(input_ids=torch.tensor([seq + block]), output_hidden_states=True).hidden_states
+            want = torch.cat([hs[i + 1][0] for i in tap.layers], -1)
+            torch.testing.assert_close(tap.features_of(slot), want, rtol=1e-4, atol=1e-4)
+        before = list(tap.ids_of(1))
+        ver.score_many([Call(seqs[0] + [5, 6, 7], [1], slot=0), Call(seqs[1] + [8, 9, 4], [3], shadow=True, slot=1)])
+        assert tap.ids_of(1) == before and tap.ids_of(0) == seqs[0] + [5, 6, 7, 1]
+        ver.reset(1)
+        assert tap.ids_of(1) == [] and tap.ids_of(0) == seqs[0] + [5, 6, 7, 1]
+    finally:
+        ver.open_slots(1)
+
+
+@pytest.mark.parametrize("policy", [PolicyConfig(name="strict"), PolicyConfig(name="raw", eta_b=0.0, eta_c=0.0, k_min=1)])
+def test_a_conditioned_drafter_decodes_in_a_batch_as_it_does_alone(dirs, policy):
+    """Continuous batching with a DFlash drafter: each slot drafts from its own tapped states, so
+    every prompt's rounds at batch 3 (five prompts, slots refilled) are those of batch 1, skips and
+    shadow verification included."""
+    from vskip.engine.decode import Job, decode_many
+
+    v, d = dirs
+    pair = open_models(ModelConfig(drafter=str(d), verifier=str(v), device="cpu", dtype="float32",
+                                   drafter_dtype="float32"))
+    texts = ("def add(a, b):", "Write a function that reverses a list.", "Sort a list.", "def f(x):\n    return",
+             "Count the vowels in a string.")
+    jobs = [Job(encode_chat(pair.tokenizer, t), f"p{i}") for i, t in enumerate(texts)]
+    cfg = DecodeConfig(gamma=7, max_new_tokens=30)
+    alone = {j.task_id: r for j, r in decode_many(jobs, pair.drafter, pair.verifier, policy, cfg, batch_size=1)}
+    batched = {j.task_id: r for j, r in decode_many(jobs, pair.drafter, pair.verifier, policy, cfg, batch_size=3)}
+    for t, r in alone.items():
+        assert batched[t].tokens == r.tokens and len(r.tokens) > 0, t
+        assert [(x.verified, x.K, x.L) for x in batched[t].rounds] == [(x.verified, x.K, x.L) for x in r.rounds], t
+    if policy.name == "strict":
+        ar = {j.task_id: r for j, r in decode_many(jobs, None, pair.verifier, PolicyConfig(name="ar"), cfg)}
+        assert all(batched[t].tokens == ar[t].tokens for t in ar)
+    else:
+        assert any(not x.verified for r in batched.values() for x in r.rounds)

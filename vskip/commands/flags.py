@@ -167,27 +167,6 @@ def add_batch_flag(p) -> None:
                         "output is batch 1's up to floating-point near-ties (default: 1)")
 
 
-def check_batch(batch_size: int, drafters) -> None:
-    """Refuse ``--batch-size`` above 1 when one of ``drafters`` (the names or directories of the
-    drafters the decode loads; None: none) is a conditioned drafter: it reads one sequence's
-    verifier states, so its verifier holds one sequence at a time. Checked before any model loads
-    (the verifier refuses it too, once loaded)."""
-    if batch_size == 1:
-        return
-    names = [d for d in drafters if d]
-    if not names:
-        return
-    from pathlib import Path
-
-    from ..engine.models.conditioned_io import is_conditioned
-    from ..engine.models.embedded import EMBEDDED_CONDITIONED
-
-    for d in names:
-        if d == EMBEDDED_CONDITIONED or is_conditioned(Path(d)):
-            raise ValueError(f"--batch-size {batch_size}: the conditioned drafter {d} reads one sequence's verifier "
-                             "states, so it decodes one sequence at a time; give --batch-size 1 or another drafter")
-
-
 def with_preset(a, policy: str | None = None) -> argparse.Namespace:
     """A copy of the parsed flags ``a`` with ``--policy`` and the decoding shape (``--drafter``,
     ``--gamma``, ``--gamma-max``, ``--min-match``, ``--trim``, ``--steps``) filled from ``--preset``

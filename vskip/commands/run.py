@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .flags import add_batch_flag, add_policy_flags, add_task_flag, bounded, check_batch, settings, task_ids
+from .flags import add_batch_flag, add_policy_flags, add_task_flag, bounded, settings, task_ids
 
 
 def register(subparsers) -> None:
@@ -30,7 +30,6 @@ def cmd_run(a) -> int:
     if a.limit is not None and a.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {a.limit}")
     s = settings(a)
-    check_batch(a.batch_size, [s.models.drafter] if s.policy.uses_drafter else [])
     cfg = RunConfig.of(s, a.task, limit=a.limit, ids=task_ids(a.ids), score=a.score,
                        samples_per_prompt=a.samples_per_prompt, batch_size=a.batch_size)
     summary = run(cfg, a.out, progress=not a.quiet, command=getattr(a, "command_line", None))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..defaults import GAMMA, K_MIN, MAX_NEW_TOKENS, S_MAX, STEPS
 from .flags import (add_batch_flag, add_block_flags, add_model_flags, add_sampling_flags, add_task_flag, bounded,
-                    check_batch, decode_config, model_config, task_ids)
+                    decode_config, model_config, task_ids)
 
 #: the named grids of ``vskip sweep`` (``vskip.study.grids.GRIDS`` holds them; a test keeps both equal)
 GRID_NAMES = ("table5", "kmin", "gates", "periodic", "transfer", "cpu-small", "cpu-kmin", "cpu-signals", "prefix",
@@ -92,7 +92,6 @@ def cmd_sweep(a) -> int:
     models = model_config(a)
     runtime_of(models)  # checks them
     points = grid(a.grid, k_min=a.k_min, s_max=a.s_max)
-    check_batch(a.batch_size, [models.drafter] if any(pt.policy.uses_drafter for pt in points) else [])
     ids = task_ids(a.ids)
     check_writable_dir(a.out, "sweep directory")
     if a.score:

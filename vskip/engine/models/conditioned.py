@@ -225,47 +225,74 @@ class ConditionedLM(nn.Module):
         return self.norm(x)
 
 
+class _TapRow:
+    """One sequence's tapped states: ``ids`` [n] and a buffer of at least n feature rows."""
+
+    def __init__(self):
+        self.ids: list[int] = []
+        self.buf: torch.Tensor | None = None  # grown by doubling: a verification appends, never copies all
+
+
 class HiddenTap:
     """The tapped verifier hidden states of the tokens the verifier last ran over, position by
-    position: ``ids`` [n] and ``features`` [n, k*d]. The verifier writes it; the drafter reads
-    the prefix it shares with the committed sequence."""
+    position, one record per slot (sequence): ``ids`` [n] and ``features`` [n, k*d]. The verifier
+    writes each row of its forward to that row's slot; the drafter reads the prefix a slot's record
+    shares with the slot's committed sequence."""
 
     def __init__(self, layers: Sequence[int]):
         self.layers = tuple(int(i) for i in layers)
-        self.reset()
+        self.open_slots(1)
 
-    def reset(self) -> None:
-        self.ids: list[int] = []
-        self._buf: torch.Tensor | None = None  # grown by doubling: a verification appends, never copies all
+    def open_slots(self, n: int) -> None:
+        """Hold ``n`` slots (0 .. n - 1), all empty."""
+        self._rows = [_TapRow() for _ in range(n)]
+
+    def reset(self, slot: int | None = None) -> None:
+        """Forget a slot's states (a new prompt follows there), or every slot's (None)."""
+        for i in range(len(self._rows)) if slot is None else (slot,):
+            self._rows[i] = _TapRow()
+
+    def ids_of(self, slot: int = 0) -> list[int]:
+        return self._rows[slot].ids
+
+    @property
+    def ids(self) -> list[int]:
+        return self.ids_of(0)
+
+    def features_of(self, slot: int = 0) -> torch.Tensor | None:
+        r = self._rows[slot]
+        return None if r.buf is None else r.buf[: len(r.ids)]
 
     @property
     def features(self) -> torch.Tensor | None:
-        return None if self._buf is None else self._buf[: len(self.ids)]
+        return self.features_of(0)
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return len(self._rows[0].ids)
 
-    def keep(self, n: int) -> None:
-        """Forget every position from ``n`` on."""
-        self.ids = self.ids[:n]
+    def keep(self, n: int, slot: int = 0) -> None:
+        """Forget every position of a slot from ``n`` on."""
+        r = self._rows[slot]
+        r.ids = r.ids[:n]
 
-    def put(self, start: int, ids: Sequence[int], features: torch.Tensor) -> None:
-        """The features of positions ``start .. len(ids) - 1`` of the sequence ``ids``."""
+    def put(self, start: int, ids: Sequence[int], features: torch.Tensor, slot: int = 0) -> None:
+        """The features of positions ``start .. len(ids) - 1`` of a slot's sequence ``ids``."""
         assert features.shape[0] == len(ids) - start, (features.shape, len(ids), start)
-        self.keep(start)
+        self.keep(start, slot)
+        r = self._rows[slot]
         need = len(ids)
-        if self._buf is None or self._buf.shape[0] < need or self._buf.shape[1:] != features.shape[1:]:
-            cap = max(need, 2 * (0 if self._buf is None else self._buf.shape[0]), 256)
+        if r.buf is None or r.buf.shape[0] < need or r.buf.shape[1:] != features.shape[1:]:
+            cap = max(need, 2 * (0 if r.buf is None else r.buf.shape[0]), 256)
             buf = features.new_empty((cap, *features.shape[1:]))
-            if self._buf is not None and start and self._buf.shape[1:] == features.shape[1:]:
-                buf[:start] = self._buf[:start]
-            self._buf = buf
-        self._buf[start:need] = features.detach()
-        self.ids = self.ids + [int(t) for t in ids[start:]]
+            if r.buf is not None and start and r.buf.shape[1:] == features.shape[1:]:
+                buf[:start] = r.buf[:start]
+            r.buf = buf
+        r.buf[start:need] = features.detach()
+        r.ids = r.ids + [int(t) for t in ids[start:]]
 
-    def covered(self, seq: Sequence[int]) -> int:
-        """How many leading positions of ``seq`` have features."""
-        return common_prefix(self.ids, seq)
+    def covered(self, seq: Sequence[int], slot: int = 0) -> int:
+        """How many leading positions of a slot's ``seq`` have features."""
+        return common_prefix(self._rows[slot].ids, seq)
 
 
 def _block_features(logp: torch.Tensor, gamma: int) -> torch.Tensor:
@@ -306,10 +333,16 @@ class ConditionedDrafter:
         self.reset()
 
     def reset(self, slot: int | None = None) -> None:
-        self._ctx: list | None = None
-        self._ctx_ids: list[int] = []
+        """Forget a slot's cached context (a new prompt follows there), or every slot's (None)."""
+        if slot is None:
+            self._ctx: dict[int, list] = {}  # slot -> the context's keys/values per layer
+            self._ctx_ids: dict[int, list[int]] = {}
+        else:
+            self._ctx.pop(slot, None)
+            self._ctx_ids.pop(slot, None)
 
     def propose_many(self, requests, features: bool = False, sampling: Sampling | None = None) -> list[DraftBlock]:
+        """One block per (slot, seq, gamma), each slot from its own tapped states and context."""
         return [self.propose(seq, g, features, sampling, slot) for slot, seq, g in requests]
 
     def with_steps(self, steps: int) -> "ConditionedDrafter":
@@ -329,40 +362,40 @@ class ConditionedDrafter:
     def max_gamma(self) -> int:
         return self.spec.max_gamma
 
-    def tail(self, seq: Sequence[int]) -> int:
+    def tail(self, seq: Sequence[int], slot: int = 0) -> int:
         """Committed tokens the next block's tail holds beyond the last one (no verifier features)."""
-        return len(seq) - 1 - min(self.tap.covered(seq), len(seq) - 1)
+        return len(seq) - 1 - min(self.tap.covered(seq, slot), len(seq) - 1)
 
-    def _sync(self, seq: list[int]) -> int:
-        """Bring the cached context up to the tapped prefix of ``seq``; returns its length m."""
-        m = min(self.tap.covered(seq), len(seq) - 1)
-        n = common_prefix(self._ctx_ids, seq[:m])
-        if self._ctx is not None and n < len(self._ctx_ids):
-            self._ctx = [(k[:, :, :n], v[:, :, :n]) for k, v in self._ctx] if n > 0 else None
-            self._ctx_ids = self._ctx_ids[:n]
+    def _sync(self, seq: list[int], slot: int) -> int:
+        """Bring a slot's cached context up to the tapped prefix of ``seq``; returns its length m."""
+        m = min(self.tap.covered(seq, slot), len(seq) - 1)
+        ctx, ids = self._ctx.get(slot), self._ctx_ids.get(slot, [])
+        n = common_prefix(ids, seq[:m])
+        if ctx is not None and n < len(ids):
+            ctx = [(k[:, :, :n], v[:, :, :n]) for k, v in ctx] if n > 0 else None
+            ids = ids[:n]
         if m > n:
-            feats = self.tap.features[n:m].to(self.device)[None]
+            feats = self.tap.features_of(slot)[n:m].to(self.device)[None]
             new = self.model.context(feats, torch.arange(n, m, device=self.device))
-            self._ctx = new if self._ctx is None else [
-                (torch.cat([k0, k1], 2), torch.cat([v0, v1], 2)) for (k0, v0), (k1, v1) in zip(self._ctx, new)]
-            self._ctx_ids = self._ctx_ids + list(seq[n:m])
+            ctx = new if ctx is None else [
+                (torch.cat([k0, k1], 2), torch.cat([v0, v1], 2)) for (k0, v0), (k1, v1) in zip(ctx, new)]
+            ids = ids + list(seq[n:m])
+        self._ctx[slot], self._ctx_ids[slot] = ctx, ids
         return m
 
     @torch.inference_mode()
     def propose(self, seq: Sequence[int], gamma: int, features: bool = False, sampling: Sampling | None = None,
                 slot: int = 0) -> DraftBlock:
-        if slot != 0:
-            raise ValueError("the conditioned drafter drafts for one sequence at a time (batch size 1)")
         seq = [int(t) for t in seq]
         assert len(seq) >= 1 and gamma >= 1, (len(seq), gamma)
         if gamma > self.spec.max_gamma:
             raise ValueError(f"gamma {gamma} exceeds what this drafter drafts per block ({self.spec.max_gamma}: "
                              f"block size {self.spec.block_size})")
-        m = self._sync(seq)
+        m = self._sync(seq, slot)
         nm = self.spec.block_size - 1
         q = torch.tensor([seq[m:] + [self.model.mask_id] * nm], device=self.device)
         pos = torch.arange(m, len(seq) + nm, device=self.device)
-        h = self.model(q, pos, self._ctx)[0, -nm:][:gamma]
+        h = self.model(q, pos, self._ctx[slot])[0, -nm:][:gamma]
         logits = (h @ self._W.T).float()
         if self._neg is not None:
             logits = logits + self._neg

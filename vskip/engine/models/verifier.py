@@ -71,22 +71,19 @@ class HFVerifier:
         """Hold ``n`` sequences at once (slots 0 .. n - 1), each with its own cache; all empty."""
         if n < 1:
             raise ValueError(f"a verifier holds at least one sequence, not {n}")
-        if self.taps and n > 1:
-            raise ValueError("a conditioned drafter reads one sequence's verifier states: batch size 1 only, for now")
         if self.slots != n:  # the same slots keep their buffers: a query reads only positions written anew
             self._cache = RaggedCache(n)
         self.slots = n
         self._cached_ids: list[list[int]] = [[] for _ in range(n)]
         for tap in self.taps:
-            tap.reset()
+            tap.open_slots(n)
 
     def reset(self, slot: int | None = None) -> None:
         """Forget what a slot holds (a new prompt follows there), or every slot's (None)."""
         for i in range(self.slots) if slot is None else (slot,):
             self._cached_ids[i] = []
-        if slot in (None, 0):
-            for tap in self.taps:
-                tap.reset()
+        for tap in self.taps:
+            tap.reset(slot)
 
     @property
     def vocabulary(self) -> int:
@@ -115,7 +112,7 @@ class HFVerifier:
             layers[i].register_forward_hook(grab(i))
             self._hooked.add(i)
         self.taps.append(tap)
-        tap.reset()
+        tap.open_slots(self.slots)
 
     @torch.inference_mode()
     def prefill(self, ids, slot: int = 0) -> None:
@@ -168,16 +165,17 @@ class HFVerifier:
         outputs = []
         for r, ((slot, ids, keep), n) in enumerate(zip(rows, starts)):
             self._cached_ids[slot] = list(ids)
-            if slot == 0:
-                self._hand_over(r, n, ids)
+            self._hand_over(r, n, ids, slot)
             outputs.append(out[r, len(ids) - n - keep : len(ids) - n])
         self._grabbed.clear()
         return outputs
 
-    def _hand_over(self, row: int, start: int, ids: list[int]) -> None:
-        """Give the tap the hidden states of positions ``start ..`` that row ``row`` computed."""
+    def _hand_over(self, row: int, start: int, ids: list[int], slot: int) -> None:
+        """Give the taps the hidden states of positions ``start ..`` that row ``row`` computed for
+        ``slot``."""
         for tap in self.taps:
-            tap.put(start, ids, torch.cat([self._grabbed[i][row, : len(ids) - start] for i in tap.layers], dim=-1))
+            tap.put(start, ids, torch.cat([self._grabbed[i][row, : len(ids) - start] for i in tap.layers], dim=-1),
+                    slot)
 
     def _output(self, out) -> torch.Tensor:
         return out.last_hidden_state if self.head is not None else out.logits
@@ -192,13 +190,13 @@ class HFVerifier:
             rows.append((c.slot, ids, len(c.block) + 1))
             # What the cache could still serve before this call: a shadow call restores exactly that.
             restore.append((common_prefix(self._cached_ids[c.slot], ids),
-                            [tap.covered(ids) for tap in self.taps] if c.slot == 0 else []) if c.shadow else None)
+                            [tap.covered(ids, c.slot) for tap in self.taps]) if c.shadow else None)
         outs = self._forward(rows)
         for c, kept in zip(calls, restore):
             if kept is not None:
                 self._cached_ids[c.slot] = self._cached_ids[c.slot][: kept[0]]
                 for tap, n in zip(self.taps, kept[1]):  # the skipped tokens stay without features
-                    tap.keep(n)
+                    tap.keep(n, c.slot)
         return [o.to(self.head.device) for o in outs] if self.head is not None else outs
 
     @torch.inference_mode()

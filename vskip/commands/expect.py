@@ -10,12 +10,16 @@ def register(subparsers) -> None:
     e = subparsers.add_parser("expect", help="what Strict SDD's speed-up will be on this machine, measured in a minute",
                               description="Measure the verifier's cost for one position and for a block of gamma + 1, "
                                           "and the drafter's for a block, on real text; then Eq. 7 with the tokens per "
-                                          "call a committed study measured gives the speed-up to expect here.")
-    e.add_argument("--gamma", type=bounded(int, 1, 4096), default=GAMMA, help=f"block length (default: {GAMMA})")
+                                          "call a committed study measured gives the speed-up to expect here. Eq. 7 "
+                                          "takes one block length: this is Strict SDD in the study shape (fixed blocks "
+                                          "of gamma 8, --preset study), whose A is committed; the default decode's "
+                                          "blocks vary in length, and vskip compare measures it.")
+    e.add_argument("--gamma", type=bounded(int, 1, 4096), default=GAMMA,
+                   help=f"block length (default: {GAMMA}, the study shape's)")
     e.add_argument("--steps", type=bounded(int, 1, 64), default=STEPS, help=f"reveal steps (default: {STEPS})")
     e.add_argument("--tokens-per-call", type=bounded(float, 1.0, 1e6),
                    help="A, tokens per verifier call, from your own run (default: the committed study's, which "
-                        "holds for the default settings only)")
+                        "holds for the study shape on the embedded pair only)")
     add_model_flags(e)
     e.set_defaults(fn=cmd_expect)
 
@@ -40,8 +44,8 @@ def cmd_expect(a) -> int:
         print(f"{name:<10}{1000 * sec:8.1f} ms  {what}")
     defaults = a.gamma == GAMMA and a.steps == STEPS and a.drafter in (None, "smollm2-135m-diffusion") and not a.verifier
     if a.tokens_per_call is None and not defaults:
-        print("The committed A holds for the default settings and pair only: give --tokens-per-call from a run of "
-              "yours (its tokens per verifier call) for the speed-up to expect.")
+        print("The committed A holds for the study shape and the embedded pair only: give --tokens-per-call from a "
+              "run of yours (its tokens per verifier call) for the speed-up to expect.")
     else:
         A, where = (a.tokens_per_call, "given") if a.tokens_per_call is not None else (TOKENS_PER_CALL, SOURCE)
         print(f"Eq. 7 with A = {A:.3f} tokens per call ({where}): Strict SDD at A c_V(1) / (c_D + c_V({a.gamma + 1})) "

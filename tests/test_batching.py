@@ -119,13 +119,33 @@ def _verifier(model):
     return HFVerifier(model, eos_ids=[0], exact_head=False)
 
 
-def test_each_row_of_a_ragged_forward_is_what_its_own_verifier_gives():
+def _tiny_verifier(family: str):
+    """A tiny randomly initialised causal LM of a verifier family we load, in float64."""
+    from test_models import V, tiny_llama
+
+    if family == "llama":
+        return tiny_llama(3).double()
+    import torch
+    import transformers
+
+    torch.manual_seed(3)
+    name = {"qwen2": "Qwen2", "qwen3": "Qwen3"}[family]
+    cfg = getattr(transformers, f"{name}Config")(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                                  num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                                  max_position_embeddings=512, tie_word_embeddings=False)
+    m = getattr(transformers, f"{name}ForCausalLM")(cfg).eval()
+    with torch.no_grad():
+        m.lm_head.weight.normal_(0.0, 1.0)
+    return m.double()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_each_row_of_a_ragged_forward_is_what_its_own_verifier_gives(family):
     """Three sequences of different lengths in three slots, over rounds that verify, reject (the
     cache cut back by lowering a row's length), skip and shadow-verify: each row's verdict equals
-    that of a fresh verifier decoding the row alone (float64 model: equal to rounding)."""
-    from test_models import tiny_llama
-
-    model = tiny_llama(3).double()
+    that of a fresh verifier decoding the row alone (float64 model: equal to rounding), for each
+    verifier family (Qwen2: biased projections; Qwen3: normed queries and keys)."""
+    model = _tiny_verifier(family)
     batched = _verifier(model)
     batched.open_slots(3)
     seqs = [[5, 9, 2, 7, 3], [11, 4], [8, 8, 1, 6, 2, 9, 4, 7]]
@@ -224,6 +244,36 @@ def test_drafting_several_slots_in_one_forward_gives_each_its_own_block(steps):
             assert got[i].tokens.tolist() == ref.tokens.tolist()
             assert np.allclose(got[i].confidence, ref.confidence, atol=1e-9)
             assert np.allclose(got[i].features, ref.features, atol=1e-9)
+            seqs[i] = s + [int(t) for t in ref.tokens[: int(rng.integers(0, g + 1))]] + [int(rng.integers(2, 60))]
+
+
+@pytest.mark.parametrize("steps", [1, 2])
+def test_a_dream_checkpoint_drafts_several_slots_as_it_drafts_each_alone(tmp_path, steps):
+    """A Dream-layout checkpoint (Qwen2 names, read without its code) drafting three slots in one
+    forward per reveal step gives each slot the block it drafts alone (float64)."""
+    import copy
+
+    from test_models import tiny_dream_dir
+
+    from vskip.engine.models.drafter import DiffusionDrafter
+    from vskip.engine.models.drafter_io import load_drafter_model
+
+    d, _ = tiny_dream_dir(tmp_path)
+    base = DiffusionDrafter(load_drafter_model(d).double(), steps=steps)
+    base._W = base._W.double()
+    alone = [copy.deepcopy(base) for _ in range(3)]
+    many = copy.deepcopy(base)
+    for x in [*alone, many]:
+        x.reset()
+    rng = np.random.default_rng(2)
+    seqs = [[int(x) for x in rng.integers(2, 60, n)] for n in (4, 10, 6)]
+    for _ in range(3):
+        gammas = [int(g) for g in rng.integers(2, 8, 3)]
+        got = many.propose_many([(i, s, g) for i, (s, g) in enumerate(zip(seqs, gammas))], features=True)
+        for i, (s, g) in enumerate(zip(seqs, gammas)):
+            ref = alone[i].propose(s, g, features=True)
+            assert got[i].tokens.tolist() == ref.tokens.tolist()
+            assert np.allclose(got[i].confidence, ref.confidence, atol=1e-9)
             seqs[i] = s + [int(t) for t in ref.tokens[: int(rng.integers(0, g + 1))]] + [int(rng.integers(2, 60))]
 
 

@@ -88,7 +88,7 @@ def add_sampling_flags(p: argparse.ArgumentParser) -> None:
 
 
 def add_block_flags(g) -> None:
-    """Block length per round (beyond the paper; off unless --gamma-max is given)."""
+    """Block length per round and trimming (beyond the paper; the preset's unless given)."""
     g.add_argument("--gamma-max", type=or_off(int), metavar="N|off",
                    help="draft a block of this length instead of --gamma when the drafter's copy hint matches at "
                         "least --min-match tokens or the previous block was accepted whole (default: the preset's; "

@@ -221,23 +221,27 @@ def test_drafting_several_slots_in_one_forward_gives_each_its_own_block(steps):
     """Three slots with contexts of different lengths, over rounds in which each commits a
     different number of tokens (so each brings a different amount of context along): the blocks
     drafted together equal those each slot's drafter drafts alone (float64: equal to rounding)."""
-    import copy
-
     from test_copy import tiny_drafter
 
     base = tiny_drafter()
     base.model.double()
     base._W = base._W.double()
     base.steps = steps
-    alone = [copy.deepcopy(base) for _ in range(3)]
-    for d in alone:
-        d.reset()
+    _drafts_each_slot_as_alone(base, np.random.default_rng(1), (3, 9, 5), rounds=4)
+
+
+def _drafts_each_slot_as_alone(base, rng, lengths, rounds: int) -> None:
+    """``base`` (a drafter) drafting one slot per context length in one call gives, round after
+    round, the blocks a copy of it drafts for each slot alone (tokens, confidences, features)."""
+    import copy
+
+    alone = [copy.deepcopy(base) for _ in lengths]
     many = copy.deepcopy(base)
-    many.reset()
-    rng = np.random.default_rng(1)
-    seqs = [[int(x) for x in rng.integers(2, 60, n)] for n in (3, 9, 5)]
-    for _ in range(4):
-        gammas = [int(g) for g in rng.integers(2, 8, 3)]
+    for d in [*alone, many]:
+        d.reset()
+    seqs = [[int(x) for x in rng.integers(2, 60, n)] for n in lengths]
+    for _ in range(rounds):
+        gammas = [int(g) for g in rng.integers(2, 8, len(seqs))]
         got = many.propose_many([(i, s, g) for i, (s, g) in enumerate(zip(seqs, gammas))], features=True)
         for i, (s, g) in enumerate(zip(seqs, gammas)):
             ref = alone[i].propose(s, g, features=True)
@@ -251,8 +255,6 @@ def test_drafting_several_slots_in_one_forward_gives_each_its_own_block(steps):
 def test_a_dream_checkpoint_drafts_several_slots_as_it_drafts_each_alone(tmp_path, steps):
     """A Dream-layout checkpoint (Qwen2 names, read without its code) drafting three slots in one
     forward per reveal step gives each slot the block it drafts alone (float64)."""
-    import copy
-
     from test_models import tiny_dream_dir
 
     from vskip.engine.models.drafter import DiffusionDrafter
@@ -261,20 +263,7 @@ def test_a_dream_checkpoint_drafts_several_slots_as_it_drafts_each_alone(tmp_pat
     d, _ = tiny_dream_dir(tmp_path)
     base = DiffusionDrafter(load_drafter_model(d).double(), steps=steps)
     base._W = base._W.double()
-    alone = [copy.deepcopy(base) for _ in range(3)]
-    many = copy.deepcopy(base)
-    for x in [*alone, many]:
-        x.reset()
-    rng = np.random.default_rng(2)
-    seqs = [[int(x) for x in rng.integers(2, 60, n)] for n in (4, 10, 6)]
-    for _ in range(3):
-        gammas = [int(g) for g in rng.integers(2, 8, 3)]
-        got = many.propose_many([(i, s, g) for i, (s, g) in enumerate(zip(seqs, gammas))], features=True)
-        for i, (s, g) in enumerate(zip(seqs, gammas)):
-            ref = alone[i].propose(s, g, features=True)
-            assert got[i].tokens.tolist() == ref.tokens.tolist()
-            assert np.allclose(got[i].confidence, ref.confidence, atol=1e-9)
-            seqs[i] = s + [int(t) for t in ref.tokens[: int(rng.integers(0, g + 1))]] + [int(rng.integers(2, 60))]
+    _drafts_each_slot_as_alone(base, np.random.default_rng(2), (4, 10, 6), rounds=3)
 
 
 def test_jobs_with_their_own_settings_share_a_batch_and_each_decodes_as_alone():

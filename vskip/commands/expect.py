@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..defaults import GAMMA, STEPS
+from ..defaults import GAMMA, STANDALONE_DRAFTER, STEPS
 from .flags import add_model_flags, bounded
 
 
@@ -42,7 +42,7 @@ def cmd_expect(a) -> int:
                             (f"c_V({a.gamma + 1})", c["c_Vg"], f"a verification of {a.gamma + 1} positions: {steps:.2f} steps"),
                             ("c_D", c["c_D"], f"the drafter's block of {a.gamma}")):
         print(f"{name:<10}{1000 * sec:8.1f} ms  {what}")
-    defaults = a.gamma == GAMMA and a.steps == STEPS and a.drafter in (None, "smollm2-135m-diffusion") and not a.verifier
+    defaults = a.gamma == GAMMA and a.steps == STEPS and a.drafter in (None, STANDALONE_DRAFTER) and not a.verifier
     if a.tokens_per_call is None and not defaults:
         print("The committed A holds for the study shape and the embedded pair only: give --tokens-per-call from a "
               "run of yours (its tokens per verifier call) for the speed-up to expect.")

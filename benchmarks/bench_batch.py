@@ -396,9 +396,9 @@ def _open_protocol(a, out: Path) -> dict:
     return want
 
 
-def _kept_cells(out: Path, host: str, chunks: list[list]) -> list[dict]:
-    """The cells already measured; a chunk's partial cells from another machine are dropped (the
-    chunk runs again here), and a cell of other prompts than its chunk's is refused."""
+def _kept_cells(out: Path, host: str, chunks: list[list], protocol: dict) -> list[dict]:
+    """The cells already measured; a chunk not complete whose cells came from another machine is
+    dropped (the chunk runs again here), and a cell of other prompts than its chunk's is refused."""
     cells = _read_jsonl(out / CELLS)
     ids = [[tid for tid, _ in c] for c in chunks]
     for c in cells:
@@ -408,8 +408,8 @@ def _kept_cells(out: Path, host: str, chunks: list[list]) -> list[dict]:
     for c in cells:
         per.setdefault(c["chunk"], set()).add(c["machine"])
     mixed = {k for k, m in per.items() if m != {host}}
-    full = _complete_chunks(cells)
-    drop = [k for k in mixed if k not in full]
+    full = _complete_chunks(cells, protocol)
+    drop = sorted(k for k in mixed if k not in full)
     if drop:
         print(f"bench_batch: chunks {drop} were begun on another machine; they run again here", file=sys.stderr)
     kept = [c for c in cells if c["chunk"] not in drop]
@@ -444,7 +444,7 @@ def run_protocol(a, pair, decoders, prompts, forwards, host: str, machine_info: 
         protocol["chunks"] = len(chunks)
         (out / PROTOCOL).write_text(json.dumps(protocol, indent=1) + "\n")
     names, batches = a.configs.split(","), [int(b) for b in a.batch.split(",")]
-    cells = _kept_cells(out, host, chunks)
+    cells = _kept_cells(out, host, chunks, protocol)
     done = {(c["chunk"], c["config"], c["batch"], c["repeat"]) for c in cells}
     todo = [(k, r, n, b) for k in range(len(chunks)) for r in range(a.repeats)
             for n, b in cell_order(names, batches, k, r, a.repeats) if (k, n, b, r) not in done]

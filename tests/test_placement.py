@@ -106,7 +106,31 @@ def test_paper_pair_plans():
     # the cache kept: its keys/values at the budget are counted on the devices holding the layers
     cached = _paper_plan(verifier_device="balanced", drafter_device="cuda:0", verifier_cache=True,
                          capacity=parse_max_memory("0=80GiB,1=80GiB"))
-    assert sum(d.cache for d in cached.devices) == 2 * 64 * 8 * 128 * (1024 + 512 + 33) * 2
+    # (each row's buffers doubled from the first forward's 1057 columns past the 1569 decoded: 2114)
+    assert sum(d.cache for d in cached.devices) == 2 * 64 * 8 * 128 * 2114 * 2
+    batched = _paper_plan(verifier_device="balanced", drafter_device="cuda:0", verifier_cache=True, batch=4,
+                          capacity=parse_max_memory("0=400GiB,1=400GiB"))
+    # four rows each, on the devices holding the layers (the Dream-layout drafter keeps no cache)
+    assert sum(d.cache for d in batched.devices) == 4 * 2 * 64 * 8 * 128 * 2114 * 2
+
+
+@pytest.mark.parametrize("first,steps", [(40, 3), (150, 1), (300, 2), (700, 5)])
+def test_plan_counts_what_the_ragged_cache_grows_to(first, steps):
+    """The plan's rule (ragged_capacity) against the cache itself, fed forwards that decode a few
+    positions at a time past ``first`` columns."""
+    import torch
+
+    from vskip.engine.models.placement import ragged_capacity
+    from vskip.engine.models.ragged import RaggedCache
+
+    cache, span = RaggedCache(2), first
+    while span <= 1100:
+        pos = torch.arange(span - steps, span)[None].expand(2, steps) if span > first else torch.arange(span)[None].expand(2, span)
+        cache.begin(torch.arange(2), pos)
+        kv = torch.zeros(2, 1, pos.shape[1], 4)
+        cache.update(kv, kv, 0)
+        assert cache.k[0].shape[2] == ragged_capacity(first, span)
+        span += steps
 
 
 def test_plan_command_writes_json_and_markdown(tmp_path, capsys):

@@ -314,6 +314,28 @@ def _module_bytes(name: str, shape: Shape, nbytes: int) -> tuple[int, int]:
     return 0, 0
 
 
+# --------------------------------------------------------------------------- the ragged cache's growth
+# (:class:`vskip.engine.models.ragged.RaggedCache` grows by this rule; the plan counts what it holds)
+
+#: the positions a layer's buffers start with
+FIRST_CAPACITY = 256
+
+
+def grown(have: int, span: int) -> int:
+    """The positions a layer's buffers hold once a forward reading ``span`` columns finds ``have``
+    (0: none yet): doubled, or as many as the forward reads, whichever is more."""
+    return have if have >= span else max(span, 2 * have, FIRST_CAPACITY)
+
+
+def ragged_capacity(first: int, needed: int) -> int:
+    """The positions the buffers hold after a first forward of ``first`` columns, once decoding
+    (a few columns more per forward) has reached ``needed``: what :func:`plan_memory` counts per row."""
+    cap = grown(0, first)
+    while cap < needed:
+        cap = grown(cap, cap + 1)
+    return cap
+
+
 def plan_memory(
     verifier_dir: Path,
     drafter_dir: Path | None,
@@ -332,7 +354,8 @@ def plan_memory(
     """The memory each device needs for this pair and placement (see the module's docstring).
     ``capacity``: bytes per device (``--max-memory``); what is free on this machine otherwise.
     ``batch``: sequences decoded side by side, each with its own caches (the verifier's ragged
-    cache holds ``batch`` rows of ``tokens`` positions) and its rows in every forward."""
+    cache holds ``batch`` rows, each of the positions its buffers grow to:
+    :func:`ragged_capacity`) and its rows in every forward."""
     vshape = read_shape(verifier_dir, "verifier")
     dshape = read_shape(drafter_dir, "drafter") if drafter_dir is not None else None
     vb, db = DTYPE_BYTES[dtype], DTYPE_BYTES[drafter_dtype]
@@ -361,10 +384,14 @@ def plan_memory(
         u.weights += dshape.params * db
         u.cache += 0 if dshape.recompute else batch * dshape.cache_bytes(tokens, db)
         u.activations += dshape.activation_bytes(tokens if dshape.recompute else prompt_tokens + gamma, db, gamma)
+        if batch > 1 and not dshape.recompute:  # a batched forward stacks the rows' caches, padded, and returns them grown
+            u.activations += 2 * batch * dshape.cache_bytes(tokens, db)
         u.holds.append("drafter")
 
     v_act = batch * vshape.activation_bytes(prompt_tokens + gamma + 1 if verifier_cache else tokens, vb, gamma + 1)
-    v_cache = batch * vshape.cache_bytes(tokens, vb) if verifier_cache else 0
+    # every row of the ragged cache holds what its buffers grew to (doubling from the first forward)
+    cache_tokens = batch * ragged_capacity(prompt_tokens + gamma + 1, tokens)
+    v_cache = vshape.cache_bytes(cache_tokens, vb) if verifier_cache else 0
     vmap = None
     if not split:
         u = devices[names[0]]
@@ -373,7 +400,7 @@ def plan_memory(
         u.activations = max(u.activations, v_act)
         u.holds.append("verifier")
     else:
-        vmap = _spread_verifier(verifier_dir, vshape, verifier_device, devices, names, dtype, tokens,
+        vmap = _spread_verifier(verifier_dir, vshape, verifier_device, devices, names, dtype, cache_tokens,
                                 verifier_cache, v_act, problems)
     settings = {
         "verifier": {"path": str(verifier_dir), "params": vshape.params},

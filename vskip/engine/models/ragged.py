@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from .placement import grown
+
 
 class RaggedCache:
     """Keys and values [slots, kv heads, capacity, head dim] per layer, with the write positions
@@ -45,7 +47,7 @@ class RaggedCache:
         have = self.k.get(layer)
         if have is not None and have.shape[2] >= self.span:
             return
-        cap = max(self.span, 2 * (0 if have is None else have.shape[2]), 256)
+        cap = grown(0 if have is None else have.shape[2], self.span)
         shape = (self.slots, like.shape[1], cap, like.shape[3])
         k, v = like.new_zeros(shape), like.new_zeros(shape)
         if have is not None:

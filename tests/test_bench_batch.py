@@ -1,0 +1,149 @@
+"""benchmarks/bench_batch.py's full protocol: chunks, the rotating order of cells, resuming, and the
+summary pooled per machine over complete chunks (no model is loaded)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+
+def _load():
+    path = Path(__file__).parents[1] / "benchmarks" / "bench_batch.py"
+    spec = importlib.util.spec_from_file_location("bench_batch", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+bb = _load()
+
+
+@given(st.integers(0, 300), st.integers(1, 50))
+def test_chunks_cover_the_prompts_in_order_with_sizes_within_one(n, size):
+    items = list(range(n))
+    chunks = bb.chunks_of(items, size)
+    assert [x for c in chunks for x in c] == items
+    assert len(chunks) == max(1, -(-n // size))
+    sizes = [len(c) for c in chunks]
+    assert max(sizes) - min(sizes) <= 1 and max(sizes) <= size
+
+
+def test_chunk_size_must_be_positive():
+    with pytest.raises(ValueError, match="--chunk-size"):
+        bb.chunks_of([1, 2], 0)
+
+
+@given(st.integers(0, 20), st.integers(1, 3))
+def test_each_chunk_runs_every_cell_once_starting_elsewhere(chunk, repeats):
+    names, batches = ["ar", "strict", "raw"], [1, 4]
+    orders = [bb.cell_order(names, batches, chunk, r, repeats) for r in range(repeats)]
+    for o in orders:
+        assert sorted(o) == sorted((n, b) for n in names for b in batches)
+    nxt = bb.cell_order(names, batches, chunk + 1, 0, repeats)
+    assert nxt[0] != orders[0][0]
+
+
+def _cell(chunk, config, batch, tokens, wall, machine="m1", ids=("a", "b"), outputs=None, repeat=0):
+    outputs = outputs or {t: [1, 2, 3] for t in ids}
+    return {"chunk": chunk, "ids": list(ids), "config": config, "batch": batch, "repeat": repeat, "machine": machine,
+            "wall": wall, "tokens": tokens, "throughput": tokens / wall, "latency": {t: wall / 2 for t in ids},
+            "outputs": outputs, "calls": 3, "skipped": 1 if config == "raw" else 0,
+            "forwards": {"verifier": {"1x9": 2}, "drafter": {"1": 2}}, "peak_rss": 1e8}
+
+
+def _protocol(out: Path, configs="ar,strict", batch="1,2", chunks=2):
+    out.mkdir(parents=True, exist_ok=True)
+    (out / bb.PROTOCOL).write_text(json.dumps({"task": "humaneval", "ids_file": None, "limit": 4, "max_new_tokens": 8,
+                                               "gamma": 8, "batch": batch, "configs": configs, "repeats": 1,
+                                               "shadow": False, "chunk_size": 2, "threads": 1, "chunks": chunks}))
+
+
+def _write(out: Path, cells):
+    (out / bb.CELLS).write_text("".join(json.dumps(c) + "\n" for c in cells))
+
+
+def test_summary_pools_complete_chunks_of_one_machine(tmp_path):
+    _protocol(tmp_path)
+    cells = []
+    for k, ids in enumerate([("a", "b"), ("c", "d")]):
+        for b in (1, 2):
+            cells.append(_cell(k, "ar", b, 100, 10.0 / b, ids=ids))
+            cells.append(_cell(k, "strict", b, 100, (5.0 if k == 0 else 8.0) / b, ids=ids,
+                               outputs={ids[0]: [1, 2, 3], ids[1]: [9]}))
+    cells.append(_cell(2, "ar", 1, 100, 1.0, ids=("e",)))  # a chunk begun, not complete: left out
+    _write(tmp_path, cells)
+    rec = bb.protocol_summary(tmp_path)
+    (m,) = rec["machines"]
+    assert m["chunks"] == [0, 1] and m["prompts"] == 4
+    rows = {(r["config"], r["batch"]): r for r in m["rows"]}
+    assert rows["ar", 1]["throughput"] == pytest.approx(200 / 20.0)
+    # the ratio of sums, not the mean of the chunks' ratios (2.0 and 1.25)
+    assert rows["strict", 1]["x_ar_same_batch"] == pytest.approx((200 / 13.0) / (200 / 20.0))
+    assert rows["strict", 1]["x_ar_chunks"] == pytest.approx((1.25, 2.0))
+    lo, hi = rows["strict", 1]["x_ar_ci95"]
+    assert 1.25 <= lo <= rows["strict", 1]["x_ar_same_batch"] <= hi <= 2.0
+    assert rows["strict", 2]["x_batch1"] == pytest.approx(2.0)
+    assert (rows["ar", 2]["equal_ar1"], rows["ar", 2]["n"]) == (4, 4)
+    assert (rows["strict", 2]["equal_ar1"], rows["strict", 2]["n"]) == (2, 4)
+    assert rows["strict", 1]["forwards"] == {"verifier": {"1x9": 4}, "drafter": {"1": 4}}
+    assert "No chunk" not in bb.protocol_table(rec) and "| strict | 2 |" in bb.protocol_table(rec)
+
+
+def test_summary_keeps_machines_apart(tmp_path):
+    _protocol(tmp_path, batch="1")
+    cells = [_cell(0, "ar", 1, 100, 10.0), _cell(0, "strict", 1, 100, 5.0),
+             _cell(1, "ar", 1, 100, 20.0, machine="m2", ids=("c", "d")),
+             _cell(1, "strict", 1, 100, 5.0, machine="m2", ids=("c", "d"))]
+    _write(tmp_path, cells)
+    rec = bb.protocol_summary(tmp_path)
+    assert {m["machine"]: m["rows"][1]["x_ar_same_batch"] for m in rec["machines"]} == {"m1": 2.0, "m2": 4.0}
+    assert bb.protocol_table(rec).count("Machine: ") == 2
+
+
+def test_resume_begins_again_a_chunk_another_machine_began(tmp_path):
+    chunks = [[("a", [1]), ("b", [2])], [("c", [3]), ("d", [4])], [("e", [5]), ("f", [6])]]
+    _protocol(tmp_path, configs="ar,strict", batch="1", chunks=3)
+    protocol = json.loads((tmp_path / bb.PROTOCOL).read_text())
+    done = [_cell(0, c, 1, 10, 1.0, machine="other") for c in ("ar", "strict")]  # complete elsewhere: kept
+    begun = _cell(1, "ar", 1, 10, 1.0, machine="other", ids=("c", "d"))  # begun elsewhere: goes
+    mixed = [_cell(2, "ar", 1, 10, 1.0, machine="other", ids=("e", "f")),  # two machines, not complete: goes
+             _cell(2, "strict", 1, 10, 1.0, machine="here", ids=("e", "f"))]
+    mine = _cell(1, "strict", 1, 10, 1.0, machine="here", ids=("c", "d"))
+    _write(tmp_path, [*done, begun, *mixed])
+    with open(tmp_path / bb.CELLS, "a") as f:
+        f.write('{"chunk": 1, "cut by a kill')
+    kept = bb._kept_cells(tmp_path, "here", chunks, protocol)
+    assert kept == done
+    assert bb._read_jsonl(tmp_path / bb.CELLS) == done
+    _write(tmp_path, [*done, mine])  # a chunk begun here is kept
+    assert bb._kept_cells(tmp_path, "here", chunks, protocol) == [*done, mine]
+
+
+def test_resume_refuses_cells_of_other_prompts(tmp_path):
+    _protocol(tmp_path, configs="ar", batch="1")
+    _write(tmp_path, [_cell(0, "ar", 1, 10, 1.0, ids=("x", "y"))])
+    with pytest.raises(SystemExit, match="other prompts"):
+        bb._kept_cells(tmp_path, "m1", [[("a", [1]), ("b", [2])]], json.loads((tmp_path / bb.PROTOCOL).read_text()))
+
+
+def test_a_directory_refuses_another_protocol(tmp_path):
+    import argparse
+
+    a = argparse.Namespace(**{k: None for k in bb.PROTOCOL_KEYS})
+    a.task, a.max_new_tokens, a.chunk_size = "humaneval", 8, 2
+    bb._open_protocol(a, tmp_path)
+    assert json.loads((tmp_path / bb.PROTOCOL).read_text())["chunk_size"] == 2
+    a.max_new_tokens = 16
+    with pytest.raises(SystemExit, match="--max-new-tokens 16"):
+        bb._open_protocol(a, tmp_path)
+
+
+def test_ratio_interval_is_the_ratio_when_chunks_agree():
+    num = np.array([[10.0, 1.0], [20.0, 2.0]])
+    den = np.array([[5.0, 1.0], [10.0, 2.0]])
+    r, ci, spread = bb._ratio_ci(num, den)
+    assert r == pytest.approx(2.0) and ci == pytest.approx((2.0, 2.0)) and spread == pytest.approx((2.0, 2.0))

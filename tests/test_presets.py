@@ -194,3 +194,10 @@ def test_a_served_request_gets_its_own_policys_shape():
         with pytest.raises(ApiError) as e:
             shape(vskip)
         assert e.value.param == key
+    # the server hands in the models it loaded (not made again per request): a server of the
+    # paper's preset serves it, and refuses the default's drafter
+    paper = settings(build_parser().parse_args(["serve", "--preset", "paper"])).models
+    ok = request_settings(a, CompletionRequest(prompt="x", vskip={"preset": "paper"}), 30, 64, settings, paper)
+    assert (ok.decode.gamma, ok.models.steps) == (32, 2)
+    with pytest.raises(ApiError, match="this server loaded smollm2-135m-diffusion"):
+        request_settings(a, CompletionRequest(prompt="x"), 30, 64, settings, paper)

@@ -63,6 +63,12 @@ class Preset:
         return lossless if policy in ("ar", "strict") and not trace and measured else SHAPES[self.other]
 
 
+def grows(gamma_max: int | None, gamma: int | None) -> bool:
+    """Whether a shape's block growth to ``gamma_max`` stays on under a block length ``gamma``
+    (None: the shape's own): growth gives way to a base block at least as long."""
+    return gamma_max is not None and (gamma is None or gamma < gamma_max)
+
+
 #: named starting points of the decoding commands (``--preset``); explicit flags override them
 PRESETS = {
     "default": Preset("strict", "default", "study",

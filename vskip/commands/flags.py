@@ -8,7 +8,7 @@ import argparse
 import copy
 
 from ..bench.tasks import ALL_TASKS
-from ..defaults import GAMMA, MAX_NEW_TOKENS, MAX_SEED, POLICIES, POLICY_PARAMETERS, PRESETS, SHAPES, STEPS
+from ..defaults import GAMMA, MAX_NEW_TOKENS, MAX_SEED, POLICIES, POLICY_PARAMETERS, PRESETS, SHAPES, STEPS, grows
 
 
 def bounded(kind, lo, hi):
@@ -181,7 +181,7 @@ def with_preset(a, policy: str | None = None) -> argparse.Namespace:
         a.policy = preset.policy
     shape = preset.shape(policy or getattr(a, "policy", None) or preset.policy, getattr(a, "trace", False),
                          getattr(a, "drafter", None))
-    grow = shape["gamma_max"] is not None and (a.gamma is None or a.gamma < shape["gamma_max"])
+    grow = grows(shape["gamma_max"], a.gamma)
     for key, value in shape.items():
         if hasattr(a, key) and getattr(a, key) is None and (key != "gamma_max" or grow):
             setattr(a, key, value)

@@ -50,6 +50,8 @@ class ServeState:
     max_gamma: int
     #: parsed flags to checked :class:`~vskip.engine.settings.Settings` (the command line's function)
     make_settings: object
+    #: the models' settings the server loaded with (:class:`~vskip.engine.models.config.ModelConfig`)
+    models: object = None
 
     @property
     def loop(self):
@@ -198,7 +200,7 @@ def _job(state: ServeState, body, ids: list[int], max_tokens: int | None) -> Job
         raise bad("the prompt is empty", "prompt")
     room = state.verifier.max_length - len(ids)
     want = max_tokens if max_tokens is not None else max(1, min(state.max_new_tokens, room - state.max_gamma - 1))
-    s = request_settings(state.base, body, want, state.max_gamma, state.make_settings)
+    s = request_settings(state.base, body, want, state.max_gamma, state.make_settings, state.models)
     try:
         check_prompt(ids, state.verifier, s.decode)
     except ValueError as e:

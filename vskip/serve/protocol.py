@@ -117,11 +117,13 @@ def _typed(key: str, value, kind):
     return float(value) if kind is float and value is not None else value
 
 
-def request_settings(base: argparse.Namespace, req: _Common, max_new_tokens: int, max_gamma: int, settings):
+def request_settings(base: argparse.Namespace, req: _Common, max_new_tokens: int, max_gamma: int, settings,
+                     loaded=None):
     """The :class:`~vskip.engine.settings.Settings` of request ``req``: the server's flags ``base``,
     its ``vskip`` object's keys over them, the request's sampling fields and ``max_new_tokens``,
     made by ``settings`` (the command line's: parsed flags to checked settings). ``max_gamma``:
-    the longest block the server allows."""
+    the longest block the server allows; ``loaded``: the models' settings the server loaded with
+    (made from ``base`` where not given)."""
     a = copy.copy(base)
     for key, value in (req.vskip or {}).items():
         if key not in VSKIP_KEYS:
@@ -147,11 +149,12 @@ def request_settings(base: argparse.Namespace, req: _Common, max_new_tokens: int
         if a.speculative_sampling:
             raise bad("vskip.speculative_sampling needs a temperature above 0", "vskip.speculative_sampling")
     try:
-        s, own = settings(a), settings(copy.copy(base))
+        s = settings(a)
+        own = loaded if loaded is not None else settings(copy.copy(base)).models
     except ValueError as e:
         raise bad(str(e), "vskip") from None
-    if (s.models.drafter, s.models.steps) != (own.models.drafter, own.models.steps):  # a preset's drafter
+    if (s.models.drafter, s.models.steps) != (own.drafter, own.steps):  # a preset's drafter
         raise bad(f"the request's settings draft with {s.models.drafter or 'the embedded drafter'} in "
-                  f"{s.models.steps} reveal step(s); this server loaded {own.models.drafter or 'the embedded drafter'} "
-                  f"with {own.models.steps}: start a server with that preset", "vskip.preset")
+                  f"{s.models.steps} reveal step(s); this server loaded {own.drafter or 'the embedded drafter'} "
+                  f"with {own.steps}: start a server with that preset", "vskip.preset")
     return s

@@ -46,7 +46,8 @@ def open_state(a, settings, decoder=None) -> ServeState:
     metrics = Metrics(name, a.max_batch, max_gamma)
     timeout = a.request_timeout if a.request_timeout and a.request_timeout > 0 else None
     engine = Engine(dec.loop(a.max_batch), dec.pair.tokenizer, metrics, a.max_queue, timeout)
-    return ServeState(engine, metrics, a, dec.pair.tokenizer, name, s.decode.max_new_tokens, max_gamma, settings)
+    return ServeState(engine, metrics, a, dec.pair.tokenizer, name, s.decode.max_new_tokens, max_gamma, settings,
+                      s.models)
 
 
 def listen(host: str, port: int) -> socket.socket:

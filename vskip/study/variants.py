@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..defaults import POLICY_PARAMETERS, SHAPES, STANDALONE_DRAFTER
+from ..defaults import POLICY_PARAMETERS, SHAPES, STANDALONE_DRAFTER, grows
 
 
 def strict_in(shape: dict) -> str:
@@ -132,7 +132,7 @@ def parse_variant(spec: str, base, steps: int, predictor: str | None = None, fla
             kw["sampling"] = replace(base.sampling, speculative=v)
         else:
             (kw if key in _KEYS else params)[key] = v
-    if "gamma" in kw and "gamma_max" not in kw and base.gamma_max is not None and kw["gamma"] >= base.gamma_max:
+    if "gamma" in kw and "gamma_max" not in kw and not grows(base.gamma_max, kw["gamma"]):
         kw["gamma_max"] = None  # as a preset's block growth gives way to a longer --gamma
     s = kw.pop("steps", steps)
     if s < 1:

@@ -53,7 +53,12 @@ CONFIGS = {
     "prefix-full": ("prefix", {"alpha": 0.05, "survival": "model"}, {}, "docs/results/full/predictors-round2/prefix"),
 }
 #: the configurations that must decode batch-1 ``ar``'s tokens (their differing outputs get a gap)
-LOSSLESS = ("ar", "strict", "fast", "default")
+LOSSLESS = ("ar", "strict", "fast", "default", *(n + PADDED for n in ("ar", "strict", "fast", "default")))
+
+
+#: a configuration named NAME:padded is NAME with the verifier's rows padded to the longest instead
+#: of packed (vskip.engine.models.attention.packed), to measure what packing buys
+PADDED = ":padded"
 
 
 def _settings(name: str, gamma: int, max_new: int, shadow: bool = False, threads: int = 2):
@@ -62,7 +67,7 @@ def _settings(name: str, gamma: int, max_new: int, shadow: bool = False, threads
     from vskip.engine.policy import PolicyConfig
     from vskip.engine.settings import Settings
 
-    policy, params, decode, predictor = CONFIGS[name]
+    policy, params, decode, predictor = CONFIGS[name.removesuffix(PADDED)]
     cfg = DecodeConfig(**{"gamma": gamma, "max_new_tokens": max_new, "shadow": shadow, **decode})
     return Settings(PolicyConfig.make(policy, **params), cfg, ModelConfig(device="cpu", threads=threads, steps=1), predictor=predictor)
 
@@ -123,10 +128,11 @@ class PeakRss:
         self.peak = max(self.peak, _rss())
 
 
-def _run_cell(decoder, prompts, batch: int, forwards: Forwards) -> dict:
+def _run_cell(decoder, prompts, batch: int, forwards: Forwards, name: str = "") -> dict:
     from vskip.engine.decode import Job
 
     jobs = [Job(ids, task_id=tid) for tid, ids in prompts]
+    decoder.pair.verifier.pack = not name.endswith(PADDED)
     forwards.take()
     with PeakRss() as rss:
         t = time.perf_counter()
@@ -456,7 +462,7 @@ def run_protocol(a, pair, decoders, prompts, forwards, host: str, machine_info: 
                 stopped = True
                 print(f"bench_batch: --until {a.until}: stopped with {bar.n} of {len(todo)} cells run", file=sys.stderr)
                 break
-            res = _run_cell(decoders[n], chunks[k], b, forwards)
+            res = _run_cell(decoders[n], chunks[k], b, forwards, n)
             cell = {"chunk": k, "ids": [tid for tid, _ in chunks[k]], "config": n, "batch": b, "repeat": r,
                     "machine": host, **res}
             cells.append(cell)
@@ -679,7 +685,7 @@ def main(argv=None) -> int:
         for rep in range(a.repeats):
             k = rep % len(cells)
             for n, b in cells[k:] + cells[:k]:
-                results[f"{n}@{b}"].append(_run_cell(decoders[n], prompts, b, forwards))
+                results[f"{n}@{b}"].append(_run_cell(decoders[n], prompts, b, forwards, n))
                 bar.update(1)
     ref = results.get("ar@1", [None])[0]
     rows = []

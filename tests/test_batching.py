@@ -139,14 +139,25 @@ def _tiny_verifier(family: str):
     return m.double()
 
 
+@pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
-def test_each_row_of_a_ragged_forward_is_what_its_own_verifier_gives(family):
+def test_each_row_of_a_ragged_forward_is_what_its_own_verifier_gives(family, packed, monkeypatch):
     """Three sequences of different lengths in three slots, over rounds that verify, reject (the
     cache cut back by lowering a row's length), skip and shadow-verify: each row's verdict equals
     that of a fresh verifier decoding the row alone (float64 model: equal to rounding), for each
-    verifier family (Qwen2: biased projections; Qwen3: normed queries and keys)."""
+    verifier family (Qwen2: biased projections; Qwen3: normed queries and keys), with the rows
+    padded to the longest or packed end to end (vskip's attention, as a CPU verifier loads)."""
+    from vskip.engine.models import verifier as vmod
+    from vskip.engine.models.attention import use_gqa_attention
+
     model = _tiny_verifier(family)
+    if packed:
+        assert use_gqa_attention(model)
+    forwards = []
+    real = vmod.packed
+    monkeypatch.setattr(vmod, "packed", lambda *a: forwards.append(a[2:]) or real(*a))
     batched = _verifier(model)
+    assert batched.packs == packed
     batched.open_slots(3)
     seqs = [[5, 9, 2, 7, 3], [11, 4], [8, 8, 1, 6, 2, 9, 4, 7]]
     rng = np.random.default_rng(0)
@@ -167,6 +178,7 @@ def test_each_row_of_a_ragged_forward_is_what_its_own_verifier_gives(family):
                 seqs[slot] = list(c.seq) + list(c.block[:keep]) + [int(got[slot].tokens[keep])]
             else:
                 seqs[slot] = list(c.seq) + list(c.block[:1])
+    assert bool(forwards) == packed  # (rows of three lengths: packing had padding to save)
 
 
 def test_a_subset_of_slots_reads_only_its_rows():

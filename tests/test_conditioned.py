@@ -560,10 +560,12 @@ def test_extract_resume_rebuilds_a_damaged_chunk_and_training_names_it(llama_dir
 
 def test_each_slot_taps_its_own_rows_of_a_shared_forward(pair):
     """Two sequences verified in one forward: each slot's tap holds that row's hidden states, as a
-    forward over the sequence alone gives them; a shadow call leaves its slot's tap as it was."""
+    forward over the sequence alone gives them; a shadow call leaves its slot's tap as it was. (The
+    rows differ in length, and a CPU verifier packs them: the taps read the packed positions.)"""
     from vskip.engine.models.protocols import Call
 
     ver = pair.verifier
+    assert ver.packs
     ver.open_slots(2)
     try:
         seqs = [encode_chat(pair.tokenizer, t) for t in ("def add(a, b):", "Write a function that reverses a list.")]

@@ -30,13 +30,16 @@ class RaggedCache:
         self.rows: torch.Tensor | None = None  # the slots of the forward in progress [B]
         self.whole = False  # they are every slot, in order
         self.pos: torch.Tensor | None = None  # their write positions [B, T]
+        self.flat: tuple[torch.Tensor, torch.Tensor] | None = None  # a packed forward's (row, position) per input
         self.span = 0  # columns the forward's attention reads
 
-    def begin(self, rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    def begin(self, rows: torch.Tensor, pos: torch.Tensor, flat: tuple | None = None) -> torch.Tensor:
         """Start a forward of slots ``rows`` [B] whose inputs sit at positions ``pos`` [B, T];
         returns the boolean mask [B, 1, T, span] (True: may attend) of causal attention within
-        each row's own sequence."""
-        self.rows, self.pos = rows, pos
+        each row's own sequence. ``flat``: the inputs come packed, [1, N] (row index into ``rows``
+        [N], position [N]) for each (:func:`vskip.engine.models.attention.packed`); ``pos`` is
+        then the padded layout attention runs in."""
+        self.rows, self.pos, self.flat = rows, pos, flat
         self.span = int(pos.max()) + 1
         # every slot in order: each layer reads its buffers as views, no copy
         self.whole = len(rows) == self.slots and bool((rows == torch.arange(self.slots, device=rows.device)).all())
@@ -61,11 +64,17 @@ class RaggedCache:
         when the forward holds every slot in order, else a copy of those columns alone)."""
         self._ensure(layer_idx, key)
         k, v = self.k[layer_idx], self.v[layer_idx]
-        B, _, T, _ = key.shape
-        rows, pos = self.rows.to(key.device), self.pos.to(key.device)
-        where = (rows[:, None].expand(B, T), slice(None), pos)
-        k[where] = key.permute(0, 2, 1, 3)
-        v[where] = value.permute(0, 2, 1, 3)
+        rows = self.rows.to(key.device)
+        if self.flat is not None:  # [1, kvh, N, hd]: each input at its own row and position
+            row, pos = (t.to(key.device) for t in self.flat)
+            k[rows[row], :, pos] = key[0].transpose(0, 1)
+            v[rows[row], :, pos] = value[0].transpose(0, 1)
+        else:
+            B, _, T, _ = key.shape
+            pos = self.pos.to(key.device)
+            where = (rows[:, None].expand(B, T), slice(None), pos)
+            k[where] = key.permute(0, 2, 1, 3)
+            v[where] = value.permute(0, 2, 1, 3)
         if self.whole:
             return k[:, :, : self.span], v[:, :, : self.span]
         return k[:, :, : self.span].index_select(0, rows), v[:, :, : self.span].index_select(0, rows)

@@ -24,6 +24,8 @@ import numpy as np
 import torch
 
 from ..policy import Sampling, Verdict  # data types only
+from .attention import NAME as GQA_ATTENTION
+from .attention import packed
 from .head import ExactHead, plain_head
 from .protocols import Call, common_prefix
 from .ragged import RaggedCache, padding_groups
@@ -65,6 +67,7 @@ class HFVerifier:
         self._hooked: set[int] = set()
         self._grabbed: dict[int, torch.Tensor] = {}
         self.slots = 0
+        self.pack = True  # rows of different lengths packed where the attention allows (False: padded, to compare)
         self.open_slots(1)
 
     def open_slots(self, n: int) -> None:
@@ -84,6 +87,12 @@ class HFVerifier:
             self._cached_ids[i] = []
         for tap in self.taps:
             tap.reset(slot)
+
+    @property
+    def packs(self) -> bool:
+        """Whether rows of different lengths share a forward packed, without padding (the
+        attention is vskip's own: :mod:`vskip.engine.models.attention`)."""
+        return self.pack and getattr(self.model.config, "_attn_implementation", None) == GQA_ATTENTION
 
     @property
     def vocabulary(self) -> int:
@@ -146,36 +155,54 @@ class HFVerifier:
         return outputs
 
     def _forward_rows(self, rows: list[tuple[int, list[int], int]], starts: list[int]) -> list[torch.Tensor]:
-        """One forward over ``rows``, each computing its ids from ``starts`` on."""
+        """One forward over ``rows``, each computing its ids from ``starts`` on. Rows of different
+        lengths go packed (:func:`vskip.engine.models.attention.packed`) where the attention allows:
+        no padded position is computed outside attention."""
         base = self.model.model if self.head is not None else self.model
-        T = max(len(ids) - n for (_, ids, _), n in zip(rows, starts))
-        x = torch.zeros((len(rows), T), dtype=torch.long)
-        for r, ((_, ids, _), n) in enumerate(zip(rows, starts)):
-            x[r, : len(ids) - n] = torch.tensor(ids[n:])
+        news = [len(ids) - n for (_, ids, _), n in zip(rows, starts)]
+        T = max(news)
         pos = torch.tensor(starts)[:, None] + torch.arange(T)[None]
         slots = torch.tensor([slot for slot, _, _ in rows])
         kw = {} if self.head is not None else {"logits_to_keep": 0}
-        if self.use_cache:
-            mask = self._cache.begin(slots.to(self.device), pos.to(self.device))
+        packing = self.use_cache and len(rows) > 1 and sum(news) < len(rows) * T and self.packs
+        if packing:
+            x = torch.tensor([[t for (_, ids, _), n in zip(rows, starts) for t in ids[n:]]])
+            row = torch.cat([torch.full((k,), r) for r, k in enumerate(news)])
+            col = torch.cat([torch.arange(k) for k in news])
+            flat = pos[row, col]
+            mask = self._cache.begin(slots.to(self.device), pos.to(self.device), (row, flat))
             kw[self._cache_arg] = self._cache
-        else:  # every row from its first token, attending within itself: nothing is kept
-            mask = (torch.arange(T)[None, None, :] <= pos[:, :, None])[:, None].to(self.device)
-        out = self._output(base(input_ids=x.to(self.device), position_ids=pos.to(self.device), attention_mask=mask,
-                                use_cache=self.use_cache, **kw))
+            with packed(row.to(self.device), col.to(self.device), len(rows), T):
+                out = self._output(base(input_ids=x.to(self.device), position_ids=flat[None].to(self.device),
+                                        attention_mask=mask, use_cache=True, **kw))
+            ends = np.cumsum(news).tolist()
+            take = [(0, slice(e - k, e)) for e, k in zip(ends, news)]  # each row's positions in the one sequence
+        else:
+            x = torch.zeros((len(rows), T), dtype=torch.long)
+            for r, ((_, ids, _), n) in enumerate(zip(rows, starts)):
+                x[r, : len(ids) - n] = torch.tensor(ids[n:])
+            if self.use_cache:
+                mask = self._cache.begin(slots.to(self.device), pos.to(self.device))
+                kw[self._cache_arg] = self._cache
+            else:  # every row from its first token, attending within itself: nothing is kept
+                mask = (torch.arange(T)[None, None, :] <= pos[:, :, None])[:, None].to(self.device)
+            out = self._output(base(input_ids=x.to(self.device), position_ids=pos.to(self.device), attention_mask=mask,
+                                    use_cache=self.use_cache, **kw))
+            take = [(r, slice(0, k)) for r, k in enumerate(news)]
         outputs = []
-        for r, ((slot, ids, keep), n) in enumerate(zip(rows, starts)):
+        for (slot, ids, keep), (r, cols) in zip(rows, take):
             self._cached_ids[slot] = list(ids)
-            self._hand_over(r, n, ids, slot)
-            outputs.append(out[r, len(ids) - n - keep : len(ids) - n])
+            n = cols.stop - cols.start  # the positions this row computed, the last of its ids
+            self._hand_over(r, cols, len(ids) - n, ids, slot)
+            outputs.append(out[r, cols][n - keep:])
         self._grabbed.clear()
         return outputs
 
-    def _hand_over(self, row: int, start: int, ids: list[int], slot: int) -> None:
-        """Give the taps the hidden states of positions ``start ..`` that row ``row`` computed for
-        ``slot``."""
+    def _hand_over(self, row: int, cols: slice, start: int, ids: list[int], slot: int) -> None:
+        """Give the taps the hidden states of positions ``start ..`` of ``ids``, which row ``row``
+        computed for ``slot`` at columns ``cols`` of the forward."""
         for tap in self.taps:
-            tap.put(start, ids, torch.cat([self._grabbed[i][row, : len(ids) - start] for i in tap.layers], dim=-1),
-                    slot)
+            tap.put(start, ids, torch.cat([self._grabbed[i][row, cols] for i in tap.layers], dim=-1), slot)
 
     def _output(self, out) -> torch.Tensor:
         return out.last_hidden_state if self.head is not None else out.logits

@@ -52,13 +52,11 @@ CONFIGS = {
     # every prompt of the protocol lies in a test fold
     "prefix-full": ("prefix", {"alpha": 0.05, "survival": "model"}, {}, "docs/results/full/predictors-round2/prefix"),
 }
-#: the configurations that must decode batch-1 ``ar``'s tokens (their differing outputs get a gap)
-LOSSLESS = ("ar", "strict", "fast", "default", *(n + PADDED for n in ("ar", "strict", "fast", "default")))
-
-
 #: a configuration named NAME:padded is NAME with the verifier's rows padded to the longest instead
 #: of packed (vskip.engine.models.attention.packed), to measure what packing buys
 PADDED = ":padded"
+#: the configurations that must decode batch-1 ``ar``'s tokens (their differing outputs get a gap)
+LOSSLESS = ("ar", "strict", "fast", "default", *(n + PADDED for n in ("ar", "strict", "fast", "default")))
 
 
 def _settings(name: str, gamma: int, max_new: int, shadow: bool = False, threads: int = 2):

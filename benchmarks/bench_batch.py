@@ -472,9 +472,10 @@ def run_protocol(a, pair, decoders, prompts, forwards, host: str, machine_info: 
     costs = json.loads((out / COSTS).read_text()) if (out / COSTS).exists() else {}
     if host not in costs and not stopped:
         texts = _texts(decoders, pair, prompts[:16], a.gamma)
-        costs[host] = {"machine": machine_info, "verifier_forward_seconds": _forward_costs(pair.verifier, batches,
+        sizes = sorted({1, *batches})  # (the tables read against one row's forward)
+        costs[host] = {"machine": machine_info, "verifier_forward_seconds": _forward_costs(pair.verifier, sizes,
                                                                                           a.gamma, texts),
-                       "drafter_call_seconds": _draft_costs(pair.drafter, batches, a.gamma, texts),
+                       "drafter_call_seconds": _draft_costs(pair.drafter, sizes, a.gamma, texts),
                        "loaded_rss_mb": loaded_rss / 1e6,
                        "planned_mb": {str(b): _planned_mb(a, max(len(ids) for _, ids in prompts), b) for b in batches}}
         (out / COSTS).write_text(json.dumps(costs, indent=1) + "\n")

@@ -40,6 +40,10 @@ def _cache_kwarg(model) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+#: packed, a row with more new positions than this (and 4 times the median) takes a forward of its own
+PACKED_FLOOR = 64
+
+
 class HFVerifier:
     def __init__(
         self,
@@ -142,14 +146,16 @@ class HFVerifier:
     def _forward(self, rows: list[tuple[int, list[int], int]]) -> list[torch.Tensor]:
         """The outputs [keep, ...] of the last ``keep`` positions of each row (slot, ids, keep)
         (final hidden states when the exact head is used, logits otherwise). Each row computes what
-        its slot's cache lacks (all of it without a cache); the rows share one forward, except a
-        row with many more new positions than the others (a prompt joining the batch), which takes
-        a forward of its own rather than have every row padded to its length."""
+        its slot's cache lacks (all of it without a cache); the rows share one forward, packed where
+        the attention allows; padded, a row with many more new positions than the others (a prompt
+        joining the batch) takes a forward of its own rather than have every row padded to its length."""
         starts = [min(common_prefix(self._cached_ids[slot], ids), len(ids) - keep) if self.use_cache else 0
                   for slot, ids, keep in rows]
         news = [len(ids) - n for (_, ids, _), n in zip(rows, starts)]
         outputs: list = [None] * len(rows)
-        for group in padding_groups(news):
+        # packed, a longer row costs its own positions and attention's padding alone: only a row
+        # far longer (a prompt joining the batch) is worth a forward of its own
+        for group in padding_groups(news, floor=PACKED_FLOOR if self.use_cache and self.packs else 16):
             for i, out in zip(group, self._forward_rows([rows[i] for i in group], [starts[i] for i in group])):
                 outputs[i] = out
         return outputs

@@ -560,6 +560,16 @@ def protocol_summary(out: Path) -> dict:
                     row["n"] = sum(len(c["outputs"]) for c in first)
                     row["gaps"] = {g["task_id"]: g["gap"] for g in gaps if g["config"] == n and g["batch"] == b
                                    and g["chunk"] in ks and g["repeat"] == 0}
+                if n + PADDED in names:  # what packing bought: against the same decode padded, paired per repeat
+                    pad = sums(n + PADDED, b)
+                    row["x_padded"] = float(s[:, 0].sum() / s[:, 1].sum() / (pad[:, 0].sum() / pad[:, 1].sum()))
+                    row["x_padded_repeats"] = sorted(
+                        c["throughput"] / p["throughput"] for c in mine for p in cs
+                        if (p["config"], p["batch"], p["chunk"], p["repeat"]) == (n + PADDED, b, c["chunk"], c["repeat"]))
+                    twin = {t: o for p in cs if (p["config"], p["batch"], p["repeat"]) == (n + PADDED, b, 0)
+                            for t, o in p["outputs"].items()}
+                    first = [c for c in mine if c["repeat"] == 0]
+                    row["equal_padded"] = sum(c["outputs"][t] == twin[t] for c in first for t in c["outputs"])
                 rows.append(row)
         m = {"machine": host, "chunks": ks, "prompts": len(ids), "rows": rows, "gamma": protocol["gamma"]}
         if host in costs:
@@ -594,13 +604,22 @@ def protocol_table(record: dict) -> str:
                       f"(95% intervals: bootstrap over chunks; chunk range: the chunks' own ratios)", "",
                   "| config | B | tok/s | x ar at B | 95% interval | chunk range | x B=1 | latency s (median, p90) "
                   "| = ar at B=1 | skipped rounds |", "|---|---|---|---|---|---|---|---|---|---|"]
+        def num(x, fmt=".3f"):
+            return "-" if x is None else format(x, fmt)
+
+        def span(pair):
+            return "-" if not pair else f"{pair[0]:.3f}-{pair[1]:.3f}"
+
         for r in m["rows"]:
-            ci = r.get("x_ar_ci95") or (float("nan"), float("nan"))
-            ch = r.get("x_ar_chunks") or (float("nan"), float("nan"))
-            lines.append(f"| {r['config']} | {r['batch']} | {r['throughput']:.2f} | {r.get('x_ar_same_batch') or 0:.3f} | "
-                         f"{ci[0]:.3f}-{ci[1]:.3f} | {ch[0]:.3f}-{ch[1]:.3f} | {r.get('x_batch1') or 0:.2f} | "
+            lines.append(f"| {r['config']} | {r['batch']} | {r['throughput']:.2f} | {num(r.get('x_ar_same_batch'))} | "
+                         f"{span(r.get('x_ar_ci95'))} | {span(r.get('x_ar_chunks'))} | {num(r.get('x_batch1'), '.2f')} | "
                          f"{r['latency_median']:.2f}, {r['latency_p90']:.2f} | {r.get('equal_ar1', '-')}/{r.get('n', '-')} "
                          f"| {r['skipped']} |")
+        packed = [r for r in m["rows"] if "x_padded" in r]
+        if packed:
+            lines += ["", "Packed rows against the same decode padded to the longest (tok/s ratio; each repeat's): " + "; ".join(
+                f"{r['config']} at B={r['batch']} {r['x_padded']:.3f} ({', '.join(f'{x:.3f}' for x in r['x_padded_repeats'])}; "
+                f"the same outputs on {r['equal_padded']})" for r in packed)]
         lines += _footer({**m, "machine": m.get("machine_info")}, m["machine"])
     return "\n".join(lines) + "\n"
 

@@ -554,7 +554,7 @@ EXTENSIONS = ("AVX2", "AVX512F", "AVX512-BF16", "AMX")
 def _recorded(directory: str) -> frozenset[str]:
     """The machines the runs under ``directory`` (under docs/results) recorded, each named as
     :func:`vskip.engine.runtime.machine_name` names it: a run's ``config.json``, the rows of a
-    comparison, the samples of a run, and the runs archived in a ``runs.tar.xz``."""
+    comparison, the samples of a run, the cells of a batching protocol, and the runs archived in a ``runs.tar.xz``."""
     import gzip
     import tarfile
 
@@ -574,9 +574,9 @@ def _recorded(directory: str) -> frozenset[str]:
     for f in sorted((RESULTS / directory).rglob("*")):
         if f.name == "config.json":
             names |= of_config(f.read_bytes())
-        elif re.fullmatch(r"shard-.*\.jsonl|samples\.jsonl", f.name):
+        elif re.fullmatch(r"shard-.*\.jsonl|samples\.jsonl|cells\.jsonl", f.name):
             names |= of_lines(f.read_bytes())
-        elif re.fullmatch(r"shard-.*\.jsonl\.gz|samples\.jsonl\.gz", f.name):
+        elif re.fullmatch(r"shard-.*\.jsonl\.gz|samples\.jsonl\.gz|cells\.jsonl\.gz", f.name):
             names |= of_lines(gzip.decompress(f.read_bytes()))
         elif f.name == "runs.tar.xz":
             with tarfile.open(f) as tar:

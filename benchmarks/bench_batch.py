@@ -368,10 +368,15 @@ def cell_order(names: list[str], batches: list[int], chunk: int, repeat: int, re
 
 
 def _read_jsonl(path: Path) -> list[dict]:
-    """Whole lines only: a line cut by a kill is dropped (its cell runs again)."""
+    """Whole lines only: a line cut by a kill is dropped (its cell runs again). A file committed
+    gzipped (``PATH.gz``, where PATH is absent) is read as it is."""
+    import gzip
+
     out = []
-    if path.exists():
-        for line in path.read_text().splitlines():
+    gz = path.with_name(path.name + ".gz")
+    text = path.read_text() if path.exists() else gzip.decompress(gz.read_bytes()).decode() if gz.exists() else ""
+    if text:
+        for line in text.splitlines():
             try:
                 out.append(json.loads(line))
             except json.JSONDecodeError:
@@ -418,6 +423,7 @@ def _kept_cells(out: Path, host: str, chunks: list[list], protocol: dict) -> lis
         print(f"bench_batch: chunks {drop} were begun on another machine; they run again here", file=sys.stderr)
     kept = [c for c in cells if c["chunk"] not in drop]
     (out / CELLS).write_text("".join(json.dumps(c) + "\n" for c in kept))  # whole lines only
+    (out / (CELLS + ".gz")).unlink(missing_ok=True)  # (as committed: the run goes on in the plain file)
     return kept
 
 

@@ -147,3 +147,15 @@ def test_ratio_interval_is_the_ratio_when_chunks_agree():
     den = np.array([[5.0, 1.0], [10.0, 2.0]])
     r, ci, spread = bb._ratio_ci(num, den)
     assert r == pytest.approx(2.0) and ci == pytest.approx((2.0, 2.0)) and spread == pytest.approx((2.0, 2.0))
+
+
+def test_cells_committed_gzipped_are_read_and_resumed_plain(tmp_path):
+    import gzip
+
+    _protocol(tmp_path, configs="ar", batch="1")
+    cell = _cell(0, "ar", 1, 10, 1.0)
+    (tmp_path / (bb.CELLS + ".gz")).write_bytes(gzip.compress((json.dumps(cell) + "\n").encode()))
+    assert bb.protocol_summary(tmp_path)["machines"][0]["rows"][0]["tokens"] == 10
+    protocol = json.loads((tmp_path / bb.PROTOCOL).read_text())
+    assert bb._kept_cells(tmp_path, "m1", [[("a", [1]), ("b", [2])], [("c", [3])]], protocol) == [cell]
+    assert (tmp_path / bb.CELLS).exists() and not (tmp_path / (bb.CELLS + ".gz")).exists()

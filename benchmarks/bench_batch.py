@@ -405,9 +405,30 @@ def _open_protocol(a, out: Path) -> dict:
     return want
 
 
-def _kept_cells(out: Path, host: str, chunks: list[list], protocol: dict) -> list[dict]:
-    """The cells already measured; a chunk not complete whose cells came from another machine is
-    dropped (the chunk runs again here), and a cell of other prompts than its chunk's is refused."""
+def engine_digest(root: Path | None = None) -> str:
+    """What a cell's clock depends on besides the machine: the decode's code (a digest of the
+    sources under vskip/engine, or ``root``), so that cells of a loop made faster since are not
+    pooled with the new ones."""
+    import hashlib
+
+    import vskip.engine
+
+    root = root or Path(vskip.engine.__file__).parent
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*.py")):
+        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def _clock(c: dict) -> tuple:
+    """The machine and the decode's code a cell was timed with (cells before the code was recorded: None)."""
+    return c["machine"], c.get("engine")
+
+
+def _kept_cells(out: Path, here: tuple, chunks: list[list], protocol: dict) -> list[dict]:
+    """The cells already measured; a chunk not complete whose cells came from another machine or
+    another decode (``here``: this run's :func:`_clock`) is dropped (the chunk runs again here),
+    and a cell of other prompts than its chunk's is refused."""
     cells = _read_jsonl(out / CELLS)
     ids = [[tid for tid, _ in c] for c in chunks]
     for c in cells:
@@ -415,12 +436,13 @@ def _kept_cells(out: Path, host: str, chunks: list[list], protocol: dict) -> lis
             raise SystemExit(f"{out / CELLS}: chunk {c['chunk']} was made of other prompts than this run's")
     per = {}
     for c in cells:
-        per.setdefault(c["chunk"], set()).add(c["machine"])
-    mixed = {k for k, m in per.items() if m != {host}}
+        per.setdefault(c["chunk"], set()).add(_clock(c))
+    mixed = {k for k, m in per.items() if m != {here}}
     full = _complete_chunks(cells, protocol)
     drop = sorted(k for k in mixed if k not in full)
     if drop:
-        print(f"bench_batch: chunks {drop} were begun on another machine; they run again here", file=sys.stderr)
+        print(f"bench_batch: chunks {drop} were begun on another machine or decode; they run again here",
+              file=sys.stderr)
     kept = [c for c in cells if c["chunk"] not in drop]
     (out / CELLS).write_text("".join(json.dumps(c) + "\n" for c in kept))  # whole lines only
     (out / (CELLS + ".gz")).unlink(missing_ok=True)  # (as committed: the run goes on in the plain file)
@@ -433,10 +455,10 @@ def _complete_chunks(cells: list[dict], protocol: dict | None = None) -> set[int
     for c in cells:
         by.setdefault(c["chunk"], []).append(c)
     if protocol is None:
-        return {k for k, cs in by.items() if len({c["machine"] for c in cs}) == 1}
+        return {k for k, cs in by.items() if len({_clock(c) for c in cs}) == 1}
     need = len(protocol["configs"].split(",")) * len(protocol["batch"].split(",")) * protocol["repeats"]
     return {k for k, cs in by.items() if len({(c["config"], c["batch"], c["repeat"]) for c in cs}) == need
-            and len({c["machine"] for c in cs}) == 1}
+            and len({_clock(c) for c in cs}) == 1}
 
 
 def run_protocol(a, pair, decoders, prompts, forwards, host: str, machine_info: dict, loaded_rss: int) -> Path:
@@ -454,7 +476,8 @@ def run_protocol(a, pair, decoders, prompts, forwards, host: str, machine_info: 
         protocol["chunks"] = len(chunks)
         (out / PROTOCOL).write_text(json.dumps(protocol, indent=1) + "\n")
     names, batches = a.configs.split(","), [int(b) for b in a.batch.split(",")]
-    cells = _kept_cells(out, host, chunks, protocol)
+    here = (host, engine_digest())
+    cells = _kept_cells(out, here, chunks, protocol)
     done = {(c["chunk"], c["config"], c["batch"], c["repeat"]) for c in cells}
     todo = [(k, r, n, b) for k in range(len(chunks)) for r in range(a.repeats)
             for n, b in cell_order(names, batches, k, r, a.repeats) if (k, n, b, r) not in done]
@@ -468,7 +491,7 @@ def run_protocol(a, pair, decoders, prompts, forwards, host: str, machine_info: 
                 break
             res = _run_cell(decoders[n], chunks[k], b, forwards, n)
             cell = {"chunk": k, "ids": [tid for tid, _ in chunks[k]], "config": n, "batch": b, "repeat": r,
-                    "machine": host, **res}
+                    "machine": host, "engine": here[1], **res}
             cells.append(cell)
             f.write(json.dumps(cell) + "\n")
             f.flush()
@@ -476,10 +499,11 @@ def run_protocol(a, pair, decoders, prompts, forwards, host: str, machine_info: 
     for k in sorted(_complete_chunks(cells, protocol) - gapped):
         _chunk_gaps(out, pair, k, [c for c in cells if c["chunk"] == k], dict(chunks[k]))
     costs = json.loads((out / COSTS).read_text()) if (out / COSTS).exists() else {}
-    if host not in costs and not stopped:
+    key = " | ".join(map(str, here))
+    if key not in costs and not stopped:
         texts = _texts(decoders, pair, prompts[:16], a.gamma)
         sizes = sorted({1, *batches})  # (the tables read against one row's forward)
-        costs[host] = {"machine": machine_info, "verifier_forward_seconds": _forward_costs(pair.verifier, sizes,
+        costs[key] = {"machine": machine_info, "verifier_forward_seconds": _forward_costs(pair.verifier, sizes,
                                                                                           a.gamma, texts),
                        "drafter_call_seconds": _draft_costs(pair.drafter, sizes, a.gamma, texts),
                        "loaded_rss_mb": loaded_rss / 1e6,
@@ -531,9 +555,10 @@ def protocol_summary(out: Path) -> dict:
     machines = {}
     for c in cells:
         if c["chunk"] in full:
-            machines.setdefault(c["machine"], []).append(c)
+            machines.setdefault(_clock(c), []).append(c)
     record = {"protocol": protocol, "chunks_total": protocol.get("chunks"), "machines": []}
-    for host, cs in machines.items():
+    for (host, engine), cs in machines.items():
+        key = " | ".join(map(str, (host, engine)))
         ks = sorted({c["chunk"] for c in cs})
         ids = [tid for k in ks for tid in next(c["ids"] for c in cs if c["chunk"] == k)]
 
@@ -577,11 +602,12 @@ def protocol_summary(out: Path) -> dict:
                     first = [c for c in mine if c["repeat"] == 0]
                     row["equal_padded"] = sum(c["outputs"][t] == twin[t] for c in first for t in c["outputs"])
                 rows.append(row)
-        m = {"machine": host, "chunks": ks, "prompts": len(ids), "rows": rows, "gamma": protocol["gamma"]}
-        if host in costs:
-            m.update({k: costs[host][k] for k in ("verifier_forward_seconds", "drafter_call_seconds", "loaded_rss_mb",
+        m = {"machine": host, "engine": engine, "chunks": ks, "prompts": len(ids), "rows": rows,
+             "gamma": protocol["gamma"]}
+        if key in costs or host in costs:  # (costs of a run before the decode's code was recorded: by machine)
+            m.update({k: costs.get(key, costs.get(host))[k] for k in ("verifier_forward_seconds", "drafter_call_seconds", "loaded_rss_mb",
                                                   "planned_mb")})
-            m["machine_info"] = costs[host]["machine"]
+            m["machine_info"] = costs.get(key, costs.get(host))["machine"]
             m["cost_model"] = cost_model(m)
         record["machines"].append(m)
     return record
@@ -607,7 +633,8 @@ def protocol_table(record: dict) -> str:
         return "\n".join(lines + ["", "No chunk is complete yet."]) + "\n"
     for m in record["machines"]:
         lines += ["", f"{m['prompts']} prompts in {len(m['chunks'])} complete chunks of {record['chunks_total']} "
-                      f"(95% intervals: bootstrap over chunks; chunk range: the chunks' own ratios)", "",
+                      f"(95% intervals: bootstrap over chunks; chunk range: the chunks' own ratios); decode code "
+                      f"{m.get('engine') or 'not recorded'}", "",
                   "| config | B | tok/s | x ar at B | 95% interval | chunk range | x B=1 | latency s (median, p90) "
                   "| = ar at B=1 | skipped rounds |", "|---|---|---|---|---|---|---|---|---|---|"]
         def num(x, fmt=".3f"):

@@ -47,9 +47,10 @@ def test_each_chunk_runs_every_cell_once_starting_elsewhere(chunk, repeats):
     assert nxt[0] != orders[0][0]
 
 
-def _cell(chunk, config, batch, tokens, wall, machine="m1", ids=("a", "b"), outputs=None, repeat=0):
+def _cell(chunk, config, batch, tokens, wall, machine="m1", ids=("a", "b"), outputs=None, repeat=0, engine="e1"):
     outputs = outputs or {t: [1, 2, 3] for t in ids}
     return {"chunk": chunk, "ids": list(ids), "config": config, "batch": batch, "repeat": repeat, "machine": machine,
+            "engine": engine,
             "wall": wall, "tokens": tokens, "throughput": tokens / wall, "latency": {t: wall / 2 for t in ids},
             "outputs": outputs, "calls": 3, "skipped": 1 if config == "raw" else 0,
             "forwards": {"verifier": {"1x9": 2}, "drafter": {"1": 2}}, "peak_rss": 1e8}
@@ -102,6 +103,9 @@ def test_summary_keeps_machines_apart(tmp_path):
     rec = bb.protocol_summary(tmp_path)
     assert {m["machine"]: m["rows"][1]["x_ar_same_batch"] for m in rec["machines"]} == {"m1": 2.0, "m2": 4.0}
     assert bb.protocol_table(rec).count("Machine: ") == 2
+    # the same machine, the decode's code changed between chunks: not pooled either
+    _write(tmp_path, cells[:2] + [{**c, "machine": "m1", "engine": "e2"} for c in cells[2:]])
+    assert [(m["machine"], m["engine"]) for m in bb.protocol_summary(tmp_path)["machines"]] == [("m1", "e1"), ("m1", "e2")]
 
 
 def test_resume_begins_again_a_chunk_another_machine_began(tmp_path):
@@ -116,18 +120,18 @@ def test_resume_begins_again_a_chunk_another_machine_began(tmp_path):
     _write(tmp_path, [*done, begun, *mixed])
     with open(tmp_path / bb.CELLS, "a") as f:
         f.write('{"chunk": 1, "cut by a kill')
-    kept = bb._kept_cells(tmp_path, "here", chunks, protocol)
+    kept = bb._kept_cells(tmp_path, ("here", "e1"), chunks, protocol)
     assert kept == done
     assert bb._read_jsonl(tmp_path / bb.CELLS) == done
     _write(tmp_path, [*done, mine])  # a chunk begun here is kept
-    assert bb._kept_cells(tmp_path, "here", chunks, protocol) == [*done, mine]
+    assert bb._kept_cells(tmp_path, ("here", "e1"), chunks, protocol) == [*done, mine]
 
 
 def test_resume_refuses_cells_of_other_prompts(tmp_path):
     _protocol(tmp_path, configs="ar", batch="1")
     _write(tmp_path, [_cell(0, "ar", 1, 10, 1.0, ids=("x", "y"))])
     with pytest.raises(SystemExit, match="other prompts"):
-        bb._kept_cells(tmp_path, "m1", [[("a", [1]), ("b", [2])]], json.loads((tmp_path / bb.PROTOCOL).read_text()))
+        bb._kept_cells(tmp_path, ("m1", "e1"), [[("a", [1]), ("b", [2])]], json.loads((tmp_path / bb.PROTOCOL).read_text()))
 
 
 def test_a_directory_refuses_another_protocol(tmp_path):
@@ -157,5 +161,18 @@ def test_cells_committed_gzipped_are_read_and_resumed_plain(tmp_path):
     (tmp_path / (bb.CELLS + ".gz")).write_bytes(gzip.compress((json.dumps(cell) + "\n").encode()))
     assert bb.protocol_summary(tmp_path)["machines"][0]["rows"][0]["tokens"] == 10
     protocol = json.loads((tmp_path / bb.PROTOCOL).read_text())
-    assert bb._kept_cells(tmp_path, "m1", [[("a", [1]), ("b", [2])], [("c", [3])]], protocol) == [cell]
+    assert bb._kept_cells(tmp_path, ("m1", "e1"), [[("a", [1]), ("b", [2])], [("c", [3])]], protocol) == [cell]
     assert (tmp_path / bb.CELLS).exists() and not (tmp_path / (bb.CELLS + ".gz")).exists()
+
+
+def test_the_engine_digest_follows_the_decode_code(tmp_path):
+    assert len(bb.engine_digest()) == 12
+    (tmp_path / "models").mkdir()
+    (tmp_path / "decode.py").write_text("a = 1\n")
+    (tmp_path / "models" / "verifier.py").write_text("b = 2\n")
+    (tmp_path / "notes.md").write_text("not code")
+    d = bb.engine_digest(tmp_path)
+    (tmp_path / "notes.md").write_text("still not code")
+    assert bb.engine_digest(tmp_path) == d
+    (tmp_path / "models" / "verifier.py").write_text("b = 3\n")
+    assert bb.engine_digest(tmp_path) != d

@@ -1,7 +1,6 @@
 """benchmarks/bench_batch.py's full protocol: chunks, the rotating order of cells, resuming, and the
 summary pooled per machine over complete chunks (no model is loaded)."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -9,17 +8,10 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from scripts import load_script
 
 
-def _load():
-    path = Path(__file__).parents[1] / "benchmarks" / "bench_batch.py"
-    spec = importlib.util.spec_from_file_location("bench_batch", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bb = _load()
+bb = load_script("bench_batch")
 
 
 @given(st.integers(0, 300), st.integers(1, 50))

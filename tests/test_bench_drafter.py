@@ -1,17 +1,10 @@
 """benchmarks/bench_drafter.py records the settings of the runs it summarises, not its own
 argument defaults."""
 
-import importlib.util
 import json
 from pathlib import Path
 
-
-def _load():
-    path = Path(__file__).parents[1] / "benchmarks" / "bench_drafter.py"
-    spec = importlib.util.spec_from_file_location("bench_drafter", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from scripts import load_script
 
 
 def _run(d: Path, policy: str, gamma: int, L: list[int], copy_prior: str = "auto"):
@@ -29,7 +22,7 @@ def _run(d: Path, policy: str, gamma: int, L: list[int], copy_prior: str = "auto
 
 
 def test_settings_come_from_the_runs(tmp_path):
-    mod = _load()
+    mod = load_script("bench_drafter")
     _run(tmp_path / "ar", "ar", 1, [0] * 10)
     _run(tmp_path / "strict", "strict", 8, [1, 2, 3, 0, 8])
     out = tmp_path / "out"
@@ -44,7 +37,7 @@ def test_settings_come_from_the_runs(tmp_path):
 
 def test_the_network_alone_beside_the_default_without_ar(tmp_path):
     """Runs with the copy prior off are their own rows; without an `ar` run there is no speed ratio."""
-    mod = _load()
+    mod = load_script("bench_drafter")
     _run(tmp_path / "net", "strict", 8, [0, 1, 0, 2], copy_prior="off")
     _run(tmp_path / "default", "strict", 8, [1, 2, 3, 0, 8])
     out = tmp_path / "out"
@@ -56,7 +49,7 @@ def test_the_network_alone_beside_the_default_without_ar(tmp_path):
 
 def test_outputs_are_checked_against_a_longer_ar_reference(tmp_path):
     """--reference: a run at 4 new tokens equals the first 4 tokens of ar's longer answers, or not."""
-    mod = _load()
+    mod = load_script("bench_drafter")
     _run(tmp_path / "strict", "strict", 8, [1, 2, 3])
     cfg = json.loads((tmp_path / "strict" / "config.json").read_text())
     cfg["run"]["decode"]["max_new_tokens"] = 4
@@ -79,7 +72,7 @@ def test_outputs_are_checked_against_a_longer_ar_reference(tmp_path):
 
 def test_common_pairs_the_runs_on_their_shared_prompts(tmp_path):
     """--common: totals and rounds only over the prompts every run finished; a float32 drafter is its own row."""
-    mod = _load()
+    mod = load_script("bench_drafter")
     for name, n, dtype in (("full", 3, "auto"), ("part", 1, "float32")):
         d = tmp_path / name
         _run(d, "strict", 8, [2] * n)
@@ -112,10 +105,7 @@ def test_paired_drafters_compare_calls_on_shared_prompts(tmp_path):
     covers it, and runs that committed different tokens (not both lossless) are refused."""
     import pytest
 
-    path = Path(__file__).parents[1] / "benchmarks" / "paired_drafters.py"
-    spec = importlib.util.spec_from_file_location("paired_drafters", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("paired_drafters")
     _samples(tmp_path / "a", [("t0", 64, 32), ("t1", 64, 16), ("t2", 64, 20)])
     _samples(tmp_path / "b", [("t0", 64, 16), ("t1", 64, 16), ("t9", 64, 1)])
     r = mod.paired_ratio(mod.per_prompt(tmp_path / "a"), mod.per_prompt(tmp_path / "b"), resamples=500)

@@ -554,14 +554,11 @@ def test_a_warm_start_takes_the_weights_and_refuses_another_split(verifier_dir, 
 def test_compare_training_pairs_runs_on_the_same_batches(verifier_dir, tmp_path, capsys):
     """benchmarks/compare_training.py compares two runs step for step only when their batches are
     the same (same data, seed and batch settings), and refuses otherwise."""
-    import importlib.util
+    from scripts import load_script
 
     import vskip.distill.train as tr
 
-    path = Path(__file__).parents[1] / "benchmarks" / "compare_training.py"
-    spec = importlib.util.spec_from_file_location("compare_training", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("compare_training")
     data = _tiny_data(tmp_path / "data")
     base = dict(gamma=4, blocks_per_seq=2, batch_seqs=2, steps=4, warmup=1, lr=3e-3, max_context=64, holdout=2,
                 eval_every=2, eval_blocks=4, checkpoint_every=2, dtype="float32", threads=1, replay_answers=0)

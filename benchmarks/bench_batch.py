@@ -482,11 +482,9 @@ def run_protocol(a, pair, decoders, prompts, forwards, host: str, machine_info: 
     todo = [(k, r, n, b) for k in range(len(chunks)) for r in range(a.repeats)
             for n, b in cell_order(names, batches, k, r, a.repeats) if (k, n, b, r) not in done]
     gapped = {g["chunk"] for g in _read_jsonl(out / GAPS)}
-    stopped = False
     with tqdm(total=len(todo), desc=f"{a.task} cells", file=sys.stderr) as bar, open(out / CELLS, "a") as f:
         for k, r, n, b in todo:
             if until is not None and time.time() >= until:
-                stopped = True
                 print(f"bench_batch: --until {a.until}: stopped with {bar.n} of {len(todo)} cells run", file=sys.stderr)
                 break
             res = _run_cell(decoders[n], chunks[k], b, forwards, n)
@@ -500,7 +498,7 @@ def run_protocol(a, pair, decoders, prompts, forwards, host: str, machine_info: 
         _chunk_gaps(out, pair, k, [c for c in cells if c["chunk"] == k], dict(chunks[k]))
     costs = json.loads((out / COSTS).read_text()) if (out / COSTS).exists() else {}
     key = " | ".join(map(str, here))
-    if key not in costs and not stopped:
+    if key not in costs and _complete_chunks(cells, protocol):  # once per machine and decode, stopped or not
         texts = _texts(decoders, pair, prompts[:16], a.gamma)
         sizes = sorted({1, *batches})  # (the tables read against one row's forward)
         costs[key] = {"machine": machine_info, "verifier_forward_seconds": _forward_costs(pair.verifier, sizes,

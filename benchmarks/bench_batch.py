@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from vskip.defaults import SHAPES
+from vskip.files import write_atomic, write_json, write_jsonl
 
 #: name -> (policy, its parameters, decode settings over the command's, predictor directory)
 CONFIGS = {
@@ -368,20 +369,12 @@ def cell_order(names: list[str], batches: list[int], chunk: int, repeat: int, re
 
 
 def _read_jsonl(path: Path) -> list[dict]:
-    """Whole lines only: a line cut by a kill is dropped (its cell runs again). A file committed
-    gzipped (``PATH.gz``, where PATH is absent) is read as it is."""
-    import gzip
+    """The whole rows of PATH, or of PATH.gz as committed where PATH is absent (a last line cut by
+    a kill is dropped: its cell runs again)."""
+    from vskip.files import read_jsonl
 
-    out = []
     gz = path.with_name(path.name + ".gz")
-    text = path.read_text() if path.exists() else gzip.decompress(gz.read_bytes()).decode() if gz.exists() else ""
-    if text:
-        for line in text.splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return out
+    return read_jsonl(path if path.exists() or not gz.exists() else gz)
 
 
 def _protocol_record(a) -> dict:
@@ -401,7 +394,7 @@ def _open_protocol(a, out: Path) -> dict:
         return have
     out.mkdir(parents=True, exist_ok=True)
     want["command"] = " ".join(["python", "benchmarks/bench_batch.py", *sys.argv[1:]])  # the first run's
-    path.write_text(json.dumps(want, indent=1) + "\n")
+    write_json(path, want)
     return want
 
 
@@ -444,7 +437,7 @@ def _kept_cells(out: Path, here: tuple, chunks: list[list], protocol: dict) -> l
         print(f"bench_batch: chunks {drop} were begun on another machine or decode; they run again here",
               file=sys.stderr)
     kept = [c for c in cells if c["chunk"] not in drop]
-    (out / CELLS).write_text("".join(json.dumps(c) + "\n" for c in kept))  # whole lines only
+    write_jsonl(out / CELLS, kept)  # whole lines only
     (out / (CELLS + ".gz")).unlink(missing_ok=True)  # (as committed: the run goes on in the plain file)
     return kept
 
@@ -474,7 +467,7 @@ def run_protocol(a, pair, decoders, prompts, forwards, host: str, machine_info: 
     chunks = chunks_of(prompts, a.chunk_size)
     if "chunks" not in protocol:  # how many the whole protocol has (the summary's "of N")
         protocol["chunks"] = len(chunks)
-        (out / PROTOCOL).write_text(json.dumps(protocol, indent=1) + "\n")
+        write_json(out / PROTOCOL, protocol)
     names, batches = a.configs.split(","), [int(b) for b in a.batch.split(",")]
     here = (host, engine_digest())
     cells = _kept_cells(out, here, chunks, protocol)
@@ -506,7 +499,7 @@ def run_protocol(a, pair, decoders, prompts, forwards, host: str, machine_info: 
                        "drafter_call_seconds": _draft_costs(pair.drafter, sizes, a.gamma, texts),
                        "loaded_rss_mb": loaded_rss / 1e6,
                        "planned_mb": {str(b): _planned_mb(a, max(len(ids) for _, ids in prompts), b) for b in batches}}
-        (out / COSTS).write_text(json.dumps(costs, indent=1) + "\n")
+        write_json(out / COSTS, costs)
     return out
 
 
@@ -679,11 +672,24 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.until and not a.chunk_size:
         p.error("--until needs --chunk-size (only the protocol resumes)")
+    for flag, value in (("--chunk-size", a.chunk_size), ("--threads", a.threads), ("--repeats", a.repeats),
+                        ("--limit", a.limit), ("--max-new-tokens", a.max_new_tokens)):
+        if value is not None and value < 1:
+            p.error(f"{flag} must be >= 1, got {value}")
+    try:
+        from vskip.study.jobs import deadline
+
+        deadline(a.until)
+    except ValueError as e:
+        p.error(str(e))
+    unknown = [n for n in a.configs.split(",") if n.removesuffix(PADDED) not in CONFIGS]
+    if unknown:
+        p.error(f"--configs: unknown {', '.join(unknown)}; known: {', '.join(CONFIGS)} (each also as NAME{PADDED})")
     if a.summary and (Path(a.out) / PROTOCOL).exists():
         record = protocol_summary(Path(a.out))
-        (Path(a.out) / "results.json").write_text(json.dumps(record, indent=1) + "\n")
+        write_json(Path(a.out) / "results.json", record)
         text = protocol_table(record)
-        (Path(a.out) / "results.md").write_text(text)
+        write_atomic(Path(a.out) / "results.md", text)
         print(text, end="")
         return 0
     if a.summary:

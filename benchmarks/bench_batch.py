@@ -72,29 +72,61 @@ def _settings(name: str, gamma: int, max_new: int, shadow: bool = False, threads
 
 
 class Forwards:
-    """Counts the forwards of a cell by their shape: the verifier's (rows x positions, the longest
-    row's) and the drafter's (rows), wrapping the pair's calls."""
+    """Counts the forwards of a cell by their shape, wrapping the pair's calls: the verifier's calls
+    (rows x positions, the longest row's block + 1), and where the verifier is vskip's own, each
+    forward it ran as it ran it: padded (rows x the longest row's new positions, tokens committed
+    by skips included) or packed (rows, and the positions they held in all); the drafter's calls
+    (rows). Also the seconds spent inside the verifier's and the drafter's calls: what the rest of
+    the decode (policy, acceptance, bookkeeping) took is the cell's wall time less these."""
 
     def __init__(self, pair):
-        self.verifier, self.drafter = {}, {}
+        self.verifier, self.drafter, self.rows, self.packed = {}, {}, {}, {}
+        self.seconds = {"verifier": 0.0, "drafter": 0.0}
         v, d = pair.verifier, pair.drafter
         score_many, propose_many = v.score_many, d.propose_many
 
         def scored(calls):
             key = f"{len(calls)}x{max(len(c.block) for c in calls) + 1}"
             self.verifier[key] = self.verifier.get(key, 0) + 1
-            return score_many(calls)
+            t = time.perf_counter()
+            try:
+                return score_many(calls)
+            finally:
+                self.seconds["verifier"] += time.perf_counter() - t
 
         def proposed(requests, *args, **kw):
             self.drafter[str(len(requests))] = self.drafter.get(str(len(requests)), 0) + 1
-            return propose_many(requests, *args, **kw)
+            t = time.perf_counter()
+            try:
+                return propose_many(requests, *args, **kw)
+            finally:
+                self.seconds["drafter"] += time.perf_counter() - t
 
         v.score_many, d.propose_many = scored, proposed
+        forward_rows = getattr(v, "_forward_rows", None)
+        if forward_rows is not None:  # vskip's verifier: each forward as it runs
+
+            def ran(rows, starts):
+                news = [len(ids) - n for (_, ids, _), n in zip(rows, starts)]
+                b, T = len(rows), max(news)
+                if v.use_cache and b > 1 and sum(news) < b * T and v.packs:  # (the verifier's own test)
+                    c = self.packed.setdefault(str(b), [0, 0])
+                    c[0], c[1] = c[0] + 1, c[1] + sum(news)
+                else:
+                    self.rows[f"{b}x{T}"] = self.rows.get(f"{b}x{T}", 0) + 1
+                return forward_rows(rows, starts)
+
+            v._forward_rows = ran
+        self.counts_rows = forward_rows is not None
 
     def take(self) -> dict:
         out = {"verifier": dict(self.verifier), "drafter": dict(self.drafter)}
-        self.verifier.clear()
-        self.drafter.clear()
+        if self.counts_rows:
+            out.update({"verifier_rows": dict(self.rows), "verifier_packed": {k: list(v) for k, v in self.packed.items()},
+                        "seconds": dict(self.seconds)})
+        for part in (self.verifier, self.drafter, self.rows, self.packed):
+            part.clear()
+        self.seconds = {"verifier": 0.0, "drafter": 0.0}
         return out
 
 
@@ -240,29 +272,50 @@ def cost_model(record: dict) -> dict:
     verifier forward of b rows x n positions at c_V(b, n) and each drafter call of b rows at
     c_D(b), both read off the cost tables (linear in b between the batch sizes measured, linear in
     n between 1 and gamma + 1); and Eq. 8 at batch B, K*(B) = A dc_D / (dc_D + dc_V), with the
-    marginal costs of one more row at B and A Strict SDD's tokens per call there."""
+    marginal costs of one more row at B and A Strict SDD's tokens per call there.
+
+    Where the cells counted the verifier's forwards as they ran (``verifier_rows``: padded, at the
+    longest row's new positions; ``verifier_packed``: b rows holding N positions in all, costed as
+    b rows of N / b positions, attention's padding aside), those are costed, and the seconds spent
+    inside the models' calls are set beside the prediction: the cost model's own error
+    (``calls_over_predicted``) apart from what the loop spends outside the models (``outside``).
+    Otherwise each verifier call is costed at its rows x (the longest block + 1)."""
     g1 = record["gamma"] + 1
     cv = record["verifier_forward_seconds"]
     cd = record["drafter_call_seconds"]
     bs = sorted({int(k.split("x")[0]) for k in cv})
 
+    def one(b):
+        return _interp(bs, [cv[f"{x}x1"] for x in bs], b)
+
+    def slope(b):  # per position beyond the first
+        return (_interp(bs, [cv[f"{x}x{g1}"] for x in bs], b) - one(b)) / (g1 - 1)
+
     def c_V(b, n):
-        one = _interp(bs, [cv[f"{x}x1"] for x in bs], b)
-        full = _interp(bs, [cv[f"{x}x{g1}"] for x in bs], b)
-        return one + (full - one) * (n - 1) / (g1 - 1)
+        return one(b) + slope(b) * (n - 1)
 
     def c_D(b):
         return _interp(bs, [cd[str(x)] for x in bs], b)
 
     cells = {}
-    for r in record["rows"]:
+    for r in record.get("model_rows") or record["rows"]:
         f = r.get("forwards")
         if not f:
             continue
-        t = sum(k * c_V(*map(int, key.split("x"))) for key, k in f["verifier"].items())
-        t += sum(k * c_D(int(b)) for b, k in f["drafter"].items())
-        cells[f"{r['config']}@{r['batch']}"] = {"predicted_wall": t, "predicted_throughput": r["tokens"] / t,
-                                                 "measured_over_predicted": r["throughput"] / (r["tokens"] / t)}
+        if "verifier_rows" in f:
+            tv = sum(k * c_V(*map(int, key.split("x"))) for key, k in f["verifier_rows"].items())
+            tv += sum(k * one(int(b)) + slope(int(b)) * (n / int(b) - k) for b, (k, n) in f["verifier_packed"].items())
+        else:
+            tv = sum(k * c_V(*map(int, key.split("x"))) for key, k in f["verifier"].items())
+        td = sum(k * c_D(int(b)) for b, k in f["drafter"].items())
+        t = tv + td
+        wall = r.get("wall") or r["tokens"] / r["throughput"]
+        cell = {"predicted_wall": t, "predicted_throughput": r["tokens"] / t, "measured_over_predicted": t / wall,
+                "predicted_verifier": tv, "predicted_drafter": td, "forwards_counted": "verifier_rows" in f}
+        if "seconds" in f:
+            inside = f["seconds"]["verifier"] + f["seconds"]["drafter"]
+            cell.update({"seconds": f["seconds"], "calls_over_predicted": inside / t, "outside": 1 - inside / wall})
+        cells[f"{r['config']}@{r['batch']}"] = cell
     marginal = {}
     for lo, B in zip([0] + bs, bs):  # one more row's cost: between the batch sizes measured
         if lo == 0 and B > 1:
@@ -306,8 +359,18 @@ def _footer(record: dict, machine: str) -> list[str]:
         lines += ["", "Drafter call (a block for each of B rows), cost against the verifier's 1x1: "
                   + ", ".join(f"{k} {v / one:.2f}" for k, v in record["drafter_call_seconds"].items())]
         model = cost_model(record)
-        lines += ["", "Eq. 7 at batch B (the forwards each cell ran, at the costs above): measured over predicted "
-                  "throughput: " + ", ".join(f"{k} {v['measured_over_predicted']:.2f}" for k, v in model["cells"].items()),
+        cells = model["cells"]
+        counted = all(v["forwards_counted"] for v in cells.values()) and cells
+        which = ("each verifier forward as it ran, packed or padded" + (
+            f", in chunks {', '.join(map(str, record['model_chunks']))}" if "model_chunks" in record else "")
+            if counted else "each verifier call at its rows x (longest block + 1)")
+        lines += ["", f"Eq. 7 at batch B (the forwards each cell ran, at the costs above; {which}): measured over "
+                  "predicted throughput: " + ", ".join(f"{k} {v['measured_over_predicted']:.2f}" for k, v in cells.items())]
+        if all("seconds" in v for v in cells.values()) and cells:
+            lines += ["", "Inside the models' calls: seconds measured over predicted, and the share of the wall time "
+                      "spent outside them: " + ", ".join(f"{k} {v['calls_over_predicted']:.2f} ({100 * v['outside']:.0f}%)"
+                                                       for k, v in cells.items())]
+        lines += [
                   "", "Eq. 8 at batch B: one more row's cost (ms) and K*(B) = A dc_D / (dc_D + dc_V): "
                   + "; ".join(f"B={b}: dc_V {1000 * m['dc_V']:.1f}, dc_D {1000 * m['dc_D']:.1f}, A "
                               f"{'-' if m['A'] is None else format(m['A'], '.2f')}, K* "
@@ -595,6 +658,16 @@ def protocol_summary(out: Path) -> dict:
                 rows.append(row)
         m = {"machine": host, "engine": engine, "chunks": ks, "prompts": len(ids), "rows": rows,
              "gamma": protocol["gamma"]}
+        counted = [k for k in ks if all("verifier_rows" in c["forwards"] for c in cs if c["chunk"] == k)]
+        if counted:  # the cost model on the chunks whose forwards were counted as they ran
+            m["model_chunks"] = counted
+            m["model_rows"] = []
+            for b in batches:
+                for n in names:
+                    mine = [c for c in cs if c["config"] == n and c["batch"] == b and c["chunk"] in counted]
+                    m["model_rows"].append({"config": n, "batch": b, "tokens": sum(c["tokens"] for c in mine),
+                                            "wall": sum(c["wall"] for c in mine),
+                                            "forwards": _summed([c["forwards"] for c in mine])})
         if key in costs or host in costs:  # (costs of a run before the decode's code was recorded: by machine)
             m.update({k: costs.get(key, costs.get(host))[k] for k in ("verifier_forward_seconds", "drafter_call_seconds", "loaded_rss_mb",
                                                   "planned_mb")})
@@ -605,11 +678,18 @@ def protocol_summary(out: Path) -> dict:
 
 
 def _summed(dicts: list[dict]) -> dict:
-    out = {"verifier": {}, "drafter": {}}
+    """Forward counts (and seconds) summed over cells; the parts only some cells have, left out."""
+    def add(x, y):
+        if isinstance(x, dict):
+            return {k: add(x[k], y[k]) if k in x and k in y else x.get(k, y.get(k)) for k in {**x, **y}}
+        if isinstance(x, list):
+            return [add(a, b) for a, b in zip(x, y)]
+        return x + y
+
+    parts = set.intersection(*(set(d) for d in dicts)) if dicts else set()
+    out: dict = {}
     for d in dicts:
-        for part in out:
-            for k, v in d[part].items():
-                out[part][k] = out[part].get(k, 0) + v
+        out = add(out, {k: v for k, v in d.items() if k in parts})
     return out
 
 

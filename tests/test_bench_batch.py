@@ -168,3 +168,79 @@ def test_the_engine_digest_follows_the_decode_code(tmp_path):
     assert bb.engine_digest(tmp_path) == d
     (tmp_path / "models" / "verifier.py").write_text("b = 3\n")
     assert bb.engine_digest(tmp_path) != d
+
+
+class _FakeVerifier:
+    """What Forwards reads of vskip's verifier: score_many running its forwards through _forward_rows."""
+    use_cache, packs = True, True
+
+    def score_many(self, calls):
+        return calls
+
+    def _forward_rows(self, rows, starts):
+        return [len(ids) for _, ids, _ in rows]
+
+
+class _FakeDrafter:
+    def propose_many(self, requests):
+        return list(requests)
+
+
+class _Pair:
+    def __init__(self):
+        self.verifier, self.drafter = _FakeVerifier(), _FakeDrafter()
+
+
+def test_forwards_counts_each_verifier_forward_packed_or_padded():
+    pair = _Pair()
+    f = bb.Forwards(pair)
+    assert pair.verifier._forward_rows([(0, [1, 2, 3], 1), (1, [1], 1)], [0, 0]) == [3, 1]  # ragged: packed
+    pair.verifier._forward_rows([(0, [1, 2], 1), (1, [1, 2], 1)], [0, 0])  # equal rows: padded, nothing to pack
+    pair.verifier._forward_rows([(0, [1, 2, 3, 4, 5], 1)], [1])  # one row of 4 new positions
+    pair.drafter.propose_many([1, 2])
+    got = f.take()
+    assert got["verifier_rows"] == {"2x2": 1, "1x4": 1}
+    assert got["verifier_packed"] == {"2": [1, 4]}
+    assert got["drafter"] == {"2": 1} and got["seconds"]["drafter"] >= 0.0
+    assert f.take()["verifier_rows"] == {}  # taken: counted afresh
+    pair.verifier.packs = False
+    pair.verifier._forward_rows([(0, [1, 2, 3], 1), (1, [1], 1)], [0, 0])
+    assert f.take()["verifier_rows"] == {"2x3": 1}
+
+
+def _costed(forwards, wall=1.0):
+    record = {"gamma": 2, "verifier_forward_seconds": {"1x1": 1.0, "1x3": 2.0, "2x1": 1.5, "2x3": 3.5},
+              "drafter_call_seconds": {"1": 0.5, "2": 0.75},
+              "rows": [{"config": "strict", "batch": 2, "tokens": 10, "wall": wall, "calls": 2, "forwards": forwards}]}
+    return bb.cost_model(record)["cells"]["strict@2"]
+
+
+def test_cost_model_costs_packed_forwards_by_the_positions_they_hold():
+    # c_V(2, n) = 1.5 + 1.0 (n - 1); a packed forward of 2 rows holding 5 positions: c_V(2, 2.5) = 3.0
+    cell = _costed({"verifier": {"2x9": 7}, "drafter": {"2": 2}, "verifier_rows": {"2x3": 1},
+                    "verifier_packed": {"2": [1, 5]}, "seconds": {"verifier": 5.0, "drafter": 1.0}}, wall=8.0)
+    assert cell["forwards_counted"]
+    assert cell["predicted_verifier"] == pytest.approx(3.5 + 3.0)
+    assert cell["predicted_drafter"] == pytest.approx(1.5)
+    assert cell["measured_over_predicted"] == pytest.approx(8.0 / 8.0)
+    assert cell["calls_over_predicted"] == pytest.approx(6.0 / 8.0)
+    assert cell["outside"] == pytest.approx(0.25)
+    # counted per call (cells from before): each call at its rows x (longest block + 1)
+    old = _costed({"verifier": {"2x3": 2}, "drafter": {"2": 2}})
+    assert not old["forwards_counted"] and old["predicted_verifier"] == pytest.approx(7.0) and "outside" not in old
+
+
+def test_summary_models_costs_only_on_chunks_whose_forwards_were_counted(tmp_path):
+    _protocol(tmp_path, batch="1")
+    new = {"verifier": {"1x9": 2}, "drafter": {"1": 2}, "verifier_rows": {"1x9": 2}, "verifier_packed": {},
+           "seconds": {"verifier": 1.0, "drafter": 0.5}}
+    cells = [_cell(0, "ar", 1, 100, 10.0), _cell(0, "strict", 1, 100, 5.0),
+             {**_cell(1, "ar", 1, 100, 10.0, ids=("c", "d")), "forwards": new},
+             {**_cell(1, "strict", 1, 100, 4.0, ids=("c", "d")), "forwards": new}]
+    _write(tmp_path, cells)
+    (m,) = bb.protocol_summary(tmp_path)["machines"]
+    assert m["model_chunks"] == [1]
+    rows = {r["config"]: r for r in m["model_rows"]}
+    assert rows["strict"]["wall"] == 4.0 and rows["strict"]["forwards"]["seconds"] == {"verifier": 1.0, "drafter": 0.5}
+    # the pooled rows sum only what every cell counted
+    assert {r["config"]: r for r in m["rows"]}["strict"]["forwards"] == {"verifier": {"1x9": 4}, "drafter": {"1": 4}}

@@ -6,7 +6,7 @@
 # ends, so the protocol goes on across sittings and clones:
 #
 #   UNTIL=HH:MM bash scripts/batching.sh run    # measure cells until UNTIL (local time), both tasks
-#   bash scripts/batching.sh pack               # the summaries, and the cells gzipped for a commit
+#   bash scripts/batching.sh pack               # the summaries and figures, and the cells gzipped for a commit
 #
 # A chunk begun on another machine, or with another decode (a change under vskip/engine), begins
 # again; complete chunks of each (machine, decode) are pooled apart. PY names the Python to run

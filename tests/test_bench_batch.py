@@ -84,6 +84,9 @@ def test_summary_pools_complete_chunks_of_one_machine(tmp_path):
     assert (rows["strict", 2]["equal_ar1"], rows["strict", 2]["n"]) == (2, 4)
     assert rows["strict", 1]["forwards"] == {"verifier": {"1x9": 4}, "drafter": {"1": 4}}
     assert "No chunk" not in bb.protocol_table(rec) and "| strict | 2 |" in bb.protocol_table(rec)
+    png = bb.protocol_figure(rec, tmp_path / "throughput.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert bb.protocol_figure({**rec, "machines": []}, tmp_path / "none.png") is None
 
 
 def test_summary_keeps_machines_apart(tmp_path):

@@ -314,7 +314,9 @@ def cost_model(record: dict) -> dict:
                 "predicted_verifier": tv, "predicted_drafter": td, "forwards_counted": "verifier_rows" in f}
         if "seconds" in f:
             inside = f["seconds"]["verifier"] + f["seconds"]["drafter"]
-            cell.update({"seconds": f["seconds"], "calls_over_predicted": inside / t, "outside": 1 - inside / wall})
+            cell.update({"seconds": f["seconds"], "calls_over_predicted": inside / t, "outside": 1 - inside / wall,
+                         "verifier_over_predicted": f["seconds"]["verifier"] / tv if tv else None,
+                         "drafter_over_predicted": f["seconds"]["drafter"] / td if td else None})
         cells[f"{r['config']}@{r['batch']}"] = cell
     marginal = {}
     for lo, B in zip([0] + bs, bs):  # one more row's cost: between the batch sizes measured
@@ -367,9 +369,13 @@ def _footer(record: dict, machine: str) -> list[str]:
         lines += ["", f"Eq. 7 at batch B (the forwards each cell ran, at the costs above; {which}): measured over "
                   "predicted throughput: " + ", ".join(f"{k} {v['measured_over_predicted']:.2f}" for k, v in cells.items())]
         if all("seconds" in v for v in cells.values()) and cells:
-            lines += ["", "Inside the models' calls: seconds measured over predicted, and the share of the wall time "
-                      "spent outside them: " + ", ".join(f"{k} {v['calls_over_predicted']:.2f} ({100 * v['outside']:.0f}%)"
-                                                       for k, v in cells.items())]
+            def over(x):
+                return "-" if x is None else f"{x:.2f}"
+
+            lines += ["", "Inside the models' calls, seconds measured over predicted: all calls (the verifier's, the "
+                      "drafter's; the share of the wall time spent outside the calls): " + ", ".join(
+                          f"{k} {v['calls_over_predicted']:.2f} ({over(v['verifier_over_predicted'])}, "
+                          f"{over(v['drafter_over_predicted'])}; {100 * v['outside']:.0f}%)" for k, v in cells.items())]
         lines += [
                   "", "Eq. 8 at batch B: one more row's cost (ms) and K*(B) = A dc_D / (dc_D + dc_V): "
                   + "; ".join(f"B={b}: dc_V {1000 * m['dc_V']:.1f}, dc_D {1000 * m['dc_D']:.1f}, A "

@@ -228,6 +228,7 @@ def test_cost_model_costs_packed_forwards_by_the_positions_they_hold():
     assert cell["measured_over_predicted"] == pytest.approx(8.0 / 8.0)
     assert cell["calls_over_predicted"] == pytest.approx(6.0 / 8.0)
     assert cell["outside"] == pytest.approx(0.25)
+    assert (cell["verifier_over_predicted"], cell["drafter_over_predicted"]) == pytest.approx((5.0 / 6.5, 1.0 / 1.5))
     # counted per call (cells from before): each call at its rows x (longest block + 1)
     old = _costed({"verifier": {"2x3": 2}, "drafter": {"2": 2}})
     assert not old["forwards_counted"] and old["predicted_verifier"] == pytest.approx(7.0) and "outside" not in old

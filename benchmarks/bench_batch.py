@@ -386,8 +386,9 @@ def _footer(record: dict, machine: str) -> list[str]:
         peak = {}
         for r in record["rows"]:
             peak[r["batch"]] = max(peak.get(r["batch"], 0.0), r["peak_rss_mb"] - record["loaded_rss_mb"])
-        when = ("at its peak in any cell of that batch size, in one process that ran every batch size in turn (the "
-                "allocator keeps what it took: an upper bound)" if "chunks" in record else "at its peak in the first "
+        when = ("at B: each configuration's lowest peak over its cells at B (a cell's peak holds what the allocator "
+                "kept from the larger batches the process ran before it: an upper bound), the highest of the "
+                "configurations" if "chunks" in record else "at its peak in the first "
                 "repeat, which runs the batch sizes in increasing order (the allocator keeps what it took)")
         lines += ["", f"Resident memory above the loaded, warmed-up pair (MB) {when}, beside what vskip plan "
                   "plans for its caches and activations: " + "; ".join(
@@ -637,7 +638,9 @@ def protocol_summary(out: Path) -> dict:
                        "calls": sum(c["calls"] for c in mine), "skipped": sum(c["skipped"] for c in mine),
                        "latency_median": float(np.median([x for c in mine for x in c["latency"].values()])),
                        "latency_p90": float(np.quantile([x for c in mine for x in c["latency"].values()], 0.9)),
-                       "peak_rss_mb": max(c["peak_rss"] for c in mine) / 1e6,
+                       # a cell's peak holds what the allocator kept from the cells before it in the
+                       # process (larger batches of an earlier chunk): the lowest over the chunks is the tightest
+                       "peak_rss_mb": min(c["peak_rss"] for c in mine) / 1e6,
                        "forwards": _summed([c["forwards"] for c in mine])}
                 if "ar" in names:
                     row["x_ar_same_batch"], row["x_ar_ci95"], row["x_ar_chunks"] = _ratio_ci(s, sums("ar", b))
@@ -662,7 +665,7 @@ def protocol_summary(out: Path) -> dict:
                     first = [c for c in mine if c["repeat"] == 0]
                     row["equal_padded"] = sum(c["outputs"][t] == twin[t] for c in first for t in c["outputs"])
                 rows.append(row)
-        m = {"machine": host, "engine": engine, "chunks": ks, "prompts": len(ids), "rows": rows,
+        m = {"machine": host, "engine": engine, "chunks": ks, "complete_chunks": len(ks), "prompts": len(ids), "rows": rows,
              "gamma": protocol["gamma"]}
         counted = [k for k in ks if all("verifier_rows" in c["forwards"] for c in cs if c["chunk"] == k)]
         if counted:  # the cost model on the chunks whose forwards were counted as they ran

@@ -109,7 +109,7 @@ class Forwards:
             def ran(rows, starts):
                 news = [len(ids) - n for (_, ids, _), n in zip(rows, starts)]
                 b, T = len(rows), max(news)
-                if v.use_cache and b > 1 and sum(news) < b * T and v.packs:  # (the verifier's own test)
+                if v.packed_forward(news):
                     c = self.packed.setdefault(str(b), [0, 0])
                     c[0], c[1] = c[0] + 1, c[1] + sum(news)
                 else:

@@ -181,6 +181,24 @@ def test_each_row_of_a_ragged_forward_is_what_its_own_verifier_gives(family, pac
     assert bool(forwards) == packed  # (rows of three lengths: packing had padding to save)
 
 
+def test_a_forward_goes_packed_only_where_rows_differ_in_length_and_the_attention_packs():
+    """packed_forward: ragged rows on a cache go packed; equal rows, one row, no cache or an attention
+    that cannot pack go padded."""
+    from vskip.engine.models.attention import use_gqa_attention
+
+    model = _tiny_verifier("llama")
+    assert not _verifier(model).packed_forward([3, 1])  # transformers' attention: padded
+    assert use_gqa_attention(model)
+    v = _verifier(model)
+    assert v.packed_forward([3, 1]) and v.packed_forward([9, 1, 1])
+    assert not v.packed_forward([2, 2]) and not v.packed_forward([4])
+    v.set_cache(False)
+    assert not v.packed_forward([3, 1])
+    v.set_cache(True)
+    v.pack = False
+    assert not v.packed_forward([3, 1])
+
+
 def test_a_subset_of_slots_reads_only_its_rows():
     """Only slots 0 and 2 verify this round: slot 1's cache is left as it was."""
     from test_models import tiny_llama

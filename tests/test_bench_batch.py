@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from scripts import load_script
+from vskip.engine.models.verifier import HFVerifier
 
 
 bb = load_script("bench_batch")
@@ -174,8 +175,10 @@ def test_the_engine_digest_follows_the_decode_code(tmp_path):
 
 
 class _FakeVerifier:
-    """What Forwards reads of vskip's verifier: score_many running its forwards through _forward_rows."""
+    """What Forwards reads of vskip's verifier: score_many running its forwards through _forward_rows,
+    and the verifier's own test of which forwards go packed."""
     use_cache, packs = True, True
+    packed_forward = HFVerifier.packed_forward
 
     def score_many(self, calls):
         return calls

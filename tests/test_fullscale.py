@@ -475,7 +475,7 @@ def test_the_scripts_find_vskip_one_way_and_hold_no_python():
     scripts = sorted((ROOT / "scripts").glob("*.sh"))
     runs_vskip = [p for p in scripts if "VSKIP" in p.read_text() and p.name != "setup.sh"]
     assert {p.name for p in runs_vskip} >= {"fullscale.sh", "online.sh", "conditioned.sh", "drafter_v2.sh",
-                                             "paper_plans.sh", "gpu_check.sh"}
+                                             "paper_plans.sh", "gpu_check.sh", "sampling.sh"}
     for p in runs_vskip:
         text = p.read_text()
         assert text.count("VSKIP=${VSKIP:-.venv/bin/vskip}\n") == 1, p.name
@@ -496,3 +496,58 @@ def test_fullscale_sh_hands_its_knobs_to_vskip_fullscale(tmp_path):
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines() == ["fullscale", "sweep", "--limit", "mbpp=20", "--runs", "r", "--only", "mbpp",
                                      "--until", "08:40", "--nocache-tasks", "humaneval,mbpp"]
+
+
+def _stub_calls(where, script: str, *args: str, **env_vars: str) -> list[str]:
+    """The vskip command lines SCRIPT runs (each a line of its arguments, in sorted order: some run
+    side by side), with a stub vskip in the new directory WHERE that only records them."""
+    import os
+    import subprocess
+
+    where.mkdir()
+    log = where / "calls"
+    stub = where / "vskip"
+    stub.write_text(f'#!/usr/bin/env bash\necho "$*" >> {log}\n')
+    stub.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("R", "A", "MNT", "BATCH", "B", "UNTIL")}
+    env.update(VSKIP=str(stub), **env_vars)
+    p = subprocess.run(["bash", str(ROOT / "scripts" / script), *args], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    return sorted(log.read_text().splitlines()) if log.exists() else []
+
+
+def test_sampling_sh_runs_the_rest_of_the_protocol_batched(tmp_path):
+    calls = _stub_calls(tmp_path / "t", "sampling.sh", "temps", R="r")
+    assert len(calls) == 4  # two temperatures, two shards each
+    for T in ("0.2", "1.0"):
+        for i in (1, 2):
+            assert (f"compare --preset study --task humaneval --seed 0 --threads 1 --quiet --configs ar,strict,raw "
+                    f"--temperature {T} --batch-size 8 --shard {i}/2 --out r/he164-T{T}") in calls
+    calls = _stub_calls(tmp_path / "p", "sampling.sh", "passk", R="r", B="4")
+    assert [c.split(" --out ")[1] for c in calls] == ["r/passk/ar-T0.6-n10", "r/passk/strict-spec-T0.6-n10"]
+    assert all("--temperature 0.6 --samples-per-prompt 10 --batch-size 10" in c for c in calls)
+    assert "--speculative-sampling" in calls[1] and "--speculative-sampling" not in calls[0]
+
+
+def test_sampling_sh_starts_nothing_after_until(tmp_path):
+    import datetime
+
+    now = datetime.datetime.now()
+    past = (now - datetime.timedelta(minutes=2)).strftime("%Y-%m-%d %H:%M")
+    later = (now + datetime.timedelta(hours=1)).strftime("%Y-%m-%d %H:%M")
+    assert _stub_calls(tmp_path / "p", "sampling.sh", "passk", UNTIL=past) == []  # past: nothing starts ...
+    assert len(_stub_calls(tmp_path / "l", "sampling.sh", "passk", UNTIL=later)) == 2
+    import subprocess
+
+    bad = subprocess.run(["bash", str(ROOT / "scripts" / "sampling.sh"), "passk"], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "UNTIL": "25:99", "VSKIP": "false"}, timeout=60)
+    assert bad.returncode == 2  # ... nor with a time that is none
+
+
+def test_online_sh_hands_its_budget_and_batch_to_the_sweeps(tmp_path):
+    calls = _stub_calls(tmp_path / "c", "online.sh", "cal", A="a", R="r", MNT="256", BATCH="8")
+    assert calls == ["calibrate-online sweep cal a/predictor --out r/cal --max-new-tokens 256 --batch-size 8"]
+    calls = _stub_calls(tmp_path / "d", "online.sh", "test")
+    assert calls == ["calibrate-online sweep test docs/results/online/predictor --out runs/online/test "
+                     "--max-new-tokens 128 --batch-size 1"]

@@ -157,7 +157,7 @@ def _prefix(s_max: int) -> list[GridPoint]:
 
 
 #: the thresholds the online calibration decodes, from the most cautious down (vskip calibrate-online)
-ONLINE_LAM = (0.95, 0.90, 0.85, 0.80, 0.75, 0.70)
+ONLINE_LAM = (0.95, 0.90, 0.85, 0.80, 0.75, 0.70, 0.65, 0.60)
 #: the risks it is tested at
 ONLINE_ALPHA = (0.05, 0.02)
 #: c_D / c_V fixed for the online calibration, so that decisions depend on the tokens alone and
@@ -223,7 +223,7 @@ GRIDS: dict[str, tuple[str, Callable[[int, int], list[GridPoint]]]] = {
                 "(an on-policy round's retrained model; the largest risk, where round 0 broke its promise, first)",
                 lambda k, s: sorted((pt for pt in _prefix(s) if pt.policy.survival == "model" and pt.policy.alpha <= 0.05),
                                     key=lambda pt: -pt.policy.alpha)),
-    "online-cal": ("beyond the paper: a one-rotation prefix model at lam 0.95 down to 0.70 (cost ratio 0.22), "
+    "online-cal": ("beyond the paper: a one-rotation prefix model at lam 0.95 down to 0.60 (cost ratio 0.22), "
                    "decoded on its calibration prompts for `vskip calibrate-online choose`", lambda k, s: _online_cal(s)),
     "online-test": ("beyond the paper: Strict SDD and the online-calibrated prefix model at alpha 0.05 and 0.02 "
                     "(cost ratio 0.22), for its test prompts", lambda k, s: _online_test(s)),

@@ -98,6 +98,11 @@ class HFVerifier:
         attention is vskip's own: :mod:`vskip.engine.models.attention`)."""
         return self.pack and getattr(self.model.config, "_attn_implementation", None) == GQA_ATTENTION
 
+    def packed_forward(self, news: list[int]) -> bool:
+        """Whether one forward over rows computing ``news`` new positions each goes packed (one
+        sequence of their positions) rather than padded to the longest row."""
+        return self.use_cache and len(news) > 1 and sum(news) < len(news) * max(news) and self.packs
+
     @property
     def vocabulary(self) -> int:
         return self.vocab_size
@@ -170,8 +175,7 @@ class HFVerifier:
         pos = torch.tensor(starts)[:, None] + torch.arange(T)[None]
         slots = torch.tensor([slot for slot, _, _ in rows])
         kw = {} if self.head is not None else {"logits_to_keep": 0}
-        packing = self.use_cache and len(rows) > 1 and sum(news) < len(rows) * T and self.packs
-        if packing:
+        if self.packed_forward(news):
             x = torch.tensor([[t for (_, ids, _), n in zip(rows, starts) for t in ids[n:]]])
             row = torch.cat([torch.full((k,), r) for r, k in enumerate(news)])
             col = torch.cat([torch.arange(k) for k in news])

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The rest of the sampling protocol, batched (docs/results/sampling.md): all 164 HumanEval prompts at
+# temperatures 0.2 and 1.0 (ar, Strict SDD with the coupled rule, raw confidence at the paper's
+# gates, paired per prompt), and pass@10 with ten completions per prompt at 0.6 for `ar` and for
+# Strict SDD with the standard rule (the ten completions of a prompt are one batch).
+#
+#   UNTIL=HH:MM bash scripts/sampling.sh temps   # both temperatures, two shards side by side
+#   UNTIL=HH:MM bash scripts/sampling.sh passk   # ar and the standard rule side by side
+#   bash scripts/sampling.sh pack                # summaries and scores into docs/results/sampling, rows gzipped
+#
+# The runs go under R (default runs/sampling; not committed: the passk runs' rounds are not kept).
+# Every step resumes where it stopped (UNTIL stops it; the prompt groups in flight are redone).
+# Seeds are keyed by prompt and position, so a batch draws what batch 1 draws; outputs equal batch
+# 1's up to floating-point near-ties, and the clocks time batches (x ar is at the same B).
+# VSKIP names the vskip to run (default .venv/bin/vskip), B the temperatures' batch size (default 8).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VSKIP=${VSKIP:-.venv/bin/vskip}
+B=${B:-8}
+S=docs/results/sampling
+R=${R:-runs/sampling}
+COMMON=(--preset study --task humaneval --seed 0 --threads 1 --quiet)
+
+END=""  # UNTIL (HH:MM today, even if already past, or YYYY-MM-DD HH:MM) as seconds since the epoch
+if [ -n "${UNTIL:-}" ]; then END=$(date -d "$UNTIL" +%s) || exit 2; fi
+
+until_() {  # run "$@" until END, if set; a stop there is not a failure, and nothing starts after it
+  if [ -z "$END" ]; then "$@"; return; fi
+  local left=$(( END - $(date +%s) ))
+  if [ "$left" -le 0 ]; then return 0; fi
+  timeout --signal=INT "$left" "$@" || [ $? -eq 124 ]
+}
+
+side_by_side() {  # the commands given as strings, each in the background; fails if one did
+  local pids=() rc=0
+  for c in "$@"; do eval "until_ $c" & pids+=($!); done
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  return $rc
+}
+
+case "${1:-}" in
+  temps)
+    for T in 0.2 1.0; do
+      side_by_side \
+        "$VSKIP compare ${COMMON[*]} --configs ar,strict,raw --temperature $T --batch-size $B --shard 1/2 --out $R/he164-T$T" \
+        "$VSKIP compare ${COMMON[*]} --configs ar,strict,raw --temperature $T --batch-size $B --shard 2/2 --out $R/he164-T$T"
+    done ;;
+  passk)
+    side_by_side \
+      "$VSKIP run ${COMMON[*]} --policy ar --temperature 0.6 --samples-per-prompt 10 --batch-size 10 --out $R/passk/ar-T0.6-n10" \
+      "$VSKIP run ${COMMON[*]} --policy strict --speculative-sampling --temperature 0.6 --samples-per-prompt 10 --batch-size 10 --out $R/passk/strict-spec-T0.6-n10" ;;
+  pack)
+    for T in 0.2 1.0; do
+      d=$R/he164-T$T o=$S/he164-T$T
+      [ -d "$d" ] || continue
+      "$VSKIP" compare --summary --score --out "$d" > /dev/null
+      mkdir -p "$o"
+      cp "$d"/settings.json "$d"/summary.json "$d"/summary.md "$d"/scores.json "$o"/
+      for f in "$d"/shard-*.jsonl; do gzip -nc "$f" > "$o/$(basename "$f").gz"; done
+    done
+    for r in ar-T0.6-n10 strict-spec-T0.6-n10; do
+      d=$R/passk/$r o=$S/passk/$r
+      [ -f "$d/summary.json" ] || continue
+      mkdir -p "$o"
+      "$VSKIP" score --task humaneval --samples "$d/samples.jsonl" --out "$o/score.json" > "$o/score.txt"
+      cp "$d/summary.json" "$o"/
+      gzip -nc "$d/samples.jsonl" > "$o/samples.jsonl.gz"
+    done ;;
+  *) echo "usage: UNTIL=HH:MM bash scripts/sampling.sh temps|passk | bash scripts/sampling.sh pack" >&2; exit 2 ;;
+esac

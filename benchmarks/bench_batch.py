@@ -39,6 +39,9 @@ from vskip.files import write_atomic, write_json, write_jsonl
 CONFIGS = {
     "ar": ("ar", {}, {}, None),
     "strict": ("strict", {}, {}, None),
+    # the same, collecting the A.7 inputs of every block as `vskip run --trace` does (the traces the
+    # predictors train on; their writing to the run directory aside): what tracing costs at B
+    "strict-trace": ("strict", {}, {"trace": True}, None),
     "fast": ("strict", {}, {"gamma": 4, "gamma_max": 16, "min_match": 6, "trim": 0.5}, None),
     # Strict SDD in the default preset's shape (trimming at 0.3; vskip.defaults.SHAPES["default"])
     "default": ("strict", {}, {k: v for k, v in SHAPES["default"].items() if k in ("gamma", "gamma_max", "min_match",
@@ -57,7 +60,7 @@ CONFIGS = {
 #: of packed (vskip.engine.models.attention.packed), to measure what packing buys
 PADDED = ":padded"
 #: the configurations that must decode batch-1 ``ar``'s tokens (their differing outputs get a gap)
-LOSSLESS = ("ar", "strict", "fast", "default", *(n + PADDED for n in ("ar", "strict", "fast", "default")))
+LOSSLESS = ("ar", "strict", "strict-trace", "fast", "default", *(n + PADDED for n in ("ar", "strict", "fast", "default")))
 
 
 def _settings(name: str, gamma: int, max_new: int, shadow: bool = False, threads: int = 2):

@@ -251,3 +251,13 @@ def test_summary_models_costs_only_on_chunks_whose_forwards_were_counted(tmp_pat
     assert rows["strict"]["wall"] == 4.0 and rows["strict"]["forwards"]["seconds"] == {"verifier": 1.0, "drafter": 0.5}
     # the pooled rows sum only what every cell counted
     assert {r["config"]: r for r in m["rows"]}["strict"]["forwards"] == {"verifier": {"1x9": 4}, "drafter": {"1": 4}}
+
+
+def test_strict_trace_is_strict_collecting_the_traces():
+    """The configuration that measures what tracing costs differs from Strict SDD by the trace alone,
+    and is held to batch-1 ar's outputs like it."""
+    plain, traced = bb._settings("strict", 8, 64), bb._settings("strict-trace", 8, 64)
+    assert traced.decode.trace and not plain.decode.trace
+    assert traced.policy == plain.policy and traced.decode == plain.decode.__class__(
+        **{**plain.decode.__dict__, "trace": True})
+    assert "strict-trace" in bb.LOSSLESS

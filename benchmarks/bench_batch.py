@@ -79,7 +79,8 @@ class Forwards:
     (rows x positions, the longest row's block + 1), and where the verifier is vskip's own, each
     forward it ran as it ran it: padded (rows x the longest row's new positions, tokens committed
     by skips included) or packed (rows, and the positions they held in all); the drafter's calls
-    (rows). Also the seconds spent inside the verifier's and the drafter's calls: what the rest of
+    (rows), and where the drafter is vskip's own, each forward by rows x query positions (padded to
+    the longest row: its block, and the context its cache lacked). Also the seconds spent inside the verifier's and the drafter's calls: what the rest of
     the decode (policy, acceptance, bookkeeping) took is the cell's wall time less these."""
 
     def __init__(self, pair):
@@ -121,13 +122,25 @@ class Forwards:
 
             v._forward_rows = ran
         self.counts_rows = forward_rows is not None
+        self.drafted = {}
+        net = getattr(d, "model", None)
+        self.counts_drafts = isinstance(net, torch.nn.Module) and hasattr(d, "_first_hidden")
+        if self.counts_drafts:  # vskip's drafter: each forward by rows x query positions (padded)
+
+            def drafting(_module, args):
+                key = "x".join(map(str, args[0].shape[:2]))
+                self.drafted[key] = self.drafted.get(key, 0) + 1
+
+            net.register_forward_pre_hook(drafting)
 
     def take(self) -> dict:
         out = {"verifier": dict(self.verifier), "drafter": dict(self.drafter)}
         if self.counts_rows:
             out.update({"verifier_rows": dict(self.rows), "verifier_packed": {k: list(v) for k, v in self.packed.items()},
                         "seconds": dict(self.seconds)})
-        for part in (self.verifier, self.drafter, self.rows, self.packed):
+        if self.counts_drafts:
+            out["drafter_rows"] = dict(self.drafted)
+        for part in (self.verifier, self.drafter, self.rows, self.packed, self.drafted):
             part.clear()
         self.seconds = {"verifier": 0.0, "drafter": 0.0}
         return out
@@ -235,6 +248,26 @@ def _draft_costs(drafter, batches, gamma: int, texts: list[list[int]], reps: int
     return out
 
 
+def _draft_forward_costs(drafter, batches, gamma: int, texts: list[list[int]], calls: dict, reps: int = 6) -> dict:
+    """Median seconds of one drafter call of B rows by the query positions of its one forward:
+    ``B x (gamma + 1)`` (the last token and the block, the context cached: ``calls``, as
+    :func:`_draft_costs` measured them) and ``B x 2 (gamma + 1)`` (each row's cache also lacks the
+    gamma + 1 tokens a whole accepted block commits, encoded in the same forward, as in a decode)."""
+    g1, out = gamma + 1, {}
+    for B in batches:
+        seqs = [texts[i % len(texts)][: len(texts[i % len(texts)]) - g1] for i in range(B)]
+        drafter.reset()
+        ts = []
+        for _ in range(reps):
+            drafter.propose_many([(i, s[:-g1], gamma) for i, s in enumerate(seqs)])  # the cache cut back
+            t = time.perf_counter()
+            drafter.propose_many([(i, s, gamma) for i, s in enumerate(seqs)])
+            ts.append(time.perf_counter() - t)
+        out[f"{B}x{g1}"], out[f"{B}x{2 * g1}"] = calls[str(B)], statistics.median(ts)
+    drafter.reset()
+    return out
+
+
 def _texts(decoders, pair, prompts, gamma: int) -> list[list[int]]:
     """Each prompt with its ``ar`` continuation (decoded side by side), long enough for a block."""
     from vskip.engine.decode import Job
@@ -282,7 +315,11 @@ def cost_model(record: dict) -> dict:
     b rows of N / b positions, attention's padding aside), those are costed, and the seconds spent
     inside the models' calls are set beside the prediction: the cost model's own error
     (``calls_over_predicted``) apart from what the loop spends outside the models (``outside``).
-    Otherwise each verifier call is costed at its rows x (the longest block + 1)."""
+    Otherwise each verifier call is costed at its rows x (the longest block + 1). Likewise where the
+    cells counted the drafter's forwards by rows x query positions (``drafter_rows``) and the table
+    has calls of two query lengths (``drafter_forward_seconds``: gamma + 1, and twice that), each
+    forward is costed at its shape (linear in the positions, a call of one forward each: one reveal
+    step); otherwise each drafter call at c_D(b) of a block of gamma with its context cached."""
     g1 = record["gamma"] + 1
     cv = record["verifier_forward_seconds"]
     cd = record["drafter_call_seconds"]
@@ -300,6 +337,12 @@ def cost_model(record: dict) -> dict:
     def c_D(b):
         return _interp(bs, [cd[str(x)] for x in bs], b)
 
+    cdf = record.get("drafter_forward_seconds")
+
+    def c_D_at(b, n):  # a drafter call of b rows whose one forward ran n query positions each
+        short, long_ = (_interp(bs, [cdf[f"{x}x{m}"] for x in bs], b) for m in (g1, 2 * g1))
+        return short + (long_ - short) * (n - g1) / g1
+
     cells = {}
     for r in record.get("model_rows") or record["rows"]:
         f = r.get("forwards")
@@ -310,11 +353,16 @@ def cost_model(record: dict) -> dict:
             tv += sum(k * one(int(b)) + slope(int(b)) * (n / int(b) - k) for b, (k, n) in f["verifier_packed"].items())
         else:
             tv = sum(k * c_V(*map(int, key.split("x"))) for key, k in f["verifier"].items())
-        td = sum(k * c_D(int(b)) for b, k in f["drafter"].items())
+        drafts_counted = "drafter_rows" in f and cdf is not None
+        if drafts_counted:
+            td = sum(k * c_D_at(*map(int, key.split("x"))) for key, k in f["drafter_rows"].items())
+        else:
+            td = sum(k * c_D(int(b)) for b, k in f["drafter"].items())
         t = tv + td
         wall = r.get("wall") or r["tokens"] / r["throughput"]
         cell = {"predicted_wall": t, "predicted_throughput": r["tokens"] / t, "measured_over_predicted": t / wall,
-                "predicted_verifier": tv, "predicted_drafter": td, "forwards_counted": "verifier_rows" in f}
+                "predicted_verifier": tv, "predicted_drafter": td, "forwards_counted": "verifier_rows" in f,
+                "drafts_counted": drafts_counted}
         if "seconds" in f:
             inside = f["seconds"]["verifier"] + f["seconds"]["drafter"]
             cell.update({"seconds": f["seconds"], "calls_over_predicted": inside / t, "outside": 1 - inside / wall,
@@ -363,12 +411,18 @@ def _footer(record: dict, machine: str) -> list[str]:
     if "drafter_call_seconds" in record:
         lines += ["", "Drafter call (a block for each of B rows), cost against the verifier's 1x1: "
                   + ", ".join(f"{k} {v / one:.2f}" for k, v in record["drafter_call_seconds"].items())]
+        if "drafter_forward_seconds" in record:
+            lines += ["", "Drafter call by its forward's rows x query positions (the context cached; each row also "
+                      "encoding a whole block's committed tokens), cost against the verifier's 1x1: "
+                      + ", ".join(f"{k} {v / one:.2f}" for k, v in record["drafter_forward_seconds"].items())]
         model = cost_model(record)
         cells = model["cells"]
         counted = all(v["forwards_counted"] for v in cells.values()) and cells
         which = ("each verifier forward as it ran, packed or padded" + (
             f", in chunks {', '.join(map(str, record['model_chunks']))}" if "model_chunks" in record else "")
             if counted else "each verifier call at its rows x (longest block + 1)")
+        if cells and all(v["drafts_counted"] for v in cells.values()):
+            which += "; each drafter forward at its rows x query positions"
         lines += ["", f"Eq. 7 at batch B (the forwards each cell ran, at the costs above; {which}): measured over "
                   "predicted throughput: " + ", ".join(f"{k} {v['measured_over_predicted']:.2f}" for k, v in cells.items())]
         if all("seconds" in v for v in cells.values()) and cells:
@@ -567,9 +621,11 @@ def run_protocol(a, pair, decoders, prompts, forwards, host: str, machine_info: 
     if key not in costs and _complete_chunks(cells, protocol):  # once per machine and decode, stopped or not
         texts = _texts(decoders, pair, prompts[:16], a.gamma)
         sizes = sorted({1, *batches})  # (the tables read against one row's forward)
+        calls = _draft_costs(pair.drafter, sizes, a.gamma, texts)
         costs[key] = {"machine": machine_info, "verifier_forward_seconds": _forward_costs(pair.verifier, sizes,
                                                                                           a.gamma, texts),
-                       "drafter_call_seconds": _draft_costs(pair.drafter, sizes, a.gamma, texts),
+                       "drafter_call_seconds": calls,
+                       "drafter_forward_seconds": _draft_forward_costs(pair.drafter, sizes, a.gamma, texts, calls),
                        "loaded_rss_mb": loaded_rss / 1e6,
                        "planned_mb": {str(b): _planned_mb(a, max(len(ids) for _, ids in prompts), b) for b in batches}}
         write_json(out / COSTS, costs)
@@ -681,9 +737,10 @@ def protocol_summary(out: Path) -> dict:
                                             "wall": sum(c["wall"] for c in mine),
                                             "forwards": _summed([c["forwards"] for c in mine])})
         if key in costs or host in costs:  # (costs of a run before the decode's code was recorded: by machine)
-            m.update({k: costs.get(key, costs.get(host))[k] for k in ("verifier_forward_seconds", "drafter_call_seconds", "loaded_rss_mb",
-                                                  "planned_mb")})
-            m["machine_info"] = costs.get(key, costs.get(host))["machine"]
+            table = costs.get(key, costs.get(host))
+            m.update({k: table[k] for k in ("verifier_forward_seconds", "drafter_call_seconds", "drafter_forward_seconds",
+                                            "loaded_rss_mb", "planned_mb") if k in table})
+            m["machine_info"] = table["machine"]
             m["cost_model"] = cost_model(m)
         record["machines"].append(m)
     return record
@@ -862,6 +919,8 @@ def main(argv=None) -> int:
         texts = _texts(decoders, pair, prompts, a.gamma)
         record["verifier_forward_seconds"] = _forward_costs(pair.verifier, batches, a.gamma, texts)
         record["drafter_call_seconds"] = _draft_costs(pair.drafter, batches, a.gamma, texts)
+        record["drafter_forward_seconds"] = _draft_forward_costs(pair.drafter, batches, a.gamma, texts,
+                                                                 record["drafter_call_seconds"])
         record["cost_model"] = cost_model(record)
         record["recost_command"] = " ".join(["python", "benchmarks/bench_batch.py", *(argv or sys.argv[1:])])
         (out / "results.json").write_text(json.dumps(record, indent=1) + "\n")
@@ -903,6 +962,7 @@ def main(argv=None) -> int:
     texts = _texts(decoders, pair, prompts, a.gamma)
     costs = _forward_costs(pair.verifier, batches, a.gamma, texts)
     draft_costs = _draft_costs(pair.drafter, batches, a.gamma, texts)
+    draft_forwards = _draft_forward_costs(pair.drafter, batches, a.gamma, texts, draft_costs)
     longest = max(len(ids) for _, ids in prompts)
     planned = {str(b): _planned_mb(a, longest, b) for b in batches}
     out = Path(a.out)
@@ -910,7 +970,8 @@ def main(argv=None) -> int:
     record = {"command": " ".join(["python", "benchmarks/bench_batch.py", *(argv or sys.argv[1:])]),
               "machine": machine(pair.runtime), "threads": torch.get_num_threads(), "task": a.task, "limit": a.limit,
               "max_new_tokens": a.max_new_tokens, "gamma": a.gamma, "repeats": a.repeats, "rows": rows,
-              "verifier_forward_seconds": costs, "drafter_call_seconds": draft_costs, "shadow": a.shadow,
+              "verifier_forward_seconds": costs, "drafter_call_seconds": draft_costs,
+              "drafter_forward_seconds": draft_forwards, "shadow": a.shadow,
               "loaded_rss_mb": loaded_rss / 1e6, "planned_mb": planned}
     record["cost_model"] = cost_model(record)
     (out / "results.json").write_text(json.dumps(record, indent=1) + "\n")

@@ -261,3 +261,36 @@ def test_strict_trace_is_strict_collecting_the_traces():
     assert traced.policy == plain.policy and traced.decode == plain.decode.__class__(
         **{**plain.decode.__dict__, "trace": True})
     assert "strict-trace" in bb.LOSSLESS
+
+
+def test_cost_model_costs_each_drafter_forward_by_its_query_positions():
+    # gamma 2: calls of 3 query positions (context cached) and of 6 (a block's tokens encoded too);
+    # c_D(2, n) = 0.75 + (1.25 - 0.75) (n - 3) / 3, read beyond 6 along the same line
+    forwards = {"verifier": {"2x3": 1}, "drafter": {"2": 3}, "drafter_rows": {"2x3": 1, "2x6": 1, "2x9": 1}}
+    record = {"gamma": 2, "verifier_forward_seconds": {"1x1": 1.0, "1x3": 2.0, "2x1": 1.5, "2x3": 3.5},
+              "drafter_call_seconds": {"1": 0.5, "2": 0.75},
+              "drafter_forward_seconds": {"1x3": 0.5, "1x6": 0.8, "2x3": 0.75, "2x6": 1.25},
+              "rows": [{"config": "strict", "batch": 2, "tokens": 10, "wall": 1.0, "calls": 1, "forwards": forwards}]}
+    cell = bb.cost_model(record)["cells"]["strict@2"]
+    assert cell["drafts_counted"] and cell["predicted_drafter"] == pytest.approx(0.75 + 1.25 + 1.75)
+    del record["drafter_forward_seconds"]  # a table without query lengths: each call at c_D(b)
+    cell = bb.cost_model(record)["cells"]["strict@2"]
+    assert not cell["drafts_counted"] and cell["predicted_drafter"] == pytest.approx(3 * 0.75)
+
+
+def test_the_drafter_table_times_calls_whose_rows_lack_a_block_of_context():
+    """_draft_forward_costs times calls whose one forward runs the block and the gamma + 1 tokens
+    the row's cache lacks (2 (gamma + 1) query positions), one row alone and rows together, and
+    Forwards counts the drafter's forwards by those shapes."""
+    from test_copy import tiny_drafter
+
+    d = tiny_drafter()
+    d.steps = 1
+    pair = _Pair()
+    pair.drafter = d
+    f = bb.Forwards(pair)
+    texts = [list(range(2, 30)), list(range(5, 40))]
+    got = bb._draft_forward_costs(d, [1, 2], 3, texts, {"1": 0.1, "2": 0.2}, reps=2)
+    assert got["1x4"] == 0.1 and got["2x4"] == 0.2 and got["1x8"] > 0 and got["2x8"] > 0
+    rows = f.take()["drafter_rows"]
+    assert rows["1x8"] == 2 and rows["2x8"] == 2  # each timed call: 4 context tokens, the last token and 3 masks

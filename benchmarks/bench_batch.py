@@ -391,9 +391,13 @@ def table(record: dict) -> str:
     lines = ["| config | B | tok/s | range | x ar at B | x B=1 | latency s | = ar at B=1 |", "|---|---|---|---|---|---|---|---|"]
     for r in sorted(record["rows"], key=lambda r: (r["batch"], names.index(r["config"]))):
         lines.append(f"| {r['config']} | {r['batch']} | {r['throughput']:.2f} | {r['throughput_min']:.2f}-"
-                     f"{r['throughput_max']:.2f} | {r['x_ar_same_batch'] or 0:.3f} | {r['x_batch1'] or 0:.2f} | "
+                     f"{r['throughput_max']:.2f} | {_num(r['x_ar_same_batch'], '.3f')} | {_num(r['x_batch1'], '.2f')} | "
                      f"{r['latency_median']:.2f} | {r.get('equal_ar1', '-')}/{r.get('n', '-')} |")
     return "\n".join(lines + _footer(record, machine_id(record["machine"]))) + "\n"
+
+
+def _num(x, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
 
 
 def _footer(record: dict, machine: str) -> list[str]:
@@ -945,6 +949,7 @@ def main(argv=None) -> int:
                "throughput_max": max(thr), "latency_median": statistics.median(
                    statistics.median(r["latency"].values()) for r in runs),
                "tokens": runs[0]["tokens"], "calls": runs[0]["calls"], "skipped": runs[0]["skipped"],
+               "throughputs": thr, "wall": runs[0]["wall"],  # (the cost model reads the first repeat, whose forwards these are)
                "forwards": runs[0]["forwards"], "peak_rss_mb": runs[0]["peak_rss"] / 1e6}  # the first repeat runs the batch sizes in increasing order
         if ref is not None:
             outs = runs[0]["outputs"]

@@ -230,42 +230,30 @@ def _forward_costs(verifier, batches, gamma: int, texts: list[list[int]], reps: 
     return out
 
 
-def _draft_costs(drafter, batches, gamma: int, texts: list[list[int]], reps: int = 6) -> dict:
+def _draft_costs(drafter, batches, gamma: int, texts: list[list[int]], reps: int = 6) -> tuple[dict, dict]:
     """Median seconds of one drafter call drafting a block of ``gamma`` for each of B sequences of
-    real text (``texts`` as :func:`_forward_costs` reads them), their contexts cached."""
-    out = {}
-    for B in batches:
-        seqs = [texts[i % len(texts)][: len(texts[i % len(texts)]) - gamma - 1] for i in range(B)]
-        drafter.reset()
-        drafter.propose_many([(i, s, gamma) for i, s in enumerate(seqs)])  # the contexts cached
-        ts = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            drafter.propose_many([(i, s, gamma) for i, s in enumerate(seqs)])
-            ts.append(time.perf_counter() - t)
-        out[str(B)] = statistics.median(ts)
-    drafter.reset()
-    return out
-
-
-def _draft_forward_costs(drafter, batches, gamma: int, texts: list[list[int]], calls: dict, reps: int = 6) -> dict:
-    """Median seconds of one drafter call of B rows by the query positions of its one forward:
-    ``B x (gamma + 1)`` (the last token and the block, the context cached: ``calls``, as
-    :func:`_draft_costs` measured them) and ``B x 2 (gamma + 1)`` (each row's cache also lacks the
-    gamma + 1 tokens a whole accepted block commits, encoded in the same forward, as in a decode)."""
-    g1, out = gamma + 1, {}
+    real text (``texts`` as :func:`_forward_costs` reads them): by B, the rows' contexts cached
+    (``drafter_call_seconds``); and by B x the query positions of the call's one forward
+    (``drafter_forward_seconds``): ``B x (gamma + 1)`` (the last token and the block: the same calls)
+    and ``B x 2 (gamma + 1)`` (each row's cache also lacks the gamma + 1 tokens a whole accepted
+    block commits, encoded in the same forward, as in a decode)."""
+    g1, calls, forwards = gamma + 1, {}, {}
     for B in batches:
         seqs = [texts[i % len(texts)][: len(texts[i % len(texts)]) - g1] for i in range(B)]
-        drafter.reset()
-        ts = []
-        for _ in range(reps):
-            drafter.propose_many([(i, s[:-g1], gamma) for i, s in enumerate(seqs)])  # the cache cut back
-            t = time.perf_counter()
-            drafter.propose_many([(i, s, gamma) for i, s in enumerate(seqs)])
-            ts.append(time.perf_counter() - t)
-        out[f"{B}x{g1}"], out[f"{B}x{2 * g1}"] = calls[str(B)], statistics.median(ts)
+        for lacking in (0, g1):
+            drafter.reset()
+            drafter.propose_many([(i, s, gamma) for i, s in enumerate(seqs)])  # the contexts cached
+            ts = []
+            for _ in range(reps):
+                if lacking:
+                    drafter.propose_many([(i, s[:-lacking], gamma) for i, s in enumerate(seqs)])  # the caches cut back
+                t = time.perf_counter()
+                drafter.propose_many([(i, s, gamma) for i, s in enumerate(seqs)])
+                ts.append(time.perf_counter() - t)
+            forwards[f"{B}x{g1 + lacking}"] = statistics.median(ts)
+        calls[str(B)] = forwards[f"{B}x{g1}"]
     drafter.reset()
-    return out
+    return calls, forwards
 
 
 def _texts(decoders, pair, prompts, gamma: int) -> list[list[int]]:
@@ -625,11 +613,10 @@ def run_protocol(a, pair, decoders, prompts, forwards, host: str, machine_info: 
     if key not in costs and _complete_chunks(cells, protocol):  # once per machine and decode, stopped or not
         texts = _texts(decoders, pair, prompts[:16], a.gamma)
         sizes = sorted({1, *batches})  # (the tables read against one row's forward)
-        calls = _draft_costs(pair.drafter, sizes, a.gamma, texts)
+        calls, forwards = _draft_costs(pair.drafter, sizes, a.gamma, texts)
         costs[key] = {"machine": machine_info, "verifier_forward_seconds": _forward_costs(pair.verifier, sizes,
                                                                                           a.gamma, texts),
-                       "drafter_call_seconds": calls,
-                       "drafter_forward_seconds": _draft_forward_costs(pair.drafter, sizes, a.gamma, texts, calls),
+                       "drafter_call_seconds": calls, "drafter_forward_seconds": forwards,
                        "loaded_rss_mb": loaded_rss / 1e6,
                        "planned_mb": {str(b): _planned_mb(a, max(len(ids) for _, ids in prompts), b) for b in batches}}
         write_json(out / COSTS, costs)
@@ -922,9 +909,8 @@ def main(argv=None) -> int:
         batches = sorted({r["batch"] for r in record["rows"]})
         texts = _texts(decoders, pair, prompts, a.gamma)
         record["verifier_forward_seconds"] = _forward_costs(pair.verifier, batches, a.gamma, texts)
-        record["drafter_call_seconds"] = _draft_costs(pair.drafter, batches, a.gamma, texts)
-        record["drafter_forward_seconds"] = _draft_forward_costs(pair.drafter, batches, a.gamma, texts,
-                                                                 record["drafter_call_seconds"])
+        record["drafter_call_seconds"], record["drafter_forward_seconds"] = _draft_costs(pair.drafter, batches,
+                                                                                         a.gamma, texts)
         record["cost_model"] = cost_model(record)
         record["recost_command"] = " ".join(["python", "benchmarks/bench_batch.py", *(argv or sys.argv[1:])])
         (out / "results.json").write_text(json.dumps(record, indent=1) + "\n")
@@ -966,8 +952,7 @@ def main(argv=None) -> int:
         row["x_batch1"] = row["throughput"] / one["throughput"] if one else None
     texts = _texts(decoders, pair, prompts, a.gamma)
     costs = _forward_costs(pair.verifier, batches, a.gamma, texts)
-    draft_costs = _draft_costs(pair.drafter, batches, a.gamma, texts)
-    draft_forwards = _draft_forward_costs(pair.drafter, batches, a.gamma, texts, draft_costs)
+    draft_costs, draft_forwards = _draft_costs(pair.drafter, batches, a.gamma, texts)
     longest = max(len(ids) for _, ids in prompts)
     planned = {str(b): _planned_mb(a, longest, b) for b in batches}
     out = Path(a.out)

@@ -279,9 +279,9 @@ def test_cost_model_costs_each_drafter_forward_by_its_query_positions():
 
 
 def test_the_drafter_table_times_calls_whose_rows_lack_a_block_of_context():
-    """_draft_forward_costs times calls whose one forward runs the block and the gamma + 1 tokens
-    the row's cache lacks (2 (gamma + 1) query positions), one row alone and rows together, and
-    Forwards counts the drafter's forwards by those shapes."""
+    """_draft_costs times calls with the contexts cached (gamma + 1 query positions) and calls whose
+    one forward also runs the gamma + 1 tokens each row's cache lacks (2 (gamma + 1)), one row alone
+    and rows together, and Forwards counts the drafter's forwards by those shapes."""
     from test_copy import tiny_drafter
 
     d = tiny_drafter()
@@ -290,7 +290,9 @@ def test_the_drafter_table_times_calls_whose_rows_lack_a_block_of_context():
     pair.drafter = d
     f = bb.Forwards(pair)
     texts = [list(range(2, 30)), list(range(5, 40))]
-    got = bb._draft_forward_costs(d, [1, 2], 3, texts, {"1": 0.1, "2": 0.2}, reps=2)
-    assert got["1x4"] == 0.1 and got["2x4"] == 0.2 and got["1x8"] > 0 and got["2x8"] > 0
+    calls, got = bb._draft_costs(d, [1, 2], 3, texts, reps=2)
+    assert set(got) == {"1x4", "1x8", "2x4", "2x8"} and all(v > 0 for v in got.values())
+    assert calls == {"1": got["1x4"], "2": got["2x4"]}
     rows = f.take()["drafter_rows"]
-    assert rows["1x8"] == 2 and rows["2x8"] == 2  # each timed call: 4 context tokens, the last token and 3 masks
+    assert rows["1x8"] == 2 and rows["2x8"] == 2  # each timed call lacking: 4 context tokens, the last token and 3 masks
+    assert rows["1x4"] >= 2 and rows["2x4"] >= 2  # the cached calls, and the untimed ones that cut the caches back

@@ -482,22 +482,6 @@ def test_the_scripts_find_vskip_one_way_and_hold_no_python():
         assert not any(s in text for s in ("<<", "python3", "python -c", ".venv/bin/python")), p.name
 
 
-def test_fullscale_sh_hands_its_knobs_to_vskip_fullscale(tmp_path):
-    import os
-    import subprocess
-
-    stub = tmp_path / "vskip"
-    stub.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
-    stub.chmod(0o755)
-    env = {k: v for k, v in os.environ.items() if k not in ("R", "A", "MNT", "GRID", "ROUND", "KEY", "NOCACHE_KEY")}
-    env.update(VSKIP=str(stub), ONLY="mbpp", UNTIL="08:40", NOCACHE_TASKS="humaneval mbpp", R="r")
-    p = subprocess.run(["bash", str(ROOT / "scripts" / "fullscale.sh"), "sweep", "--limit", "mbpp=20"], env=env,
-                       capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0, p.stderr
-    assert p.stdout.splitlines() == ["fullscale", "sweep", "--limit", "mbpp=20", "--runs", "r", "--only", "mbpp",
-                                     "--until", "08:40", "--nocache-tasks", "humaneval,mbpp"]
-
-
 def _stub_calls(where, script: str, *args: str, **env_vars: str) -> list[str]:
     """The vskip command lines SCRIPT runs (each a line of its arguments, in sorted order: some run
     side by side), with a stub vskip in the new directory WHERE that only records them."""
@@ -509,12 +493,19 @@ def _stub_calls(where, script: str, *args: str, **env_vars: str) -> list[str]:
     stub = where / "vskip"
     stub.write_text(f'#!/usr/bin/env bash\necho "$*" >> {log}\n')
     stub.chmod(0o755)
-    env = {k: v for k, v in os.environ.items() if k not in ("R", "A", "MNT", "BATCH", "B", "UNTIL")}
+    knobs = ("R", "A", "MNT", "BATCH", "B", "UNTIL", "GRID", "ROUND", "KEY", "NOCACHE_KEY", "ONLY", "NOCACHE_TASKS")
+    env = {k: v for k, v in os.environ.items() if k not in knobs}
     env.update(VSKIP=str(stub), **env_vars)
     p = subprocess.run(["bash", str(ROOT / "scripts" / script), *args], env=env, capture_output=True, text=True,
                        timeout=60)
     assert p.returncode == 0, p.stderr
     return sorted(log.read_text().splitlines()) if log.exists() else []
+
+
+def test_fullscale_sh_hands_its_knobs_to_vskip_fullscale(tmp_path):
+    calls = _stub_calls(tmp_path / "f", "fullscale.sh", "sweep", "--limit", "mbpp=20", ONLY="mbpp", UNTIL="08:40",
+                        NOCACHE_TASKS="humaneval mbpp", R="r")
+    assert calls == ["fullscale sweep --limit mbpp=20 --runs r --only mbpp --until 08:40 --nocache-tasks humaneval,mbpp"]
 
 
 def test_sampling_sh_runs_the_rest_of_the_protocol_batched(tmp_path):

@@ -56,8 +56,9 @@ CONFIGS = {
     # every prompt of the protocol lies in a test fold
     "prefix-full": ("prefix", {"alpha": 0.05, "survival": "model"}, {}, "docs/results/full/predictors-round2/prefix"),
 }
-#: a configuration named NAME:padded is NAME with the verifier's rows padded to the longest instead
-#: of packed (vskip.engine.models.attention.packed), to measure what packing buys
+#: a configuration named NAME:padded is NAME with the verifier's and the drafter's rows padded to the
+#: longest instead of packed (vskip.engine.models.attention.packed, drafter_batch), to measure what
+#: packing buys
 PADDED = ":padded"
 #: the configurations that must decode batch-1 ``ar``'s tokens (their differing outputs get a gap)
 LOSSLESS = ("ar", "strict", "strict-trace", "fast", "default", *(n + PADDED for n in ("ar", "strict", "fast", "default")))
@@ -122,12 +123,17 @@ class Forwards:
 
             v._forward_rows = ran
         self.counts_rows = forward_rows is not None
-        self.drafted = {}
+        self.drafted, self.drafted_packed = {}, {}
         net = getattr(d, "model", None)
         self.counts_drafts = isinstance(net, torch.nn.Module) and hasattr(d, "_first_hidden")
-        if self.counts_drafts:  # vskip's drafter: each forward by rows x query positions (padded)
+        if self.counts_drafts:  # vskip's drafter: each forward by rows x query positions, or packed
 
             def drafting(_module, args):
+                pack = args[5] if len(args) > 5 else None
+                if pack is not None:  # rows, and the query positions they held in all
+                    c = self.drafted_packed.setdefault(str(pack[2]), [0, 0])
+                    c[0], c[1] = c[0] + 1, c[1] + args[0].shape[1]
+                    return
                 key = "x".join(map(str, args[0].shape[:2]))
                 self.drafted[key] = self.drafted.get(key, 0) + 1
 
@@ -140,7 +146,8 @@ class Forwards:
                         "seconds": dict(self.seconds)})
         if self.counts_drafts:
             out["drafter_rows"] = dict(self.drafted)
-        for part in (self.verifier, self.drafter, self.rows, self.packed, self.drafted):
+            out["drafter_packed"] = {k: list(v) for k, v in self.drafted_packed.items()}
+        for part in (self.verifier, self.drafter, self.rows, self.packed, self.drafted, self.drafted_packed):
             part.clear()
         self.seconds = {"verifier": 0.0, "drafter": 0.0}
         return out
@@ -179,7 +186,9 @@ def _run_cell(decoder, prompts, batch: int, forwards: Forwards, name: str = "") 
     from vskip.engine.decode import Job
 
     jobs = [Job(ids, task_id=tid) for tid, ids in prompts]
-    decoder.pair.verifier.pack = not name.endswith(PADDED)
+    for model in (decoder.pair.verifier, decoder.pair.drafter):
+        if hasattr(model, "pack"):
+            model.pack = not name.endswith(PADDED)
     forwards.take()
     with PeakRss() as rss:
         t = time.perf_counter()
@@ -304,10 +313,11 @@ def cost_model(record: dict) -> dict:
     inside the models' calls are set beside the prediction: the cost model's own error
     (``calls_over_predicted``) apart from what the loop spends outside the models (``outside``).
     Otherwise each verifier call is costed at its rows x (the longest block + 1). Likewise where the
-    cells counted the drafter's forwards by rows x query positions (``drafter_rows``) and the table
-    has calls of two query lengths (``drafter_forward_seconds``: gamma + 1, and twice that), each
-    forward is costed at its shape (linear in the positions, a call of one forward each: one reveal
-    step); otherwise each drafter call at c_D(b) of a block of gamma with its context cached."""
+    cells counted the drafter's forwards by rows x query positions (``drafter_rows``; and
+    ``drafter_packed``: b rows holding N query positions in all, costed as b rows of N / b) and the
+    table has calls of two query lengths (``drafter_forward_seconds``: gamma + 1, and twice that),
+    each forward is costed at its shape (linear in the positions, a call of one forward each: one
+    reveal step); otherwise each drafter call at c_D(b) of a block of gamma with its context cached."""
     g1 = record["gamma"] + 1
     cv = record["verifier_forward_seconds"]
     cd = record["drafter_call_seconds"]
@@ -327,9 +337,9 @@ def cost_model(record: dict) -> dict:
 
     cdf = record.get("drafter_forward_seconds")
 
-    def c_D_at(b, n):  # a drafter call of b rows whose one forward ran n query positions each
+    def c_D_at(b, n, k=1):  # k drafter calls of b rows whose one forward ran n query positions per row, in all
         short, long_ = (_interp(bs, [cdf[f"{x}x{m}"] for x in bs], b) for m in (g1, 2 * g1))
-        return short + (long_ - short) * (n - g1) / g1
+        return k * short + (long_ - short) * (n - k * g1) / g1
 
     cells = {}
     for r in record.get("model_rows") or record["rows"]:
@@ -344,6 +354,7 @@ def cost_model(record: dict) -> dict:
         drafts_counted = "drafter_rows" in f and cdf is not None
         if drafts_counted:
             td = sum(k * c_D_at(*map(int, key.split("x"))) for key, k in f["drafter_rows"].items())
+            td += sum(c_D_at(int(b), n / int(b), k) for b, (k, n) in f.get("drafter_packed", {}).items())
         else:
             td = sum(k * c_D(int(b)) for b, k in f["drafter"].items())
         t = tv + td

@@ -262,29 +262,41 @@ def test_drafting_several_slots_in_one_forward_gives_each_its_own_block(steps):
 
 def _drafts_each_slot_as_alone(base, rng, lengths, rounds: int) -> None:
     """``base`` (a drafter) drafting one slot per context length in one call gives, round after
-    round, the blocks a copy of it drafts for each slot alone (tokens, confidences, features)."""
+    round, the blocks a copy of it drafts for each slot alone (tokens, confidences, features), the
+    rows of different query lengths packed into one sequence (and padded to the longest, as
+    ``pack = False`` drafts them)."""
     import copy
 
     alone = [copy.deepcopy(base) for _ in lengths]
-    many = copy.deepcopy(base)
-    for d in [*alone, many]:
+    many, padded = copy.deepcopy(base), copy.deepcopy(base)
+    padded.pack = False
+    for d in [*alone, many, padded]:
         d.reset()
+    packs = []
+    many.model.register_forward_pre_hook(lambda m, args: packs.append(len(args) > 5 and args[5] is not None))
+    padded.model.register_forward_pre_hook(lambda m, args: packs.append(None if len(args) > 5 and args[5] is not None
+                                                                         else False))
     seqs = [[int(x) for x in rng.integers(2, 60, n)] for n in lengths]
     for _ in range(rounds):
         gammas = [int(g) for g in rng.integers(2, 8, len(seqs))]
         got = many.propose_many([(i, s, g) for i, (s, g) in enumerate(zip(seqs, gammas))], features=True)
+        pad = padded.propose_many([(i, s, g) for i, (s, g) in enumerate(zip(seqs, gammas))], features=True)
         for i, (s, g) in enumerate(zip(seqs, gammas)):
             ref = alone[i].propose(s, g, features=True)
-            assert got[i].tokens.tolist() == ref.tokens.tolist()
-            assert np.allclose(got[i].confidence, ref.confidence, atol=1e-9)
-            assert np.allclose(got[i].features, ref.features, atol=1e-9)
+            for b in (got[i], pad[i]):
+                assert b.tokens.tolist() == ref.tokens.tolist()
+                assert np.allclose(b.confidence, ref.confidence, atol=1e-9)
+                assert np.allclose(b.features, ref.features, atol=1e-9)
             seqs[i] = s + [int(t) for t in ref.tokens[: int(rng.integers(0, g + 1))]] + [int(rng.integers(2, 60))]
+    assert None not in packs  # the padded drafter packed nothing ...
+    assert (True in packs) == (base.spec.attention == "block")  # ... a block-attention one packed some rows
 
 
 @pytest.mark.parametrize("steps", [1, 2])
 def test_a_dream_checkpoint_drafts_several_slots_as_it_drafts_each_alone(tmp_path, steps):
-    """A Dream-layout checkpoint (Qwen2 names, read without its code) drafting three slots in one
-    forward per reveal step gives each slot the block it drafts alone (float64)."""
+    """A Dream-layout checkpoint (Qwen2 names, read without its code) drafting three slots gives
+    each slot the block it drafts alone (float64). Its attention is Dream's full attention, with no
+    context cache to batch against: it drafts the slots one after another."""
     from test_models import tiny_dream_dir
 
     from vskip.engine.models.drafter import DiffusionDrafter

@@ -266,13 +266,15 @@ def test_strict_trace_is_strict_collecting_the_traces():
 def test_cost_model_costs_each_drafter_forward_by_its_query_positions():
     # gamma 2: calls of 3 query positions (context cached) and of 6 (a block's tokens encoded too);
     # c_D(2, n) = 0.75 + (1.25 - 0.75) (n - 3) / 3, read beyond 6 along the same line
-    forwards = {"verifier": {"2x3": 1}, "drafter": {"2": 3}, "drafter_rows": {"2x3": 1, "2x6": 1, "2x9": 1}}
+    forwards = {"verifier": {"2x3": 1}, "drafter": {"2": 3}, "drafter_rows": {"2x3": 1, "2x6": 1, "2x9": 1},
+                "drafter_packed": {"2": [2, 18]}}  # two packed forwards, 9 query positions per row in all
     record = {"gamma": 2, "verifier_forward_seconds": {"1x1": 1.0, "1x3": 2.0, "2x1": 1.5, "2x3": 3.5},
               "drafter_call_seconds": {"1": 0.5, "2": 0.75},
               "drafter_forward_seconds": {"1x3": 0.5, "1x6": 0.8, "2x3": 0.75, "2x6": 1.25},
               "rows": [{"config": "strict", "batch": 2, "tokens": 10, "wall": 1.0, "calls": 1, "forwards": forwards}]}
     cell = bb.cost_model(record)["cells"]["strict@2"]
-    assert cell["drafts_counted"] and cell["predicted_drafter"] == pytest.approx(0.75 + 1.25 + 1.75)
+    # the packed ones as two forwards of 2 x 4.5 positions: 2 (0.75 + 0.5 * 1.5 / 3)
+    assert cell["drafts_counted"] and cell["predicted_drafter"] == pytest.approx(0.75 + 1.25 + 1.75 + 2.0)
     del record["drafter_forward_seconds"]  # a table without query lengths: each call at c_D(b)
     cell = bb.cost_model(record)["cells"]["strict@2"]
     assert not cell["drafts_counted"] and cell["predicted_drafter"] == pytest.approx(3 * 0.75)
@@ -296,3 +298,24 @@ def test_the_drafter_table_times_calls_whose_rows_lack_a_block_of_context():
     rows = f.take()["drafter_rows"]
     assert rows["1x8"] == 2 and rows["2x8"] == 2  # each timed call lacking: 4 context tokens, the last token and 3 masks
     assert rows["1x4"] >= 2 and rows["2x4"] >= 2  # the cached calls, and the untimed ones that cut the caches back
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_forwards_counts_the_drafters_packed_forwards_by_rows_and_positions(padded):
+    """Two rows lacking different amounts of context draft in one forward: packed, it is counted as
+    2 rows holding their real query positions; padded (a :padded configuration), as 2 x the longest."""
+    from test_copy import tiny_drafter
+
+    d = tiny_drafter()
+    d.steps = 1
+    d.pack = not padded
+    pair = _Pair()
+    pair.drafter = d
+    f = bb.Forwards(pair)
+    seqs = [list(range(2, 12)), list(range(3, 20))]
+    d.propose_many([(0, seqs[0], 3), (1, seqs[1], 3)])  # the prompts: 9 and 16 context tokens + 4
+    got = f.take()
+    if padded:
+        assert got["drafter_rows"] == {"2x20": 1} and got["drafter_packed"] == {}
+    else:
+        assert got["drafter_rows"] == {} and got["drafter_packed"] == {"2": [1, 13 + 20]}

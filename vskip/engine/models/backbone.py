@@ -104,8 +104,9 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * hd, bias=c.attention_bias)
         self.o_proj = nn.Linear(c.num_heads * hd, c.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, past, mask):
-        # x [B, T, d]; cos/sin [T, hd]; past None or (k, v) [B, kvh, P, hd]; mask [T, P+T] bool or None
+    def forward(self, x, cos, sin, past, mask, pack=None):
+        # x [B, T, d]; cos/sin [T, hd]; past None or (k, v) [B, kvh, P, hd]; mask [T, P+T] bool or None;
+        # pack (row, col, rows, width): x is [1, N, d], rows laid end to end (Backbone.forward)
         B, T, _ = x.shape
         hd, h, kvh = self.c.head_dim, self.c.num_heads, self.c.num_kv_heads
         q = self.q_proj(x).view(B, T, h, hd).transpose(1, 2)
@@ -113,18 +114,30 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, kvh, hd).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
+        if pack is not None:  # attention runs in the padded layout [rows, heads, width, hd]
+            row, col, rows, width = pack
+            q, k, v = (_spread(t, row, col, rows, width) for t in (q, k, v))
         if past is not None:
             k = torch.cat([past[0], k], dim=2)
             v = torch.cat([past[1], v], dim=2)
         present = (k, v)
-        if kvh != h:
-            k = k.repeat_interleave(h // kvh, dim=1)
-            v = v.repeat_interleave(h // kvh, dim=1)
+        gqa = kvh != h  # the shared key/value heads are read in place, not repeated
         if isinstance(mask, str):  # "causal": plain causal attention without a cache
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, h * hd)), present
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        if pack is not None:
+            out = out[row, :, col][None]  # [1, N, h, hd]
+        else:
+            out = out.transpose(1, 2)
+        return self.o_proj(out.reshape(B, T, h * hd)), present
+
+
+def _spread(t: torch.Tensor, row, col, rows: int, width: int) -> torch.Tensor:
+    """Packed [1, heads, N, hd] into the padded layout [rows, heads, width, hd] (zeros between)."""
+    out = t.new_zeros((rows, t.shape[1], width, t.shape[3]))
+    out[row, :, col] = t[0].transpose(0, 1)
+    return out
 
 
 class MLP(nn.Module):
@@ -146,8 +159,8 @@ class Layer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = MLP(c)
 
-    def forward(self, x, cos, sin, past, mask):
-        a, present = self.self_attn(self.input_layernorm(x), cos, sin, past, mask)
+    def forward(self, x, cos, sin, past, mask, pack=None):
+        a, present = self.self_attn(self.input_layernorm(x), cos, sin, past, mask, pack)
         x = x + a
         return x + self.mlp(self.post_attention_layernorm(x)), present
 
@@ -164,15 +177,21 @@ class Backbone(nn.Module):
         self.layers = nn.ModuleList([Layer(c) for _ in range(c.num_layers)])
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(self, embeds: torch.Tensor, positions: torch.Tensor, past=None, mask=None):
+    def forward(self, embeds: torch.Tensor, positions: torch.Tensor, past=None, mask=None, pack=None):
         """embeds [B, T, d]; positions [T] or [B, T]; past: list of (k, v) per layer or None;
-        mask: bool [T, P+T] or [B, 1, T, P+T] (True = may attend), None (all attend all) or "causal"."""
+        mask: bool [T, P+T] or [B, 1, T, P+T] (True = may attend), None (all attend all) or "causal".
+
+        ``pack`` (row, col, rows, width): the inputs [1, N] are several rows' positions laid end to
+        end, position i being column ``col[i]`` of row ``row[i]`` of a padded [rows, width] layout;
+        the projections and MLPs compute the N real positions alone, attention runs in the padded
+        layout (the mask's and ``past``'s: [rows, 1, width, P + width], [rows, kvh, P, hd]), and the
+        keys/values returned are in that layout."""
         assert embeds.ndim == 3 and positions.shape[-1] == embeds.shape[1], (embeds.shape, positions.shape)
         cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta, embeds.dtype)
         x = embeds
         presents = []
         for i, layer in enumerate(self.layers):
-            x, kv = layer(x, cos, sin, None if past is None else past[i], mask)
+            x, kv = layer(x, cos, sin, None if past is None else past[i], mask, pack)
             presents.append(kv)
         return self.norm(x), presents
 

@@ -137,10 +137,7 @@ class ContextAttention(nn.Module):
         k, v = self.kv(x, cos, sin)
         if ctx is not None:
             k, v = torch.cat([ctx[0], k], dim=2), torch.cat([ctx[1], v], dim=2)
-        if self.kvh != self.h:
-            k = k.repeat_interleave(self.h // self.kvh, dim=1)
-            v = v.repeat_interleave(self.h // self.kvh, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.kvh != self.h)  # heads shared in place
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.h * self.hd))
 
 

@@ -141,9 +141,10 @@ class DiffusionLM(nn.Module):
             return self.head_ids
         return torch.arange(self.head_weight().shape[0], device=self.backbone.norm.weight.device)
 
-    def forward(self, ids, positions, past=None, mask=None, hint=None):
-        """Hidden states (LM-head input) [B, T, d] and per-layer keys/values."""
-        return self.backbone(self.embed(ids, hint), positions, past, mask)
+    def forward(self, ids, positions, past=None, mask=None, hint=None, pack=None):
+        """Hidden states (LM-head input) [B, T, d] and per-layer keys/values; ``pack``: the rows
+        laid end to end ([1, N], :meth:`~vskip.engine.models.backbone.Backbone.forward`)."""
+        return self.backbone(self.embed(ids, hint), positions, past, mask, pack)
 
 
 def hint_code(hint, length: int, vocab_size: int):

@@ -77,6 +77,9 @@ class DiffusionDrafter:
     max_gamma = None
     #: drafts from its own context cache, not the verifier's hidden states
     reads_verifier = False
+    #: rows of different query lengths drafting together go packed, without padding
+    #: (:func:`vskip.engine.models.drafter_batch.block_hidden_many`; False: padded, to compare)
+    pack = True
 
     def set_copy_prior(self, prior: CopyPrior | None) -> None:
         """Draft with this copy prior (None: the network alone)."""

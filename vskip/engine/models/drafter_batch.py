@@ -5,8 +5,11 @@ Each row keeps its own context cache (the drafter's slot). A forward stacks the 
 padded to the longest, and their queries (the context each row still lacks, then its block),
 padded to the longest, under one mask that gives every row exactly the attention of its own
 forward (:meth:`vskip.engine.models.drafter.DiffusionDrafter._first_hidden`): context tokens attend
-causally, block positions to the whole context and the whole block, nothing to padding. The first
-step's keys and values of the context a row lacked join that row's cache.
+causally, block positions to the whole context and the whole block, nothing to padding. Queries
+of different lengths go *packed*: the projections and MLPs run over the rows' real positions laid
+end to end, and only attention runs in the padded layout (as the verifier's rows do,
+:mod:`vskip.engine.models.attention`). The first step's keys and values of the context a row
+lacked join that row's cache.
 """
 
 from __future__ import annotations
@@ -64,7 +67,15 @@ def block_hidden_many(drafter, rows, slots, first: bool) -> list[torch.Tensor]:
         mask[i, 0, :c, P + c : P + L] = False
         mask[i, 0, L:, P] = True  # padding attends somewhere (its output is never read)
     past = _stacked(caches, past_len, P) if P else None
-    h, present = drafter.model(ids, pos, past, mask, code)
+    if drafter.pack and B > 1 and sum(length) < B * T:  # the real positions alone, end to end
+        row = torch.cat([torch.full((L,), i, dtype=torch.long) for i, L in enumerate(length)]).to(dev)
+        col = torch.cat([torch.arange(L) for L in length]).to(dev)
+        flat, present = drafter.model(ids[row, col][None], pos[row, col][None], past, mask,
+                                      None if code is None else code[row, col][None], (row, col, B, T))
+        h = flat.new_zeros((B, T, flat.shape[-1]))  # back in the padded layout the rows are read from
+        h[row, col] = flat[0]
+    else:
+        h, present = drafter.model(ids, pos, past, mask, code)
     if first:
         for i, (slot, r, c, n) in enumerate(zip(slots, rows, lead, past_len)):
             if c:

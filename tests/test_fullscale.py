@@ -24,7 +24,6 @@ from vskip.study.prefix import online
 
 ROOT = Path(__file__).parents[1]
 FULL = ROOT / "docs" / "results" / "full"
-ONLINE = ROOT / "docs" / "results" / "online"
 STRICT = {"n_prompts": 2, "generated_tokens": 10, "verifier_calls": 4, "draft_blocks": 4, "pass_at_1": 0.5}
 
 
@@ -452,19 +451,24 @@ def test_online_chooses_on_the_thresholds_every_task_finished(tmp_path):
         a.fn(a)
 
 
-def test_the_committed_online_reports_were_made_from_the_finished_thresholds(tmp_path, monkeypatch):
+@pytest.mark.parametrize("study,runs_dir,thresholds", [("online", "runs/online", 5), ("online-256", "runs/online-256", 8)])
+def test_the_committed_online_reports_were_made_from_the_finished_thresholds(tmp_path, monkeypatch, study, runs_dir,
+                                                                              thresholds):
+    """Each committed online study: at 128 tokens (its grid stopped at 0.75 for time), and at 256
+    with A, R, MNT, BATCH set (the whole grid)."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "docs").symlink_to(ROOT / "docs")
-    cal = ONLINE / "cal-report" / "runs.tar.xz"
-    with tarfile.open(cal, "r:xz") as tar:
+    there = ROOT / "docs" / "results" / study
+    with tarfile.open(there / "cal-report" / "runs.tar.xz", "r:xz") as tar:
         for name in tar.getnames():
             if name.endswith("/summary.json"):
                 (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
                 (tmp_path / name).write_text("{}")
-    runs = online.finished(Path("docs/results/online/predictor"), Path("runs/online/cal"))
-    want = shlex.join(["vskip", "report", *map(str, runs), "--archive", "--out", "docs/results/online/cal-report"])
-    assert want == _made_by(ONLINE / "cal-report" / "report.md")
-    rec = json.loads((ONLINE / "predictor" / "prefix" / "online.json").read_text())
+    runs = online.finished(Path(f"docs/results/{study}/predictor"), Path(f"{runs_dir}/cal"))
+    assert len(runs) == 2 * thresholds and thresholds <= len(grid("online-cal"))  # both tasks
+    want = shlex.join(["vskip", "report", *map(str, runs), "--archive", "--out", f"docs/results/{study}/cal-report"])
+    assert want == _made_by(there / "cal-report" / "report.md")
+    rec = json.loads((there / "predictor" / "prefix" / "online.json").read_text())
     assert rec["runs"] == list(map(str, runs))  # and `choose` read the same runs, in the same order
 
 

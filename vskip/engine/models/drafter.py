@@ -247,10 +247,10 @@ class DiffusionDrafter:
 
     def propose_many(self, requests: Sequence[tuple[int, Sequence[int], int]], features: bool = False,
                      sampling: Sampling | None = None) -> list[DraftBlock]:
-        """Draft a block for each (slot, seq, gamma) of ``requests``: with block attention and
-        several rows, each reveal step runs every row in one forward
-        (:func:`vskip.engine.models.drafter_batch.block_hidden_many`); otherwise one row at a time."""
-        if len(requests) == 1 or self.spec.attention != "block":
+        """Draft a block for each (slot, seq, gamma) of ``requests``: with several rows, each reveal
+        step runs every row in one forward (:func:`vskip.engine.models.drafter_batch.block_hidden_many`;
+        with full attention a row's query is its whole sequence, and no cache is kept)."""
+        if len(requests) == 1:
             return [self.propose(seq, g, features, sampling, slot) for slot, seq, g in requests]
         from .drafter_batch import draft_many
 

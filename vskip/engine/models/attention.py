@@ -45,11 +45,18 @@ def sdpa_gqa(module, query, key, value, attention_mask, dropout: float = 0.0, sc
     p = _PACKED.get()
     if p is not None:
         row, col, rows, width = p
-        q = query.new_zeros((rows, query.shape[1], width, query.shape[3]))
-        q[row, :, col] = query[0].transpose(0, 1)
-        out, _ = _attend(module, q, key, value, attention_mask, dropout, scaling, is_causal)
+        out, _ = _attend(module, spread(query, row, col, rows, width), key, value, attention_mask, dropout, scaling,
+                         is_causal)
         return out[row, col][None], None
     return _attend(module, query, key, value, attention_mask, dropout, scaling, is_causal)
+
+
+def spread(t, row, col, rows: int, width: int):
+    """Packed [1, heads, N, hd] into the padded layout [rows, heads, width, hd] (zeros between):
+    position i to column ``col[i]`` of row ``row[i]``."""
+    out = t.new_zeros((rows, t.shape[1], width, t.shape[3]))
+    out[row, :, col] = t[0].transpose(0, 1)
+    return out
 
 
 def _attend(module, query, key, value, attention_mask, dropout, scaling, is_causal):

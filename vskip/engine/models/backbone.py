@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .attention import spread
+
 
 @dataclass(frozen=True)
 class BackboneConfig:
@@ -116,7 +118,7 @@ class Attention(nn.Module):
         k = k * cos + rotate_half(k) * sin
         if pack is not None:  # attention runs in the padded layout [rows, heads, width, hd]
             row, col, rows, width = pack
-            q, k, v = (_spread(t, row, col, rows, width) for t in (q, k, v))
+            q, k, v = (spread(t, row, col, rows, width) for t in (q, k, v))
         if past is not None:
             k = torch.cat([past[0], k], dim=2)
             v = torch.cat([past[1], v], dim=2)
@@ -131,13 +133,6 @@ class Attention(nn.Module):
         else:
             out = out.transpose(1, 2)
         return self.o_proj(out.reshape(B, T, h * hd)), present
-
-
-def _spread(t: torch.Tensor, row, col, rows: int, width: int) -> torch.Tensor:
-    """Packed [1, heads, N, hd] into the padded layout [rows, heads, width, hd] (zeros between)."""
-    out = t.new_zeros((rows, t.shape[1], width, t.shape[3]))
-    out[row, :, col] = t[0].transpose(0, 1)
-    return out
 
 
 class MLP(nn.Module):

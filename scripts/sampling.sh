@@ -12,12 +12,14 @@
 # Every step resumes where it stopped (UNTIL stops it; the prompt groups in flight are redone).
 # Seeds are keyed by prompt and position, so a batch draws what batch 1 draws; outputs equal batch
 # 1's up to floating-point near-ties, and the clocks time batches (x ar is at the same B).
-# VSKIP names the vskip to run (default .venv/bin/vskip), B the temperatures' batch size (default 8).
+# VSKIP names the vskip to run (default .venv/bin/vskip), B the temperatures' batch size (default 8),
+# S where pack writes (default docs/results/sampling). pack scores the standard rule's completions
+# paired by prompt with ar's (the difference of pass@k with an interval over prompts).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VSKIP=${VSKIP:-.venv/bin/vskip}
 B=${B:-8}
-S=docs/results/sampling
+S=${S:-docs/results/sampling}
 R=${R:-runs/sampling}
 COMMON=(--preset study --task humaneval --seed 0 --threads 1 --quiet)
 
@@ -62,7 +64,11 @@ case "${1:-}" in
       d=$R/passk/$r o=$S/passk/$r
       [ -f "$d/summary.json" ] || continue
       mkdir -p "$o"
-      "$VSKIP" score --task humaneval --samples "$d/samples.jsonl" --out "$o/score.json" > "$o/score.txt"
+      pair=()
+      if [ "$r" != ar-T0.6-n10 ] && [ -f "$R/passk/ar-T0.6-n10/summary.json" ]; then
+        pair=(--paired-with "$S/passk/ar-T0.6-n10/score.json")
+      fi
+      "$VSKIP" score --task humaneval --samples "$d/samples.jsonl" --out "$o/score.json" "${pair[@]}" > "$o/score.txt"
       cp "$d/summary.json" "$o"/
       gzip -nc "$d/samples.jsonl" > "$o/samples.jsonl.gz"
     done ;;

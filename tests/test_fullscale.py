@@ -497,7 +497,7 @@ def _stub_calls(where, script: str, *args: str, **env_vars: str) -> list[str]:
     stub = where / "vskip"
     stub.write_text(f'#!/usr/bin/env bash\necho "$*" >> {log}\n')
     stub.chmod(0o755)
-    knobs = ("R", "A", "MNT", "BATCH", "B", "UNTIL", "GRID", "ROUND", "KEY", "NOCACHE_KEY", "ONLY", "NOCACHE_TASKS")
+    knobs = ("R", "S", "A", "MNT", "BATCH", "B", "UNTIL", "GRID", "ROUND", "KEY", "NOCACHE_KEY", "ONLY", "NOCACHE_TASKS")
     env = {k: v for k, v in os.environ.items() if k not in knobs}
     env.update(VSKIP=str(stub), **env_vars)
     p = subprocess.run(["bash", str(ROOT / "scripts" / script), *args], env=env, capture_output=True, text=True,
@@ -523,6 +523,22 @@ def test_sampling_sh_runs_the_rest_of_the_protocol_batched(tmp_path):
     assert [c.split(" --out ")[1] for c in calls] == ["r/passk/ar-T0.6-n10", "r/passk/strict-spec-T0.6-n10"]
     assert all("--temperature 0.6 --samples-per-prompt 10 --batch-size 10" in c for c in calls)
     assert "--speculative-sampling" in calls[1] and "--speculative-sampling" not in calls[0]
+
+
+def test_sampling_sh_packs_the_standard_rule_paired_with_ar(tmp_path, monkeypatch):
+    """pack scores each finished pass@k run into S, the standard rule's paired with ar's score."""
+    monkeypatch.chdir(tmp_path)
+    for r in ("ar-T0.6-n10", "strict-spec-T0.6-n10"):
+        (tmp_path / "r" / "passk" / r).mkdir(parents=True)
+        (tmp_path / "r" / "passk" / r / "summary.json").write_text("{}")
+        (tmp_path / "r" / "passk" / r / "samples.jsonl").write_text("{}\n")
+    calls = _stub_calls(tmp_path / "k", "sampling.sh", "pack", R=str(tmp_path / "r"), S=str(tmp_path / "s"))
+    s = tmp_path / "s" / "passk"
+    assert calls == sorted([
+        f"score --task humaneval --samples {tmp_path}/r/passk/ar-T0.6-n10/samples.jsonl --out {s}/ar-T0.6-n10/score.json",
+        f"score --task humaneval --samples {tmp_path}/r/passk/strict-spec-T0.6-n10/samples.jsonl "
+        f"--out {s}/strict-spec-T0.6-n10/score.json --paired-with {s}/ar-T0.6-n10/score.json"])
+    assert (s / "strict-spec-T0.6-n10" / "samples.jsonl.gz").is_file()
 
 
 def test_sampling_sh_starts_nothing_after_until(tmp_path):

@@ -560,6 +560,61 @@ def test_pass_at_k_table_adds_the_fewest_samples_as_k():
     assert sorted(SC.pass_at_k_table({"a": [True] * 10}), key=int) == ["1", "10"]
 
 
+def test_pass_at_k_paired_differences_by_task():
+    """The paired difference is the mean over shared tasks of each task's pass@k difference (a task
+    only one side has is left out); its interval holds the mean; wins and losses count tasks."""
+    from vskip.engine.metrics import pass_at_k_paired
+
+    a = {"t1": [True] * 2 + [False] * 8, "t2": [False] * 10, "t3": [True] * 10, "only_a": [True] * 10}
+    b = {"t1": [False] * 10, "t2": [True] + [False] * 9, "t3": [True] * 10}
+    t = pass_at_k_paired(a, b)
+    assert sorted(t, key=int) == ["1", "10"]
+    one = t["1"]
+    assert one["tasks"] == 3 and one["samples_per_task"] == 10
+    assert one["difference"] == pytest.approx((0.2 - 0.1 + 0.0) / 3)
+    assert one["estimate"] == pytest.approx((0.2 + 0.0 + 1.0) / 3) and one["other"] == pytest.approx((0 + 0.1 + 1) / 3)
+    assert (one["higher"], one["lower"]) == (1, 1)
+    assert one["ci"][0] <= one["difference"] <= one["ci"][1] and one["ci"][0] < one["ci"][1]
+    assert t["10"]["difference"] == pytest.approx(0.0)  # t1 and t2 each pass once in ten or more
+    same = pass_at_k_paired(a, a)
+    assert all(e["difference"] == 0.0 and e["ci"] == [0.0, 0.0] for e in same.values())
+    with pytest.raises(ValueError, match="share no task"):
+        pass_at_k_paired({"x": [True]}, {"y": [True]})
+
+
+def test_score_paired_with_another_score_file(tmp_path):
+    """``vskip score --paired-with`` adds the paired difference against another sampler's score
+    file, and refuses a file of another task or without per-sample results."""
+    from vskip import cli
+
+    def write(name, rows):
+        path = tmp_path / name
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return path
+
+    good, bad = "\\boxed{18}", "\\boxed{17}"
+    ours = write("ours.jsonl", [{"task_id": "gsm8k/0", "completion": good}, {"task_id": "gsm8k/0", "completion": bad}])
+    theirs = write("theirs.jsonl", [{"task_id": "gsm8k/0", "completion": bad}, {"task_id": "gsm8k/0", "completion": bad}])
+    assert cli.main(["score", "--task", "gsm8k", "--samples", str(theirs), "--out", str(tmp_path / "theirs.json")]) == 0
+    out = tmp_path / "ours.json"
+    assert cli.main(["score", "--task", "gsm8k", "--samples", str(ours), "--out", str(out),
+                     "--paired-with", str(tmp_path / "theirs.json")]) == 0
+    paired = json.loads(out.read_text())["paired"]
+    assert paired["other"] == str(tmp_path / "theirs.json")
+    assert paired["pass_at_k"]["1"]["difference"] == pytest.approx(0.5)
+    assert paired["pass_at_k"]["2"]["difference"] == pytest.approx(1.0)
+    res = SC.score_samples_file("gsm8k", ours)
+    (tmp_path / "math500.json").write_text(json.dumps({"task": "math500", "results": []}))
+    with pytest.raises(ValueError, match="scores 'math500'"):
+        SC.paired_with(res, tmp_path / "math500.json")
+    (tmp_path / "bare.json").write_text(json.dumps({"task": "gsm8k"}))
+    with pytest.raises(ValueError, match="no results"):
+        SC.paired_with(res, tmp_path / "bare.json")
+    (tmp_path / "odd.json").write_text(json.dumps({"task": "gsm8k", "results": [{"task_id": "gsm8k/0"}]}))
+    with pytest.raises(ValueError, match="result 0 has no task_id and passed"):
+        SC.paired_with(res, tmp_path / "odd.json")
+
+
 def test_a_restated_function_keeps_the_prompts_imports():
     """Models often restate the function without the prompt's ``from typing import List``; the
     prompt's imports go before the extracted code, so such a solution is scored on its merits."""

@@ -26,9 +26,9 @@ import numpy as np
 
 from vskip.bench.sandbox import run_program, sandbox_kind, verdict
 from vskip.bench.tasks import ALL_TASKS, Problem, last_boxed, load_task
-from vskip.engine.metrics import pass_at_k_table
+from vskip.engine.metrics import pass_at_k_paired, pass_at_k_table
 from vskip.environment import sandbox_preference
-from vskip.files import read_jsonl_lines
+from vskip.files import read_json, read_jsonl_lines
 from vskip.stats import resample_indices
 
 __all__ = [
@@ -395,6 +395,26 @@ def score_samples_file(
         "sandbox": sandbox_kind(sandbox_preference()) if task in CODE_TASKS else None,
         "results": [asdict(r) for r in results],
     }
+
+
+def paired_with(res: dict, other) -> dict:
+    """pass@k of a :func:`score_samples_file` result minus that of another one's JSON file
+    (``vskip score --out``), paired by task (:func:`vskip.engine.metrics.pass_at_k_paired`)."""
+    theirs = read_json(other, "score file")
+    if not isinstance(theirs, dict) or not isinstance(theirs.get("results"), list):
+        raise ValueError(f"{other}: not a score file of vskip score --out (no results)")
+    if theirs.get("task") != res["task"]:
+        raise ValueError(f"{other} scores {theirs.get('task')!r}, these samples answer {res['task']!r}")
+
+    def by_task(results) -> dict[str, list[bool]]:
+        out: dict[str, list[bool]] = {}
+        for i, r in enumerate(results):
+            if not isinstance(r, dict) or "task_id" not in r or not isinstance(r.get("passed"), bool):
+                raise ValueError(f"{other}: result {i} has no task_id and passed")
+            out.setdefault(str(r["task_id"]), []).append(r["passed"])
+        return out
+
+    return {"other": str(other), "pass_at_k": pass_at_k_paired(by_task(res["results"]), by_task(theirs["results"]))}
 
 
 # ----------------------------------------------------------------------------- statistics

@@ -12,13 +12,16 @@ def register(subparsers) -> None:
     add_task_flag(s, required=True, help="the benchmark the samples answer")
     s.add_argument("--samples", required=True, help="JSONL with task_id and completion (or solution)")
     s.add_argument("--out", help="write per-sample results as JSON here")
+    s.add_argument("--paired-with", metavar="SCORE_JSON",
+                   help="another sampler's score file (vskip score --out) on the same tasks: adds the "
+                        "difference of pass@k, paired by task, with a bootstrap interval over tasks")
     s.set_defaults(fn=cmd_score)
 
 
 def cmd_score(a) -> int:
     import contextlib
 
-    from ..bench.scoring import score_samples_file
+    from ..bench.scoring import paired_with, score_samples_file
     from ..files import DirLock, check_output_path, write_json
 
     lock = contextlib.nullcontext()
@@ -29,10 +32,15 @@ def cmd_score(a) -> int:
     check_sandbox(a.task)
     with lock:
         res = score_samples_file(a.task, a.samples)
+        if a.paired_with is not None:
+            res["paired"] = paired_with(res, a.paired_with)
         if a.out is not None:
             write_json(a.out, res)
     print(f"{res['task']}: pass@1 = {res['pass_at_1']:.4f} ({sum(r['passed'] for r in res['results'])}/{res['n']}) sandbox={res['sandbox']}")
     for k, e in res["pass_at_k"].items():
         print(f"  pass@{k} = {e['estimate']:.4f} [{e['ci'][0]:.4f}, {e['ci'][1]:.4f}] over {e['tasks']} tasks, "
               f"{e['samples_per_task']}+ samples each (95% bootstrap over tasks)")
+    for k, e in res.get("paired", {}).get("pass_at_k", {}).items():
+        print(f"  pass@{k} minus {a.paired_with}'s = {e['difference']:+.4f} [{e['ci'][0]:+.4f}, {e['ci'][1]:+.4f}] "
+              f"over {e['tasks']} shared tasks (higher on {e['higher']}, lower on {e['lower']})")
     return 0

@@ -237,6 +237,37 @@ def pass_at_k_table(per_task: dict[str, Sequence[bool]], ks: Sequence[int] = (1,
     return out
 
 
+def pass_at_k_paired(per_task: dict[str, Sequence[bool]], other: dict[str, Sequence[bool]],
+                     ks: Sequence[int] = (1, 10, 100), level: float = 0.95, seed: int = 0) -> dict[str, dict]:
+    """pass@k of ``per_task`` minus pass@k of ``other``, paired by task: for each k that every
+    task of both has at least k samples for (and the fewest samples, as in
+    :func:`pass_at_k_table`), the mean over the tasks both hold of the difference of their unbiased
+    estimates, a percentile bootstrap interval that resamples tasks (``level``), and how many
+    tasks each side wins. Two samplers of one distribution give an interval that holds 0."""
+    from scipy.stats import bootstrap
+
+    ids = sorted(set(per_task) & set(other))
+    if not ids:
+        raise ValueError("the two sample sets share no task")
+    fewest = min(min(len(per_task[t]), len(other[t])) for t in ids)
+    out = {}
+    for k in sorted(set(ks) | ({fewest} if fewest > 1 else set())):
+        if k > fewest:
+            continue
+        a = np.array([pass_at_k(len(per_task[t]), int(sum(per_task[t])), k) for t in ids])
+        b = np.array([pass_at_k(len(other[t]), int(sum(other[t])), k) for t in ids])
+        d = a - b
+        if len(d) > 1 and np.ptp(d) > 0:
+            ci = bootstrap((d,), np.mean, confidence_level=level, n_resamples=2000, method="percentile", rng=seed)
+            lo, hi = float(ci.confidence_interval.low), float(ci.confidence_interval.high)
+        else:  # one task, or every task's difference alike: nothing to resample
+            lo = hi = float(d.mean())
+        out[str(k)] = {"difference": float(d.mean()), "ci": [lo, hi], "estimate": float(a.mean()),
+                       "other": float(b.mean()), "tasks": len(d), "samples_per_task": fewest,
+                       "higher": int((d > 0).sum()), "lower": int((d < 0).sum())}
+    return out
+
+
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k)."""
     if not (0 <= c <= n) or k < 1 or k > n:

@@ -9,8 +9,9 @@ a reader sees in the source and not in the rendered page:
   in it the column NAME (VALUE and NAME may hold ``/``, as in ``tokens/s``: the path splits where a
   column's name follows); ``NAME#i`` is the i-th number of a cell that holds several, such as
   ``1.0729 [0.9217, 1.3804]`` (0 the estimate, 1 and 2 its interval);
-- either of those ending in `` ×100``, `` ×1000``, `` ×1e-6`` or `` ×1e-9``: the value scaled, for a
-  share printed in %, seconds printed in ms, bytes printed in MB, FLOPs printed in GFLOP;
+- either of those ending in `` ×100``, `` ×1000``, `` ×1e6``, `` ×1e-6`` or `` ×1e-9``: the value scaled,
+  for a share printed in %, seconds printed in ms, a small probability printed in millionths
+  (``1.8 × 10⁻⁶``), bytes printed in MB, FLOPs printed in GFLOP;
 - ``<!-- file-size FILE -->``: the size of a shipped file in MB (10^6 bytes), to the decimals printed;
 - ``<!-- setting: why -->``: a number that is chosen, not measured (a target, a promise);
 - ``<!-- paper: where -->``: a number the paper reports, quoted beside ours; ``where`` names its
@@ -59,7 +60,7 @@ QUOTED = re.compile(r"(?P<sign>(?<![\w.])[-−+])?(?<![\w.§])"
                     r"(?=(?:×|%| MB)?<!-- " + KINDS + "))"
                     r"(?P<unit>×|%| MB)?"
                     r"(<!-- (?P<kind>" + KINDS + r")(?::)? ?(?P<arg>.*?) -->)?")
-SCALED = re.compile(r"(.*?)(?: ×(100|1000|1e-6|1e-9))?")
+SCALED = re.compile(r"(.*?)(?: ×(100|1000|1e6|1e-6|1e-9))?")
 
 
 def _prose(text: str) -> str:

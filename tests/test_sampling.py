@@ -475,3 +475,24 @@ def test_a_sampled_runs_summary_counts_prompts_and_reports_pass_at_k():
     assert k["1"]["estimate"] == pytest.approx(11 / 30) and k["10"]["estimate"] == pytest.approx(2 / 3)
     lo, hi = k["10"]["ci"]
     assert 0 <= lo < 2 / 3 < hi <= 1
+
+
+@given(seed=st.integers(0, 2**31), u=st.floats(0.0, 0.999), delta=st.floats(1e-9, 0.2))
+def test_tie_margin_bounds_the_nudge_that_parts_two_draws(seed, u, delta):
+    """Draws a at u and b at u + delta differ only across a cumulative sum between them, so the
+    margin of (u, a, b) is at most delta; and a u in the middle of one token's mass is far from
+    drawing its neighbour."""
+    from vskip.engine.policy.sampling import inverse_cdf as draw, tie_margin
+
+    rng = np.random.default_rng(seed)
+    p = rng.dirichlet(np.full(12, 0.3)) * rng.uniform(0.5, 2.0)  # any total: the rule normalises
+    v = min(u + delta, 1.0 - 1e-12)
+    a, b = draw(p, u), draw(p, v)
+    if a != b:
+        assert tie_margin(p, u, a, b) <= (v - u) + 1e-12
+        assert tie_margin(p, u, b, a) == tie_margin(p, u, a, b)
+    half = np.array([0.5, 0.5])
+    assert tie_margin(half, 0.25, 0, 1) == pytest.approx(0.25)
+    assert tie_margin(np.array([0.2, 0.0, 0.0, 0.8]), 0.2 + 1e-7, 3, 0) == pytest.approx(1e-7, abs=1e-12)
+    with pytest.raises(ValueError):
+        tie_margin(half, 0.5, 1, 1)

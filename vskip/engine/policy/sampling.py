@@ -110,6 +110,23 @@ def inverse_cdf(p: np.ndarray, u: float) -> int:
     return int(min(np.searchsorted(c, u * c[-1], side="right"), np.flatnonzero(p)[-1]))
 
 
+def tie_margin(p: np.ndarray, u: float, a: int, b: int) -> float:
+    """How far ``u`` lies, as a share of ``p``'s mass, from a draw that could be ``a`` or ``b`` by
+    :func:`inverse_cdf`: the larger of its distances from the two ids' intervals of the cumulative
+    sum. Two forwards that drew a and b with the same ``u`` are a floating-point tie when it is of
+    the order of their rounding of that sum; a large one means that they did not compute one
+    distribution."""
+    if a == b:
+        raise ValueError("a tie needs two different tokens")
+    c = np.cumsum(np.asarray(p, dtype=np.float64))
+    x = u * c[-1]
+
+    def away(t: int) -> float:  # from [c[t - 1], c[t]), the values of u * total that draw t
+        return max((c[t - 1] if t > 0 else 0.0) - x, x - c[t], 0.0)
+
+    return float(max(away(a), away(b)) / c[-1])
+
+
 def draw_rows(p: np.ndarray, u: np.ndarray) -> np.ndarray:
     """The token of each row of ``p`` [n, V] (probabilities, warped) drawn with its uniform number
     ``u`` [n] by :func:`inverse_cdf`: a verifier's draws, or a drafter's sampled block."""

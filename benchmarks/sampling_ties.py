@@ -15,8 +15,9 @@ distribution, a bug.
 
     python benchmarks/sampling_ties.py docs/results/sampling/he164-T1.0 --config strict
 
-writes DIR/ties.json: one row per differing prompt, their largest and median margins, and the
-largest probability either drawn token had.
+writes DIR/ties.json: one row per differing prompt, their largest and median margins, the
+largest probability either drawn token had, and the ties per draw compared (the draws both made
+up to and including each first difference).
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ def ties(directory: Path, config: str = "strict", progress: bool = True) -> dict
                 out.setdefault(r.task_id, {})[r.config] = r.tokens
     pairs = {t: (c["ar"], c[config]) for t, c in out.items() if "ar" in c and config in c}
     differ = {t: p for t, p in pairs.items() if p[0] != p[1]}
+    # the tokens drawn in both before a difference (and the differing one): the draws at risk of a tie
+    at_risk = sum(min(len(a), len(b)) if (t := first_difference(a, b)) is None else t + 1 for a, b in pairs.values())
 
     where = resolve_verifier_dir((settings.get("fixed", {}).get("models") or {}).get("verifier"))
     tok = AutoTokenizer.from_pretrained(where)
@@ -80,6 +83,7 @@ def ties(directory: Path, config: str = "strict", progress: bool = True) -> dict
     margins = [r["margin"] for r in rows if "margin" in r]
     return {"directory": str(directory), "config": config, "sampling": settings["configs"][config]["decode"]["sampling"],
             "prompts": len(pairs), "equal": len(pairs) - len(differ), "differ": len(differ),
+            "draws_compared": at_risk, "ties_per_draw": len(differ) / at_risk if at_risk else None,
             "max_margin": max(margins) if margins else None,
             "median_margin": float(np.median(margins)) if margins else None,
             "max_probability": max((max(r["p_ar"], r[f"p_{config}"]) for r in rows if "margin" in r), default=None),

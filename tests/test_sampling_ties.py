@@ -35,6 +35,7 @@ def test_a_neighbouring_draw_has_a_small_margin_and_a_far_one_a_large_one(tmp_pa
                                 "HumanEval/1": {"ar": [7, 8], "strict": [7, 8]}}, s)
     near = ties.ties(d, progress=False)
     assert (near["prompts"], near["equal"], near["differ"]) == (2, 1, 1)
+    assert near["draws_compared"] == 2 + 2 and near["ties_per_draw"] == 1 / 4  # up to the difference; all of the equal
     row = near["rows"][0]
     assert (row["position"], row["ar"], row["strict"], row["float64"]) == (1, 98, 97, 98)
     assert 0 < row["margin"] <= row["p_ar"] < 0.01

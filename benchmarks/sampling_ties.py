@@ -59,6 +59,8 @@ def ties(directory: Path, config: str = "strict", progress: bool = True) -> dict
             if r.repeat == 0 and r.config in ("ar", config):
                 out.setdefault(r.task_id, {})[r.config] = r.tokens
     pairs = {t: (c["ar"], c[config]) for t, c in out.items() if "ar" in c and config in c}
+    if any(a is None or b is None for a, b in pairs.values()):
+        raise ValueError(f"{directory}: rows without their output tokens; nothing to compare")
     differ = {t: p for t, p in pairs.items() if p[0] != p[1]}
     # the tokens drawn in both before a difference (and the differing one): the draws at risk of a tie
     at_risk = sum(min(len(a), len(b)) if (t := first_difference(a, b)) is None else t + 1 for a, b in pairs.values())

@@ -17,7 +17,7 @@ def _compare_dir(where, rows: dict, sampling: dict):
     configs = {c: {"decode": {"sampling": sampling}} for c in ("ar", "strict")}
     (d / "settings.json").write_text(json.dumps({"fixed": {"task": "humaneval", "models": {"verifier": None}},
                                                  "configs": configs}))
-    lines = [{"task_id": t, "config": c, "tokens": toks, "generated_tokens": len(toks)}
+    lines = [{"task_id": t, "config": c, "tokens": toks, "generated_tokens": len(toks or [])}
              for t, by in rows.items() for c, toks in by.items()]
     with gzip.open(d / "shard-1-of-1.jsonl.gz", "wt") as f:
         f.write("".join(json.dumps(r) + "\n" for r in lines))
@@ -50,4 +50,7 @@ def test_greedy_or_the_standard_rule_is_refused(tmp_path):
         d = _compare_dir(tmp_path / str(len(s)), {TID: {"ar": [1], "strict": [2]}}, s)
         with pytest.raises(ValueError, match="does not commit ar's draws"):
             ties.ties(d, progress=False)
+    s = {"temperature": 1.0}
+    with pytest.raises(ValueError, match="rows without their output tokens"):
+        ties.ties(_compare_dir(tmp_path / "bare", {TID: {"ar": None, "strict": [2]}}, s), progress=False)
     assert ties.first_difference([1, 2, 3], [1, 2]) is None and ties.first_difference([1, 2], [1, 3]) == 1

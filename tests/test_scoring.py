@@ -606,13 +606,13 @@ def test_score_paired_with_another_score_file(tmp_path):
     res = SC.score_samples_file("gsm8k", ours)
     (tmp_path / "math500.json").write_text(json.dumps({"task": "math500", "results": []}))
     with pytest.raises(ValueError, match="scores 'math500'"):
-        SC.paired_with(res, tmp_path / "math500.json")
+        SC.paired_with(res, SC.read_score_file(tmp_path / "math500.json"), "math500.json")
     (tmp_path / "bare.json").write_text(json.dumps({"task": "gsm8k"}))
     with pytest.raises(ValueError, match="no results"):
-        SC.paired_with(res, tmp_path / "bare.json")
+        SC.read_score_file(tmp_path / "bare.json")
     (tmp_path / "odd.json").write_text(json.dumps({"task": "gsm8k", "results": [{"task_id": "gsm8k/0"}]}))
     with pytest.raises(ValueError, match="result 0 has no task_id and passed"):
-        SC.paired_with(res, tmp_path / "odd.json")
+        SC.read_score_file(tmp_path / "odd.json")
 
 
 def test_a_restated_function_keeps_the_prompts_imports():

@@ -397,24 +397,31 @@ def score_samples_file(
     }
 
 
-def paired_with(res: dict, other) -> dict:
-    """pass@k of a :func:`score_samples_file` result minus that of another one's JSON file
-    (``vskip score --out``), paired by task (:func:`vskip.engine.metrics.pass_at_k_paired`)."""
-    theirs = read_json(other, "score file")
+def read_score_file(path) -> dict:
+    """A score file of ``vskip score --out`` (its per-sample ``results``), for :func:`paired_with`."""
+    theirs = read_json(path, "score file")
     if not isinstance(theirs, dict) or not isinstance(theirs.get("results"), list):
-        raise ValueError(f"{other}: not a score file of vskip score --out (no results)")
+        raise ValueError(f"{path}: not a score file of vskip score --out (no results)")
+    for i, r in enumerate(theirs["results"]):
+        if not isinstance(r, dict) or "task_id" not in r or not isinstance(r.get("passed"), bool):
+            raise ValueError(f"{path}: result {i} has no task_id and passed")
+    return theirs
+
+
+def paired_with(res: dict, theirs: dict, name: str) -> dict:
+    """pass@k of a :func:`score_samples_file` result minus that of another score file ``theirs``
+    (:func:`read_score_file`; ``name`` says where it came from), paired by task
+    (:func:`vskip.engine.metrics.pass_at_k_paired`)."""
     if theirs.get("task") != res["task"]:
-        raise ValueError(f"{other} scores {theirs.get('task')!r}, these samples answer {res['task']!r}")
+        raise ValueError(f"{name} scores {theirs.get('task')!r}, these samples answer {res['task']!r}")
 
     def by_task(results) -> dict[str, list[bool]]:
         out: dict[str, list[bool]] = {}
-        for i, r in enumerate(results):
-            if not isinstance(r, dict) or "task_id" not in r or not isinstance(r.get("passed"), bool):
-                raise ValueError(f"{other}: result {i} has no task_id and passed")
+        for r in results:
             out.setdefault(str(r["task_id"]), []).append(r["passed"])
         return out
 
-    return {"other": str(other), "pass_at_k": pass_at_k_paired(by_task(res["results"]), by_task(theirs["results"]))}
+    return {"other": name, "pass_at_k": pass_at_k_paired(by_task(res["results"]), by_task(theirs["results"]))}
 
 
 # ----------------------------------------------------------------------------- statistics

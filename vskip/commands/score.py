@@ -21,7 +21,7 @@ def register(subparsers) -> None:
 def cmd_score(a) -> int:
     import contextlib
 
-    from ..bench.scoring import paired_with, score_samples_file
+    from ..bench.scoring import paired_with, read_score_file, score_samples_file
     from ..files import DirLock, check_output_path, write_json
 
     lock = contextlib.nullcontext()
@@ -30,10 +30,11 @@ def cmd_score(a) -> int:
     from ..study.runner import check_sandbox
 
     check_sandbox(a.task)
+    theirs = None if a.paired_with is None else read_score_file(a.paired_with)  # before the scoring, not after
     with lock:
         res = score_samples_file(a.task, a.samples)
-        if a.paired_with is not None:
-            res["paired"] = paired_with(res, a.paired_with)
+        if theirs is not None:
+            res["paired"] = paired_with(res, theirs, a.paired_with)
         if a.out is not None:
             write_json(a.out, res)
     print(f"{res['task']}: pass@1 = {res['pass_at_1']:.4f} ({sum(r['passed'] for r in res['results'])}/{res['n']}) sandbox={res['sandbox']}")

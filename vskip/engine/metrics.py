@@ -215,25 +215,30 @@ def auroc(scores, labels) -> float:
     return float(roc_auc_score(y, np.asarray(scores, np.float64)))
 
 
+def _task_interval(x: np.ndarray, level: float, seed: int) -> list[float]:
+    """Percentile bootstrap interval of the mean of the per-task values ``x`` (tasks resampled);
+    one task, or every task alike, leaves nothing to resample."""
+    from scipy.stats import bootstrap
+
+    if len(x) > 1 and np.ptp(x) > 0:
+        ci = bootstrap((x,), np.mean, confidence_level=level, n_resamples=2000, method="percentile", rng=seed)
+        return [float(ci.confidence_interval.low), float(ci.confidence_interval.high)]
+    return [float(x.mean())] * 2
+
+
 def pass_at_k_table(per_task: dict[str, Sequence[bool]], ks: Sequence[int] = (1, 10, 100), level: float = 0.95,
                     seed: int = 0) -> dict[str, dict]:
     """pass@k for each k in ``ks`` that every task has at least k samples for, and for k = the
     fewest samples a task has (pass@5 of five samples a task): the mean over tasks of the unbiased
     estimator, with a percentile bootstrap interval over tasks (``level``)."""
-    from scipy.stats import bootstrap
-
     fewest = min((len(v) for v in per_task.values()), default=0)
     out = {}
     for k in sorted(set(ks) | ({fewest} if fewest > 1 else set())):
         if k > fewest:
             continue
         x = np.array([pass_at_k(len(v), int(sum(v)), k) for v in per_task.values()])
-        if len(x) > 1 and np.ptp(x) > 0:
-            ci = bootstrap((x,), np.mean, confidence_level=level, n_resamples=2000, method="percentile", rng=seed)
-            lo, hi = float(ci.confidence_interval.low), float(ci.confidence_interval.high)
-        else:  # one task, or every task alike: nothing to resample
-            lo = hi = float(x.mean())
-        out[str(k)] = {"estimate": float(x.mean()), "ci": [lo, hi], "tasks": len(x), "samples_per_task": fewest}
+        out[str(k)] = {"estimate": float(x.mean()), "ci": _task_interval(x, level, seed), "tasks": len(x),
+                       "samples_per_task": fewest}
     return out
 
 
@@ -244,8 +249,6 @@ def pass_at_k_paired(per_task: dict[str, Sequence[bool]], other: dict[str, Seque
     :func:`pass_at_k_table`), the mean over the tasks both hold of the difference of their unbiased
     estimates, a percentile bootstrap interval that resamples tasks (``level``), and how many
     tasks each side wins. Two samplers of one distribution give an interval that holds 0."""
-    from scipy.stats import bootstrap
-
     ids = sorted(set(per_task) & set(other))
     if not ids:
         raise ValueError("the two sample sets share no task")
@@ -257,12 +260,7 @@ def pass_at_k_paired(per_task: dict[str, Sequence[bool]], other: dict[str, Seque
         a = np.array([pass_at_k(len(per_task[t]), int(sum(per_task[t])), k) for t in ids])
         b = np.array([pass_at_k(len(other[t]), int(sum(other[t])), k) for t in ids])
         d = a - b
-        if len(d) > 1 and np.ptp(d) > 0:
-            ci = bootstrap((d,), np.mean, confidence_level=level, n_resamples=2000, method="percentile", rng=seed)
-            lo, hi = float(ci.confidence_interval.low), float(ci.confidence_interval.high)
-        else:  # one task, or every task's difference alike: nothing to resample
-            lo = hi = float(d.mean())
-        out[str(k)] = {"difference": float(d.mean()), "ci": [lo, hi], "estimate": float(a.mean()),
+        out[str(k)] = {"difference": float(d.mean()), "ci": _task_interval(d, level, seed), "estimate": float(a.mean()),
                        "other": float(b.mean()), "tasks": len(d), "samples_per_task": fewest,
                        "higher": int((d > 0).sum()), "lower": int((d < 0).sum())}
     return out

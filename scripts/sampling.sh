@@ -19,6 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VSKIP=${VSKIP:-.venv/bin/vskip}
 B=${B:-8}
+PARTS=${PARTS:-8}
 S=${S:-docs/results/sampling}
 R=${R:-runs/sampling}
 COMMON=(--preset study --task humaneval --seed 0 --threads 1 --quiet)
@@ -47,10 +48,16 @@ case "${1:-}" in
         "$VSKIP compare ${COMMON[*]} --configs ar,strict,raw --temperature $T --batch-size $B --shard 1/2 --out $R/he164-T$T" \
         "$VSKIP compare ${COMMON[*]} --configs ar,strict,raw --temperature $T --batch-size $B --shard 2/2 --out $R/he164-T$T"
     done ;;
-  passk)
-    side_by_side \
-      "$VSKIP run ${COMMON[*]} --policy ar --temperature 0.6 --samples-per-prompt 10 --batch-size 10 --out $R/passk/ar-T0.6-n10" \
-      "$VSKIP run ${COMMON[*]} --policy strict --speculative-sampling --temperature 0.6 --samples-per-prompt 10 --batch-size 10 --out $R/passk/strict-spec-T0.6-n10" ;;
+  passk)  # the parts as a queue: two processes take the next (policy, part) as each finishes
+    for i in $(seq 1 "$PARTS"); do for p in ar strict-spec; do echo "$p $i"; done; done |
+      xargs -P 2 -L 1 bash "$0" passk-part ;;
+  passk-part)  # one policy on one part: prompts I, I+N, ... of the 164 (I counted from 1)
+    p=$2 i=$3
+    [[ "$p" =~ ^(ar|strict-spec)$ && "$i" =~ ^[0-9]+$ && "$i" -ge 1 && "$i" -le "$PARTS" ]] || { echo "bad part: $p $i" >&2; exit 2; }
+    ids=$(seq -s, -f 'HumanEval/%g' $((i - 1)) "$PARTS" 163)
+    flags=(--policy ar); [ "$p" = ar ] || flags=(--policy strict --speculative-sampling)
+    until_ "$VSKIP" run "${COMMON[@]}" "${flags[@]}" --temperature 0.6 --samples-per-prompt 10 --batch-size 10 \
+      --ids "$ids" --out "$R/passk/$p-T0.6-n10/part-${i}of$PARTS" ;;
   pack)
     for T in 0.2 1.0; do
       d=$R/he164-T$T o=$S/he164-T$T

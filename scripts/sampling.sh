@@ -5,11 +5,15 @@
 # Strict SDD with the standard rule (the ten completions of a prompt are one batch).
 #
 #   UNTIL=HH:MM bash scripts/sampling.sh temps   # both temperatures, two shards side by side
-#   UNTIL=HH:MM bash scripts/sampling.sh passk   # ar and the standard rule side by side
+#   UNTIL=HH:MM bash scripts/sampling.sh passk   # ar and the standard rule, PARTS parts each, two at a time
 #   bash scripts/sampling.sh pack                # summaries and scores into docs/results/sampling, rows gzipped
 #
 # The runs go under R (default runs/sampling; not committed: the passk runs' rounds are not kept).
 # Every step resumes where it stopped (UNTIL stops it; the prompt groups in flight are redone).
+# pass@10 runs as PARTS parts (default 8; part I takes prompts I, I+PARTS, ... of the 164), so that
+# it can span sittings: pack keeps each finished part's summary and samples in S, and once all of
+# them are there scores them as one (score.json, with the decode's totals); passk skips the parts
+# that S already keeps.
 # Seeds are keyed by prompt and position, so a batch draws what batch 1 draws; outputs equal batch
 # 1's up to floating-point near-ties, and the clocks time batches (x ar is at the same B).
 # VSKIP names the vskip to run (default .venv/bin/vskip), B the temperatures' batch size (default 8),
@@ -50,11 +54,12 @@ case "${1:-}" in
     done ;;
   passk)  # the parts as a queue: two processes take the next (policy, part) as each finishes
     for i in $(seq 1 "$PARTS"); do for p in ar strict-spec; do echo "$p $i"; done; done |
-      xargs -P 2 -L 1 bash "$0" passk-part ;;
+      xargs -P 2 -L 1 bash scripts/sampling.sh passk-part ;;
   passk-part)  # one policy on one part: prompts I, I+N, ... of the 164 (I counted from 1)
     p=$2 i=$3
     [[ "$p" =~ ^(ar|strict-spec)$ && "$i" =~ ^[0-9]+$ && "$i" -ge 1 && "$i" -le "$PARTS" ]] || { echo "bad part: $p $i" >&2; exit 2; }
     ids=$(seq -s, -f 'HumanEval/%g' $((i - 1)) "$PARTS" 163)
+    if [ -f "$S/passk/$p-T0.6-n10/part-${i}of$PARTS/samples.jsonl.gz" ]; then exit 0; fi  # packed already
     flags=(--policy ar); [ "$p" = ar ] || flags=(--policy strict --speculative-sampling)
     until_ "$VSKIP" run "${COMMON[@]}" "${flags[@]}" --temperature 0.6 --samples-per-prompt 10 --batch-size 10 \
       --ids "$ids" --out "$R/passk/$p-T0.6-n10/part-${i}of$PARTS" ;;
@@ -67,17 +72,22 @@ case "${1:-}" in
       cp "$d"/settings.json "$d"/summary.json "$d"/summary.md "$d"/scores.json "$o"/
       for f in "$d"/shard-*.jsonl; do gzip -nc "$f" > "$o/$(basename "$f").gz"; done
     done
-    for r in ar-T0.6-n10 strict-spec-T0.6-n10; do
-      d=$R/passk/$r o=$S/passk/$r
-      [ -f "$d/summary.json" ] || continue
-      mkdir -p "$o"
+    shopt -s nullglob
+    for r in ar-T0.6-n10 strict-spec-T0.6-n10; do  # each finished part into S; all PARTS scored as one
+      o=$S/passk/$r
+      for d in "$R/passk/$r"/part-*of"$PARTS"; do
+        [ -f "$d/summary.json" ] || continue
+        mkdir -p "$o/${d##*/}"
+        cp "$d/summary.json" "$o/${d##*/}"/
+        gzip -nc "$d/samples.jsonl" > "$o/${d##*/}/samples.jsonl.gz"
+      done
+      parts=("$o"/part-*of"$PARTS"/samples.jsonl.gz)
+      if [ "${#parts[@]}" -ne "$PARTS" ]; then echo "$r: ${#parts[@]} of $PARTS parts" >&2; continue; fi
       pair=()
-      if [ "$r" != ar-T0.6-n10 ] && [ -f "$R/passk/ar-T0.6-n10/summary.json" ]; then
+      if [ "$r" != ar-T0.6-n10 ] && [ -f "$S/passk/ar-T0.6-n10/score.json" ]; then
         pair=(--paired-with "$S/passk/ar-T0.6-n10/score.json")
       fi
-      "$VSKIP" score --task humaneval --samples "$d/samples.jsonl" --out "$o/score.json" "${pair[@]}" > "$o/score.txt"
-      cp "$d/summary.json" "$o"/
-      gzip -nc "$d/samples.jsonl" > "$o/samples.jsonl.gz"
+      "$VSKIP" score --task humaneval --samples "${parts[@]}" --out "$o/score.json" "${pair[@]}" > "$o/score.txt"
     done ;;
   *) echo "usage: UNTIL=HH:MM bash scripts/sampling.sh temps|passk | bash scripts/sampling.sh pack" >&2; exit 2 ;;
 esac

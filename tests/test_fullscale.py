@@ -8,6 +8,7 @@ import gzip
 import io
 import json
 import shlex
+import shutil
 import sys
 import tarfile
 import time
@@ -497,7 +498,7 @@ def _stub_calls(where, script: str, *args: str, **env_vars: str) -> list[str]:
     stub = where / "vskip"
     stub.write_text(f'#!/usr/bin/env bash\necho "$*" >> {log}\n')
     stub.chmod(0o755)
-    knobs = ("R", "S", "A", "MNT", "BATCH", "B", "UNTIL", "GRID", "ROUND", "KEY", "NOCACHE_KEY", "ONLY", "NOCACHE_TASKS")
+    knobs = ("R", "S", "A", "MNT", "BATCH", "B", "PARTS", "UNTIL", "GRID", "ROUND", "KEY", "NOCACHE_KEY", "ONLY", "NOCACHE_TASKS")
     env = {k: v for k, v in os.environ.items() if k not in knobs}
     env.update(VSKIP=str(stub), **env_vars)
     p = subprocess.run(["bash", str(ROOT / "scripts" / script), *args], env=env, capture_output=True, text=True,
@@ -519,26 +520,58 @@ def test_sampling_sh_runs_the_rest_of_the_protocol_batched(tmp_path):
         for i in (1, 2):
             assert (f"compare --preset study --task humaneval --seed 0 --threads 1 --quiet --configs ar,strict,raw "
                     f"--temperature {T} --batch-size 8 --shard {i}/2 --out r/he164-T{T}") in calls
-    calls = _stub_calls(tmp_path / "p", "sampling.sh", "passk", R="r", B="4")
-    assert [c.split(" --out ")[1] for c in calls] == ["r/passk/ar-T0.6-n10", "r/passk/strict-spec-T0.6-n10"]
-    assert all("--temperature 0.6 --samples-per-prompt 10 --batch-size 10" in c for c in calls)
-    assert "--speculative-sampling" in calls[1] and "--speculative-sampling" not in calls[0]
+    calls = _stub_calls(tmp_path / "p", "sampling.sh", "passk", R="r", B="4", PARTS="3",
+                        S=str(tmp_path / "none"))
+    assert len(calls) == 6  # two policies, three parts each
+    for p in ("ar", "strict-spec"):
+        for i in (1, 2, 3):
+            c = next(c for c in calls if c.endswith(f" --out r/passk/{p}-T0.6-n10/part-{i}of3"))
+            assert "--temperature 0.6 --samples-per-prompt 10 --batch-size 10" in c
+            assert ("--speculative-sampling" in c) == (p == "strict-spec")
+            ids = c.split(" --ids ")[1].split(" ")[0].split(",")
+            assert ids == [f"HumanEval/{j}" for j in range(i - 1, 164, 3)]  # prompts I, I+3, ... of the 164
 
 
-def test_sampling_sh_packs_the_standard_rule_paired_with_ar(tmp_path, monkeypatch):
-    """pack scores each finished pass@k run into S, the standard rule's paired with ar's score."""
+def test_sampling_sh_passk_skips_the_parts_already_packed(tmp_path):
+    (tmp_path / "s" / "passk" / "ar-T0.6-n10" / "part-2of2").mkdir(parents=True)
+    (tmp_path / "s" / "passk" / "ar-T0.6-n10" / "part-2of2" / "samples.jsonl.gz").write_bytes(b"")
+    calls = _stub_calls(tmp_path / "p", "sampling.sh", "passk", R="r", S=str(tmp_path / "s"), PARTS="2")
+    assert [c.split(" --out ")[1] for c in calls] == [
+        "r/passk/ar-T0.6-n10/part-1of2", "r/passk/strict-spec-T0.6-n10/part-1of2",
+        "r/passk/strict-spec-T0.6-n10/part-2of2"]
+
+
+def test_sampling_sh_packs_the_parts_and_scores_them_as_one(tmp_path, monkeypatch):
+    """pack keeps each finished part in S and, once all are there, scores them as one, the standard
+    rule's paired with ar's score."""
     monkeypatch.chdir(tmp_path)
-    for r in ("ar-T0.6-n10", "strict-spec-T0.6-n10"):
-        (tmp_path / "r" / "passk" / r).mkdir(parents=True)
-        (tmp_path / "r" / "passk" / r / "summary.json").write_text("{}")
-        (tmp_path / "r" / "passk" / r / "samples.jsonl").write_text("{}\n")
-    calls = _stub_calls(tmp_path / "k", "sampling.sh", "pack", R=str(tmp_path / "r"), S=str(tmp_path / "s"))
-    s = tmp_path / "s" / "passk"
+    r, s = tmp_path / "r" / "passk", tmp_path / "s" / "passk"
+    for name in ("ar-T0.6-n10", "strict-spec-T0.6-n10"):
+        for i in (1, 2):
+            d = r / name / f"part-{i}of2"
+            d.mkdir(parents=True)
+            if name == "strict-spec-T0.6-n10" and i == 2:
+                continue  # in flight: no summary yet
+            (d / "summary.json").write_text("{}")
+            (d / "samples.jsonl").write_text("{}\n")
+    knobs = dict(R=str(tmp_path / "r"), S=str(tmp_path / "s"), PARTS="2")
+    calls = _stub_calls(tmp_path / "k", "sampling.sh", "pack", **knobs)
+    a = f"{s}/ar-T0.6-n10"
+    assert calls == [f"score --task humaneval --samples {a}/part-1of2/samples.jsonl.gz {a}/part-2of2/samples.jsonl.gz "
+                     f"--out {a}/score.json"]  # the standard rule has one part of two: not scored
+    assert (s / "strict-spec-T0.6-n10" / "part-1of2" / "samples.jsonl.gz").is_file()
+    assert (s / "strict-spec-T0.6-n10" / "part-1of2" / "summary.json").is_file()
+    (r / "strict-spec-T0.6-n10" / "part-2of2" / "summary.json").write_text("{}")  # it finished
+    (r / "strict-spec-T0.6-n10" / "part-2of2" / "samples.jsonl").write_text("{}\n")
+    (s / "ar-T0.6-n10" / "score.json").write_text("{}")  # what the stub did not write
+    shutil.rmtree(r / "ar-T0.6-n10")  # a later sitting: ar's parts are only in S now
+    calls = _stub_calls(tmp_path / "k2", "sampling.sh", "pack", **knobs)
+    t = f"{s}/strict-spec-T0.6-n10"
     assert calls == sorted([
-        f"score --task humaneval --samples {tmp_path}/r/passk/ar-T0.6-n10/samples.jsonl --out {s}/ar-T0.6-n10/score.json",
-        f"score --task humaneval --samples {tmp_path}/r/passk/strict-spec-T0.6-n10/samples.jsonl "
-        f"--out {s}/strict-spec-T0.6-n10/score.json --paired-with {s}/ar-T0.6-n10/score.json"])
-    assert (s / "strict-spec-T0.6-n10" / "samples.jsonl.gz").is_file()
+        f"score --task humaneval --samples {a}/part-1of2/samples.jsonl.gz {a}/part-2of2/samples.jsonl.gz "
+        f"--out {a}/score.json",
+        f"score --task humaneval --samples {t}/part-1of2/samples.jsonl.gz {t}/part-2of2/samples.jsonl.gz "
+        f"--out {t}/score.json --paired-with {a}/score.json"])
 
 
 def test_sampling_sh_starts_nothing_after_until(tmp_path):
@@ -548,7 +581,8 @@ def test_sampling_sh_starts_nothing_after_until(tmp_path):
     past = (now - datetime.timedelta(minutes=2)).strftime("%Y-%m-%d %H:%M")
     later = (now + datetime.timedelta(hours=1)).strftime("%Y-%m-%d %H:%M")
     assert _stub_calls(tmp_path / "p", "sampling.sh", "passk", UNTIL=past) == []  # past: nothing starts ...
-    assert len(_stub_calls(tmp_path / "l", "sampling.sh", "passk", UNTIL=later)) == 2
+    assert len(_stub_calls(tmp_path / "l", "sampling.sh", "passk", UNTIL=later, PARTS="2",
+                                   S=str(tmp_path / "none"))) == 4
     import subprocess
 
     bad = subprocess.run(["bash", str(ROOT / "scripts" / "sampling.sh"), "passk"], capture_output=True, text=True,

@@ -4,6 +4,7 @@ HumanEval harness, maths answer normalisation, samples files and statistics."""
 from __future__ import annotations
 
 import ast
+import gzip
 import json
 import textwrap
 
@@ -489,6 +490,48 @@ def test_score_samples_file_bad_task_and_path(tmp_path):
         SC.score_samples_file("mbpp", tmp_path / "absent.jsonl")
 
 
+def _vskip_sample(task_id, i, completion, tokens, seconds, calls, blocks=0, machine="m1"):
+    return {"task_id": task_id, "sample": i, "completion": completion, "generated_tokens": tokens,
+            "decode_seconds": seconds, "verifier_calls": calls, "draft_blocks": blocks, "machine": machine}
+
+
+def test_score_samples_files_as_one_with_their_decode_totals(tmp_path):
+    """The parts of one run (plain and gzipped) score as one file would, and vskip's samples add
+    the decode's totals; an EvalPlus file, which lacks them, adds none."""
+    a, b = tmp_path / "part-1.jsonl", tmp_path / "part-2.jsonl.gz"
+    a.write_text(json.dumps(_vskip_sample("gsm8k/0", 0, "\\boxed{18}", 10, 2.0, 4, 3)) + "\n"
+                 + json.dumps(_vskip_sample("gsm8k/0", 1, "\\boxed{17}", 20, 3.0, 6, 5)) + "\n")
+    b.write_bytes(gzip.compress((json.dumps(_vskip_sample("gsm8k/1", 0, "\\boxed{3}", 30, 5.0, 10, 8,
+                                                          machine="m2")) + "\n").encode()))
+    out = SC.score_samples_file("gsm8k", [a, b])
+    assert (out["n"], out["n_tasks"]) == (3, 2)
+    whole = tmp_path / "whole.jsonl"
+    whole.write_text(a.read_text() + gzip.decompress(b.read_bytes()).decode())
+    assert SC.score_samples_file("gsm8k", whole)["results"] == out["results"]
+    d = out["decode"]
+    assert (d["n_samples"], d["generated_tokens"], d["verifier_calls"], d["draft_blocks"]) == (3, 60, 20, 16)
+    assert d["decode_seconds"] == pytest.approx(10.0) and d["tokens_per_s"] == pytest.approx(6.0)
+    assert d["calls_per_token"] == pytest.approx(20 / 60) and d["machines"] == ["m1", "m2"]
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text(json.dumps({"task_id": "gsm8k/0", "completion": "\\boxed{18}"}) + "\n")
+    assert "decode" not in SC.score_samples_file("gsm8k", plain)
+    assert "decode" not in SC.score_samples_file("gsm8k", [a, plain])  # not every sample says
+
+
+def test_score_samples_files_refuse_a_file_or_a_completion_twice(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text(json.dumps(_vskip_sample("gsm8k/0", 0, "1", 1, 1.0, 1)) + "\n")
+    b.write_text(json.dumps(_vskip_sample("gsm8k/0", 1, "1", 1, 1.0, 1)) + "\n"
+                 + json.dumps(_vskip_sample("gsm8k/0", 0, "2", 1, 1.0, 1)) + "\n")
+    with pytest.raises(ValueError, match="given twice"):
+        SC.score_samples_file("gsm8k", [a, tmp_path / "." / "a.jsonl"])
+    with pytest.raises(ValueError, match="completion 0 of gsm8k/0 appears twice"):
+        SC.score_samples_file("gsm8k", [a, b])
+    with pytest.raises(ValueError, match="no samples file"):
+        SC.score_samples_file("gsm8k", [])
+    assert SC.score_samples_file("gsm8k", [b])["n"] == 2
+
+
 def test_score_many_checks_lengths():
     with pytest.raises(ValueError, match="2 problems but 1 completions"):
         SC.score_many(T.load_task("gsm8k", limit=2), ["1"], progress=False)
@@ -600,6 +643,11 @@ def test_score_paired_with_another_score_file(tmp_path):
     assert cli.main(["score", "--task", "gsm8k", "--samples", str(ours), "--out", str(out),
                      "--paired-with", str(tmp_path / "theirs.json")]) == 0
     paired = json.loads(out.read_text())["paired"]
+    halves = write("half-1.jsonl", [{"task_id": "gsm8k/0", "completion": good}]), write(
+        "half-2.jsonl", [{"task_id": "gsm8k/0", "completion": bad}])
+    assert cli.main(["score", "--task", "gsm8k", "--samples", *map(str, halves), "--out", str(tmp_path / "h.json"),
+                     "--paired-with", str(tmp_path / "theirs.json")]) == 0  # ours, in two files
+    assert json.loads((tmp_path / "h.json").read_text())["paired"] == paired
     assert paired["other"] == str(tmp_path / "theirs.json")
     assert paired["pass_at_k"]["1"]["difference"] == pytest.approx(0.5)
     assert paired["pass_at_k"]["2"]["difference"] == pytest.approx(1.0)

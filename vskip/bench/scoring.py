@@ -354,25 +354,41 @@ def score_samples_file(
     progress: bool = False,
 ) -> dict:
     """Score an EvalPlus-style JSONL samples file (``task_id`` plus ``completion`` or
-    ``solution`` per line; several samples per task are allowed).
+    ``solution`` per line; several samples per task are allowed), or the union of several (``path``
+    a list: the parts of one run, each a ``.jsonl`` or ``.jsonl.gz``).
 
-    Returns ``{"task", "n", "n_tasks", "pass_at_1", "sandbox", "results"}`` where pass@1 is the
-    mean over tasks of each task's pass rate. ``problems`` (e.g. from
+    Returns ``{"task", "n", "n_tasks", "pass_at_1", "pass_at_k", "sandbox", "results"}`` where
+    pass@1 is the mean over tasks of each task's pass rate; with ``"decode"`` where every sample is
+    one vskip decoded (:func:`decode_totals`). ``problems`` (e.g. from
     :func:`vskip.bench.mbpp_plus.load_mbpp_plus_file`) replaces the bundled data of ``task``.
     """
     if task not in ALL_TASKS:
         raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(ALL_TASKS)}")
-    path = Path(path)
-    samples = []
-    for n, rec in read_jsonl_lines(path, given="samples file"):
-        if "task_id" not in rec:
-            raise ValueError(f"{path} line {n}: a sample needs a task_id")
-        body = rec.get("completion", rec.get("solution"))
-        if not isinstance(body, str):
-            raise ValueError(f"{path} line {n}: a sample needs a string completion or solution")
-        samples.append((str(rec["task_id"]), body))
+    paths = [Path(p) for p in path] if isinstance(path, (list, tuple)) else [Path(path)]
+    if not paths:
+        raise ValueError("no samples file given")
+    seen: dict[Path, Path] = {}
+    for p in paths:  # one file twice would count its samples twice
+        if p.resolve() in seen:
+            raise ValueError(f"samples file {p} is given twice (as {seen[p.resolve()]})")
+        seen[p.resolve()] = p
+    samples, recs = [], []
+    for path in paths:
+        for n, rec in read_jsonl_lines(path, given="samples file"):
+            if "task_id" not in rec:
+                raise ValueError(f"{path} line {n}: a sample needs a task_id")
+            body = rec.get("completion", rec.get("solution"))
+            if not isinstance(body, str):
+                raise ValueError(f"{path} line {n}: a sample needs a string completion or solution")
+            samples.append((str(rec["task_id"]), body))
+            recs.append(rec)
+    path = paths[0] if len(paths) == 1 else f"{paths[0]} (+{len(paths) - 1} more)"
     if not samples:
         raise ValueError(f"{path}: no samples")
+    numbered = [(str(r["task_id"]), r["sample"]) for r in recs if "sample" in r]
+    if len(set(numbered)) < len(numbered):  # --samples-per-prompt numbers a prompt's completions
+        dup = next(k for i, k in enumerate(numbered) if k in numbered[:i])
+        raise ValueError(f"{path}: completion {dup[1]} of {dup[0]} appears twice")
     pool = list(problems) if problems is not None else load_task(task)
     by_id = {p.task_id: p for p in pool}
     unknown = sorted({tid for tid, _ in samples if tid not in by_id})
@@ -394,7 +410,25 @@ def score_samples_file(
         "pass_at_k": pass_at_k_table(per_task),
         "sandbox": sandbox_kind(sandbox_preference()) if task in CODE_TASKS else None,
         "results": [asdict(r) for r in results],
+        **({"decode": decode} if (decode := decode_totals(recs)) else {}),
     }
+
+
+_DECODE_KEYS = ("n_samples", "generated_tokens", "decode_seconds", "tokens_per_s", "verifier_calls",
+                "calls_per_token", "draft_blocks", "blocks_per_token", "skipped_rounds", "machines")
+
+
+def decode_totals(samples: Sequence[dict]) -> dict | None:
+    """What vskip's samples say of their decode, summed over them (:func:`vskip.engine.metrics.summarize`
+    without the rounds): tokens, seconds and calls with their ratios, and the machines the clocks
+    were read on. None unless every sample carries its decode's counts (an EvalPlus file does not)."""
+    from vskip.engine.metrics import summarize
+
+    need = ("generated_tokens", "decode_seconds", "verifier_calls", "draft_blocks")
+    if not samples or not all(all(isinstance(s.get(k), (int, float)) for k in need) for s in samples):
+        return None
+    s = summarize(samples, [])
+    return {k: s[k] for k in _DECODE_KEYS if k in s} | {"n_samples": len(samples)}
 
 
 def read_score_file(path) -> dict:

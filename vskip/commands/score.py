@@ -10,7 +10,9 @@ from .flags import add_task_flag
 def register(subparsers) -> None:
     s = subparsers.add_parser("score", help="score an EvalPlus-style samples file in the sandbox")
     add_task_flag(s, required=True, help="the benchmark the samples answer")
-    s.add_argument("--samples", required=True, help="JSONL with task_id and completion (or solution)")
+    s.add_argument("--samples", required=True, nargs="+", metavar="FILE",
+                   help="JSONL (or .jsonl.gz) with task_id and completion (or solution); several files are "
+                        "scored as one (the parts of a run)")
     s.add_argument("--out", help="write per-sample results as JSON here")
     s.add_argument("--paired-with", metavar="SCORE_JSON",
                    help="another sampler's score file (vskip score --out) on the same tasks: adds the "

@@ -495,7 +495,7 @@ def _vskip_sample(task_id, i, completion, tokens, seconds, calls, blocks=0, mach
             "decode_seconds": seconds, "verifier_calls": calls, "draft_blocks": blocks, "machine": machine}
 
 
-def test_score_samples_files_as_one_with_their_decode_totals(tmp_path):
+def test_score_samples_files_as_one_with_their_decode_totals(tmp_path, capsys):
     """The parts of one run (plain and gzipped) score as one file would, and vskip's samples add
     the decode's totals; an EvalPlus file, which lacks them, adds none."""
     a, b = tmp_path / "part-1.jsonl", tmp_path / "part-2.jsonl.gz"
@@ -512,6 +512,11 @@ def test_score_samples_files_as_one_with_their_decode_totals(tmp_path):
     assert (d["n_samples"], d["generated_tokens"], d["verifier_calls"], d["draft_blocks"]) == (3, 60, 20, 16)
     assert d["decode_seconds"] == pytest.approx(10.0) and d["tokens_per_s"] == pytest.approx(6.0)
     assert d["calls_per_token"] == pytest.approx(20 / 60) and d["machines"] == ["m1", "m2"]
+    from vskip import cli
+
+    assert cli.main(["score", "--task", "gsm8k", "--samples", str(a), str(b)]) == 0
+    assert ("decode: 60 tokens in 10.0 s (6.00 tokens/s), 0.333 verifier calls per token over 3 completions"
+            in capsys.readouterr().out)
     plain = tmp_path / "plain.jsonl"
     plain.write_text(json.dumps({"task_id": "gsm8k/0", "completion": "\\boxed{18}"}) + "\n")
     assert "decode" not in SC.score_samples_file("gsm8k", plain)

@@ -76,7 +76,9 @@ case "${1:-}" in
     for r in ar-T0.6-n10 strict-spec-T0.6-n10; do  # each finished part into S; all PARTS scored as one
       o=$S/passk/$r
       for d in "$R/passk/$r"/part-*of"$PARTS"; do
-        [ -f "$d/summary.json" ] || continue
+        i=${d##*/part-} i=${i%of*}
+        want=$(( $(seq $((i - 1)) "$PARTS" 163 | wc -l) * 10 ))  # ten completions of each of its prompts
+        [ -f "$d/summary.json" ] && [ "$(wc -l < "$d/samples.jsonl")" -eq "$want" ] || continue
         mkdir -p "$o/${d##*/}"
         cp "$d/summary.json" "$o/${d##*/}"/
         gzip -nc "$d/samples.jsonl" > "$o/${d##*/}/samples.jsonl.gz"

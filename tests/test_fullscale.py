@@ -553,7 +553,12 @@ def test_sampling_sh_packs_the_parts_and_scores_them_as_one(tmp_path, monkeypatc
             if name == "strict-spec-T0.6-n10" and i == 2:
                 continue  # in flight: no summary yet
             (d / "summary.json").write_text("{}")
-            (d / "samples.jsonl").write_text("{}\n")
+            (d / "samples.jsonl").write_text("{}\n" * 820)  # 82 prompts x 10
+    (r / "ar-T0.6-n10" / "part-1of2" / "samples.jsonl").write_text("{}\n" * 819)  # one short: a summary ...
+    calls = _stub_calls(tmp_path / "k0", "sampling.sh", "pack", R=str(tmp_path / "r"), S=str(tmp_path / "s"),
+                        PARTS="2")
+    assert calls == [] and not (s / "ar-T0.6-n10" / "part-1of2").exists()  # ... is not enough to keep it
+    (r / "ar-T0.6-n10" / "part-1of2" / "samples.jsonl").write_text("{}\n" * 820)
     knobs = dict(R=str(tmp_path / "r"), S=str(tmp_path / "s"), PARTS="2")
     calls = _stub_calls(tmp_path / "k", "sampling.sh", "pack", **knobs)
     a = f"{s}/ar-T0.6-n10"
@@ -562,7 +567,7 @@ def test_sampling_sh_packs_the_parts_and_scores_them_as_one(tmp_path, monkeypatc
     assert (s / "strict-spec-T0.6-n10" / "part-1of2" / "samples.jsonl.gz").is_file()
     assert (s / "strict-spec-T0.6-n10" / "part-1of2" / "summary.json").is_file()
     (r / "strict-spec-T0.6-n10" / "part-2of2" / "summary.json").write_text("{}")  # it finished
-    (r / "strict-spec-T0.6-n10" / "part-2of2" / "samples.jsonl").write_text("{}\n")
+    (r / "strict-spec-T0.6-n10" / "part-2of2" / "samples.jsonl").write_text("{}\n" * 820)
     (s / "ar-T0.6-n10" / "score.json").write_text("{}")  # what the stub did not write
     shutil.rmtree(r / "ar-T0.6-n10")  # a later sitting: ar's parts are only in S now
     calls = _stub_calls(tmp_path / "k2", "sampling.sh", "pack", **knobs)

@@ -511,11 +511,12 @@ def test_score_samples_files_as_one_with_their_decode_totals(tmp_path, capsys):
     d = out["decode"]
     assert (d["n_samples"], d["generated_tokens"], d["verifier_calls"], d["draft_blocks"]) == (3, 60, 20, 16)
     assert d["decode_seconds"] == pytest.approx(10.0) and d["tokens_per_s"] == pytest.approx(6.0)
-    assert d["calls_per_token"] == pytest.approx(20 / 60) and d["machines"] == ["m1", "m2"]
+    assert d["calls_per_token"] == pytest.approx(20 / 60) and d["tokens_per_call"] == pytest.approx(3.0)
+    assert d["machines"] == ["m1", "m2"]
     from vskip import cli
 
     assert cli.main(["score", "--task", "gsm8k", "--samples", str(a), str(b)]) == 0
-    assert ("decode: 60 tokens in 10.0 s (6.00 tokens/s), 0.333 verifier calls per token over 3 completions"
+    assert ("decode: 60 tokens in 10.0 s (6.00 tokens/s a sequence), 3.000 tokens per verifier call over 3 completions"
             in capsys.readouterr().out)
     plain = tmp_path / "plain.jsonl"
     plain.write_text(json.dumps({"task_id": "gsm8k/0", "completion": "\\boxed{18}"}) + "\n")

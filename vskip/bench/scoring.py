@@ -420,15 +420,17 @@ _DECODE_KEYS = ("n_samples", "generated_tokens", "decode_seconds", "tokens_per_s
 
 def decode_totals(samples: Sequence[dict]) -> dict | None:
     """What vskip's samples say of their decode, summed over them (:func:`vskip.engine.metrics.summarize`
-    without the rounds): tokens, seconds and calls with their ratios, and the machines the clocks
-    were read on. None unless every sample carries its decode's counts (an EvalPlus file does not)."""
+    without the rounds): tokens, seconds and calls with their ratios (tokens per second is per
+    sequence: in a batch each completion's clock runs while the others decode), and the machines
+    the clocks were read on. None unless every sample carries its decode's counts (an EvalPlus file does not)."""
     from vskip.engine.metrics import summarize
 
     need = ("generated_tokens", "decode_seconds", "verifier_calls", "draft_blocks")
     if not samples or not all(all(isinstance(s.get(k), (int, float)) for k in need) for s in samples):
         return None
     s = summarize(samples, [])
-    return {k: s[k] for k in _DECODE_KEYS if k in s} | {"n_samples": len(samples)}
+    per_call = s["generated_tokens"] / s["verifier_calls"] if s["verifier_calls"] else None
+    return {k: s[k] for k in _DECODE_KEYS if k in s} | {"n_samples": len(samples), "tokens_per_call": per_call}
 
 
 def read_score_file(path) -> dict:

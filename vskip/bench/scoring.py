@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -385,9 +386,9 @@ def score_samples_file(
     path = paths[0] if len(paths) == 1 else f"{paths[0]} (+{len(paths) - 1} more)"
     if not samples:
         raise ValueError(f"{path}: no samples")
-    numbered = [(str(r["task_id"]), r["sample"]) for r in recs if "sample" in r]
-    if len(set(numbered)) < len(numbered):  # --samples-per-prompt numbers a prompt's completions
-        dup = next(k for i, k in enumerate(numbered) if k in numbered[:i])
+    numbered = Counter((str(r["task_id"]), r["sample"]) for r in recs if "sample" in r)
+    dup = next((k for k, c in numbered.items() if c > 1), None)  # --samples-per-prompt numbers a prompt's completions
+    if dup is not None:
         raise ValueError(f"{path}: completion {dup[1]} of {dup[0]} appears twice")
     pool = list(problems) if problems is not None else load_task(task)
     by_id = {p.task_id: p for p in pool}

@@ -45,3 +45,32 @@ def test_z_stays_near_zero_for_a_sampler_of_p_and_leaves_for_another(seed):
 
     assert abs(z(exact)) < 4.0
     assert z(biased) > 6.0
+
+
+def test_the_prompt_once_equals_one_forward_per_completion():
+    """Completions of one prompt, of several lengths (an empty one and a one-token one among them),
+    each on the prompt's cache cropped back after the one before: each one's logits are those of
+    its own full forward (a cache left uncropped would show at once)."""
+    from test_models import tiny_llama
+
+    fid = load_script("sampling_fidelity")
+    model = tiny_llama(seed=3)
+    prompt = [5, 17, 3, 44, 9, 60, 2]
+    comps = [[7, 8, 9, 10, 11, 12], [], [30], [1, 2, 3], [90, 91, 92, 93, 94, 95, 0, 4, 5]]
+    got = fid.teacher_forced_logits(model, prompt, comps)
+    assert [g.shape[0] for g in got] == [len(c) for c in comps]
+    for c, g in zip(comps, got):
+        if c:
+            with torch.inference_mode():
+                want = model(input_ids=torch.tensor([prompt + c[:-1]])).logits[0, len(prompt) - 1:]
+            torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_input_is_one_line_before_any_model_loads(tmp_path, capsys):
+    fid = load_script("sampling_fidelity")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"task_id": "HumanEval/999", "tokens": [1, 2]}\n')
+    assert fid.main(["--task", "humaneval", "--temperature", "0.6", "--files", "a", str(bad)]) == 2
+    assert "'HumanEval/999' is not a humaneval task" in capsys.readouterr().err
+    assert fid.main(["--task", "humaneval", "--temperature", "0.6", "--files", "a", str(tmp_path / "no")]) == 2
+    assert "does not exist" in capsys.readouterr().err

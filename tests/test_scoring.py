@@ -455,7 +455,7 @@ def test_score_samples_file(tmp_path):
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n")
     out = SC.score_samples_file("humaneval", path)
-    assert (out["task"], out["n"], out["n_tasks"]) == ("humaneval", 3, 2)
+    assert (out["task"], out["n"], out["passed"], out["n_tasks"]) == ("humaneval", 3, 2, 2)
     assert out["pass_at_1"] == pytest.approx((0.5 + 1.0) / 2)
     assert out["sandbox"] == sandbox_kind()
     assert [r["passed"] for r in out["results"]] == [True, False, True]

@@ -358,8 +358,9 @@ def score_samples_file(
     ``solution`` per line; several samples per task are allowed), or the union of several (``path``
     a list: the parts of one run, each a ``.jsonl`` or ``.jsonl.gz``).
 
-    Returns ``{"task", "n", "n_tasks", "pass_at_1", "pass_at_k", "sandbox", "results"}`` where
-    pass@1 is the mean over tasks of each task's pass rate; with ``"decode"`` where every sample is
+    Returns ``{"task", "n", "passed", "n_tasks", "pass_at_1", "pass_at_k", "sandbox", "results"}``
+    where ``passed`` counts the samples that passed and pass@1 is the mean over tasks of each task's
+    pass rate; with ``"decode"`` where every sample is
     one vskip decoded (:func:`decode_totals`). ``problems`` (e.g. from
     :func:`vskip.bench.mbpp_plus.load_mbpp_plus_file`) replaces the bundled data of ``task``.
     """
@@ -406,6 +407,7 @@ def score_samples_file(
     return {
         "task": task,
         "n": len(results),
+        "passed": sum(r.passed for r in results),
         "n_tasks": len(per_task),
         "pass_at_1": pass1,
         "pass_at_k": pass_at_k_table(per_task),

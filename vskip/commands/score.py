@@ -39,7 +39,7 @@ def cmd_score(a) -> int:
             res["paired"] = paired_with(res, theirs, a.paired_with)
         if a.out is not None:
             write_json(a.out, res)
-    print(f"{res['task']}: pass@1 = {res['pass_at_1']:.4f} ({sum(r['passed'] for r in res['results'])}/{res['n']}) sandbox={res['sandbox']}")
+    print(f"{res['task']}: pass@1 = {res['pass_at_1']:.4f} ({res['passed']}/{res['n']}) sandbox={res['sandbox']}")
     for k, e in res["pass_at_k"].items():
         print(f"  pass@{k} = {e['estimate']:.4f} [{e['ci'][0]:.4f}, {e['ci'][1]:.4f}] over {e['tasks']} tasks, "
               f"{e['samples_per_task']}+ samples each (95% bootstrap over tasks)")

@@ -513,6 +513,8 @@ def test_score_samples_files_as_one_with_their_decode_totals(tmp_path, capsys):
     assert d["decode_seconds"] == pytest.approx(10.0) and d["tokens_per_s"] == pytest.approx(6.0)
     assert d["calls_per_token"] == pytest.approx(20 / 60) and d["tokens_per_call"] == pytest.approx(3.0)
     assert d["machines"] == ["m1", "m2"]
+    none = SC.decode_totals([{"generated_tokens": 0, "decode_seconds": 0.5, "verifier_calls": 0, "draft_blocks": 0}])
+    assert none["tokens_per_call"] is None  # no call: no ratio, never a division by zero
     from vskip import cli
 
     assert cli.main(["score", "--task", "gsm8k", "--samples", str(a), str(b)]) == 0

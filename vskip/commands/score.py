@@ -44,8 +44,9 @@ def cmd_score(a) -> int:
         print(f"  pass@{k} = {e['estimate']:.4f} [{e['ci'][0]:.4f}, {e['ci'][1]:.4f}] over {e['tasks']} tasks, "
               f"{e['samples_per_task']}+ samples each (95% bootstrap over tasks)")
     if (d := res.get("decode")) is not None:
+        per_call = "no verifier call" if d["tokens_per_call"] is None else f"{d['tokens_per_call']:.3f} tokens per verifier call"
         print(f"  decode: {d['generated_tokens']} tokens in {d['decode_seconds']:.1f} s ({d['tokens_per_s']:.2f} tokens/s a sequence), "
-              f"{d['tokens_per_call'] or 0:.3f} tokens per verifier call over {d['n_samples']} completions")
+              f"{per_call} over {d['n_samples']} completions")
     for k, e in res.get("paired", {}).get("pass_at_k", {}).items():
         print(f"  pass@{k} minus {a.paired_with}'s = {e['difference']:+.4f} [{e['ci'][0]:+.4f}, {e['ci'][1]:+.4f}] "
               f"over {e['tasks']} shared tasks (higher on {e['higher']}, lower on {e['lower']})")

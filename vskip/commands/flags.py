@@ -127,6 +127,11 @@ def add_model_flags(p: argparse.ArgumentParser, threads_help: str = "torch CPU t
     m.add_argument("--drafter-dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
                    help="the drafter's dtype; it never changes what Strict SDD commits (default auto: bfloat16 where "
                         "the device runs it natively, else --dtype)")
+    m.add_argument("--runtime", choices=("auto", "native", "transformers"), default="auto",
+                   help="what computes the verifier: native (vskip's int8 kernels on the GGUF blocks as they ship, or "
+                        "on Q8_0 blocks of a checkpoint; a CPU with AVX512-VNNI; Strict SDD equals its own ar bit for "
+                        "bit), transformers (float32 on a CPU: the reference of the committed studies), or auto "
+                        "(native where it runs and no --dtype is given; docs/results/runtime.md)")
     add_threads_flag(m, help=threads_help)
 
 
@@ -202,7 +207,8 @@ def model_config(a):
     return ModelConfig(drafter=a.drafter, verifier=a.verifier, steps=a.steps, reveal=a.reveal,
                        verifier_cache=a.verifier_cache, device=a.device, dtype=a.dtype, threads=a.threads,
                        copy_prior=a.copy_prior, drafter_dtype=a.drafter_dtype, drafter_device=a.drafter_device,
-                       verifier_device=a.verifier_device, max_memory=a.max_memory)
+                       verifier_device=a.verifier_device, max_memory=a.max_memory,
+                       runtime=getattr(a, "runtime", "auto"))
 
 
 def decode_config(a):

@@ -54,6 +54,8 @@ class Runtime:
     drafter_device: str | None = None
     verifier_device: str | None = None
     max_memory: str | None = None
+    #: what computes the verifier: ``transformers`` or ``native`` (resolved, never ``auto``)
+    verifier_runtime: str = "transformers"
 
     @property
     def drafter_on(self) -> str:
@@ -99,6 +101,14 @@ class Runtime:
             set_sync(None)
 
 
+def runtime_name(runtime: Runtime) -> str:
+    """The verifier's runtime as results name it: ``native`` (vskip's int8 kernels on the GGUF or
+    Q8_0 blocks, AVX512-VNNI) or ``transformers <dtype>``."""
+    if runtime.verifier_runtime == "native":
+        return "native"
+    return f"transformers {runtime.dtype}"
+
+
 def native_bf16(device: str) -> bool:
     """Whether bfloat16 matrix products run natively (CUDA, or a CPU with AVX512-BF16 or AMX)."""
     if device.startswith("cuda"):
@@ -141,6 +151,8 @@ def machine(runtime: "Runtime | None" = None) -> dict:
 
     out = {"cpu": cpu, "cores": os.cpu_count(), "isa": [f for f in _ISA if f in flags],
            "threads": (runtime.threads if isinstance(runtime, Runtime) else None) or torch.get_num_threads()}
+    if isinstance(runtime, Runtime):
+        out["runtime"] = runtime_name(runtime)
     for name in ("torch", "transformers"):
         try:
             out[name] = version(name)
@@ -163,6 +175,8 @@ def machine_id(info: dict) -> str:
     elif info.get("cores"):
         parts.append(f"{info['cores']} cores")
     parts += [f"{name} {info[name]}" for name in ("torch", "transformers") if info.get(name)]
+    if info.get("runtime"):
+        parts.append(f"verifier runtime {info['runtime']}")
     if info.get("gpus"):
         parts.append("GPU " + ", ".join(info["gpus"]))
     return "; ".join(parts)
@@ -237,7 +251,8 @@ def check_threads(threads: int | None) -> None:
 
 def resolve_runtime(device: str | None = None, dtype: str | None = None, threads: int | None = None,
                     drafter_dtype: str | None = None, drafter_device: str | None = None,
-                    verifier_device: str | None = None, max_memory: str | None = None) -> Runtime:
+                    verifier_device: str | None = None, max_memory: str | None = None,
+                    verifier_runtime: str = "transformers") -> Runtime:
     """``device``: cpu, cuda, cuda:N or None (cuda when available); ``drafter_device``: the
     drafter's own device; ``verifier_device``: the verifier's own device, or a strategy of
     :data:`STRATEGIES` over the devices of ``max_memory``; ``dtype``: float32, bfloat16, float16
@@ -272,8 +287,13 @@ def resolve_runtime(device: str | None = None, dtype: str | None = None, threads
     if drafter_dtype not in DTYPES:
         raise ValueError(f"unknown drafter dtype {drafter_dtype!r}; expected auto, float32, bfloat16 or float16")
     check_threads(threads)
+    if verifier_runtime not in ("native", "transformers"):
+        raise ValueError(f"unknown verifier runtime {verifier_runtime!r}; expected native or transformers")
+    if verifier_runtime == "native" and (v_cuda or v_on in STRATEGIES):
+        raise ValueError("the native runtime runs the verifier on a CPU; use --runtime transformers on a GPU")
     return Runtime(device=device, dtype=dtype, threads=threads, drafter_dtype=drafter_dtype,
-                   drafter_device=drafter_device, verifier_device=verifier_device, max_memory=max_memory)
+                   drafter_device=drafter_device, verifier_device=verifier_device, max_memory=max_memory,
+                   verifier_runtime=verifier_runtime)
 
 
 def parse_max_memory(text: str | None) -> dict[str, int] | None:

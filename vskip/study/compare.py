@@ -111,6 +111,9 @@ def _hf_generate(pair, ids, max_new: int, lookup: int | None, sampling: dict | N
 
     from ..engine.runtime import now
 
+    if getattr(pair.verifier, "model", None) is None:
+        raise ValueError("the hf and lookupN configurations run transformers' generate on the verifier's model; "
+                         "give --runtime transformers")
     x = torch.tensor([ids], device=pair.verifier.device)
     eos = sorted(pair.verifier.eos_ids)
     kw = {"prompt_lookup_num_tokens": lookup} if lookup else {}
@@ -140,7 +143,8 @@ def settings_record(task: str, max_new: int, runtime, models, variants, predicto
                         **({"params": dict(v.params)} if v.params else {}),
                         **({"cache": v.cache} if v.cache is not None else {}),
                         **({"predictor": v.predictor} if v.predictor else {}),
-                        **({"drafter": v.drafter} if v.drafter else {})} for v in variants}
+                        **({"drafter": v.drafter} if v.drafter else {}),
+                        **({"engine": v.engine} if v.engine else {})} for v in variants}
     return {"fixed": {"task": task, "max_new_tokens": max_new, "runtime": asdict(runtime), "models": asdict(models),
                       **({"predictor": str(predictor)} if predictor else {}), "batch_size": batch_size},
             "configs": configs}
@@ -188,12 +192,13 @@ def claim(out: Path, record: dict) -> None:
 
 
 def check_batch(variants, batch_size: int) -> None:
-    """Refuse ``--batch-size`` above 1 with transformers' decoders (``hf``, ``lookupN``): they
-    decode one prompt at a time, and their clocks would be set against batched ones."""
+    """Refuse ``--batch-size`` above 1 with transformers' or llama.cpp's decoders (``hf``,
+    ``lookupN``, ``llamacpp``): they decode one prompt at a time here, and their clocks would be
+    set against batched ones."""
     hf = [v.name for v in variants if v.hf]
     if batch_size != 1 and hf:
-        raise ValueError(f"--batch-size {batch_size}: {', '.join(hf)} decode{'s' if len(hf) == 1 else ''} with "
-                         "transformers' generate, one prompt at a time, and cannot be timed against batched "
+        raise ValueError(f"--batch-size {batch_size}: {', '.join(hf)} decode{'s' if len(hf) == 1 else ''} "
+                         "one prompt at a time, and cannot be timed against batched "
                          "configurations; give --batch-size 1 or leave them out of --configs")
 
 
@@ -246,8 +251,6 @@ def run_compare(prompts, pair, variants, out: Path, shard: tuple[int, int] = (1,
     ``batch_size``: the shard's prompts go in groups of this many, and each configuration decodes a
     group side by side (:func:`vskip.engine.decode.decode_many`), the order of configurations
     rotating from group to group (one prompt a group: from prompt to prompt)."""
-    from tqdm import tqdm
-
     from ..engine.decode import warmup
     from ..engine.runtime import machine, machine_id
 
@@ -273,7 +276,56 @@ def run_compare(prompts, pair, variants, out: Path, shard: tuple[int, int] = (1,
             warmup(d, pair.verifier, mine[0][1], max((v.decode.blocks.longest for v in mine_v), default=1))
     groups = [mine[j : j + batch_size] for j in range(0, len(mine), batch_size)]
     n_ids = {tid: len(ids) for tid, ids in mine}
-    bar = tqdm(total=len(mine), desc=f"compare {i}/{n}", unit="prompt", disable=not progress, file=sys.stderr)
+    engines = _Engines(pair, models or ModelConfig(), [v.engine for v in variants if v.engine])
+    try:
+        _compare_loop(path, groups, repeats, variants, done, pair, engines, max_new, learned, batch_size, host, n_ids,
+                      progress, i, n, len(mine))
+    finally:
+        engines.close()
+    return path
+
+
+class _Engines:
+    """llama.cpp's servers of a comparison, one per configuration, started before the first decode
+    (their loading is not timed) and stopped at the end."""
+
+    def __init__(self, pair, models, names):
+        self.servers = {}
+        if not names:
+            return
+        from ..engine.models.embedded import EMBEDDED_VERIFIER, gguf_path
+        from .llamacpp import LlamaServer, spec_of
+
+        if models.verifier not in (None, "", "default", EMBEDDED_VERIFIER):
+            raise ValueError(f"{', '.join(names)}: llama.cpp's configurations decode the embedded verifier's GGUF file; "
+                             "leave them out with --verifier")
+        import torch
+
+        self.eos = set(pair.verifier.eos_ids)
+        threads = pair.runtime.threads or torch.get_num_threads()
+        try:
+            for name in dict.fromkeys(names):
+                self.servers[name] = LlamaServer(gguf_path(), threads, spec_of(name))
+        except BaseException:
+            self.close()
+            raise
+
+    def complete(self, name, ids, max_new):
+        tokens, seconds, _ = self.servers[name].complete(list(ids), max_new, self.eos)
+        return tokens, seconds
+
+    def close(self):
+        for s in self.servers.values():
+            s.close()
+
+
+def _compare_loop(path, groups, repeats, variants, done, pair, engines, max_new, learned, batch_size, host, n_ids,
+                  progress, i, n, total):
+    """The comparison's decodes, group by group and repeat by repeat, configurations rotating;
+    each row is appended to ``path`` as its prompt finishes."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc=f"compare {i}/{n}", unit="prompt", disable=not progress, file=sys.stderr)
     with naming(path), open_append(path) as f:
         for k, group in enumerate(groups):
             for rep in range(repeats):
@@ -287,8 +339,11 @@ def run_compare(prompts, pair, variants, out: Path, shard: tuple[int, int] = (1,
 
                         rows = []
                         for tid, ids in todo:
-                            tokens, seconds = _hf_generate(pair, ids, max_new, v.lookup, dict(v.params) or None,
-                                                           prompt_key(tid, ids))
+                            if v.engine:
+                                tokens, seconds = engines.complete(v.engine, ids, max_new)
+                            else:
+                                tokens, seconds = _hf_generate(pair, ids, max_new, v.lookup, dict(v.params) or None,
+                                                               prompt_key(tid, ids))
                             rows.append((tid, {"result": PromptResult(generated_tokens=len(tokens),
                                                                       decode_seconds=seconds)}, tokens))
                     else:
@@ -301,7 +356,6 @@ def run_compare(prompts, pair, variants, out: Path, shard: tuple[int, int] = (1,
                         f.flush()
             bar.update(len(group))
     bar.close()
-    return path
 
 
 def read_rows(path: Path) -> list[CompareRow]:

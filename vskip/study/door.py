@@ -21,11 +21,27 @@ from ..engine.settings import Settings
 
 
 def runtime_of(models: ModelConfig):
-    """The runtime (devices, dtypes, threads, memory) ``models`` asks for: the one place it is resolved."""
+    """The runtime (devices, dtypes, threads, memory, what computes the verifier) ``models`` asks
+    for: the one place it is resolved. ``auto`` takes the native runtime where the verifier runs
+    on a CPU that has it, no ``--dtype`` was asked for, and the pair fits it (a Llama or Qwen2
+    verifier, no drafter reading its hidden states); else transformers."""
     from ..engine.runtime import resolve_runtime
 
-    return resolve_runtime(models.device, models.dtype, models.threads, models.drafter_dtype, models.drafter_device,
+    base = resolve_runtime(models.device, models.dtype, models.threads, models.drafter_dtype, models.drafter_device,
                            models.verifier_device, models.max_memory)
+    choice = models.runtime
+    if choice == "transformers" or (choice == "auto" and (base.verifier_on != "cpu" or models.dtype is not None)):
+        return base
+    from dataclasses import replace
+
+    from ..engine.models.load import native_reason
+
+    reason = native_reason(models.verifier, models.drafter)
+    if reason is None:
+        return replace(base, verifier_runtime="native")
+    if choice == "native":
+        raise ValueError(f"--runtime native: {reason}")
+    return base
 
 
 def open_models(models: ModelConfig, need_drafter: bool = True, budget: tuple | None = None, runtime=None):

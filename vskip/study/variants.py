@@ -44,8 +44,9 @@ POLICY_FLAGS = tuple(k for k, p in POLICY_PARAMETERS.items() if p.flag)
 
 @dataclass(frozen=True)
 class Variant:
-    """One configuration: a vskip policy with its decode settings and reveal steps, or one of
-    transformers' decoders (``hf`` greedy, ``lookup`` with ``lookup`` tokens)."""
+    """One configuration: a vskip policy with its decode settings and reveal steps, one of
+    transformers' decoders (``hf`` greedy, ``lookup`` with ``lookup`` tokens), or llama.cpp's
+    (``engine``)."""
 
     name: str
     policy: str | None = None
@@ -56,6 +57,7 @@ class Variant:
     cache: bool | None = None  # the verifier's KV cache; None: as the pair was loaded
     predictor: str | None = None  # this configuration's predictor directory; None: the command's
     drafter: str | None = None  # this configuration's drafter (a name or directory); None: the command's
+    engine: str | None = None  # another engine's decoder (``llamacpp``, ``llamacpp-ngram-mod``: :mod:`vskip.study.llamacpp`)
 
     @property
     def hf(self) -> bool:
@@ -99,6 +101,13 @@ def parse_variant(spec: str, base, steps: int, predictor: str | None = None, fla
     sampled = () if s.greedy else (("seed", s.seed), ("temperature", s.temperature), ("top_k", s.top_k), ("top_p", s.top_p))
     if spec == "hf":
         return Variant(spec, params=sampled)
+    if spec.startswith("llamacpp"):
+        from .llamacpp import spec_of
+
+        spec_of(spec)
+        if sampled:
+            raise ValueError(f"{spec}: llama.cpp's configurations decode greedily; leave out --temperature")
+        return Variant(spec, engine=spec)
     if spec.startswith("lookup"):
         n = spec[len("lookup"):]
         if not n.isdigit() or int(n) < 1:
@@ -106,7 +115,7 @@ def parse_variant(spec: str, base, steps: int, predictor: str | None = None, fla
         return Variant(spec, lookup=int(n), params=sampled)
     _, *pairs = spec.split("+")
     if name not in POLICIES:
-        raise ValueError(f"unknown configuration {spec!r}; expected POLICY[+key=value...], hf or lookupN")
+        raise ValueError(f"unknown configuration {spec!r}; expected POLICY[+key=value...], hf, lookupN or llamacpp[-MODE]")
     kw, params, cache, own, drafter = {}, {}, None, None, None
     for pair in pairs:
         key, _, value = pair.partition("=")

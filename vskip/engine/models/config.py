@@ -14,7 +14,9 @@ class ModelConfig:
     otherwise; ``verifier_device`` may also be a strategy spreading the verifier over several
     devices (``auto``, ``balanced``, ``balanced_low_0``, ``sequential``); ``max_memory``
     (``0=40GiB,1=40GiB``) bounds what each device may hold, and names the devices a spread
-    verifier uses."""
+    verifier uses. ``runtime``: what computes the verifier, ``native`` (vskip's own kernels,
+    :mod:`vskip.engine.models.native`), ``transformers`` (float32 on a CPU, the reference of the
+    committed studies) or ``auto`` (native where it runs, :func:`vskip.study.door.runtime_of`)."""
 
     drafter: str | None = None
     verifier: str | None = None
@@ -29,10 +31,17 @@ class ModelConfig:
     drafter_device: str | None = None
     verifier_device: str | None = None
     max_memory: str | None = None
+    runtime: str = "auto"
 
     def __post_init__(self):
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.runtime not in RUNTIMES:
+            raise ValueError(f"unknown runtime {self.runtime!r}; expected one of {', '.join(RUNTIMES)}")
+
+
+#: what may compute the verifier (``auto``: native where it runs, else transformers)
+RUNTIMES = ("auto", "native", "transformers")
 
 
 #: fields added after run directories were first written; an old record lacks them
@@ -46,5 +55,7 @@ def with_defaults(record: dict, defaults: dict) -> dict:
 
 
 def model_defaults() -> dict:
-    return asdict(ModelConfig())
+    """Defaults for a stored model configuration that lacks a field; one written before the
+    runtime could be chosen was decoded with transformers."""
+    return asdict(ModelConfig()) | {"runtime": "transformers"}
 

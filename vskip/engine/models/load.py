@@ -22,7 +22,7 @@ from .copy import COPY_FILE, CopyPrior
 from .drafter import DiffusionDrafter
 from .drafter_io import is_dream_checkpoint, load_drafter_model
 from .embedded import (EMBEDDED_CONDITIONED, EMBEDDED_DRAFTER, EMBEDDED_VERIFIER, embedded_drafter_dir,
-                       embedded_verifier_dir, file_sha256)
+                       embedded_verifier_dir, file_sha256, gguf_path)
 from .placement import MemoryPlan, MemoryPlanError, plan_memory
 from .verifier import HFVerifier
 
@@ -70,13 +70,72 @@ def load_verifier(path: Path, runtime: Runtime, use_cache: bool = True, device_m
         model.to(where)
     if all(p.device.type == "cpu" for p in model.parameters()):
         use_gqa_attention(model)
+    eos, special = _stop_and_special(tok, model.generation_config)
+    return HFVerifier(model, eos, special, use_cache=use_cache), tok
+
+
+def _stop_and_special(tok, generation_config) -> tuple[list[int], list[int]]:
+    """The ids that end a sequence (the tokenizer's and the generation config's eos) and the
+    special ids no skip may commit."""
     eos = set()
-    for src in (tok.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+    for src in (tok.eos_token_id, getattr(generation_config, "eos_token_id", None)):
         if src is None:
             continue
         eos |= set(src) if isinstance(src, (list, tuple)) else {src}
     special = set(tok.all_special_ids) | {i for i, t in tok.added_tokens_decoder.items() if t.special}
-    return HFVerifier(model, sorted(eos), sorted(special), use_cache=use_cache), tok
+    return sorted(eos), sorted(special)
+
+
+def native_reason(verifier: str | None, drafter: str | None = None) -> str | None:
+    """Why the native runtime cannot compute this verifier (beside this drafter), or None when it can."""
+    from .native.build import unsupported_reason
+
+    reason = unsupported_reason()
+    if reason:
+        return reason
+    if verifier not in (None, "", "default", EMBEDDED_VERIFIER):
+        from .backbone import read_hf_config
+        from .native.model import shape_of_hf
+
+        try:
+            from types import SimpleNamespace
+
+            shape_of_hf(SimpleNamespace(**read_hf_config(Path(verifier)))).check()
+        except (ValueError, FileNotFoundError, KeyError, TypeError, AttributeError) as e:
+            return f"the native runtime cannot run the verifier {verifier}: {e}"
+    if drafter not in (None, "", "default", EMBEDDED_DRAFTER, UNTRAINED):
+        if Path(drafter).exists() and is_conditioned(Path(drafter)):
+            return "a conditioned drafter reads the verifier's hidden states, which only the transformers runtime hands over"
+    if drafter == EMBEDDED_CONDITIONED:
+        return "a conditioned drafter reads the verifier's hidden states, which only the transformers runtime hands over"
+    return None
+
+
+def load_native_verifier(verifier: str | None, path: Path, runtime: Runtime, use_cache: bool = True):
+    """The verifier on the native runtime: the embedded one from its GGUF blocks as they ship, a
+    checkpoint directory's float weights as Q8_0 blocks; the tokenizer from ``path``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from .native.gguf_io import load_gguf
+    from .native.model import from_hf_model
+    from .native.verifier import NativeVerifier
+
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False, local_files_only=True)
+    try:
+        gen = GenerationConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError):
+        gen = None
+    if verifier in (None, "", "default", EMBEDDED_VERIFIER):
+        net = load_gguf(gguf_path(), runtime.threads)
+    else:
+        import torch
+
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=False,
+                                                     local_files_only=True)
+        net = from_hf_model(model, runtime.threads)
+        del model
+    eos, special = _stop_and_special(tok, gen)
+    return NativeVerifier(net, eos, special, use_cache=use_cache), tok
 
 
 def check_prompt_fits(verifier: str | None, prompt: str | list[tuple[str, str]], max_new_tokens: int) -> int:
@@ -333,6 +392,10 @@ def _load_drafter(drafter: str | None, vdir: Path, ver: HFVerifier, tok, runtime
         _warn_if_fitted_elsewhere(prior, ddir)
     adapter = DiffusionDrafter(model, steps=steps, allowed=allowed.to(runtime.drafter_on), reveal=reveal,
                                copy=prior, banned=sorted(ver.special_ids))
+    if runtime.verifier_runtime == "native" and model.spec.attention == "block" and runtime.drafter_on == "cpu":
+        from .native.drafter import NativeDrafter
+
+        adapter = NativeDrafter.of(adapter, ver.max_length, runtime.threads)
     return adapter, identity
 
 
@@ -414,7 +477,10 @@ def load_pair(
         check_against_verifier(read_spec(resolve_drafter_dir(drafter)), read_hf_config(vdir), resolve_drafter_dir(drafter),
                                gamma=budget[2] if budget else None)
     plan = plan_pair(runtime, vdir, resolve_drafter_dir(drafter) if need_drafter else None, use_cache, budget)
-    ver, tok = load_verifier(vdir, runtime, use_cache, device_map=plan.verifier_map)
+    if runtime.verifier_runtime == "native":
+        ver, tok = load_native_verifier(verifier, vdir, runtime, use_cache)
+    else:
+        ver, tok = load_verifier(vdir, runtime, use_cache, device_map=plan.verifier_map)
     identity = {"verifier": EMBEDDED_VERIFIER if verifier in (None, "", "default") else str(verifier)}
     d_adapter = None
     if need_drafter:

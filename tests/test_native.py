@@ -1,0 +1,321 @@
+"""The native runtime (vskip/engine/models/native): its blocks read as llama.cpp writes them, its
+products equal the arithmetic they stand for, every row computes the same numbers whatever else a
+forward holds (bit for bit), a Llama or Qwen2 body close to transformers' float32 forward, and
+Strict SDD equal to its own ar on tiny models and (marked ``model``) on the embedded pair."""
+
+import ctypes
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from vskip.engine.models.native.build import unsupported_reason
+
+pytestmark = pytest.mark.skipif(unsupported_reason() is not None, reason=str(unsupported_reason()))
+THREADS = int(os.environ.get("VSKIP_TEST_THREADS", "1"))
+
+
+def fake_quant(x):
+    """Activations as the kernels quantize them: per row, blocks of 32, scale absmax / 127, nearest."""
+    b = x.reshape(*x.shape[:-1], -1, 32)
+    amax = b.abs().amax(-1, keepdim=True)
+    q = torch.round(b * torch.where(amax > 0, 127 / amax, torch.zeros_like(amax)))
+    return (q * (amax / 127)).reshape(x.shape)
+
+
+def matmul(packed, x):
+    from vskip.engine.models.native.build import library
+
+    out = torch.empty(x.shape[0], packed.N)
+    qm = packed.qmat()
+    assert library().vs_matmul(ctypes.byref(qm), x.shape[0], x.contiguous().data_ptr(), out.data_ptr(), THREADS) == 0
+    return out
+
+
+def test_q8_blocks_round_trip_within_half_a_step():
+    from vskip.engine.models.native.quant import quantize_q8
+
+    torch.manual_seed(0)
+    w = torch.randn(48, 96)
+    p = quantize_q8(w)
+    step = w.reshape(48, 3, 32).abs().amax(-1, keepdim=True) / 127
+    err = (p.dequantize() - w).reshape(48, 3, 32).abs()
+    assert bool((err <= step / 2 + 1e-6).all())
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+def test_gguf_blocks_read_as_gguf_dequantizes_them(kind):
+    import gguf
+    from gguf import GGMLQuantizationType as Q
+
+    from vskip.engine.models.native.quant import gguf_blocks, pack
+
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((32, 64)).astype(np.float32)
+    raw = gguf.quants.quantize(w, Q[kind])
+    ref = gguf.quants.dequantize(raw, Q[kind]).reshape(32, 64)
+    p = pack(*gguf_blocks(kind, raw.reshape(32, -1), 32, 64))
+    np.testing.assert_array_equal(p.dequantize().numpy(), ref)
+
+
+@pytest.mark.parametrize("minimums", [False, True])
+def test_product_equals_the_arithmetic_it_stands_for(minimums):
+    from vskip.engine.models.native.quant import pack, quantize_q8
+
+    torch.manual_seed(2)
+    if minimums:  # Q4_1: unsigned nibbles, a scale and a minimum per block
+        q = np.random.default_rng(2).integers(0, 16, (64, 96)).astype(np.uint8)
+        d = np.random.default_rng(3).random((64, 3)).astype(np.float32) * 0.1
+        m = -8 * d
+        p = pack(q, d, m, 0)
+    else:
+        p = quantize_q8(torch.randn(64, 96))
+    x = torch.randn(5, 96)
+    ref = fake_quant(x).double() @ p.dequantize().double().T
+    out = matmul(p, x)
+    assert torch.allclose(out.double(), ref, rtol=1e-5, atol=1e-4 * float(ref.abs().max()))
+
+
+def test_every_row_of_a_product_is_the_one_row_product_bit_for_bit():
+    from vskip.engine.models.native.quant import quantize_q8
+
+    torch.manual_seed(3)
+    p = quantize_q8(torch.randn(32, 128))
+    x = torch.randn(20, 128)
+    alone = torch.cat([matmul(p, x[i:i + 1]) for i in range(20)])
+    for n in range(1, 21):  # every register tiling of the rows
+        assert torch.equal(matmul(p, x[:n]), alone[:n]), n
+
+
+# --- tiny transformers models ------------------------------------------------------------------
+
+V = 256
+
+
+def tiny(kind="llama", seed=0):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    kw = dict(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)
+    m = (LlamaForCausalLM(LlamaConfig(rope_theta=10000.0, **kw)) if kind == "llama"
+         else Qwen2ForCausalLM(Qwen2Config(rope_theta=1e6, **kw))).eval()
+    with torch.no_grad():  # peakier logits, so that greedy decoding is less degenerate
+        m.model.embed_tokens.weight.mul_(3.0)
+        m.lm_head.weight.normal_(0.0, 1.0)
+        if kind == "qwen2":
+            for layer in m.model.layers:
+                layer.self_attn.q_proj.bias.normal_(0.0, 0.5)
+    return m
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def model(request):
+    from vskip.engine.models.native.model import from_hf_model
+
+    hf = tiny(request.param)
+    return hf, from_hf_model(hf, THREADS)
+
+
+def test_forward_is_close_to_transformers_float32(model):
+    hf, net = model
+    ids = torch.randint(0, V, (40,)).tolist()
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    _, z = net.forward(net.new_cache(1), [0] * len(ids), ids, list(range(len(ids))))
+    assert float((z - ref).abs().mean()) < 0.02 * float(ref.abs().mean())
+    assert float((z.argmax(-1) == ref.argmax(-1)).float().mean()) >= 0.9
+
+
+def test_a_block_computes_what_one_token_steps_compute_bit_for_bit(model):
+    _, net = model
+    ids = torch.randint(0, V, (37,)).tolist()
+    cache = net.new_cache(3)
+    hb, zb = net.forward(cache, [0] * 37, ids, list(range(37)), hidden=True)
+    steps = [net.forward(cache, [1], [t], [i], hidden=True) for i, t in enumerate(ids)]
+    assert torch.equal(torch.cat([h for h, _ in steps]), hb) and torch.equal(torch.cat([z for _, z in steps]), zb)
+    assert torch.equal(cache.k[0][..., :37], cache.k[1][..., :37])
+    assert torch.equal(cache.v[0][:, :, :37], cache.v[1][:, :, :37])
+    # two slots' rows packed in one forward: each as it was alone
+    other = torch.randint(0, V, (9,)).tolist()
+    _, zp = net.forward(cache, [0] * 9 + [2] * 9, ids[:9] + other, list(range(9)) * 2)
+    assert torch.equal(zp[:9], zb[:9])
+    _, zo = net.forward(cache, [1] * 9, other, list(range(9)))
+    assert torch.equal(zp[9:], zo)
+
+
+def test_a_slot_grows_past_its_capacity_keeping_what_it_holds(model):
+    _, net = model
+    ids = torch.randint(0, V, (300,)).tolist()
+    cache = net.new_cache(1)
+    cache._capacity = 64
+    cache.resize(0)
+    cache.resize(1)
+    _, z1 = net.forward(cache, [0] * 50, ids[:50], list(range(50)))
+    _, z2 = net.forward(cache, [0] * 250, ids[50:], list(range(50, 300)))
+    _, zall = net.forward(net.new_cache(1), [0] * 300, ids, list(range(300)))
+    assert cache.capacity(0) >= 300 and torch.equal(torch.cat([z1, z2]), zall)
+
+
+def test_bad_rows_are_refused(model):
+    _, net = model
+    with pytest.raises(ValueError):
+        net.forward(net.new_cache(1), [0], [V + 5], [0])
+    with pytest.raises(ValueError):
+        net.forward(net.new_cache(1), [0], [1], [net.shape.max_positions])
+
+
+def test_shapes_the_kernels_cannot_run_are_refused():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from vskip.engine.models.native.model import from_hf_model
+
+    m = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                     num_attention_heads=4, num_key_value_heads=2))
+    with pytest.raises(ValueError, match="head size 8"):
+        from_hf_model(m)
+
+
+class Oracle:
+    """A drafter that proposes a reference continuation with seeded corruptions."""
+
+    max_gamma, steps, reads_verifier = None, 1, False
+
+    def __init__(self, n0, ref, error, seed=0):
+        self.n0, self.ref, self.error, self.seed = n0, ref, error, seed
+
+    def propose(self, seq, gamma, features=False, sampling=None, slot=0):
+        from vskip.engine.models.protocols import DraftBlock
+
+        rng = np.random.default_rng(self.seed + len(seq))
+        g = len(seq) - self.n0
+        toks = np.array((list(self.ref[g: g + gamma]) + [7] * gamma)[:gamma], np.int64)
+        bad = rng.random(gamma) < self.error
+        toks[bad] = rng.integers(0, V, bad.sum())
+        return DraftBlock(toks, np.where(bad, 0.5, 0.99).astype(np.float32))
+
+    def propose_many(self, requests, features=False, sampling=None):
+        return [self.propose(seq, g, features, sampling, slot) for slot, seq, g in requests]
+
+    def warmup(self, seq, gamma):
+        pass
+
+    def reset(self, slot=None):
+        pass
+
+    def match_length(self, seq):
+        return 0
+
+
+def test_strict_sdd_equals_its_own_ar_on_the_native_verifier(model):
+    from vskip.engine.decode import DecodeConfig, decode
+    from vskip.engine.models.native.verifier import NativeVerifier
+    from vskip.engine.policy import PolicyConfig
+
+    _, net = model
+    ver = NativeVerifier(net, eos_ids=[V - 1])
+    cfg = DecodeConfig(gamma=8, max_new_tokens=60)
+    for seed in range(3):
+        ids = torch.randint(0, V - 1, (12,), generator=torch.Generator().manual_seed(seed)).tolist()
+        ar = decode(ids, None, ver, PolicyConfig(name="ar"), cfg)
+        for cache in (True, False):
+            ver.set_cache(cache)
+            oracle = decode(ids, Oracle(len(ids), ar.tokens, 0.25, seed), ver, PolicyConfig(name="strict"), cfg)
+            assert oracle.tokens == ar.tokens, (seed, cache)
+            assert max(r.L for r in oracle.rounds) >= 4
+        ver.set_cache(True)
+        skip = decode(ids, Oracle(len(ids), ar.tokens, 0.0), ver, PolicyConfig(name="raw", k_min=1, s_max=16), cfg)
+        assert skip.skipped_rounds > 0 and skip.tokens == ar.tokens
+
+
+def test_batched_decodes_equal_batch_one_on_the_native_verifier(model):
+    from vskip.engine.decode import DecodeConfig, Job, decode, decode_many
+    from vskip.engine.models.native.verifier import NativeVerifier
+    from vskip.engine.policy import PolicyConfig
+
+    _, net = model
+    ver = NativeVerifier(net, eos_ids=[V - 1])
+    cfg = DecodeConfig(gamma=6, max_new_tokens=40)
+    prompts = [torch.randint(0, V - 1, (5 + 3 * i,), generator=torch.Generator().manual_seed(i)).tolist()
+               for i in range(5)]
+    refs = [decode(p, None, ver, PolicyConfig(name="ar"), cfg).tokens for p in prompts]
+    ver.open_slots(1)
+    oracles = [Oracle(len(p), r, 0.3, i) for i, (p, r) in enumerate(zip(prompts, refs))]
+
+    class Many(Oracle):
+        def propose(self, seq, gamma, features=False, sampling=None, slot=0):
+            i = next(i for i, p in enumerate(prompts) if list(seq[: len(p)]) == p)  # prompt lengths differ
+            return oracles[i].propose(seq, gamma, features, sampling, slot)
+
+    jobs = [Job(prompt=p, task_id=str(i)) for i, p in enumerate(prompts)]
+    got = {int(job.task_id): res.tokens for job, res in decode_many(jobs, Many(0, [], 0), ver,
+                                                                    PolicyConfig(name="strict"), cfg, batch_size=3)}
+    assert [got[i] for i in range(5)] == refs
+
+
+def test_auto_runtime_picks_native_here_and_transformers_when_a_dtype_is_asked():
+    from vskip.engine.models.config import ModelConfig
+    from vskip.study.door import runtime_of
+
+    assert runtime_of(ModelConfig(device="cpu")).verifier_runtime == "native"
+    assert runtime_of(ModelConfig(device="cpu", dtype="float32")).verifier_runtime == "transformers"
+    assert runtime_of(ModelConfig(device="cpu", runtime="transformers")).verifier_runtime == "transformers"
+    with pytest.raises(ValueError, match="unknown runtime"):
+        ModelConfig(runtime="fast")
+
+
+def test_llamacpp_configurations_parse_and_refuse_what_they_cannot_do():
+    from vskip.engine.decode import DecodeConfig
+    from vskip.engine.policy import Sampling
+    from vskip.study.variants import parse_variant
+
+    base = DecodeConfig()
+    assert parse_variant("llamacpp", base, 1).engine == "llamacpp"
+    assert parse_variant("llamacpp-ngram-mod", base, 1).hf
+    with pytest.raises(ValueError, match="unknown llama.cpp configuration"):
+        parse_variant("llamacpp-lookahead", base, 1)
+    from dataclasses import replace
+
+    with pytest.raises(ValueError, match="greedily"):
+        parse_variant("llamacpp", replace(base, sampling=Sampling(temperature=0.7)), 1)
+
+
+# --- the embedded pair on the native runtime ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def native_pair():
+    from vskip.engine.models.load import load_pair
+    from vskip.engine.runtime import resolve_runtime
+
+    return load_pair(resolve_runtime("cpu", threads=THREADS, verifier_runtime="native"))
+
+
+@pytest.mark.model
+def test_strict_equals_native_ar_on_the_embedded_pair(native_pair):
+    from vskip.bench import tasks
+    from vskip.engine.decode import DecodeConfig, Job, decode, decode_many
+    from vskip.engine.models.native.drafter import NativeDrafter
+    from vskip.engine.models.native.verifier import NativeVerifier
+    from vskip.engine.policy import PolicyConfig
+    from vskip.engine.prompting import encode_chat
+
+    pair = native_pair
+    assert isinstance(pair.verifier, NativeVerifier) and isinstance(pair.drafter, NativeDrafter)
+    probs = tasks.load_task("humaneval", ids=["HumanEval/0", "HumanEval/2", "HumanEval/17"])
+    prompts = [encode_chat(pair.tokenizer, tasks.user_prompt(p)) for p in probs]
+    cfg = DecodeConfig(gamma=4, gamma_max=16, min_match=6, trim=0.3, max_new_tokens=64)
+    refs = []
+    for ids in prompts:
+        ar = decode(ids, None, pair.verifier, PolicyConfig(name="ar"), cfg)
+        strict = decode(ids, pair.drafter, pair.verifier, PolicyConfig(name="strict"), cfg)
+        assert strict.tokens == ar.tokens
+        assert strict.verifier_calls < ar.verifier_calls  # the drafter's blocks were accepted
+        oracle = decode(ids, Oracle(len(ids), ar.tokens, 0.2), pair.verifier, PolicyConfig(name="strict"),
+                        DecodeConfig(gamma=16, max_new_tokens=64))
+        assert oracle.tokens == ar.tokens and max(r.L for r in oracle.rounds) >= 8
+        refs.append(ar.tokens)
+    jobs = [Job(prompt=p, task_id=str(i)) for i, p in enumerate(prompts)]
+    got = {int(j.task_id): r.tokens for j, r in decode_many(jobs, pair.drafter, pair.verifier,
+                                                            PolicyConfig(name="strict"), cfg, batch_size=2)}
+    assert [got[i] for i in range(len(prompts))] == refs

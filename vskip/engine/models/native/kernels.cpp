@@ -1,0 +1,403 @@
+// The native runtime's arithmetic: one forward of a Llama-family transformer over a batch of rows
+// (tokens of one or more sequences, each at its own position in its own slot cache), in one call.
+//
+// Every weight matrix is held in blocks of 32 along its input dimension, as GGUF's Q4_1 and Q8_0
+// hold them: an unsigned value per weight (a nibble for Q4_1, a byte for Q8_0), a float16 scale d
+// and minimum m per block (w = d * (q - offset) + m; offset 128 for signed int8 blocks). Activations are quantized per row in blocks of 32 (a
+// scale per block, as llama.cpp's Q8_1), the block products are summed exactly in int32 (AVX512
+// VNNI), and the blocks are summed in float32 in one fixed order.
+//
+// Batch invariance, by construction: every number a row produces depends only on that row's input,
+// its position and the keys and values its slot holds below it, never on how many other rows share
+// the call or where the row sits in it. Each row runs the same instructions in the same order
+// whatever the row count (register tiles of rows repeat a row's sequence, they never mix rows), so
+// a verification of n positions writes into the cache, and scores, exactly what n one-token steps
+// would. tests/test_native.py checks it bit for bit.
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <algorithm>
+#include <vector>
+
+extern "C" {
+
+struct QMat {
+  const uint8_t* q;   // [N/16][K/4][16][4]: for 16 outputs, 4 consecutive inputs each (VNNI layout);
+                      // with nibbles, [N/16][K/8][64]: quads 2i and 2i + 1 in the low and high nibbles
+  const uint16_t* d;  // [N/16][K/32][16] block scales (float16)
+  const uint16_t* m;  // [N/16][K/32][16] block minimums (float16), or null
+  int32_t N, K, offset, nibbles;
+};
+
+struct Layer {
+  const float* attn_norm;  // [D]
+  QMat qkv;                // N = (H + 2 KV) * hd
+  const float* qkv_bias;   // [(H + 2 KV) * hd] or null
+  QMat o;                  // N = D, K = H * hd
+  const float* ffn_norm;   // [D]
+  QMat gate_up;            // N = 2 F: gate rows then up rows
+  QMat down;               // N = D, K = F
+};
+
+struct Model {
+  int32_t n_layers, dim, n_heads, n_kv, head_dim, ffn, vocab, rope_max;
+  float eps;
+  const Layer* layers;
+  const float* final_norm;                        // [D] or null
+  const float* embed_f;                           // [V][D] float32 embeddings, or null
+  const int8_t* embed_q; const float* embed_d;    // else [V][D] int8 and [V][D/32] scales
+  const QMat* head;                               // output head or null
+  const float* rope_cos; const float* rope_sin;   // [rope_max][hd/2]
+};
+
+}  // extern "C"
+
+namespace {
+
+inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
+
+// e^x for x in float32, |relative error| < 2e-7; a fixed instruction sequence per lane.
+inline __m512 exp512(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// Quantized activations of up to `rows` rows of K inputs.
+struct QAct {
+  std::vector<int8_t> q;   // [rows][K]
+  std::vector<float> d;    // [rows][K/32] scales
+  std::vector<int32_t> si; // [rows][K/32] sums of the quantized values
+  std::vector<float> sf;   // [rows][K/32] d * si, the quantized block sums (for block minimums)
+  int stride = 0;          // K of the widest input a row holds
+  void resize(int rows, int k) {
+    stride = k;
+    q.resize((size_t)rows * k); d.resize((size_t)rows * k / 32);
+    si.resize((size_t)rows * k / 32); sf.resize((size_t)rows * k / 32);
+  }
+};
+
+void quantize_row(const float* x, int K, int8_t* q, float* d, int32_t* si, float* sf) {
+  for (int b = 0; b < K / 32; ++b) {
+    const __m512 v0 = _mm512_loadu_ps(x + 32 * b), v1 = _mm512_loadu_ps(x + 32 * b + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    const float id = amax > 0 ? 127.0f / amax : 0.0f;
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)));
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
+    _mm_storeu_si128((__m128i*)(q + 32 * b), _mm512_cvtepi32_epi8(q0));
+    _mm_storeu_si128((__m128i*)(q + 32 * b + 16), _mm512_cvtepi32_epi8(q1));
+    d[b] = amax / 127.0f;
+    si[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    sf[b] = d[b] * (float)si[b];  // the block minimums meet the quantized activations, as the scales do
+  }
+}
+
+void quantize(QAct& a, int r, const float* x, int K) {
+  const size_t nb = a.stride / 32;
+  quantize_row(x, K, &a.q[(size_t)r * a.stride], &a.d[r * nb], &a.si[r * nb], &a.sf[r * nb]);
+}
+
+// R rows times one group of 16 outputs. Each row's sequence of operations is the same for any R
+// (the integer block sums are exact, whatever their order), so a row's result never depends on R.
+template <int R, bool NIB>
+void tile(const QMat& W, int g, const QAct& a, int r0, float* out, int ldo) {
+  const int nb = W.K / 32;
+  const size_t nbs = a.stride / 32;
+  const uint8_t* wq = W.q + (size_t)g * (W.K / 4) * (NIB ? 32 : 64);
+  const uint16_t* wd = W.d + (size_t)g * nb * 16;
+  const uint16_t* wm = W.m ? W.m + (size_t)g * nb * 16 : nullptr;
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  const int8_t* xq[R];
+  for (int r = 0; r < R; ++r) xq[r] = &a.q[(size_t)(r0 + r) * a.stride];
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int b = 0; b < nb; ++b) {
+    __m512i s[R];
+    for (int r = 0; r < R; ++r) s[r] = _mm512_setzero_si512();
+    if (NIB) {
+      for (int k = 0; k < 4; ++k) {
+        const __m512i v = _mm512_loadu_si512(wq + (size_t)(b * 4 + k) * 64);
+        const __m512i w0 = _mm512_and_si512(v, low), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        for (int r = 0; r < R; ++r) {
+          int32_t x0, x1;
+          memcpy(&x0, xq[r] + b * 32 + k * 8, 4);
+          memcpy(&x1, xq[r] + b * 32 + k * 8 + 4, 4);
+          s[r] = _mm512_dpbusd_epi32(s[r], w0, _mm512_set1_epi32(x0));
+          s[r] = _mm512_dpbusd_epi32(s[r], w1, _mm512_set1_epi32(x1));
+        }
+      }
+    } else {
+      for (int k = 0; k < 8; ++k) {
+        const __m512i w = _mm512_loadu_si512(wq + (size_t)(b * 8 + k) * 64);
+        for (int r = 0; r < R; ++r) {
+          int32_t x4;
+          memcpy(&x4, xq[r] + b * 32 + k * 4, 4);
+          s[r] = _mm512_dpbusd_epi32(s[r], w, _mm512_set1_epi32(x4));
+        }
+      }
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(wd + b * 16)));
+    const __m512 mw = wm ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(wm + b * 16))) : _mm512_setzero_ps();
+    for (int r = 0; r < R; ++r) {
+      const size_t i = (size_t)(r0 + r) * nbs + b;
+      __m512i si = s[r];
+      if (W.offset) si = _mm512_sub_epi32(si, _mm512_set1_epi32(W.offset * a.si[i]));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(si), _mm512_mul_ps(dw, _mm512_set1_ps(a.d[i])), acc[r]);
+      if (wm) acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.sf[i]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + (size_t)(r0 + r) * ldo + g * 16, acc[r]);
+}
+
+template <bool NIB>
+void tiles(const QMat& W, int g, const QAct& a, int M, int R, float* out, int ldo) {
+  for (int r0 = 0; r0 < M; r0 += R) {
+    switch (std::min(R, M - r0)) {
+      case 1: tile<1, NIB>(W, g, a, r0, out, ldo); break;
+      case 2: tile<2, NIB>(W, g, a, r0, out, ldo); break;
+      case 3: tile<3, NIB>(W, g, a, r0, out, ldo); break;
+      case 4: tile<4, NIB>(W, g, a, r0, out, ldo); break;
+      case 5: tile<5, NIB>(W, g, a, r0, out, ldo); break;
+      case 6: tile<6, NIB>(W, g, a, r0, out, ldo); break;
+      case 7: tile<7, NIB>(W, g, a, r0, out, ldo); break;
+      default: tile<8, NIB>(W, g, a, r0, out, ldo); break;
+    }
+  }
+}
+
+// out[r][n] = sum_k W[n][k] x[r][k] for rows 0..M-1; called inside a parallel region.
+void gemm(const QMat& W, const QAct& a, int M, float* out, int ldo) {
+  const int G = W.N / 16;
+  const int ntiles = (M + 7) / 8, R = (M + ntiles - 1) / ntiles;  // balanced: 9 rows as 5 + 4, not 8 + 1
+#pragma omp for schedule(static)
+  for (int g = 0; g < G; ++g) {
+    if (W.nibbles) tiles<true>(W, g, a, M, R, out, ldo);
+    else tiles<false>(W, g, a, M, R, out, ldo);
+  }
+}
+
+void rmsnorm(const float* x, const float* w, float* y, int D, float eps) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int i = 0; i < D; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    acc = _mm512_fmadd_ps(v, v, acc);
+  }
+  const float inv = 1.0f / sqrtf(hsum(acc) / (float)D + eps);
+  for (int i = 0; i < D; i += 16) {
+    const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + i), _mm512_set1_ps(inv));
+    _mm512_storeu_ps(y + i, w ? _mm512_mul_ps(v, _mm512_loadu_ps(w + i)) : v);
+  }
+}
+
+// HF's rotate-half rotary embedding of one head vector at position p.
+void rope(float* x, int hd, const float* cs, const float* sn) {
+  const int h = hd / 2;
+  for (int i = 0; i < h; ++i) {
+    const float a = x[i], b = x[i + h];
+    x[i] = a * cs[i] - b * sn[i];
+    x[i + h] = b * cs[i] + a * sn[i];
+  }
+}
+
+// One query head of one row over keys [0, L) of its slot. K is stored transposed ([hd][cap]),
+// V as [cap][hd]. `s`: scratch of at least L + 64 floats.
+void attend(const float* q, const float* K, const float* V, int cap, int L, int hd, float scale, float* s,
+            float* out) {
+  for (int j0 = 0; j0 < L; j0 += 64) {
+    __m512 a[4];
+    __mmask16 mk[4];
+    for (int c = 0; c < 4; ++c) {
+      const int n = std::max(0, std::min(16, L - j0 - 16 * c));
+      mk[c] = (__mmask16)((1u << n) - 1u);
+      a[c] = _mm512_setzero_ps();
+    }
+    for (int d = 0; d < hd; ++d) {
+      const __m512 qd = _mm512_set1_ps(q[d]);
+      const float* kr = K + (size_t)d * cap + j0;
+      for (int c = 0; c < 4; ++c) a[c] = _mm512_fmadd_ps(qd, _mm512_maskz_loadu_ps(mk[c], kr + 16 * c), a[c]);
+    }
+    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(s + j0 + 16 * c, _mm512_mul_ps(a[c], _mm512_set1_ps(scale)));
+  }
+  __m512 mx = _mm512_set1_ps(-INFINITY);
+  for (int j = 0; j < L; j += 16) {
+    const __mmask16 m = (__mmask16)((1u << std::min(16, L - j)) - 1u);
+    mx = _mm512_mask_max_ps(mx, m, mx, _mm512_loadu_ps(s + j));
+  }
+  const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+  __m512 sum = _mm512_setzero_ps();
+  for (int j = 0; j < L; j += 16) {
+    const __mmask16 m = (__mmask16)((1u << std::min(16, L - j)) - 1u);
+    const __m512 e = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_loadu_ps(s + j), top)));
+    _mm512_storeu_ps(s + j, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  const float inv = 1.0f / hsum(sum);
+  __m512 acc[16];
+  const int nv = hd / 16;
+  for (int c = 0; c < nv; ++c) acc[c] = _mm512_setzero_ps();
+  for (int j = 0; j < L; ++j) {
+    const __m512 p = _mm512_set1_ps(s[j]);
+    const float* vr = V + (size_t)j * hd;
+    for (int c = 0; c < nv; ++c) acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * c), acc[c]);
+  }
+  for (int c = 0; c < nv; ++c) _mm512_storeu_ps(out + 16 * c, _mm512_mul_ps(acc[c], _mm512_set1_ps(inv)));
+}
+
+void silu_mul(const float* g, const float* u, float* y, int F) {
+  for (int i = 0; i < F; i += 16) {
+    const __m512 gv = _mm512_loadu_ps(g + i);
+    const __m512 sg = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
+    _mm512_storeu_ps(y + i, _mm512_mul_ps(sg, _mm512_loadu_ps(u + i)));
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// One forward over n rows. Row r: token tokens[r] (or, when embeds is not null and tokens[r] < 0,
+// the float vector embeds[r]), at position pos[r], attending to keys [0, kv_len[r]) of the slot
+// whose caches start at kc[r] ([layers][kv][hd][cap[r]]) and vc[r] ([layers][kv][cap[r]][hd]);
+// its key and value are written there at pos[r]. For the n_out rows out_rows[], the final-normed
+// hidden state goes to hidden (if not null, [n_out][D]) and the head's logits to logits (if not
+// null, [n_out][V]). Returns 0, or a negative code for bad arguments.
+int vs_forward(const Model* mp, int n, const int64_t* tokens, const float* embeds, const int32_t* pos,
+               const int32_t* kv_len, float* const* kc, float* const* vc, const int32_t* cap, int n_out,
+               const int32_t* out_rows, float* hidden, float* logits, int n_threads) {
+  const Model& M = *mp;
+  const int D = M.dim, H = M.n_heads, KV = M.n_kv, hd = M.head_dim, F = M.ffn;
+  const int NQ = H * hd, NQKV = (H + 2 * KV) * hd;
+  if (n <= 0 || hd % 16 || hd > 256 || D % 32 || F % 32 || NQ % 32) return -1;
+  int maxL = 0;
+  for (int r = 0; r < n; ++r) {
+    if (pos[r] < 0 || pos[r] >= cap[r] || pos[r] >= M.rope_max || kv_len[r] < 1 || kv_len[r] > cap[r]) return -2;
+    if (!(embeds && tokens[r] < 0) && (tokens[r] < 0 || tokens[r] >= M.vocab || !(M.embed_f || M.embed_q))) return -3;
+    maxL = std::max(maxL, kv_len[r]);
+  }
+  if (logits && !M.head) return -4;
+  const int Kmax = std::max(std::max(D, F), NQ);
+  std::vector<float> h((size_t)n * D), x((size_t)n * D), qkv((size_t)n * NQKV), att((size_t)n * NQ),
+      gu((size_t)n * 2 * F), act((size_t)n * F);
+  QAct a;
+  a.resize(n, Kmax);
+  const float scale = 1.0f / sqrtf((float)hd);
+  const float eps = M.eps;
+#pragma omp parallel num_threads(n_threads)
+  {
+    std::vector<float> s(maxL + 64);
+#pragma omp for schedule(static)
+    for (int r = 0; r < n; ++r) {
+      float* hr = &h[(size_t)r * D];
+      if (embeds && tokens[r] < 0) {
+        memcpy(hr, embeds + (size_t)r * D, sizeof(float) * D);
+      } else if (M.embed_f) {
+        memcpy(hr, M.embed_f + (size_t)tokens[r] * D, sizeof(float) * D);
+      } else {
+        const int8_t* eq = M.embed_q + (size_t)tokens[r] * D;
+        const float* ed = M.embed_d + (size_t)tokens[r] * (D / 32);
+        for (int i = 0; i < D; ++i) hr[i] = ed[i / 32] * (float)eq[i];
+      }
+    }
+    for (int l = 0; l < M.n_layers; ++l) {
+      const Layer& Ly = M.layers[l];
+#pragma omp for schedule(static)
+      for (int r = 0; r < n; ++r) {
+        rmsnorm(&h[(size_t)r * D], Ly.attn_norm, &x[(size_t)r * D], D, eps);
+        quantize(a, r, &x[(size_t)r * D], D);
+      }
+      gemm(Ly.qkv, a, n, qkv.data(), NQKV);
+#pragma omp for schedule(static)
+      for (int r = 0; r < n; ++r) {
+        float* row = &qkv[(size_t)r * NQKV];
+        if (Ly.qkv_bias)
+          for (int i = 0; i < NQKV; ++i) row[i] += Ly.qkv_bias[i];
+        const float* cs = M.rope_cos + (size_t)pos[r] * (hd / 2);
+        const float* sn = M.rope_sin + (size_t)pos[r] * (hd / 2);
+        for (int i = 0; i < H + KV; ++i) rope(row + i * hd, hd, cs, sn);
+        const size_t c = (size_t)cap[r];
+        for (int k = 0; k < KV; ++k) {
+          float* K = kc[r] + ((size_t)l * KV + k) * hd * c;
+          float* V = vc[r] + ((size_t)l * KV + k) * c * hd;
+          const float* kr = row + NQ + k * hd;
+          const float* vr = row + NQ + KV * hd + k * hd;
+          for (int d = 0; d < hd; ++d) K[(size_t)d * c + pos[r]] = kr[d];
+          memcpy(V + (size_t)pos[r] * hd, vr, sizeof(float) * hd);
+        }
+      }
+#pragma omp for schedule(static) collapse(2)
+      for (int r = 0; r < n; ++r) {
+        for (int i = 0; i < H; ++i) {
+          const int k = i / (H / KV);
+          const size_t c = (size_t)cap[r];
+          attend(&qkv[(size_t)r * NQKV + i * hd], kc[r] + ((size_t)l * KV + k) * hd * c,
+                 vc[r] + ((size_t)l * KV + k) * c * hd, (int)c, kv_len[r], hd, scale, s.data(),
+                 &att[(size_t)r * NQ + i * hd]);
+        }
+      }
+#pragma omp for schedule(static)
+      for (int r = 0; r < n; ++r) quantize(a, r, &att[(size_t)r * NQ], NQ);
+      gemm(Ly.o, a, n, x.data(), D);
+#pragma omp for schedule(static)
+      for (int r = 0; r < n; ++r) {
+        float* hr = &h[(size_t)r * D];
+        float* xr = &x[(size_t)r * D];
+        for (int i = 0; i < D; ++i) hr[i] += xr[i];
+        rmsnorm(hr, Ly.ffn_norm, xr, D, eps);
+        quantize(a, r, xr, D);
+      }
+      gemm(Ly.gate_up, a, n, gu.data(), 2 * F);
+#pragma omp for schedule(static)
+      for (int r = 0; r < n; ++r) {
+        silu_mul(&gu[(size_t)r * 2 * F], &gu[(size_t)r * 2 * F + F], &act[(size_t)r * F], F);
+        quantize(a, r, &act[(size_t)r * F], F);
+      }
+      gemm(Ly.down, a, n, x.data(), D);
+#pragma omp for schedule(static)
+      for (int r = 0; r < n; ++r) {
+        float* hr = &h[(size_t)r * D];
+        const float* xr = &x[(size_t)r * D];
+        for (int i = 0; i < D; ++i) hr[i] += xr[i];
+      }
+    }
+#pragma omp for schedule(static)
+    for (int o = 0; o < n_out; ++o) {
+      float* y = &x[(size_t)o * D];
+      if (M.final_norm) rmsnorm(&h[(size_t)out_rows[o] * D], M.final_norm, y, D, eps);
+      else memcpy(y, &h[(size_t)out_rows[o] * D], sizeof(float) * D);
+      if (hidden) memcpy(hidden + (size_t)o * D, y, sizeof(float) * D);
+      if (logits) quantize(a, o, y, D);
+    }
+    if (logits) gemm(*M.head, a, n_out, logits, M.vocab);
+  }
+  return 0;
+}
+
+// out[r] = W x[r] for M rows of floats x [M][K] (a test and benchmark entry to the product alone).
+int vs_matmul(const QMat* W, int M, const float* x, float* out, int n_threads) {
+  if (W->K % 32 || W->N % 16 || M <= 0) return -1;
+  QAct a;
+  a.resize(M, W->K);
+#pragma omp parallel num_threads(n_threads)
+  {
+#pragma omp for schedule(static)
+    for (int r = 0; r < M; ++r) quantize(a, r, x + (size_t)r * W->K, W->K);
+    gemm(*W, a, M, out, W->N);
+  }
+  return 0;
+}
+
+}  // extern "C"

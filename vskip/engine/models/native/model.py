@@ -1,0 +1,289 @@
+"""The native runtime's transformer: a Llama-family body (Llama, SmolLM, Qwen2) whose whole forward
+is one call into the compiled kernels, and the slot cache it reads and writes.
+
+A forward takes rows (a token, its position, its slot and how many of the slot's keys it sees) and
+returns the final hidden states and head logits of the rows asked for. Causal decoding gives a row
+at position p the keys below p + 1; a drafter's bidirectional block gives every row of the block
+the keys up to the block's end. The arithmetic lives in ``kernels.cpp``; this module holds the
+weights, the rotary tables and the caches, and checks what it passes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from . import abi
+from .quant import Packed, pack, quantize_q8
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The numbers a Llama-family body is made of."""
+
+    n_layers: int
+    dim: int
+    n_heads: int
+    n_kv: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    eps: float
+    rope_theta: float
+    max_positions: int
+
+    def check(self) -> None:
+        hd, bad = self.head_dim, []
+        if hd % 16 or hd > 256:
+            bad.append(f"head size {hd} (a multiple of 16 up to 256)")
+        if self.n_heads % self.n_kv:
+            bad.append(f"{self.n_heads} heads over {self.n_kv} key-value heads")
+        for what, n in (("width", self.dim), ("feed-forward width", self.ffn), ("attention width", self.n_heads * hd)):
+            if n % 32:
+                bad.append(f"{what} {n} (a multiple of 32)")
+        if bad:
+            raise ValueError("the native runtime cannot run this model: " + "; ".join(bad))
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: torch.Tensor
+    qkv: Packed
+    qkv_bias: torch.Tensor | None
+    o: Packed
+    ffn_norm: torch.Tensor
+    gate_up: Packed
+    down: Packed
+
+
+class Transformer:
+    """Weights packed for the kernels, and the forward over rows."""
+
+    def __init__(self, shape: Shape, layers: list[LayerWeights], final_norm: torch.Tensor | None,
+                 embed: torch.Tensor | tuple[torch.Tensor, torch.Tensor], head: Packed | None, threads: int | None = None):
+        shape.check()
+        self.shape = shape
+        self.layers = layers
+        self.final_norm = final_norm
+        self.embed = embed  # float32 [V, D], (int8 [V, D], float32 [V, D/32]) blocks, or None
+        self.head = head
+        self.threads = threads
+        hd = shape.head_dim
+        inv = 1.0 / (shape.rope_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
+        ang = np.arange(shape.max_positions, dtype=np.float64)[:, None] * inv[None]
+        self.rope_cos = torch.from_numpy(np.cos(ang).astype(np.float32))
+        self.rope_sin = torch.from_numpy(np.sin(ang).astype(np.float32))
+        self._struct = self._make_struct()
+
+    @property
+    def vocab(self) -> int:
+        return self.shape.vocab
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of weights a full forward reads (embeddings aside: a row reads one of them)."""
+        n = sum(p.nbytes for ly in self.layers for p in (ly.qkv, ly.o, ly.gate_up, ly.down))
+        return n + (self.head.nbytes if self.head is not None else 0)
+
+    def _make_struct(self) -> abi.Model:
+        s = self.shape
+        arr = (abi.Layer * len(self.layers))()
+        for i, ly in enumerate(self.layers):
+            arr[i] = abi.Layer(ly.attn_norm.data_ptr(), ly.qkv.qmat(),
+                               ly.qkv_bias.data_ptr() if ly.qkv_bias is not None else None, ly.o.qmat(),
+                               ly.ffn_norm.data_ptr(), ly.gate_up.qmat(), ly.down.qmat())
+        self._layer_array = arr
+        self._head_struct = self.head.qmat() if self.head is not None else None
+        if self.embed is None:  # every row comes as a float vector (a drafter embeds its own inputs)
+            ef, eq, ed = None, None, None
+        elif isinstance(self.embed, torch.Tensor):
+            ef, eq, ed = self.embed.data_ptr(), None, None
+        else:
+            ef, eq, ed = None, self.embed[0].data_ptr(), self.embed[1].data_ptr()
+        return abi.Model(s.n_layers, s.dim, s.n_heads, s.n_kv, s.head_dim, s.ffn, s.vocab, s.max_positions, s.eps,
+                         arr, self.final_norm.data_ptr() if self.final_norm is not None else None, ef, eq, ed,
+                         ctypes.pointer(self._head_struct) if self._head_struct is not None else None,
+                         self.rope_cos.data_ptr(), self.rope_sin.data_ptr())
+
+    def new_cache(self, slots: int) -> "SlotCache":
+        return SlotCache(self.shape, slots)
+
+    def forward(self, cache: "SlotCache", slots: Sequence[int], tokens: Sequence[int], positions: Sequence[int],
+                seen: Sequence[int] | None = None, out_rows: Sequence[int] | None = None, hidden: bool = False,
+                logits: bool = True, embeds: torch.Tensor | None = None):
+        """One forward over rows: row r is token ``tokens[r]`` (or, where it is negative, the float
+        vector ``embeds[r]``) at ``positions[r]`` of slot ``slots[r]``, seeing that slot's keys
+        below ``seen[r]`` (default: its own position + 1, causal); its key and value are written
+        at its position. Returns (hidden [n_out, D] or None, logits [n_out, V] or None) of the rows
+        ``out_rows`` (default: all)."""
+        from .build import library
+
+        n = len(tokens)
+        assert n == len(positions) == len(slots) and n > 0, (n, len(positions), len(slots))
+        pos = np.asarray(positions, dtype=np.int32)
+        kv = pos + 1 if seen is None else np.asarray(seen, dtype=np.int32)
+        cache.reserve(slots, int(max(pos.max(), kv.max())) + 1)
+        tok = np.asarray(tokens, dtype=np.int64)
+        outs = np.arange(n, dtype=np.int32) if out_rows is None else np.asarray(out_rows, dtype=np.int32)
+        kp, vp, cap = cache.pointers(slots)
+        emb = None
+        if embeds is not None:
+            emb = embeds.detach().float().contiguous()
+            assert emb.shape == (n, self.shape.dim), emb.shape
+        h = torch.empty((len(outs), self.shape.dim), dtype=torch.float32) if hidden else None
+        z = torch.empty((len(outs), self.shape.vocab), dtype=torch.float32) if logits else None
+        threads = self.threads or torch.get_num_threads()
+        rc = library().vs_forward(ctypes.byref(self._struct), n, tok.ctypes.data, emb.data_ptr() if emb is not None else None,
+                                  pos.ctypes.data, kv.ctypes.data, kp.ctypes.data, vp.ctypes.data, cap.ctypes.data,
+                                  len(outs), outs.ctypes.data, h.data_ptr() if h is not None else None,
+                                  z.data_ptr() if z is not None else None, threads)
+        if rc != 0:
+            raise ValueError(f"native forward refused its arguments (code {rc}): a position past the context "
+                             f"({self.shape.max_positions}), a token outside the vocabulary, or a head it lacks")
+        return h, z
+
+
+class SlotCache:
+    """Keys and values of ``slots`` sequences: per slot a key tensor [layers, kv, hd, capacity]
+    (transposed, for the kernels' score loop) and a value tensor [layers, kv, capacity, hd]. A
+    slot's length lives with its owner (rollback is lowering it); capacity grows by doubling."""
+
+    def __init__(self, shape: Shape, slots: int, capacity: int = 256):
+        self.shape = shape
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self._capacity = capacity
+        self.resize(slots)
+
+    def resize(self, slots: int) -> None:
+        while len(self.k) < slots:
+            self.k.append(self._alloc_k(self._capacity))
+            self.v.append(self._alloc_v(self._capacity))
+        del self.k[slots:], self.v[slots:]
+
+    def _alloc_k(self, cap):
+        s = self.shape
+        return torch.zeros((s.n_layers, s.n_kv, s.head_dim, cap), dtype=torch.float32)
+
+    def _alloc_v(self, cap):
+        s = self.shape
+        return torch.zeros((s.n_layers, s.n_kv, cap, s.head_dim), dtype=torch.float32)
+
+    def capacity(self, slot: int) -> int:
+        return int(self.k[slot].shape[-1])
+
+    def reserve(self, slots: Sequence[int], need: int) -> None:
+        """Make every slot of ``slots`` hold at least ``need`` positions (keeping what it holds)."""
+        if need > self.shape.max_positions:
+            raise ValueError(f"a sequence of {need} tokens is longer than the model's {self.shape.max_positions}")
+        for slot in set(int(s) for s in slots):
+            cap = self.capacity(slot)
+            if need <= cap:
+                continue
+            new = min(max(need, 2 * cap), self.shape.max_positions)
+            new = -(-new // 64) * 64
+            k, v = self._alloc_k(new), self._alloc_v(new)
+            k[..., :cap] = self.k[slot]
+            v[:, :, :cap] = self.v[slot]
+            self.k[slot], self.v[slot] = k, v
+
+    def pointers(self, slots: Sequence[int]):
+        kp = np.array([self.k[s].data_ptr() for s in slots], dtype=np.uint64)
+        vp = np.array([self.v[s].data_ptr() for s in slots], dtype=np.uint64)
+        cap = np.array([self.capacity(s) for s in slots], dtype=np.int32)
+        return kp, vp, cap
+
+
+# --- building a Transformer from weights ---------------------------------------------------------
+
+def _cat(packs: list[Packed]) -> Packed:
+    """Packed matrices over the same inputs, stacked along their outputs (q|k|v, gate|up)."""
+    if len({(p.K, p.offset, p.m is None, p.nibbles) for p in packs}) != 1:  # mixed formats: all as Q8_0
+        from .quant import quantize_q8
+
+        return quantize_q8(torch.cat([p.dequantize() for p in packs]))
+    return Packed(torch.cat([p.q for p in packs]), torch.cat([p.d for p in packs]),
+                  None if packs[0].m is None else torch.cat([p.m for p in packs]),
+                  sum(p.N for p in packs), packs[0].K, packs[0].offset, packs[0].nibbles)
+
+
+def from_blocks(shape: Shape, tensors: dict, threads: int | None = None) -> Transformer:
+    """A Transformer from packed matrices and float vectors named as transformers names them
+    (``layers.{i}.q_proj`` ... ``norm``, ``embed``, ``head``; ``q_bias`` etc. optional)."""
+    layers = []
+    for i in range(shape.n_layers):
+        t = lambda k: tensors.get(f"layers.{i}.{k}")  # noqa: E731
+        biases = [t("q_bias"), t("k_bias"), t("v_bias")]
+        bias = None
+        if any(b is not None for b in biases):
+            sizes = (shape.n_heads * shape.head_dim, shape.n_kv * shape.head_dim, shape.n_kv * shape.head_dim)
+            bias = torch.cat([b.float() if b is not None else torch.zeros(n) for b, n in zip(biases, sizes)]).contiguous()
+        layers.append(LayerWeights(
+            attn_norm=t("input_layernorm").float().contiguous(),
+            qkv=_cat([t("q_proj"), t("k_proj"), t("v_proj")]), qkv_bias=bias, o=t("o_proj"),
+            ffn_norm=t("post_attention_layernorm").float().contiguous(),
+            gate_up=_cat([t("gate_proj"), t("up_proj")]), down=t("down_proj")))
+    norm = tensors.get("norm")
+    return Transformer(shape, layers, norm.float().contiguous() if norm is not None else None, tensors.get("embed"),
+                       tensors.get("head"), threads)
+
+
+def shape_of_hf(cfg) -> Shape:
+    """The Shape of a transformers Llama/Qwen2 config; other families and rope scalings refuse."""
+    kind = getattr(cfg, "model_type", None)
+    if kind not in ("llama", "qwen2"):
+        raise ValueError(f"the native runtime runs Llama and Qwen2 models, not {kind!r}")
+    scaling = getattr(cfg, "rope_scaling", None) or {}
+    if scaling and scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
+        raise ValueError(f"the native runtime has no rope scaling {scaling}")
+    theta = getattr(cfg, "rope_theta", None)
+    if theta is None:
+        theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+    heads = int(cfg.num_attention_heads)
+    return Shape(int(cfg.num_hidden_layers), int(cfg.hidden_size), heads, int(getattr(cfg, "num_key_value_heads", heads)),
+                 int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads), int(cfg.intermediate_size),
+                 int(cfg.vocab_size), float(cfg.rms_norm_eps), float(theta), int(cfg.max_position_embeddings))
+
+
+def from_hf_model(model, threads: int | None = None) -> Transformer:
+    """A Transformer from a loaded transformers causal LM (float weights, quantized to Q8_0 blocks)."""
+    shape = shape_of_hf(model.config)
+    body = model.model
+    if getattr(model.config, "attention_bias", False) is False and any(
+            getattr(layer.self_attn.o_proj, "bias", None) is not None for layer in body.layers):
+        raise ValueError("the native runtime has no output-projection bias")
+    tensors: dict = {"norm": body.norm.weight.detach(), "embed": body.embed_tokens.weight.detach().float().contiguous()}
+    for i, layer in enumerate(body.layers):
+        a, m = layer.self_attn, layer.mlp
+        for name, lin in (("q_proj", a.q_proj), ("k_proj", a.k_proj), ("v_proj", a.v_proj), ("o_proj", a.o_proj),
+                          ("gate_proj", m.gate_proj), ("up_proj", m.up_proj), ("down_proj", m.down_proj)):
+            tensors[f"layers.{i}.{name}"] = quantize_q8(lin.weight, f"layer {i} {name}")
+            if getattr(lin, "bias", None) is not None and name in ("q_proj", "k_proj", "v_proj"):
+                tensors[f"layers.{i}.{name[0]}_bias"] = lin.bias.detach()
+        tensors[f"layers.{i}.input_layernorm"] = layer.input_layernorm.weight.detach()
+        tensors[f"layers.{i}.post_attention_layernorm"] = layer.post_attention_layernorm.weight.detach()
+    tensors["head"] = quantize_q8(model.get_output_embeddings().weight, "output head")
+    return from_blocks(shape, tensors, threads)
+
+
+def from_backbone(backbone, max_positions: int, threads: int | None = None) -> Transformer:
+    """A Transformer of a drafter's :class:`~vskip.engine.models.backbone.Backbone` (its layers as
+    Q8_0 blocks, no embedding or head of its own: the drafter embeds its inputs and reads hidden states)."""
+    c = backbone.config
+    shape = Shape(c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
+                  c.vocab_size, float(c.rms_norm_eps), float(c.rope_theta), int(max_positions))
+    tensors: dict = {"norm": backbone.norm.weight.detach()}
+    for i, layer in enumerate(backbone.layers):
+        a, m = layer.self_attn, layer.mlp
+        for name, lin in (("q_proj", a.q_proj), ("k_proj", a.k_proj), ("v_proj", a.v_proj), ("o_proj", a.o_proj),
+                          ("gate_proj", m.gate_proj), ("up_proj", m.up_proj), ("down_proj", m.down_proj)):
+            tensors[f"layers.{i}.{name}"] = quantize_q8(lin.weight, f"drafter layer {i} {name}")
+            if getattr(lin, "bias", None) is not None and name in ("q_proj", "k_proj", "v_proj"):
+                tensors[f"layers.{i}.{name[0]}_bias"] = lin.bias.detach()
+        tensors[f"layers.{i}.input_layernorm"] = layer.input_layernorm.weight.detach()
+        tensors[f"layers.{i}.post_attention_layernorm"] = layer.post_attention_layernorm.weight.detach()
+    return from_blocks(shape, tensors, threads)

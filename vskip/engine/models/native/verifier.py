@@ -1,0 +1,131 @@
+"""The verifier on the native runtime: the :class:`~vskip.engine.models.protocols.Verifier`
+protocol over a :class:`~vskip.engine.models.native.model.Transformer` and its slot cache.
+
+Every call of a batch is one forward: each call computes what its slot's cache lacks (the tokens
+after the longest prefix the cache shares with the call's sequence, and never past the last
+committed token, whose logits are needed) and scores its block. Rollback is lowering a slot's
+length; a shadow call lowers it back to what it found. The kernels compute every row the same way
+whatever else the forward holds, so a verification and a one-token step agree to the bit
+(:mod:`vskip.engine.models.native.model`): Strict SDD on this runtime equals this runtime's own
+greedy decoding by construction, and tests/test_native.py checks it.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ...policy import Sampling, Verdict  # data types only
+from ..protocols import Call, common_prefix
+from ..sampling import warped_probs
+from .model import Transformer
+
+#: what config.json and summary.json call this runtime
+NAME = "native"
+
+
+class NativeVerifier:
+    device = "cpu"
+    #: the transformers model (None: this verifier has none; ``vskip compare``'s ``hf`` needs it)
+    model = None
+
+    def __init__(self, net: Transformer, eos_ids: Sequence[int], special_ids: Sequence[int] = (),
+                 use_cache: bool = True, max_length: int | None = None):
+        self.net = net
+        self.use_cache = use_cache
+        self.eos_ids = frozenset(int(i) for i in eos_ids)
+        self.special_ids = frozenset(int(i) for i in special_ids) - self.eos_ids
+        self.vocab_size = net.vocab
+        self.max_length = int(min(max_length or net.shape.max_positions, net.shape.max_positions))
+        self.slots = 0
+        self.cache = None
+        self.open_slots(1)
+
+    @property
+    def vocabulary(self) -> int:
+        return self.vocab_size
+
+    def open_slots(self, n: int) -> None:
+        if n < 1:
+            raise ValueError(f"a verifier holds at least one sequence, not {n}")
+        if self.cache is None:
+            self.cache = self.net.new_cache(n)
+        else:
+            self.cache.resize(n)
+        self.slots = n
+        self._cached_ids: list[list[int]] = [[] for _ in range(n)]
+
+    def reset(self, slot: int | None = None) -> None:
+        for i in range(self.slots) if slot is None else (slot,):
+            self._cached_ids[i] = []
+
+    def set_cache(self, on: bool) -> None:
+        self.use_cache = bool(on)
+        self.reset()
+
+    def warmup(self, seq, gamma) -> None:
+        self.score(list(seq), [0] * gamma)
+        self.reset()
+
+    def prefill(self, ids, slot: int = 0) -> None:
+        ids = [int(t) for t in ids]
+        if ids:
+            self._forward([(slot, ids, 1)], logits=False)
+
+    def _forward(self, rows: list[tuple[int, list[int], int]], logits: bool = True) -> list[torch.Tensor]:
+        """Logits [keep, V] of the last ``keep`` positions of each row (slot, ids, keep), all rows in one forward."""
+        slots, tokens, positions, outs, spans = [], [], [], [], []
+        for slot, ids, keep in rows:
+            start = min(common_prefix(self._cached_ids[slot], ids), len(ids) - keep) if self.use_cache else 0
+            if len(ids) > self.max_length:
+                raise ValueError(f"a sequence of {len(ids)} tokens is longer than the verifier's {self.max_length}")
+            first = len(tokens)
+            tokens += ids[start:]
+            positions += range(start, len(ids))
+            slots += [slot] * (len(ids) - start)
+            spans.append((len(outs), keep))
+            outs += range(first + len(ids) - start - keep, first + len(ids) - start)
+            self._cached_ids[slot] = list(ids)
+        _, z = self.net.forward(self.cache, slots, tokens, positions, out_rows=outs, logits=logits)
+        return [z[a: a + k] for a, k in spans] if logits else []
+
+    def _run(self, calls: Sequence[Call]) -> list[torch.Tensor]:
+        rows, restore = [], []
+        for c in calls:
+            ids = [int(t) for t in c.seq] + [int(t) for t in c.block]
+            rows.append((c.slot, ids, len(c.block) + 1))
+            restore.append(common_prefix(self._cached_ids[c.slot], ids) if c.shadow else None)
+        outs = self._forward(rows)
+        for c, kept in zip(calls, restore):
+            if kept is not None:
+                self._cached_ids[c.slot] = self._cached_ids[c.slot][:kept]
+        return outs
+
+    def score_many(self, calls: Sequence[Call]) -> list[Verdict]:
+        return [verdict(z, c.block) for z, c in zip(self._run(calls), calls)]
+
+    def distributions_many(self, calls: Sequence[Call], sampling: Sampling) -> list[np.ndarray]:
+        return [warped_probs(z, sampling).numpy() for z in self._run(calls)]
+
+    def score(self, seq: Sequence[int], block: Sequence[int], shadow: bool = False) -> Verdict:
+        return self.score_many([Call(seq, block, shadow)])[0]
+
+    def distributions(self, seq, block, sampling: Sampling, shadow: bool = False) -> np.ndarray:
+        return self.distributions_many([Call(seq, block, shadow)], sampling)[0]
+
+
+def verdict(z: torch.Tensor, block: Sequence[int]) -> Verdict:
+    """Argmax [g + 1], drafted-token gaps and ranks [g] from logits ``z`` [g + 1, V] (float32,
+    exact as computed: the argmax is the lowest id at the maximum)."""
+    g = len(block)
+    argmax = z.argmax(-1)
+    if not g:
+        return Verdict(argmax.numpy().astype(np.int64), np.zeros(0), np.zeros(0, dtype=np.int64))
+    b = torch.tensor([int(t) for t in block], dtype=torch.long)
+    zb = z[:-1]
+    zd = zb.gather(1, b[:, None])[:, 0]
+    gap = (zd - zb.max(-1).values).double().numpy()
+    return Verdict(argmax.numpy().astype(np.int64), draft_gap=gap,
+                   draft_rank=lambda: (zb > zd[:, None]).sum(-1).numpy().astype(np.int64))

@@ -609,9 +609,9 @@ def test_transformers_decoders_and_a_bad_batch_size_are_refused(tmp_path, monkey
     assert main(["compare", "--task", "humaneval", "--ids", "HumanEval/0", "--configs", "ar,strict,hf,lookup4",
                  "--batch-size", "2", "--out", str(tmp_path / "c")]) == 2
     err = capsys.readouterr().err
-    assert "--batch-size 2: hf, lookup4 decode with transformers' generate" in err
+    assert "--batch-size 2: hf, lookup4 decode one prompt at a time" in err
     assert not list((tmp_path / "c").iterdir())  # no settings recorded, no rows
-    with pytest.raises(ValueError, match="transformers' generate"):
+    with pytest.raises(ValueError, match="one prompt at a time"):
         compare.run_compare([("t0", [7, 3])], _pair(), [parsing.parse_variant("hf", BASE, 1)], tmp_path, batch_size=2)
     for bad in ("0", "1025", "two"):
         with pytest.raises(SystemExit) as e:

@@ -8,6 +8,11 @@
     ``$XDG_CACHE_HOME/vskip``, else ``~/.cache/vskip``).
 ``VSKIP_DEBUG``
     any value but ``0``: a failing command shows its traceback instead of one line.
+``CXX``
+    the C++ compiler that builds the native runtime's kernels on first use (default ``g++``).
+``VSKIP_LLAMA_SERVER``
+    the ``llama-server`` binary of ``vskip compare``'s llama.cpp configurations (default: the one
+    ``scripts/llamacpp.sh`` built for this CPU, else one on PATH).
 
 Models are read with ``local_files_only`` (no model hub), not by setting ``HF_HUB_OFFLINE`` for
 the whole process. Each reads the environment when called, so a test may set a variable first.
@@ -32,3 +37,11 @@ def cache_root() -> Path:
 
 def debug() -> bool:
     return os.environ.get("VSKIP_DEBUG", "") not in ("", "0")
+
+
+def cxx() -> str:
+    return os.environ.get("CXX") or "g++"
+
+
+def llama_server() -> str | None:
+    return os.environ.get("VSKIP_LLAMA_SERVER") or None

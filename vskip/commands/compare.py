@@ -13,7 +13,7 @@ def register(subparsers) -> None:
     add_task_flag(c, default="humaneval", help="the benchmark whose prompts to decode (default: humaneval)")
     c.add_argument("--limit", type=int, help="first N prompts")
     c.add_argument("--ids", help="comma-separated task ids")
-    c.add_argument("--configs", default="ar,strict,paper",
+    c.add_argument("--configs", default=None,
                    help="comma-separated: ar, a policy name with this command's settings (its --preset's shape: "
                         "Strict SDD by default in the fastest lossless shape measured), POLICY+key=value+... "
                         "(keys: gamma, gamma_max, min_match, trim, steps; the policy's own: eta_b, eta_c, eta_m, "
@@ -25,7 +25,11 @@ def register(subparsers) -> None:
                         "with trimming at 0.5, the opt-in shape before the default took one of its kind), hf, "
                         "lookupN; "
                         "drafter=NAME|DIR: this configuration's own drafter; paper (Strict SDD in the paper's shape: "
-                        "the standalone drafter, gamma 32, two reveal steps) (default: ar,strict,paper)")
+                        "the standalone drafter, gamma 32, two reveal steps); llamacpp (llama.cpp's greedy "
+                        "decode of the embedded verifier's GGUF file, llama-server built by scripts/llamacpp.sh), "
+                        "llamacpp-MODE (its speculative modes without a draft model: ngram-simple, ngram-mod, "
+                        "ngram-map-k, ngram-map-k4v, ngram-cache) (default: ar,strict,paper, and llamacpp where "
+                        "llama.cpp is built, the verifier is the embedded one and the decode is greedy at batch 1)")
     c.add_argument("--repeats", type=int, default=1,
                    help="decode every prompt this many times with every configuration, in rotating order; the "
                         "summary gives each repeat's ratio to ar (default: 1)")
@@ -77,6 +81,8 @@ def cmd_compare(a) -> int:
     def start(policy: str):  # the preset shapes Strict SDD and the skipping methods apart
         return decode_config(with_preset(a, policy))
 
+    if a.configs is None:
+        a.configs = "ar,strict,paper" + (",llamacpp" if _llamacpp_by_default(a, dec) else "")
     variants = [variants.parse_variant(s, start, models.steps, a.predictor, flags) for s in a.configs.split(",")
                 if s.strip()]
     if a.predictor and not Path(a.predictor).is_dir():
@@ -85,6 +91,10 @@ def cmd_compare(a) -> int:
         if v.predictor and not Path(v.predictor).is_dir():
             raise ValueError(f"{v.name}: predictor {v.predictor} is not a directory")
         v.settings(models, a.predictor)  # every configuration's settings checked before any model loads
+    if models.runtime == "auto" and any(v.hf and not v.engine for v in variants):
+        from dataclasses import replace
+
+        models = replace(models, runtime="transformers")  # hf and lookupN run transformers' generate on its model
     if not any(v.name == "ar" for v in variants):
         raise ValueError("--configs must include ar, the reference every configuration is measured against")
     compare.check_batch(variants, a.batch_size)
@@ -113,6 +123,25 @@ def cmd_compare(a) -> int:
         return _decode_and_print(a, compare, tasks, models, dec, variants, runtime, problems, shard, n)
 
 
+def _verifier_name(runtime) -> str:
+    return "native (int8 kernels on the GGUF blocks)" if runtime.verifier_runtime == "native" else runtime.dtype
+
+
+def _drafter_name(runtime) -> str:
+    native = runtime.verifier_runtime == "native" and runtime.drafter_on == "cpu"
+    return "native (Q8_0 blocks)" if native else runtime.drafter_dtype
+
+
+def _llamacpp_by_default(a, dec) -> bool:
+    """Whether the default configurations include llama.cpp's greedy decode: where it is built,
+    the verifier is the embedded one, and the decode is greedy, one prompt at a time."""
+    from ..engine.models.embedded import EMBEDDED_VERIFIER
+    from ..study.llamacpp import server_binary
+
+    return (a.verifier in (None, "", "default", EMBEDDED_VERIFIER) and a.batch_size == 1 and dec.sampling.greedy
+            and server_binary() is not None)
+
+
 def _decode_and_print(a, compare, tasks, models, dec, variants, runtime, problems, shard, n) -> int:
     import tempfile
 
@@ -139,7 +168,7 @@ def _decode_and_print(a, compare, tasks, models, dec, variants, runtime, problem
         batched = f", {a.batch_size} prompts side by side" if a.batch_size != 1 else ""
         return _print_comparison(out, Path(a.out) if a.out else None,
                                  f"{a.task}, {dec.max_new_tokens} new tokens at most{batched}, verifier "
-                                 f"{runtime.dtype}, drafter {runtime.drafter_dtype}{_sampled(dec.sampling)}", a.score,
+                                 f"{_verifier_name(runtime)}, drafter {_drafter_name(runtime)}{_sampled(dec.sampling)}", a.score,
                                  not a.quiet)
 
 

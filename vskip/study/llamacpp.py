@@ -13,13 +13,14 @@ prompt's prefill), with its prompt cache off so every decode evaluates its promp
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
+
+from ..environment import llama_server
 
 #: llama-server's speculative modes that need no draft model
 SPEC_TYPES = ("ngram-simple", "ngram-mod", "ngram-map-k", "ngram-map-k4v", "ngram-cache")
@@ -32,7 +33,7 @@ class LlamaCppMissing(RuntimeError):
 
 def server_binary() -> Path | None:
     """``$VSKIP_LLAMA_SERVER``, else the build of ``scripts/llamacpp.sh`` for this CPU, else one on PATH."""
-    env = os.environ.get("VSKIP_LLAMA_SERVER")
+    env = llama_server()
     if env:
         return Path(env) if Path(env).exists() else None
     script = Path(__file__).resolve().parents[2] / "scripts" / "llamacpp.sh"

@@ -79,6 +79,26 @@ class Variant:
         return Settings(self.policy_config(), self.decode, m, predictor=self.predictor or predictor)
 
 
+def _other_engine(spec: str, sampled: tuple) -> Variant | None:
+    """The Variant of transformers' (``hf``, ``lookupN``) or llama.cpp's (``llamacpp[-MODE]``)
+    decoders, or None for a vskip policy."""
+    if spec == "hf":
+        return Variant(spec, params=sampled)
+    if spec.startswith("llamacpp"):
+        from .llamacpp import spec_of
+
+        spec_of(spec)
+        if sampled:
+            raise ValueError(f"{spec}: llama.cpp's configurations decode greedily; leave out --temperature")
+        return Variant(spec, engine=spec)
+    if spec.startswith("lookup"):
+        n = spec[len("lookup"):]
+        if not n.isdigit() or int(n) < 1:
+            raise ValueError(f"bad configuration {spec!r}; expected lookupN with N >= 1")
+        return Variant(spec, lookup=int(n), params=sampled)
+    return None
+
+
 def parse_variant(spec: str, base, steps: int, predictor: str | None = None, flags: dict | None = None):
     """The :class:`Variant` of a ``--configs`` entry; ``base`` is the command's DecodeConfig (or a
     function of a policy's name giving the DecodeConfig that policy starts from, as presets shape
@@ -99,20 +119,9 @@ def parse_variant(spec: str, base, steps: int, predictor: str | None = None, fla
     # transformers' decoders sample with the same settings (their own random numbers)
     s = base.sampling
     sampled = () if s.greedy else (("seed", s.seed), ("temperature", s.temperature), ("top_k", s.top_k), ("top_p", s.top_p))
-    if spec == "hf":
-        return Variant(spec, params=sampled)
-    if spec.startswith("llamacpp"):
-        from .llamacpp import spec_of
-
-        spec_of(spec)
-        if sampled:
-            raise ValueError(f"{spec}: llama.cpp's configurations decode greedily; leave out --temperature")
-        return Variant(spec, engine=spec)
-    if spec.startswith("lookup"):
-        n = spec[len("lookup"):]
-        if not n.isdigit() or int(n) < 1:
-            raise ValueError(f"bad configuration {spec!r}; expected lookupN with N >= 1")
-        return Variant(spec, lookup=int(n), params=sampled)
+    other = _other_engine(spec, sampled)
+    if other is not None:
+        return other
     _, *pairs = spec.split("+")
     if name not in POLICIES:
         raise ValueError(f"unknown configuration {spec!r}; expected POLICY[+key=value...], hf, lookupN or llamacpp[-MODE]")

@@ -17,7 +17,7 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-from ....environment import cache_root
+from ....environment import cache_root, cxx
 from ....files import DirLock
 
 SOURCE = Path(__file__).with_name("kernels.cpp")
@@ -61,7 +61,7 @@ def unsupported_reason() -> str | None:
 
 
 def compiler() -> str:
-    return os.environ.get("CXX") or "g++"
+    return cxx()
 
 
 def build_key() -> str:

@@ -77,38 +77,36 @@ inline __m512 exp512(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// Quantized activations of up to `rows` rows of K inputs.
+// Quantized activations of up to `rows` rows of K inputs, block-major: block b of row r at
+// [b][r], so that the rows of a register tile sit side by side for every block.
 struct QAct {
-  std::vector<int8_t> q;   // [rows][K]
-  std::vector<float> d;    // [rows][K/32] scales
-  std::vector<int32_t> si; // [rows][K/32] sums of the quantized values
-  std::vector<float> sf;   // [rows][K/32] d * si, the quantized block sums (for block minimums)
-  int stride = 0;          // K of the widest input a row holds
-  void resize(int rows, int k) {
-    stride = k;
-    q.resize((size_t)rows * k); d.resize((size_t)rows * k / 32);
-    si.resize((size_t)rows * k / 32); sf.resize((size_t)rows * k / 32);
+  std::vector<int8_t> q;   // [K/32][rows][32]
+  std::vector<float> d;    // [K/32][rows] scales
+  std::vector<int32_t> si; // [K/32][rows] sums of the quantized values
+  std::vector<float> sf;   // [K/32][rows] d * si, the quantized block sums (for block minimums)
+  int rows = 0;
+  void resize(int n, int k) {
+    rows = n;
+    q.resize((size_t)n * k); d.resize((size_t)n * k / 32);
+    si.resize((size_t)n * k / 32); sf.resize((size_t)n * k / 32);
   }
 };
 
-void quantize_row(const float* x, int K, int8_t* q, float* d, int32_t* si, float* sf) {
+// Row r of K inputs x, quantized into a.
+void quantize(QAct& a, int r, const float* x, int K) {
   for (int b = 0; b < K / 32; ++b) {
+    const size_t i = (size_t)b * a.rows + r;
     const __m512 v0 = _mm512_loadu_ps(x + 32 * b), v1 = _mm512_loadu_ps(x + 32 * b + 16);
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
     const float id = amax > 0 ? 127.0f / amax : 0.0f;
     const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)));
     const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
-    _mm_storeu_si128((__m128i*)(q + 32 * b), _mm512_cvtepi32_epi8(q0));
-    _mm_storeu_si128((__m128i*)(q + 32 * b + 16), _mm512_cvtepi32_epi8(q1));
-    d[b] = amax / 127.0f;
-    si[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-    sf[b] = d[b] * (float)si[b];  // the block minimums meet the quantized activations, as the scales do
+    _mm_storeu_si128((__m128i*)(&a.q[i * 32]), _mm512_cvtepi32_epi8(q0));
+    _mm_storeu_si128((__m128i*)(&a.q[i * 32 + 16]), _mm512_cvtepi32_epi8(q1));
+    a.d[i] = amax / 127.0f;
+    a.si[i] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    a.sf[i] = a.d[i] * (float)a.si[i];  // the block minimums meet the quantized activations, as the scales do
   }
-}
-
-void quantize(QAct& a, int r, const float* x, int K) {
-  const size_t nb = a.stride / 32;
-  quantize_row(x, K, &a.q[(size_t)r * a.stride], &a.d[r * nb], &a.si[r * nb], &a.sf[r * nb]);
 }
 
 // R rows times one group of 16 outputs. Each row's sequence of operations is the same for any R
@@ -116,16 +114,18 @@ void quantize(QAct& a, int r, const float* x, int K) {
 template <int R, bool NIB>
 void tile(const QMat& W, int g, const QAct& a, int r0, float* out, int ldo) {
   const int nb = W.K / 32;
-  const size_t nbs = a.stride / 32;
   const uint8_t* wq = W.q + (size_t)g * (W.K / 4) * (NIB ? 32 : 64);
   const uint16_t* wd = W.d + (size_t)g * nb * 16;
   const uint16_t* wm = W.m ? W.m + (size_t)g * nb * 16 : nullptr;
   const __m512i low = _mm512_set1_epi8(0x0F);
-  const int8_t* xq[R];
-  for (int r = 0; r < R; ++r) xq[r] = &a.q[(size_t)(r0 + r) * a.stride];
+  const size_t rows = a.rows;
+  const int8_t* xq = a.q.data() + (size_t)r0 * 32;
+  const float* xd = a.d.data() + r0;
+  const int32_t* xs = a.si.data() + r0;
+  const float* xf = a.sf.data() + r0;
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  for (int b = 0; b < nb; ++b) {
+  for (int b = 0; b < nb; ++b, xq += rows * 32, xd += rows, xs += rows, xf += rows) {
     __m512i s[R];
     for (int r = 0; r < R; ++r) s[r] = _mm512_setzero_si512();
     if (NIB) {
@@ -134,8 +134,8 @@ void tile(const QMat& W, int g, const QAct& a, int r0, float* out, int ldo) {
         const __m512i w0 = _mm512_and_si512(v, low), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
         for (int r = 0; r < R; ++r) {
           int32_t x0, x1;
-          memcpy(&x0, xq[r] + b * 32 + k * 8, 4);
-          memcpy(&x1, xq[r] + b * 32 + k * 8 + 4, 4);
+          memcpy(&x0, xq + r * 32 + k * 8, 4);
+          memcpy(&x1, xq + r * 32 + k * 8 + 4, 4);
           s[r] = _mm512_dpbusd_epi32(s[r], w0, _mm512_set1_epi32(x0));
           s[r] = _mm512_dpbusd_epi32(s[r], w1, _mm512_set1_epi32(x1));
         }
@@ -145,19 +145,23 @@ void tile(const QMat& W, int g, const QAct& a, int r0, float* out, int ldo) {
         const __m512i w = _mm512_loadu_si512(wq + (size_t)(b * 8 + k) * 64);
         for (int r = 0; r < R; ++r) {
           int32_t x4;
-          memcpy(&x4, xq[r] + b * 32 + k * 4, 4);
+          memcpy(&x4, xq + r * 32 + k * 4, 4);
           s[r] = _mm512_dpbusd_epi32(s[r], w, _mm512_set1_epi32(x4));
         }
       }
     }
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(wd + b * 16)));
-    const __m512 mw = wm ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(wm + b * 16))) : _mm512_setzero_ps();
-    for (int r = 0; r < R; ++r) {
-      const size_t i = (size_t)(r0 + r) * nbs + b;
-      __m512i si = s[r];
-      if (W.offset) si = _mm512_sub_epi32(si, _mm512_set1_epi32(W.offset * a.si[i]));
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(si), _mm512_mul_ps(dw, _mm512_set1_ps(a.d[i])), acc[r]);
-      if (wm) acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.sf[i]), acc[r]);
+    if (wm) {
+      const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(wm + b * 16)));
+      for (int r = 0; r < R; ++r) {
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r]), _mm512_mul_ps(dw, _mm512_set1_ps(xd[r])), acc[r]);
+        acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xf[r]), acc[r]);
+      }
+    } else {
+      for (int r = 0; r < R; ++r) {
+        const __m512i si = W.offset ? _mm512_sub_epi32(s[r], _mm512_set1_epi32(W.offset * xs[r])) : s[r];
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(si), _mm512_mul_ps(dw, _mm512_set1_ps(xd[r])), acc[r]);
+      }
     }
   }
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + (size_t)(r0 + r) * ldo + g * 16, acc[r]);
@@ -213,48 +217,90 @@ void rope(float* x, int hd, const float* cs, const float* sn) {
   }
 }
 
-// One query head of one row over keys [0, L) of its slot. K is stored transposed ([hd][cap]),
-// V as [cap][hd]. `s`: scratch of at least L + 64 floats.
+// The G query heads of one row that share a key-value head, over keys [0, L) of its slot. K is
+// stored in tiles of 16 keys, each transposed ([cap/16][hd][16]), V as [cap][hd]; q holds the G heads' vectors one after another,
+// and out receives them so. `s`: scratch of at least G * (L + 64) floats. Each score is one chain
+// of multiply-adds over the head dimension, each output one over the keys, in that order, however
+// many heads or rows share the work.
+template <int G>
 void attend(const float* q, const float* K, const float* V, int cap, int L, int hd, float scale, float* s,
             float* out) {
-  for (int j0 = 0; j0 < L; j0 += 64) {
-    __m512 a[4];
-    __mmask16 mk[4];
-    for (int c = 0; c < 4; ++c) {
+  const int stride = L + 64;
+  for (int j0 = 0; j0 < L; j0 += 32) {
+    __m512 a[G][2];
+    __mmask16 mk[2];
+    for (int c = 0; c < 2; ++c) {
       const int n = std::max(0, std::min(16, L - j0 - 16 * c));
       mk[c] = (__mmask16)((1u << n) - 1u);
-      a[c] = _mm512_setzero_ps();
+      for (int g = 0; g < G; ++g) a[g][c] = _mm512_setzero_ps();
     }
+    const float* t0 = K + (size_t)(j0 / 16) * hd * 16;  // the tiles of keys j0 .. j0 + 15 and the next 16
+    const float* t1 = t0 + (size_t)hd * 16;
     for (int d = 0; d < hd; ++d) {
-      const __m512 qd = _mm512_set1_ps(q[d]);
-      const float* kr = K + (size_t)d * cap + j0;
-      for (int c = 0; c < 4; ++c) a[c] = _mm512_fmadd_ps(qd, _mm512_maskz_loadu_ps(mk[c], kr + 16 * c), a[c]);
+      const __m512 k0 = _mm512_maskz_loadu_ps(mk[0], t0 + d * 16);
+      const __m512 k1 = _mm512_maskz_loadu_ps(mk[1], t1 + d * 16);
+      for (int g = 0; g < G; ++g) {
+        const __m512 qd = _mm512_set1_ps(q[g * hd + d]);
+        a[g][0] = _mm512_fmadd_ps(qd, k0, a[g][0]);
+        a[g][1] = _mm512_fmadd_ps(qd, k1, a[g][1]);
+      }
     }
-    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(s + j0 + 16 * c, _mm512_mul_ps(a[c], _mm512_set1_ps(scale)));
+    for (int g = 0; g < G; ++g)
+      for (int c = 0; c < 2; ++c)
+        _mm512_storeu_ps(s + g * stride + j0 + 16 * c, _mm512_mul_ps(a[g][c], _mm512_set1_ps(scale)));
   }
-  __m512 mx = _mm512_set1_ps(-INFINITY);
-  for (int j = 0; j < L; j += 16) {
-    const __mmask16 m = (__mmask16)((1u << std::min(16, L - j)) - 1u);
-    mx = _mm512_mask_max_ps(mx, m, mx, _mm512_loadu_ps(s + j));
+  float inv[G];
+  for (int g = 0; g < G; ++g) {
+    float* sg = s + g * stride;
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int j = 0; j < L; j += 16) {
+      const __mmask16 m = (__mmask16)((1u << std::min(16, L - j)) - 1u);
+      mx = _mm512_mask_max_ps(mx, m, mx, _mm512_loadu_ps(sg + j));
+    }
+    const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    __m512 sum = _mm512_setzero_ps();
+    for (int j = 0; j < L; j += 16) {
+      const __mmask16 m = (__mmask16)((1u << std::min(16, L - j)) - 1u);
+      const __m512 e = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_loadu_ps(sg + j), top)));
+      _mm512_storeu_ps(sg + j, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    inv[g] = 1.0f / hsum(sum);
   }
-  const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
-  __m512 sum = _mm512_setzero_ps();
-  for (int j = 0; j < L; j += 16) {
-    const __mmask16 m = (__mmask16)((1u << std::min(16, L - j)) - 1u);
-    const __m512 e = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_loadu_ps(s + j), top)));
-    _mm512_storeu_ps(s + j, e);
-    sum = _mm512_add_ps(sum, e);
+  for (int c0 = 0; c0 < hd; c0 += 64) {  // 4 vectors of the head dimension at a time
+    const int nv = std::min(4, (hd - c0) / 16);
+    __m512 acc[G][4];
+    for (int g = 0; g < G; ++g)
+      for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_setzero_ps();
+    for (int j = 0; j < L; ++j) {
+      const float* vr = V + (size_t)j * hd + c0;
+      __m512 v[4];
+      for (int c = 0; c < nv; ++c) v[c] = _mm512_loadu_ps(vr + 16 * c);
+      for (int g = 0; g < G; ++g) {
+        const __m512 p = _mm512_set1_ps(s[g * stride + j]);
+        for (int c = 0; c < nv; ++c) acc[g][c] = _mm512_fmadd_ps(p, v[c], acc[g][c]);
+      }
+    }
+    for (int g = 0; g < G; ++g)
+      for (int c = 0; c < nv; ++c)
+        _mm512_storeu_ps(out + g * hd + c0 + 16 * c, _mm512_mul_ps(acc[g][c], _mm512_set1_ps(inv[g])));
   }
-  const float inv = 1.0f / hsum(sum);
-  __m512 acc[16];
-  const int nv = hd / 16;
-  for (int c = 0; c < nv; ++c) acc[c] = _mm512_setzero_ps();
-  for (int j = 0; j < L; ++j) {
-    const __m512 p = _mm512_set1_ps(s[j]);
-    const float* vr = V + (size_t)j * hd;
-    for (int c = 0; c < nv; ++c) acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * c), acc[c]);
+}
+
+// The query heads [h0, h0 + n) of one row, which share one key-value head, in groups the compiler
+// keeps in registers.
+void attend_heads(const float* q, const float* K, const float* V, int cap, int L, int hd, float scale, float* s,
+                  float* out, int n) {
+  while (n > 0) {
+    const int g = std::min(n, 4);
+    switch (g) {
+      case 1: attend<1>(q, K, V, cap, L, hd, scale, s, out); break;
+      case 2: attend<2>(q, K, V, cap, L, hd, scale, s, out); break;
+      case 3: attend<3>(q, K, V, cap, L, hd, scale, s, out); break;
+      default: attend<4>(q, K, V, cap, L, hd, scale, s, out); break;
+    }
+    q += g * hd, out += g * hd, n -= g;
   }
-  for (int c = 0; c < nv; ++c) _mm512_storeu_ps(out + 16 * c, _mm512_mul_ps(acc[c], _mm512_set1_ps(inv)));
 }
 
 void silu_mul(const float* g, const float* u, float* y, int F) {
@@ -271,7 +317,7 @@ extern "C" {
 
 // One forward over n rows. Row r: token tokens[r] (or, when embeds is not null and tokens[r] < 0,
 // the float vector embeds[r]), at position pos[r], attending to keys [0, kv_len[r]) of the slot
-// whose caches start at kc[r] ([layers][kv][hd][cap[r]]) and vc[r] ([layers][kv][cap[r]][hd]);
+// whose caches start at kc[r] ([layers][kv][cap[r]/16][hd][16]) and vc[r] ([layers][kv][cap[r]][hd]);
 // its key and value are written there at pos[r]. For the n_out rows out_rows[], the final-normed
 // hidden state goes to hidden (if not null, [n_out][D]) and the head's logits to logits (if not
 // null, [n_out][V]). Returns 0, or a negative code for bad arguments.
@@ -298,7 +344,7 @@ int vs_forward(const Model* mp, int n, const int64_t* tokens, const float* embed
   const float eps = M.eps;
 #pragma omp parallel num_threads(n_threads)
   {
-    std::vector<float> s(maxL + 64);
+    std::vector<float> s((size_t)4 * (maxL + 64));
 #pragma omp for schedule(static)
     for (int r = 0; r < n; ++r) {
       float* hr = &h[(size_t)r * D];
@@ -334,18 +380,19 @@ int vs_forward(const Model* mp, int n, const int64_t* tokens, const float* embed
           float* V = vc[r] + ((size_t)l * KV + k) * c * hd;
           const float* kr = row + NQ + k * hd;
           const float* vr = row + NQ + KV * hd + k * hd;
-          for (int d = 0; d < hd; ++d) K[(size_t)d * c + pos[r]] = kr[d];
+          float* tile = K + (size_t)(pos[r] / 16) * hd * 16 + pos[r] % 16;
+          for (int d = 0; d < hd; ++d) tile[(size_t)d * 16] = kr[d];
           memcpy(V + (size_t)pos[r] * hd, vr, sizeof(float) * hd);
         }
       }
 #pragma omp for schedule(static) collapse(2)
       for (int r = 0; r < n; ++r) {
-        for (int i = 0; i < H; ++i) {
-          const int k = i / (H / KV);
+        for (int k = 0; k < KV; ++k) {
+          const int per = H / KV;
           const size_t c = (size_t)cap[r];
-          attend(&qkv[(size_t)r * NQKV + i * hd], kc[r] + ((size_t)l * KV + k) * hd * c,
-                 vc[r] + ((size_t)l * KV + k) * c * hd, (int)c, kv_len[r], hd, scale, s.data(),
-                 &att[(size_t)r * NQ + i * hd]);
+          attend_heads(&qkv[(size_t)r * NQKV + k * per * hd], kc[r] + ((size_t)l * KV + k) * hd * c,
+                       vc[r] + ((size_t)l * KV + k) * c * hd, (int)c, kv_len[r], hd, scale, s.data(),
+                       &att[(size_t)r * NQ + k * per * hd], per);
         }
       }
 #pragma omp for schedule(static)

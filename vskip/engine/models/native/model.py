@@ -148,11 +148,13 @@ class Transformer:
 
 
 class SlotCache:
-    """Keys and values of ``slots`` sequences: per slot a key tensor [layers, kv, hd, capacity]
-    (transposed, for the kernels' score loop) and a value tensor [layers, kv, capacity, hd]. A
-    slot's length lives with its owner (rollback is lowering it); capacity grows by doubling."""
+    """Keys and values of ``slots`` sequences: per slot a key tensor [layers, kv, capacity/16, hd,
+    16] (tiles of 16 keys, each transposed, for the kernels' score loop: contiguous, never a
+    power-of-two stride) and a value tensor [layers, kv, capacity, hd]. A slot's length lives with
+    its owner (rollback is lowering it); capacity, a multiple of 64, grows by doubling."""
 
     def __init__(self, shape: Shape, slots: int, capacity: int = 256):
+        assert capacity % 64 == 0, capacity
         self.shape = shape
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
@@ -167,14 +169,14 @@ class SlotCache:
 
     def _alloc_k(self, cap):
         s = self.shape
-        return torch.zeros((s.n_layers, s.n_kv, s.head_dim, cap), dtype=torch.float32)
+        return torch.zeros((s.n_layers, s.n_kv, cap // 16, s.head_dim, 16), dtype=torch.float32)
 
     def _alloc_v(self, cap):
         s = self.shape
         return torch.zeros((s.n_layers, s.n_kv, cap, s.head_dim), dtype=torch.float32)
 
     def capacity(self, slot: int) -> int:
-        return int(self.k[slot].shape[-1])
+        return int(self.v[slot].shape[2])
 
     def reserve(self, slots: Sequence[int], need: int) -> None:
         """Make every slot of ``slots`` hold at least ``need`` positions (keeping what it holds)."""
@@ -187,7 +189,7 @@ class SlotCache:
             new = min(max(need, 2 * cap), self.shape.max_positions)
             new = -(-new // 64) * 64
             k, v = self._alloc_k(new), self._alloc_v(new)
-            k[..., :cap] = self.k[slot]
+            k[:, :, : cap // 16] = self.k[slot]
             v[:, :, :cap] = self.v[slot]
             self.k[slot], self.v[slot] = k, v
 

@@ -1,11 +1,12 @@
 """What a step and an n-token call cost on each candidate runtime, side by side on this machine.
 
-For n = 1, 2, 4, 8, 9, 16 and 17 positions after a context of ``--depth`` tokens (256), the time of
-one verifier call that scores n positions (the last committed token and n - 1 drafted ones; n = 1
-is a greedy step), on:
+For n = 1, 2, 4, 8, 9, 16 and 17 positions after a context of ``--depth`` tokens (256, real text:
+HumanEval's prompts), the time of one verifier call that scores n positions (the last committed
+token and n - 1 more of the text; n = 1 is a greedy step), on:
 
 - ``native``: vskip's own kernels (:mod:`vskip.engine.models.native`) on the GGUF blocks as they
-  ship, through the verifier protocol (the head and the argmax included);
+  ship, through the verifier protocol (the head and the argmax included); ``native-1-thread`` the
+  same on one thread;
 - ``transformers``: the float32 transformers verifier with the exact head, the reference of the
   committed studies, through the same protocol;
 - ``llamacpp``: llama.cpp's ``llama-bench`` (``-d DEPTH -p n``: a prompt of n tokens evaluated
@@ -27,32 +28,40 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
+from bench_calls import _median_ms  # benchmarks/ is on the path of a script run from there
 
 NS = (1, 2, 4, 8, 9, 16, 17)
 
 
 def _time_ms(f, reps: int) -> float:
-    f()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        f()
-        ts.append(1000 * (time.perf_counter() - t))
-    return statistics.median(ts)
+    return _median_ms(f, reps)[0]
 
 
-def protocol_costs(verifier, depth: int, reps: int) -> dict[int, float]:
-    """Median ms of a call scoring n positions after ``depth`` tokens, through the Verifier protocol."""
-    ctx = [(i * 7919) % 20000 + 100 for i in range(depth)]
+def text_tokens(tokenizer, n: int) -> list[int]:
+    """``n`` tokens of real text (HumanEval prompts one after another): a verifier's logits on
+    them are as peaked as in a decode, which the exact head's cost depends on."""
+    from vskip.bench import tasks
+
+    ids: list[int] = []
+    for p in tasks.load_task("humaneval"):
+        ids += tokenizer(p.prompt)["input_ids"]
+        if len(ids) >= n:
+            return ids[:n]
+    raise ValueError(f"HumanEval holds fewer than {n} tokens")
+
+
+def protocol_costs(verifier, text: list[int], depth: int, reps: int) -> dict[int, float]:
+    """Median ms of a call scoring n positions after ``depth`` tokens of ``text`` (the context, then
+    n - 1 tokens of the text that follows it), through the Verifier protocol."""
+    ctx = text[:depth]
     verifier.reset()
     verifier.score(ctx, [])  # the context, cached once
     out = {}
     for n in NS:
-        block = [(i * 104729) % 20000 + 100 for i in range(n - 1)]
+        block = text[depth: depth + n - 1]
         out[n] = _time_ms(lambda: verifier.score(ctx, block), reps)
     return out
 
@@ -87,8 +96,12 @@ def main(argv=None) -> int:
 
     native = resolve_runtime("cpu", threads=a.threads, verifier_runtime="native")
     ref = resolve_runtime("cpu", "float32", threads=a.threads)
-    runtimes = {"native": load_pair(native, need_drafter=False).verifier,
+    loaded = load_pair(native, need_drafter=False)
+    one = load_pair(resolve_runtime("cpu", threads=1, verifier_runtime="native"), need_drafter=False).verifier
+    one.net.threads = 1  # the same kernels on one thread: what the second thread adds
+    runtimes = {"native": loaded.verifier, "native-1-thread": one,
                 "transformers": load_pair(ref, need_drafter=False).verifier}
+    text = text_tokens(loaded.tokenizer, a.depth + max(NS))
     native.activate()
     server = server_binary()
     bench = server.with_name("llama-bench") if server is not None else None
@@ -99,7 +112,7 @@ def main(argv=None) -> int:
     rows: dict[str, dict[int, list[float]]] = {k: {n: [] for n in NS} for k in [*runtimes, *(["llamacpp"] if bench else [])]}
     for rep in range(a.repeats):
         for name, ver in runtimes.items():
-            for n, ms in protocol_costs(ver, a.depth, a.reps).items():
+            for n, ms in protocol_costs(ver, text, a.depth, a.reps).items():
                 rows[name][n].append(ms)
         if bench:
             for n, ms in llamacpp_costs(bench, gguf_path(), a.threads, a.depth, max(3, a.reps // 4)).items():

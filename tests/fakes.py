@@ -257,3 +257,37 @@ class FakeTokenizer:
 
     def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=False, **kw):
         return "".join(m["content"] for m in messages)
+
+
+class Oracle:
+    """A drafter that proposes a reference continuation ``ref`` (the tokens after the first ``n0``)
+    with seeded corruptions: each drafted token is replaced, with probability ``error``, by a random
+    id in ``vocab``; past the reference it proposes ``filler``. Long acceptances and skips on a
+    real verifier, whatever a trained drafter's quality."""
+
+    max_gamma, steps, reads_verifier = None, 1, False
+
+    def __init__(self, n0, ref, error, seed=0, filler=198, vocab=(100, 40000)):
+        self.n0, self.ref, self.error, self.seed, self.filler, self.vocab = n0, ref, error, seed, filler, vocab
+
+    def propose(self, seq, gamma, features=False, sampling=None, slot=0):
+        from vskip.engine.models.protocols import DraftBlock
+
+        rng = np.random.default_rng(self.seed + len(seq))
+        g = len(seq) - self.n0
+        toks = np.array((list(self.ref[g: g + gamma]) + [self.filler] * gamma)[:gamma], np.int64)
+        bad = rng.random(gamma) < self.error
+        toks[bad] = rng.integers(*self.vocab, bad.sum())
+        return DraftBlock(toks, np.where(bad, 0.5, 0.99).astype(np.float32))
+
+    def propose_many(self, requests, features=False, sampling=None):
+        return [self.propose(seq, g, features, sampling, slot) for slot, seq, g in requests]
+
+    def warmup(self, seq, gamma):
+        pass
+
+    def reset(self, slot=None):
+        pass
+
+    def match_length(self, seq):
+        return 0

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from vskip.engine.decode import DecodeConfig, decode
-from vskip.engine.models.protocols import DraftBlock
 from vskip.engine.policy import PolicyConfig
+
+from fakes import Oracle  # noqa: E402
 
 pytestmark = pytest.mark.model
 THREADS = os.environ.get("VSKIP_TEST_THREADS", "1")
@@ -32,33 +33,6 @@ def prompts(pair):
     from vskip.engine.prompting import encode_chat
 
     return [encode_chat(pair.tokenizer, tasks.user_prompt(p)) for p in tasks.load_task("humaneval", ids=["HumanEval/0", "HumanEval/2"])]
-
-
-class Oracle:
-    """The reference continuation with seeded corruptions: long acceptances and skips on the real
-    verifier, whatever the shipped drafter's quality."""
-
-    max_gamma, steps, reads_verifier = None, 1, False
-
-    def propose_many(self, requests, features=False, sampling=None):
-        return [self.propose(seq, g, features, sampling, slot) for slot, seq, g in requests]
-
-    def __init__(self, n0, ref, error, seed=0):
-        self.n0, self.ref, self.error, self.seed = n0, ref, error, seed
-
-    def propose(self, seq, gamma, features=False, sampling=None, slot=0):
-        rng = np.random.default_rng(self.seed + len(seq))
-        g = len(seq) - self.n0
-        toks = np.array((list(self.ref[g : g + gamma]) + [198] * gamma)[:gamma], np.int64)
-        bad = rng.random(gamma) < self.error
-        toks[bad] = rng.integers(100, 40000, bad.sum())
-        return DraftBlock(toks, np.where(bad, 0.5, 0.99).astype(np.float32))
-
-    def warmup(self, seq, gamma):
-        pass
-
-    def reset(self, slot=None):
-        pass
 
 
 def test_strict_is_lossless_on_the_embedded_pair(pair, prompts):

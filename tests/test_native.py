@@ -6,6 +6,7 @@ Strict SDD equal to its own ar on tiny models and (marked ``model``) on the embe
 import ctypes
 import os
 
+import fakes
 import numpy as np
 import pytest
 import torch
@@ -178,35 +179,9 @@ def test_shapes_the_kernels_cannot_run_are_refused():
         from_hf_model(m)
 
 
-class Oracle:
-    """A drafter that proposes a reference continuation with seeded corruptions."""
-
-    max_gamma, steps, reads_verifier = None, 1, False
-
-    def __init__(self, n0, ref, error, seed=0):
-        self.n0, self.ref, self.error, self.seed = n0, ref, error, seed
-
-    def propose(self, seq, gamma, features=False, sampling=None, slot=0):
-        from vskip.engine.models.protocols import DraftBlock
-
-        rng = np.random.default_rng(self.seed + len(seq))
-        g = len(seq) - self.n0
-        toks = np.array((list(self.ref[g: g + gamma]) + [7] * gamma)[:gamma], np.int64)
-        bad = rng.random(gamma) < self.error
-        toks[bad] = rng.integers(0, V, bad.sum())
-        return DraftBlock(toks, np.where(bad, 0.5, 0.99).astype(np.float32))
-
-    def propose_many(self, requests, features=False, sampling=None):
-        return [self.propose(seq, g, features, sampling, slot) for slot, seq, g in requests]
-
-    def warmup(self, seq, gamma):
-        pass
-
-    def reset(self, slot=None):
-        pass
-
-    def match_length(self, seq):
-        return 0
+def Oracle(n0, ref, error, seed=0):
+    """The shared oracle drafter (tests/fakes.py) over the tiny models' vocabulary."""
+    return fakes.Oracle(n0, ref, error, seed, filler=7, vocab=(0, V))
 
 
 def test_strict_sdd_equals_its_own_ar_on_the_native_verifier(model):
@@ -244,13 +219,13 @@ def test_batched_decodes_equal_batch_one_on_the_native_verifier(model):
     ver.open_slots(1)
     oracles = [Oracle(len(p), r, 0.3, i) for i, (p, r) in enumerate(zip(prompts, refs))]
 
-    class Many(Oracle):
+    class Many(fakes.Oracle):
         def propose(self, seq, gamma, features=False, sampling=None, slot=0):
             i = next(i for i, p in enumerate(prompts) if list(seq[: len(p)]) == p)  # prompt lengths differ
             return oracles[i].propose(seq, gamma, features, sampling, slot)
 
     jobs = [Job(prompt=p, task_id=str(i)) for i, p in enumerate(prompts)]
-    got = {int(job.task_id): res.tokens for job, res in decode_many(jobs, Many(0, [], 0), ver,
+    got = {int(job.task_id): res.tokens for job, res in decode_many(jobs, Many(0, [], 0.0), ver,
                                                                     PolicyConfig(name="strict"), cfg, batch_size=3)}
     assert [got[i] for i in range(5)] == refs
 
@@ -312,7 +287,7 @@ def test_strict_equals_native_ar_on_the_embedded_pair(native_pair):
         strict = decode(ids, pair.drafter, pair.verifier, PolicyConfig(name="strict"), cfg)
         assert strict.tokens == ar.tokens
         assert strict.verifier_calls < ar.verifier_calls  # the drafter's blocks were accepted
-        oracle = decode(ids, Oracle(len(ids), ar.tokens, 0.2), pair.verifier, PolicyConfig(name="strict"),
+        oracle = decode(ids, fakes.Oracle(len(ids), ar.tokens, 0.2), pair.verifier, PolicyConfig(name="strict"),
                         DecodeConfig(gamma=16, max_new_tokens=64))
         assert oracle.tokens == ar.tokens and max(r.L for r in oracle.rounds) >= 8
         refs.append(ar.tokens)
@@ -320,3 +295,56 @@ def test_strict_equals_native_ar_on_the_embedded_pair(native_pair):
     got = {int(j.task_id): r.tokens for j, r in decode_many(jobs, pair.drafter, pair.verifier,
                                                             PolicyConfig(name="strict"), cfg, batch_size=2)}
     assert [got[i] for i in range(len(prompts))] == refs
+
+
+def test_sampled_strict_sdd_commits_the_native_verifiers_own_draws(model):
+    """With a temperature, Strict SDD commits exactly the tokens ar draws with the same seed."""
+    from dataclasses import replace
+
+    from vskip.engine.decode import DecodeConfig, decode
+    from vskip.engine.models.native.verifier import NativeVerifier
+    from vskip.engine.policy import PolicyConfig, Sampling
+
+    _, net = model
+    ver = NativeVerifier(net, eos_ids=[V - 1])
+    cfg = replace(DecodeConfig(gamma=6, max_new_tokens=40), sampling=Sampling(temperature=0.8, seed=3))
+    ids = torch.randint(0, V - 1, (10,), generator=torch.Generator().manual_seed(7)).tolist()
+    ar = decode(ids, None, ver, PolicyConfig(name="ar"), cfg, task_id="t")
+    greedy = decode(ids, None, ver, PolicyConfig(name="ar"), DecodeConfig(gamma=6, max_new_tokens=40))
+    assert ar.tokens != greedy.tokens  # the draws are not the argmax
+    strict = decode(ids, Oracle(len(ids), ar.tokens, 0.25), ver, PolicyConfig(name="strict"), cfg, task_id="t")
+    assert strict.tokens == ar.tokens
+
+
+def test_the_native_drafter_drafts_a_batch_as_it_drafts_each_row():
+    """A tiny block-attention drafter on the native runtime: a batch's blocks are each row's own,
+    bit for bit, and close to what the torch drafter drafts from the same weights."""
+    from vskip.engine.models.backbone import BackboneConfig
+    from vskip.engine.models.diffusion_lm import DiffusionLM, DrafterSpec
+    from vskip.engine.models.drafter import DiffusionDrafter
+    from vskip.engine.models.native.drafter import NativeDrafter
+
+    torch.manual_seed(4)
+    spec = DrafterSpec(BackboneConfig(vocab_size=V, hidden_size=64, intermediate_size=128, num_layers=2,
+                                      num_heads=4, num_kv_heads=2), mask_token_id=None, attention="block")
+    lm = DiffusionLM(spec).eval()
+    with torch.no_grad():
+        lm.backbone.embed_tokens.weight.mul_(3.0)
+        lm.mask_embedding.normal_()
+    torch_drafter = DiffusionDrafter(lm, steps=2)
+    native = NativeDrafter.of(DiffusionDrafter(lm, steps=2), max_positions=512, threads=THREADS)
+    seqs = [torch.randint(0, V, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (9, 14, 20)]
+    alone = [native.propose(s, 6, slot=i) for i, s in enumerate(seqs)]
+    native.reset()
+    together = native.propose_many([(i, s, 6) for i, s in enumerate(seqs)])
+    for a, b in zip(alone, together):
+        assert np.array_equal(a.tokens, b.tokens) and np.array_equal(a.confidence, b.confidence)
+    # the same slot drafting again after its sequence grew: the cache keeps the context it shares
+    grown = seqs[0] + [int(t) for t in alone[0].tokens[:3]]
+    again = native.propose(grown, 6, slot=0)
+    native.reset()
+    fresh = native.propose(grown, 6, slot=0)
+    assert np.array_equal(again.tokens, fresh.tokens) and np.array_equal(again.confidence, fresh.confidence)
+    ref = [torch_drafter.propose(s, 6) for s in seqs]
+    agree = np.mean([np.mean(a.tokens == r.tokens) for a, r in zip(alone, ref)])
+    assert agree >= 0.8, agree

@@ -311,7 +311,14 @@ class _Engines:
             raise
 
     def complete(self, name, ids, max_new):
-        tokens, seconds, _ = self.servers[name].complete(list(ids), max_new, self.eos)
+        """(tokens, seconds) of one greedy decode; a request the server leaves unanswered is
+        retried once on a fresh server (seen once in a long comparison: both sides idle)."""
+        try:
+            tokens, seconds, _ = self.servers[name].complete(list(ids), max_new, self.eos, timeout=120.0)
+        except TimeoutError as e:
+            print(f"vskip: {name}: {e}; restarting it and retrying the prompt", file=sys.stderr)
+            self.servers[name] = self.servers[name].restarted()
+            tokens, seconds, _ = self.servers[name].complete(list(ids), max_new, self.eos, timeout=600.0)
         return tokens, seconds
 
     def close(self):

@@ -6,8 +6,9 @@ speculative modes without a draft model: ``ngram-simple``, ``ngram-mod``, ``ngra
 The server is built from the llama.cpp source the llama-cpp-python sdist vendors, for the CPU it
 runs on (``scripts/llamacpp.sh``); ``$VSKIP_LLAMA_SERVER`` names another binary. It runs beside
 vskip with the same thread count, one slot, and the prompt as the very token ids vskip decodes;
-its clock is its own timings (prompt evaluation plus generation, as vskip's clock includes the
-prompt's prefill), with its prompt cache off so every decode evaluates its prompt.
+its clock is its own generation timing (``predicted_ms``: the tokens it generates, not the
+evaluation of the prompt, which vskip's clock does include; the comparison leans llama.cpp's way),
+with its prompt cache off so that every decode evaluates its prompt alike.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class LlamaServer:
     """One ``llama-server`` process on a free loopback port, serving one model with one slot."""
 
     def __init__(self, gguf: Path, threads: int, spec: str | None = None, ctx: int = 4096, binary: Path | None = None):
+        self.args = (gguf, threads, spec, ctx)
         self.binary = binary or server_binary()
         if self.binary is None:
             raise LlamaCppMissing("llama.cpp's llama-server is not built here: run bash scripts/llamacpp.sh "
@@ -97,22 +99,31 @@ class LlamaServer:
         self.close()
         raise RuntimeError("llama-server did not become ready in time")
 
-    def complete(self, ids: list[int], max_new: int, eos: set[int]) -> tuple[list[int], float, dict]:
+    def complete(self, ids: list[int], max_new: int, eos: set[int], timeout: float = 600.0) -> tuple[list[int], float, dict]:
         """Greedy completion of the token ids ``ids``: (new tokens up to an end-of-sequence
-        token, seconds by llama.cpp's own timings, the timings)."""
+        token, seconds of generation by llama.cpp's own timings, the timings). A server that
+        leaves the request unanswered for ``timeout`` seconds raises TimeoutError."""
         body = {"prompt": [int(t) for t in ids], "n_predict": int(max_new), "temperature": 0.0, "top_k": 1,
                 "cache_prompt": False, "return_tokens": True, "stream": False, "samplers": ["top_k"]}
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=3600) as r:
-            out = json.loads(r.read())
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                out = json.loads(r.read())
+        except (TimeoutError, socket.timeout) as e:
+            raise TimeoutError(f"llama-server left a request unanswered for {timeout:.0f} s") from e
         tokens = [int(t) for t in out.get("tokens", [])]
         cut = next((i for i, t in enumerate(tokens) if t in eos), None)
         if cut is not None:
             tokens = tokens[:cut + 1]
         t = out.get("timings", {})
-        seconds = (float(t.get("prompt_ms", 0.0)) + float(t.get("predicted_ms", 0.0))) / 1000.0
+        seconds = float(t.get("predicted_ms", 0.0)) / 1000.0
         return tokens, seconds, t
+
+    def restarted(self) -> "LlamaServer":
+        """A new server with the same model and settings, this one stopped."""
+        self.close()
+        return LlamaServer(*self.args, binary=self.binary)
 
     def close(self) -> None:
         if self.proc.poll() is None:

@@ -251,6 +251,22 @@ def shape_of_hf(cfg) -> Shape:
                  int(cfg.vocab_size), float(cfg.rms_norm_eps), float(theta), int(cfg.max_position_embeddings))
 
 
+def _layer_tensors(layers, what: str) -> dict:
+    """The decoder layers of a Llama/Qwen2-named module list (transformers' or the drafter's
+    backbone) as :func:`from_blocks` names them: projections as Q8_0 blocks, biases and norms as they are."""
+    tensors = {}
+    for i, layer in enumerate(layers):
+        a, m = layer.self_attn, layer.mlp
+        for name, lin in (("q_proj", a.q_proj), ("k_proj", a.k_proj), ("v_proj", a.v_proj), ("o_proj", a.o_proj),
+                          ("gate_proj", m.gate_proj), ("up_proj", m.up_proj), ("down_proj", m.down_proj)):
+            tensors[f"layers.{i}.{name}"] = quantize_q8(lin.weight, f"{what} {i} {name}")
+            if getattr(lin, "bias", None) is not None and name in ("q_proj", "k_proj", "v_proj"):
+                tensors[f"layers.{i}.{name[0]}_bias"] = lin.bias.detach()
+        tensors[f"layers.{i}.input_layernorm"] = layer.input_layernorm.weight.detach()
+        tensors[f"layers.{i}.post_attention_layernorm"] = layer.post_attention_layernorm.weight.detach()
+    return tensors
+
+
 def from_hf_model(model, threads: int | None = None) -> Transformer:
     """A Transformer from a loaded transformers causal LM (float weights, quantized to Q8_0 blocks)."""
     shape = shape_of_hf(model.config)
@@ -259,15 +275,7 @@ def from_hf_model(model, threads: int | None = None) -> Transformer:
             getattr(layer.self_attn.o_proj, "bias", None) is not None for layer in body.layers):
         raise ValueError("the native runtime has no output-projection bias")
     tensors: dict = {"norm": body.norm.weight.detach(), "embed": body.embed_tokens.weight.detach().float().contiguous()}
-    for i, layer in enumerate(body.layers):
-        a, m = layer.self_attn, layer.mlp
-        for name, lin in (("q_proj", a.q_proj), ("k_proj", a.k_proj), ("v_proj", a.v_proj), ("o_proj", a.o_proj),
-                          ("gate_proj", m.gate_proj), ("up_proj", m.up_proj), ("down_proj", m.down_proj)):
-            tensors[f"layers.{i}.{name}"] = quantize_q8(lin.weight, f"layer {i} {name}")
-            if getattr(lin, "bias", None) is not None and name in ("q_proj", "k_proj", "v_proj"):
-                tensors[f"layers.{i}.{name[0]}_bias"] = lin.bias.detach()
-        tensors[f"layers.{i}.input_layernorm"] = layer.input_layernorm.weight.detach()
-        tensors[f"layers.{i}.post_attention_layernorm"] = layer.post_attention_layernorm.weight.detach()
+    tensors |= _layer_tensors(body.layers, "layer")
     tensors["head"] = quantize_q8(model.get_output_embeddings().weight, "output head")
     return from_blocks(shape, tensors, threads)
 
@@ -278,14 +286,5 @@ def from_backbone(backbone, max_positions: int, threads: int | None = None) -> T
     c = backbone.config
     shape = Shape(c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
                   c.vocab_size, float(c.rms_norm_eps), float(c.rope_theta), int(max_positions))
-    tensors: dict = {"norm": backbone.norm.weight.detach()}
-    for i, layer in enumerate(backbone.layers):
-        a, m = layer.self_attn, layer.mlp
-        for name, lin in (("q_proj", a.q_proj), ("k_proj", a.k_proj), ("v_proj", a.v_proj), ("o_proj", a.o_proj),
-                          ("gate_proj", m.gate_proj), ("up_proj", m.up_proj), ("down_proj", m.down_proj)):
-            tensors[f"layers.{i}.{name}"] = quantize_q8(lin.weight, f"drafter layer {i} {name}")
-            if getattr(lin, "bias", None) is not None and name in ("q_proj", "k_proj", "v_proj"):
-                tensors[f"layers.{i}.{name[0]}_bias"] = lin.bias.detach()
-        tensors[f"layers.{i}.input_layernorm"] = layer.input_layernorm.weight.detach()
-        tensors[f"layers.{i}.post_attention_layernorm"] = layer.post_attention_layernorm.weight.detach()
+    tensors: dict = {"norm": backbone.norm.weight.detach()} | _layer_tensors(backbone.layers, "drafter layer")
     return from_blocks(shape, tensors, threads)

@@ -126,8 +126,22 @@ def test_the_named_configurations_are_what_the_committed_speed_figures_name():
     assert variants.PAPER == "strict+gamma=32+steps=2+drafter=smollm2-135m-diffusion"
 
 
-def test_compare_shows_ar_the_default_and_the_paper_by_default():
-    assert build_parser().parse_args(["compare"]).configs == "ar,strict,paper"
+def test_compare_shows_ar_the_default_and_the_paper_by_default(monkeypatch, tmp_path):
+    """... and llama.cpp's greedy decode where it is built, for the embedded verifier, greedy, batch 1."""
+    from vskip.commands.compare import default_configs
+    from vskip.commands.flags import decode_config, with_preset
+    from vskip.study import llamacpp
+
+    a = build_parser().parse_args(["compare"])
+    assert a.configs is None
+    dec = decode_config(with_preset(a, "strict"))
+    monkeypatch.setattr(llamacpp, "server_binary", lambda: None)
+    assert default_configs(a, dec) == "ar,strict,paper"
+    monkeypatch.setattr(llamacpp, "server_binary", lambda: tmp_path / "llama-server")
+    assert default_configs(a, dec) == "ar,strict,paper,llamacpp"
+    for other in (["compare", "--batch-size", "2"], ["compare", "--verifier", str(tmp_path)]):
+        b = build_parser().parse_args(other)
+        assert default_configs(b, decode_config(with_preset(b, "strict"))) == "ar,strict,paper"
 
 
 # --------------------------------------------------------------------------- the committed studies

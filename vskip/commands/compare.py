@@ -82,7 +82,7 @@ def cmd_compare(a) -> int:
         return decode_config(with_preset(a, policy))
 
     if a.configs is None:
-        a.configs = "ar,strict,paper" + (",llamacpp" if _llamacpp_by_default(a, dec) else "")
+        a.configs = default_configs(a, dec)
     variants = [variants.parse_variant(s, start, models.steps, a.predictor, flags) for s in a.configs.split(",")
                 if s.strip()]
     if a.predictor and not Path(a.predictor).is_dir():
@@ -132,14 +132,15 @@ def _drafter_name(runtime) -> str:
     return "native (Q8_0 blocks)" if native else runtime.drafter_dtype
 
 
-def _llamacpp_by_default(a, dec) -> bool:
-    """Whether the default configurations include llama.cpp's greedy decode: where it is built,
-    the verifier is the embedded one, and the decode is greedy, one prompt at a time."""
+def default_configs(a, dec) -> str:
+    """``ar,strict,paper``, and ``llamacpp`` (llama.cpp's greedy decode) where it is built, the
+    verifier is the embedded one, and the decode is greedy, one prompt at a time."""
     from ..engine.models.embedded import EMBEDDED_VERIFIER
-    from ..study.llamacpp import server_binary
+    from ..study import llamacpp
 
-    return (a.verifier in (None, "", "default", EMBEDDED_VERIFIER) and a.batch_size == 1 and dec.sampling.greedy
-            and server_binary() is not None)
+    llama = (a.verifier in (None, "", "default", EMBEDDED_VERIFIER) and a.batch_size == 1 and dec.sampling.greedy
+             and llamacpp.server_binary() is not None)
+    return "ar,strict,paper" + (",llamacpp" if llama else "")
 
 
 def _decode_and_print(a, compare, tasks, models, dec, variants, runtime, problems, shard, n) -> int:

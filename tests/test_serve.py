@@ -271,6 +271,33 @@ def test_every_malformed_or_invalid_request_is_a_400_with_an_error_body():
         assert httpx.get(srv.url + "/health").json() == {"status": "ok"}
 
 
+def test_every_field_is_typed_as_openai_types_it_and_every_text_is_valid_unicode():
+    """The class, not the examples: a string is no number, a boolean is neither, NaN and infinity are
+    no numbers, and a lone surrogate in any text field is a 400 naming the field, never a 500."""
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    with running() as srv:
+        for field, value in (("max_tokens", "8"), ("max_tokens", True), ("max_tokens", 8.5), ("temperature", "0.5"),
+                             ("temperature", True), ("top_p", False), ("seed", "3"), ("stream", "yes"),
+                             ("stream", 1), ("n", True), ("stop", 3), ("presence_penalty", False)):
+            for path, body in (("/v1/completions", {"prompt": "abc"}), ("/v1/chat/completions", chat)):
+                _error(post(srv, path, body | {field: value}), 400, field)
+        _error(post(srv, "/v1/chat/completions", chat | {"max_completion_tokens": "4"}), 400, "max_completion_tokens")
+        for bad_number in ("NaN", "Infinity", "-Infinity"):  # Python's JSON reads these; they are no numbers
+            raw = '{"prompt": "abc", "temperature": %s}' % bad_number
+            _error(post(srv, "/v1/completions", raw), 400, "temperature")
+        surrogate = '"a\\udfffb"'
+        _error(post(srv, "/v1/completions", '{"prompt": %s, "max_tokens": 4}' % surrogate), 400, "prompt")
+        _error(post(srv, "/v1/completions", '{"prompt": [%s], "max_tokens": 4}' % surrogate), 400, "prompt")
+        _error(post(srv, "/v1/completions", '{"prompt": "abc", "stop": [%s]}' % surrogate), 400, "stop")
+        _error(post(srv, "/v1/chat/completions", '{"messages": [{"role": "user", "content": %s}]}' % surrogate), 400,
+               "messages.content")
+        parts = '[{"type": "text", "text": %s}]' % surrogate
+        _error(post(srv, "/v1/chat/completions", '{"messages": [{"role": "user", "content": %s}]}' % parts), 400,
+               "messages.content")
+        ok = post(srv, "/v1/completions", {"prompt": "abc", "max_tokens": 3, "temperature": 0})  # an integer number
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+
+
 def test_a_full_queue_answers_429_at_once_and_the_admitted_requests_finish():
     with running("--max-batch", "1", "--max-queue", "1", "--policy", "ar", verifier=SlowVerifier(0.1)) as srv:
         out = {}

@@ -98,6 +98,10 @@ class BodyLimit:
         await JSONResponse(err.body(), status_code=400)(scope, receive, send)
 
 
+
+#: the names pydantic gives the branches of a union in an error's location, which name no field
+_TYPE_LABELS = frozenset({"str", "int", "float", "bool", "dict", "list", "none", "function-before", "function-after"})
+
 def _error(err: ApiError) -> JSONResponse:
     headers = {"Retry-After": "1"} if err.status in (429, 503) else None
     return JSONResponse(err.body(), status_code=err.status, headers=headers)
@@ -127,7 +131,8 @@ def build_app(state: ServeState) -> FastAPI:
         loc = [str(x) for x in first.get("loc", ()) if x != "body"]
         if first.get("type") == "json_invalid":
             return _error(bad(f"the body is not valid JSON: {first.get('msg', '')}"))
-        param = ".".join(x for x in loc if not x.isdigit()) or None
+        # the field's path: list indices and the branches of a union type (``str``, ``list[str]``) left out
+        param = ".".join(x for x in loc if not x.isdigit() and x not in _TYPE_LABELS and "[" not in x) or None
         return _error(bad(f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid')}", param))
 
     @app.exception_handler(HTTPException)

@@ -16,7 +16,7 @@ import copy
 import secrets
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..defaults import MAX_SEED, POLICIES, POLICY_PARAMETERS, PRESETS
 
@@ -36,8 +36,38 @@ def bad(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, "invalid_request_error", param)
 
 
+def _unicode(value):
+    """``value`` (a string, or strings in lists and text parts) if every string in it is valid
+    Unicode; a lone surrogate (which JSON's ``\\udfff`` escapes can carry) is refused before any
+    tokenizer sees it."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"holds invalid Unicode ({e.reason} at character {e.start})") from None
+    elif isinstance(value, list):
+        for v in value:
+            _unicode(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _unicode(v)
+    return value
+
+
+def _no_bool(value):
+    """A number field refuses true and false (JSON's booleans are no numbers, though Python's are)."""
+    if isinstance(value, bool):
+        raise ValueError("must be a number, not a boolean")
+    return value
+
+
+#: every field of both routes typed as OpenAI types it: a string is no number, a boolean neither,
+#: and NaN or infinity no number at all
+_STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool = False
 
 
@@ -46,7 +76,7 @@ class _Common(BaseModel):
     does not implement are refused when they ask for anything but their default; other unknown
     fields are ignored, as OpenAI's clients send some of their own."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = _STRICT
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
@@ -62,6 +92,10 @@ class _Common(BaseModel):
     frequency_penalty: Literal[0, 0.0] = 0.0
     vskip: dict[str, Any] | None = None
 
+    _numbers = field_validator("max_tokens", "temperature", "top_p", "seed", "n", "presence_penalty",
+                               "frequency_penalty", mode="before")(_no_bool)
+    _text = field_validator("stop", "model", mode="before")(_unicode)
+
     def stops(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if any(not s for s in stops):
@@ -75,11 +109,16 @@ class CompletionRequest(_Common):
     best_of: Literal[1, None] = None
     suffix: Literal[None] = None
 
+    _prompt = field_validator("prompt", mode="before")(_unicode)
+    _best_of = field_validator("best_of", mode="before")(_no_bool)
+
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = _STRICT
     role: Literal["system", "user", "assistant", "developer"]
     content: str | list[dict[str, Any]]
+
+    _content = field_validator("content", mode="before")(_unicode)
 
     def text(self) -> str:
         if isinstance(self.content, str):
@@ -95,6 +134,8 @@ class ChatMessage(BaseModel):
 class ChatRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+
+    _completion_tokens = field_validator("max_completion_tokens", mode="before")(_no_bool)
 
 
 #: the keys of a request's ``vskip`` object: the decoding flags a request may set, by type

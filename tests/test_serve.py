@@ -348,6 +348,29 @@ def test_a_cancelled_stream_frees_its_slot_for_the_next_request():
         assert metric(srv, "vskip:generation_tokens_total") < whole // 2
 
 
+def test_a_request_cancelled_while_it_waits_is_counted_as_cancelled():
+    import asyncio
+
+    from vskip.engine.decode import Job
+    from vskip.serve.engine import Request
+
+    with running("--max-batch", "1", "--policy", "ar", verifier=SlowVerifier(0.2)) as srv:
+        stream = srv.client.completions.create(model=srv.state.model_name, prompt="abc", max_tokens=200, stream=True)
+        next(iter(stream))  # the one slot is taken
+        eng, aloop = srv.state.engine, asyncio.new_event_loop()
+        try:
+            req = Request(id="queued", job=Job(prompt=TOK("hi")["input_ids"]), stops=(), timeout=None, aloop=aloop)
+            eng.submit(req)
+            assert req in eng.waiting
+            eng.cancel(req)
+            _wait(lambda: req not in eng.waiting)
+            assert metric(srv, "vskip:request_success_total", finished_reason="cancelled") == 1
+            stream.close()
+            _wait(lambda: metric(srv, "vskip:request_success_total", finished_reason="cancelled") == 2)
+        finally:
+            aloop.close()
+
+
 def test_an_error_inside_one_sequence_fails_that_request_alone(monkeypatch):
     import vskip.engine.decode as loop_module
 

@@ -167,6 +167,7 @@ class Engine:
             self.waiting.remove(req)
             if not req.cancelled:
                 self._fail(req, _timeout(self.request_timeout))
+            self._finished(req, "cancelled" if req.cancelled else "timeout")  # counted as a running one is
         for slot, req in list(self.running.items()):
             if req.cancelled or req.expired:
                 if not req.cancelled:

@@ -348,3 +348,33 @@ def test_the_native_drafter_drafts_a_batch_as_it_drafts_each_row():
     ref = [torch_drafter.propose(s, 6) for s in seqs]
     agree = np.mean([np.mean(a.tokens == r.tokens) for a, r in zip(alone, ref)])
     assert agree >= 0.8, agree
+
+
+def test_biases_the_kernels_lack_are_refused_not_dropped():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from vskip.engine.models.native.model import from_hf_model
+
+    m = LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                     num_attention_heads=4, num_key_value_heads=2, mlp_bias=True))
+    with pytest.raises(ValueError, match="no bias on layer 0 gate_proj"):
+        from_hf_model(m)
+    m = LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                     num_attention_heads=4, num_key_value_heads=2, attention_bias=True))
+    with pytest.raises(ValueError, match="no bias on layer 0 o_proj"):
+        from_hf_model(m)
+
+
+def test_llamacpp_configurations_refuse_before_any_model_loads(monkeypatch, tmp_path):
+    from vskip.study import llamacpp
+    from vskip.study.compare import _fill_placement
+
+    monkeypatch.setattr(llamacpp, "server_binary", lambda: None)
+    with pytest.raises(llamacpp.LlamaCppMissing, match="not built here"):
+        llamacpp.check_available(["llamacpp"], None)
+    monkeypatch.setattr(llamacpp, "server_binary", lambda: tmp_path / "llama-server")
+    llamacpp.check_available(["llamacpp"], None)
+    with pytest.raises(ValueError, match="embedded verifier's GGUF"):
+        llamacpp.check_available(["llamacpp"], str(tmp_path))
+    # a comparison recorded before the native runtime existed was decoded with transformers
+    assert _fill_placement({"runtime": {"device": "cpu"}})["runtime"]["verifier_runtime"] == "transformers"

@@ -95,6 +95,10 @@ def cmd_compare(a) -> int:
         from dataclasses import replace
 
         models = replace(models, runtime="transformers")  # hf and lookupN run transformers' generate on its model
+    if any(v.engine for v in variants):  # before any model loads
+        from ..study.llamacpp import check_available
+
+        check_available([v.name for v in variants if v.engine], a.verifier)
     if not any(v.name == "ar" for v in variants):
         raise ValueError("--configs must include ar, the reference every configuration is measured against")
     compare.check_batch(variants, a.batch_size)

@@ -161,7 +161,8 @@ def _fill_placement(fixed: dict) -> dict:
     if isinstance(fixed.get("models"), dict):
         fixed["models"] = with_defaults(fixed["models"], model_defaults())
     if isinstance(fixed.get("runtime"), dict):
-        fixed["runtime"] = with_defaults(fixed["runtime"], {k: None for k in PLACEMENT_FIELDS})
+        fixed["runtime"] = with_defaults(fixed["runtime"], {k: None for k in PLACEMENT_FIELDS}
+                                         | {"verifier_runtime": "transformers"})  # before the native runtime
     return fixed
 
 
@@ -293,12 +294,10 @@ class _Engines:
         self.servers = {}
         if not names:
             return
-        from ..engine.models.embedded import EMBEDDED_VERIFIER, gguf_path
-        from .llamacpp import LlamaServer, spec_of
+        from ..engine.models.embedded import gguf_path
+        from .llamacpp import LlamaServer, check_available, spec_of
 
-        if models.verifier not in (None, "", "default", EMBEDDED_VERIFIER):
-            raise ValueError(f"{', '.join(names)}: llama.cpp's configurations decode the embedded verifier's GGUF file; "
-                             "leave them out with --verifier")
+        check_available(names, models.verifier)
         import torch
 
         self.eos = set(pair.verifier.eos_ids)

@@ -48,6 +48,19 @@ def server_binary() -> Path | None:
     return Path(found) if found else None
 
 
+def check_available(names, verifier: str | None) -> None:
+    """Refuse llama.cpp's configurations ``names`` before any model loads: they decode the embedded
+    verifier's GGUF file with a built ``llama-server``."""
+    from ..engine.models.embedded import EMBEDDED_VERIFIER
+
+    if verifier not in (None, "", "default", EMBEDDED_VERIFIER):
+        raise ValueError(f"{', '.join(names)}: llama.cpp's configurations decode the embedded verifier's GGUF file; "
+                         "leave them out with --verifier")
+    if server_binary() is None:
+        raise LlamaCppMissing(f"{', '.join(names)}: llama.cpp's llama-server is not built here: run bash "
+                              "scripts/llamacpp.sh (or set VSKIP_LLAMA_SERVER)")
+
+
 def version(binary: Path) -> str:
     done = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)
     text = (done.stdout + done.stderr).strip().splitlines()

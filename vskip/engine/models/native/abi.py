@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import ctypes as C
 
-f32p = C.POINTER(C.c_float)
-
 
 class QMat(C.Structure):
     _fields_ = [("q", C.c_void_p), ("d", C.c_void_p), ("m", C.c_void_p),

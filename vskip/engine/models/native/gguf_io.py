@@ -38,7 +38,7 @@ def shape_of_gguf(reader) -> Shape:
                  int(g("context_length")))
 
 
-def _matrix(t, shape: Shape):
+def _matrix(t):
     N, K = int(t.shape[1]), int(t.shape[0])
     kind = t.tensor_type.name
     if kind in ("F32", "F16"):
@@ -56,7 +56,7 @@ def load_gguf(path: Path | str, threads: int | None = None) -> Transformer:
     for t in reader.tensors:
         name = t.name
         if name == "token_embd.weight" or name == "output.weight":
-            blocks, f = _matrix(t, shape)
+            blocks, f = _matrix(t)
             if name == "token_embd.weight":
                 if f is not None:
                     tensors["embed"] = f
@@ -81,7 +81,7 @@ def load_gguf(path: Path | str, threads: int | None = None) -> Transformer:
         if parts[2].endswith("norm"):
             tensors[key] = torch.from_numpy(np.asarray(t.data, dtype=np.float32).copy())
             continue
-        blocks, f = _matrix(t, shape)
+        blocks, f = _matrix(t)
         if parts[2] in ("attn_q", "attn_k"):
             n_head = shape.n_heads if parts[2] == "attn_q" else shape.n_kv
             idx = unrotate_index(f.shape[0] if f is not None else blocks[0].shape[0], n_head)

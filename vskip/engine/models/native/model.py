@@ -271,9 +271,12 @@ def from_hf_model(model, threads: int | None = None) -> Transformer:
     """A Transformer from a loaded transformers causal LM (float weights, quantized to Q8_0 blocks)."""
     shape = shape_of_hf(model.config)
     body = model.model
-    if getattr(model.config, "attention_bias", False) is False and any(
-            getattr(layer.self_attn.o_proj, "bias", None) is not None for layer in body.layers):
-        raise ValueError("the native runtime has no output-projection bias")
+    unbiased = [(f"layer {i} {name}", lin) for i, layer in enumerate(body.layers)
+                for name, lin in (("o_proj", layer.self_attn.o_proj), ("gate_proj", layer.mlp.gate_proj),
+                                  ("up_proj", layer.mlp.up_proj), ("down_proj", layer.mlp.down_proj))]
+    biased = [what for what, lin in unbiased if getattr(lin, "bias", None) is not None]
+    if biased:  # only q, k and v carry biases in the kernels (Qwen2's, Llama's attention_bias)
+        raise ValueError(f"the native runtime has no bias on {biased[0]}; use --runtime transformers")
     tensors: dict = {"norm": body.norm.weight.detach(), "embed": body.embed_tokens.weight.detach().float().contiguous()}
     tensors |= _layer_tensors(body.layers, "layer")
     tensors["head"] = quantize_q8(model.get_output_embeddings().weight, "output head")

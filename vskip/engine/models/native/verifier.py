@@ -87,7 +87,7 @@ class NativeVerifier:
             slots += [slot] * (len(ids) - start)
             spans.append((len(outs), keep))
             outs += range(first + len(ids) - start - keep, first + len(ids) - start)
-            self._cached_ids[slot] = list(ids)
+            self._cached_ids[slot] = ids  # each call's own list (_run builds it)
         _, z = self.net.forward(self.cache, slots, tokens, positions, out_rows=outs, logits=logits)
         return [z[a: a + k] for a, k in spans] if logits else []
 

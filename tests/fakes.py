@@ -102,7 +102,7 @@ class FakeVerifier:
         pass
 
     def prefill(self, ids, slot=0):
-        pass
+        self.prefilled = getattr(self, "prefilled", []) + [(slot, len(ids))]
 
     def set_cache(self, on):
         self.use_cache = on
@@ -193,6 +193,9 @@ class FakeDrafter:
 
     def reset(self, slot=None):
         pass
+
+    def prefill(self, ids, slot=0):
+        self.prefilled = getattr(self, "prefilled", []) + [(slot, len(ids))]
 
 
 class StubPredictor:
@@ -287,6 +290,9 @@ class Oracle:
         pass
 
     def reset(self, slot=None):
+        pass
+
+    def prefill(self, ids, slot=0):
         pass
 
     def match_length(self, seq):

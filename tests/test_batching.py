@@ -417,3 +417,90 @@ def test_a_prompt_joining_the_drafters_batch_drafts_in_forwards_of_its_own():
         d.reset()
         ref = d.propose(s, 4)
         assert g.tokens.tolist() == ref.tokens.tolist() and np.allclose(g.confidence, ref.confidence, atol=1e-9)
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: p.name)
+@pytest.mark.parametrize("chunk", [1, 3, 50])
+def test_a_chunked_prefill_decodes_each_prompt_as_batch_one_does(policy, chunk):
+    """Prompts read a chunk at a time (at most ``chunk`` prompt tokens a round, first come first)
+    decode exactly as batch 1 does; every prompt is read to its last-but-one token, and the drafter
+    reads what the verifier reads, chunk for chunk."""
+    from collections import deque
+
+    from vskip.engine.decode import Loop
+
+    cfg = DecodeConfig(gamma=6, max_new_tokens=30, task="humaneval", trace=policy.learned)
+    jobs = _jobs(7, 5)
+    want = _one_by_one(jobs, policy, cfg, 0.3)
+    verifier, drafter = FakeVerifier(), FakeDrafter(0.3)
+    loop = Loop(drafter if policy.uses_drafter else None, verifier, policy, cfg,
+                StubPredictor(2.0) if policy.learned else None, batch_size=3, prefill_chunk=chunk)
+    queue, got, read = deque(jobs), {}, {}
+    while queue or loop.active:
+        while queue and loop.free:
+            job = queue.popleft()
+            read[loop.admit(job)] = (job.task_id, 0)
+        before = len(getattr(verifier, "prefilled", []))
+        steps = loop.round()
+        this_round = 0
+        for slot, n in getattr(verifier, "prefilled", [])[before:]:
+            this_round += n - read[slot][1]
+            read[slot] = (read[slot][0], n)
+        assert this_round <= chunk
+        for st in steps:
+            if st.result is not None:
+                got[st.job.task_id] = _rows(st.result)
+                assert read[st.slot] == (st.job.task_id, len(st.job.prompt) - 1)
+    assert got == want
+    if policy.uses_drafter:
+        assert drafter.prefilled == verifier.prefilled
+
+
+def test_a_long_prompt_read_in_chunks_never_stalls_the_running_sequences():
+    """A 25-token prompt joins a running sequence with a chunk of 8: the running one decodes in every
+    round while the long one reads 8 tokens a round; in the round that reads its last chunk, it
+    decodes too."""
+    from vskip.engine.decode import Loop
+
+    verifier = FakeVerifier()
+    loop = Loop(FakeDrafter(0.3), verifier, PolicyConfig(name="strict"), DecodeConfig(gamma=4, max_new_tokens=200),
+                batch_size=2, prefill_chunk=8)
+    a = loop.admit(Job([5, 6, 7], task_id="short"))
+    assert [s.slot for s in loop.round()] == [a]
+    b = loop.admit(Job(list(range(10, 35)), task_id="long"))
+    seen = []
+    for _ in range(5):
+        seen.append(([s.slot for s in loop.round()], loop.reading))
+    assert seen == [([a], 1)] * 2 + [([a, b], 0)] * 3  # 24 tokens read, 8 a round; the 25th is its first round's
+    assert [n for s, n in verifier.prefilled if s == b] == [8, 16, 24]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_crowded_batch_verifies_strict_sdd_without_drafts_and_its_text_does_not_change(temperature):
+    """With ``draft_max_batch`` 2, a round of more than two sequences verifies the Strict SDD ones
+    with no draft (gamma 0) while a skipping policy's sequence still drafts; every text equals its
+    batch-1 decode. Past the crowd (two sequences left), Strict SDD drafts again."""
+    from dataclasses import replace
+
+    from vskip.engine.decode import Loop
+
+    cfg = replace(DecodeConfig(gamma=6, max_new_tokens=60), sampling=Sampling(temperature=temperature, seed=1))
+    strict, raw = PolicyConfig(name="strict"), PolicyConfig.make("raw", eta_b=0.6, eta_c=0.6, k_min=1, s_max=12)
+    jobs = [Job(j.prompt, j.task_id, policy=raw if i == 0 else strict) for i, j in enumerate(_jobs(4, 8))]
+    want = {j.task_id: decode(j.prompt, FakeDrafter(0.3), FakeVerifier(), j.policy, cfg, task_id=j.task_id).tokens
+            for j in jobs}
+    loop = Loop(FakeDrafter(0.3), FakeVerifier(), strict, cfg, batch_size=4, draft_max_batch=2)
+    for j in jobs:
+        loop.admit(j)
+    got, crowded = {}, []
+    while loop.active:
+        n = len(loop.active)
+        for st in loop.round():
+            if st.record is not None:
+                crowded.append((n > 2, st.job.policy.name, st.record.gamma))
+            if st.result is not None:
+                got[st.job.task_id] = st.result.tokens
+    assert got == want
+    assert {g for c, name, g in crowded if c and name == "strict"} == {0}
+    assert all(g > 0 for c, name, g in crowded if name == "raw")
+    assert any(g > 0 for c, name, g in crowded if not c and name == "strict")

@@ -292,9 +292,16 @@ def test_strict_equals_native_ar_on_the_embedded_pair(native_pair):
         assert oracle.tokens == ar.tokens and max(r.L for r in oracle.rounds) >= 8
         refs.append(ar.tokens)
     jobs = [Job(prompt=p, task_id=str(i)) for i, p in enumerate(prompts)]
-    got = {int(j.task_id): r.tokens for j, r in decode_many(jobs, pair.drafter, pair.verifier,
-                                                            PolicyConfig(name="strict"), cfg, batch_size=2)}
-    assert [got[i] for i in range(len(prompts))] == refs
+    for chunk in (None, 32):  # prompts read whole, or 32 tokens a round (the server's chunked prefill)
+        got = {int(j.task_id): r.tokens for j, r in decode_many(jobs, pair.drafter, pair.verifier,
+                                                                PolicyConfig(name="strict"), cfg, batch_size=2,
+                                                                prefill_chunk=chunk)}
+        assert [got[i] for i in range(len(prompts))] == refs
+    # a skipping policy's text depends on the drafts: read in chunks, the caches hold the same bits
+    raw = PolicyConfig.make("raw", eta_b=0.6, eta_c=0.6, k_min=2, s_max=16)
+    whole, chunked = ({j.task_id: r.tokens for j, r in decode_many(jobs, pair.drafter, pair.verifier, raw, cfg,
+                                                                   batch_size=2, prefill_chunk=c)} for c in (None, 7))
+    assert whole == chunked
 
 
 def test_sampled_strict_sdd_commits_the_native_verifiers_own_draws(model):
@@ -348,6 +355,22 @@ def test_the_native_drafter_drafts_a_batch_as_it_drafts_each_row():
     ref = [torch_drafter.propose(s, 6) for s in seqs]
     agree = np.mean([np.mean(a.tokens == r.tokens) for a, r in zip(alone, ref)])
     assert agree >= 0.8, agree
+    # a context read ahead in chunks (chunked prefill) drafts the same block: bit for bit natively,
+    # to float32 rounding on torch
+    for d, exact in ((native, True), (torch_drafter, False)):
+        d.reset()
+        s = seqs[2]
+        d.prefill(s[:5], slot=1)
+        d.prefill(s[:12], slot=1)
+        d.prefill(s[:-1], slot=1)
+        read = d.propose(s, 6, slot=1)
+        d.reset()
+        whole = d.propose(s, 6, slot=1)
+        assert np.array_equal(read.tokens, whole.tokens)
+        if exact:
+            assert np.array_equal(read.confidence, whole.confidence)
+        else:
+            np.testing.assert_allclose(read.confidence, whole.confidence, rtol=1e-4, atol=1e-5)
 
 
 def test_biases_the_kernels_lack_are_refused_not_dropped():

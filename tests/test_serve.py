@@ -321,6 +321,36 @@ def test_a_full_queue_answers_429_at_once_and_the_admitted_requests_finish():
         assert metric(srv, "vskip:request_rejected_total", reason="queue_full") == 1
 
 
+def test_requests_arriving_within_one_round_take_the_free_slots_before_the_queue_counts():
+    """Batch 3, queue 0, one request decoding: two more arriving in the same round are accepted
+    (the free slots take them when the round ends), a third is refused at once."""
+    import asyncio
+
+    from vskip.engine.decode import Job
+    from vskip.serve.engine import Request
+    from vskip.serve.protocol import ApiError
+
+    with running("--max-batch", "3", "--max-queue", "0", "--policy", "ar", verifier=SlowVerifier(0.3)) as srv:
+        stream = srv.client.completions.create(model=srv.state.model_name, prompt="abc", max_tokens=200, stream=True)
+        next(iter(stream))
+        eng, aloop = srv.state.engine, asyncio.new_event_loop()
+        try:
+            reqs = [Request(id=str(i), job=Job(prompt=TOK(p)["input_ids"]), stops=(), timeout=None, aloop=aloop)
+                    for i, p in enumerate(["hi", "mnop", "qrs"])]
+            with eng.cv:  # within one round: the worker cannot admit between these
+                eng.submit(reqs[0])
+                eng.submit(reqs[1])
+                with pytest.raises(ApiError) as refused:
+                    eng.submit(reqs[2])
+            assert refused.value.status == 429
+            _wait(lambda: len(eng.running) == 3)
+            for r in reqs[:2]:
+                eng.cancel(r)
+            stream.close()
+        finally:
+            aloop.close()
+
+
 def test_a_request_past_its_timeout_ends_with_an_error_and_frees_its_slot():
     with running("--max-batch", "1", "--request-timeout", "0.5", "--policy", "ar",
                  verifier=SlowVerifier(0.05)) as srv:
@@ -369,6 +399,98 @@ def test_a_request_cancelled_while_it_waits_is_counted_as_cancelled():
             _wait(lambda: metric(srv, "vskip:request_success_total", finished_reason="cancelled") == 2)
         finally:
             aloop.close()
+
+
+def test_metrics_time_the_queue_the_prefill_and_each_gap_between_tokens():
+    """One streamed request: one queue time, one prefill time (admission to first token), one
+    decode time, and an inter-token latency per delivery after the first."""
+    with running("--policy", "ar", verifier=SlowVerifier(0.01)) as srv:
+        chunks = [c for c in srv.client.completions.create(model=srv.state.model_name, prompt="abc", max_tokens=12,
+                                                            stream=True) if c.choices[0].text]
+        _wait(lambda: metric(srv, "vskip:request_success_total") == 1)
+        for name in ("request_queue_time", "request_prefill_time", "time_to_first_token", "request_decode_time"):
+            assert metric(srv, f"vskip:{name}_seconds_count") == 1, name
+        # ar delivers one token a round: 12 deliveries, 11 gaps (a chunk may hold two when text waits on a character)
+        assert metric(srv, "vskip:inter_token_latency_seconds_count") == 11
+        assert metric(srv, "vskip:inter_token_latency_seconds_sum") >= 11 * 0.01 * 0.9
+        assert len(chunks) >= 2
+
+
+def test_the_server_reads_prompts_in_chunks_of_its_flag_and_a_long_one_delays_no_stream():
+    """``--prefill-chunk`` reaches the loop (0: off). A prompt of 60 tokens is read 4 tokens a round
+    beside a running request, and both texts are lossless."""
+    with running("--policy", "ar", "--prefill-chunk", "0") as srv:
+        assert srv.state.loop.prefill_chunk is None
+        assert srv.state.loop.draft_max_batch == 1  # the default: Strict SDD drafts in rounds of one sequence
+    with running("--policy", "ar", "--draft-max-batch", "-1") as srv:
+        assert srv.state.loop.draft_max_batch is None and srv.state.loop.prefill_chunk == 256
+    verifier = SlowVerifier(0.01)
+    with running("--policy", "ar", "--max-batch", "2", "--prefill-chunk", "4", verifier=verifier) as srv:
+        assert srv.state.loop.prefill_chunk == 4
+        long_prompt = "abcdefghij" * 6
+        got = {}
+
+        def ask(prompt, n):
+            got[prompt] = srv.client.completions.create(model=srv.state.model_name, prompt=prompt, max_tokens=n)
+
+        short = threading.Thread(target=ask, args=("xyzzy", 60))
+        short.start()
+        _wait(lambda: srv.state.loop.active)
+        ask(long_prompt, 5)
+        short.join(30)
+        reads = [n for slot, n in verifier.prefilled if slot == 1]  # the short one holds slot 0
+        assert reads == list(range(4, len(long_prompt), 4)) + [len(long_prompt) - 1]  # 4 a round, to the last but one
+        for prompt, n in (("xyzzy", 60), (long_prompt, 5)):
+            assert got[prompt].choices[0].text == greedy_text(prompt, n)[0]
+
+
+def test_streams_still_running_at_the_shutdown_deadline_end_with_an_error_event_and_done():
+    """SIGTERM with ``--shutdown-timeout 0.3``: a stream that cannot finish in time gets a 503 as its
+    last event, then ``[DONE]``; the server exits."""
+    import signal
+
+    with running("--policy", "ar", "--shutdown-timeout", "0.3", verifier=SlowVerifier(0.05)) as srv:
+        lines, done = [], threading.Event()
+
+        def read():
+            with httpx.stream("POST", srv.url + "/v1/completions", timeout=30,
+                              json={"prompt": "abc", "max_tokens": 500, "stream": True}) as r:
+                lines.extend(line[6:] for line in r.iter_lines() if line.startswith("data: "))
+            done.set()
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        _wait(lambda: srv.state.loop.active)
+        t = time.monotonic()
+        srv.server.handle_exit(signal.SIGTERM, None)
+        assert done.wait(20)
+        assert lines[-1] == "[DONE]"
+        assert json.loads(lines[-2])["error"]["code"] == 503
+        assert time.monotonic() - t < 5
+        srv.thread.join(20)
+        assert not srv.thread.is_alive()
+
+
+def test_a_body_that_stops_arriving_is_answered_408(monkeypatch):
+    import socket
+
+    import vskip.serve.app as app_module
+
+    monkeypatch.setattr(app_module, "BODY_SECONDS", 0.5)
+    with running("--policy", "ar") as srv:
+        port = int(srv.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 100\r\n\r\n{\"prompt\": ")
+            t, reply = time.monotonic(), b""
+            while not reply.endswith(b"}"):  # the headers and the body may come apart
+                part = s.recv(4096)
+                if not part:
+                    break
+                reply += part
+            reply = reply.decode()
+        assert reply.startswith("HTTP/1.1 408") and time.monotonic() - t < 5
+        assert json.loads(reply.split("\r\n\r\n", 1)[1])["error"]["code"] == 408
 
 
 def test_an_error_inside_one_sequence_fails_that_request_alone(monkeypatch):

@@ -12,8 +12,16 @@ def register(subparsers) -> None:
     g = s.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     g.add_argument("--port", type=bounded(int, 0, 65535), default=8000, help="port (0: a free one; default: 8000)")
-    g.add_argument("--max-batch", type=bounded(int, 1, 1024), default=8,
-                   help="sequences decoded side by side; new requests join between rounds (default: 8)")
+    g.add_argument("--max-batch", type=bounded(int, 1, 1024), default=32,
+                   help="sequences decoded side by side; new requests join between rounds (default: 32)")
+    g.add_argument("--prefill-chunk", type=bounded(int, 0, 1 << 20), default=256,
+                   help="prompt tokens read per round, first come first; a long prompt is read over several rounds "
+                        "while the running requests keep decoding (0: a prompt is read whole in its first round; "
+                        "default: 256)")
+    g.add_argument("--draft-max-batch", type=bounded(int, -1, 1 << 20), default=1,
+                   help="Strict SDD drafts only in rounds of at most this many decoding sequences; in a fuller round "
+                        "the verifier checks its own next token, which leaves the text as it is (-1: always draft; "
+                        "default: 1)")
     g.add_argument("--max-queue", type=bounded(int, 0, 1 << 20), default=64,
                    help="requests that may wait for a slot; one more is answered 429 at once (default: 64)")
     g.add_argument("--request-timeout", type=bounded(float, 0.0, 1e7), default=600.0,

@@ -14,7 +14,7 @@ then skip or verify, then commit, which builds the round's record once, complete
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
@@ -24,71 +24,12 @@ from .models.protocols import Call, DraftBlock, Drafter, Predictor, Verifier
 from .policy import (RULE, Decision, Draw, GuardContext, PolicyConfig, Rule, Sampling, block_length,
                      committed_tokens, decide, draw_rows, prompt_key, strict_accept, verify_length)
 from .policy.sampling import ACCEPT, DRAFTER
+from .records import BlockTrace, DecodeResult, RoundRecord  # noqa: F401 - the loop's results, read from here too
 from .runtime import now
 from .settings import DecodeConfig, check_models, check_prompt
 
 #: How many committed tokens the repetition guard looks back over.
 _HISTORY = 64
-
-
-@dataclass(frozen=True)
-class RoundRecord:
-    """One round. ``K``: committed skip length (0 on a verified round); ``L``: strict accepted
-    length (from the shadow verifier on skipped rounds, None without it); ``accepted``: draft tokens
-    committed; ``committed``: all tokens committed (with the correction or bonus token);
-    ``relaxed``: committed by a lossy rule (a skip, lenience or top-k), the set A of §3.2."""
-
-    round: int
-    verified: bool
-    K: int
-    K_hat: int
-    L: int | None
-    accepted: int
-    committed: int
-    relaxed: bool
-    reason: str
-    gamma: int
-
-
-@dataclass
-class BlockTrace:
-    """The A.7 inputs of one block: features [gamma, 19], hidden [gamma, d], raw confidence
-    [gamma], and the strict accepted length L (None on an unshadowed skip)."""
-
-    round: int
-    features: np.ndarray
-    hidden: np.ndarray | None
-    confidence: np.ndarray
-    L: int | None
-    K: int
-
-
-@dataclass
-class DecodeResult:
-    tokens: list[int]
-    rounds: list[RoundRecord]
-    decode_seconds: float
-    draft_seconds: float
-    verify_seconds: float
-    predict_seconds: float
-    shadow_seconds: float
-    verifier_calls: int
-    draft_blocks: int
-    stop: str
-    traces: list[BlockTrace] = field(default_factory=list)
-
-    @property
-    def generated_tokens(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def skipped_rounds(self) -> int:
-        return sum(1 for r in self.rounds if not r.verified)
-
-    @property
-    def policy_seconds(self) -> float:
-        """T_policy of Eq. 7: decode time outside drafting and verification forwards."""
-        return max(0.0, self.decode_seconds - self.draft_seconds - self.verify_seconds)
 
 
 class _Clocks:
@@ -157,11 +98,13 @@ def decode(prompt: Sequence[int], drafter: Drafter | None, verifier: Verifier, p
 
 def decode_many(jobs: Iterable[Job], drafter: Drafter | None, verifier: Verifier, policy: PolicyConfig,
                 cfg: DecodeConfig, predictor: Predictor | None = None, batch_size: int = 1,
-                rule: Rule = RULE) -> Iterator[tuple[Job, DecodeResult]]:
+                rule: Rule = RULE, prefill_chunk: int | None = None,
+                draft_max_batch: int | None = None) -> Iterator[tuple[Job, DecodeResult]]:
     """Decode ``jobs`` through one :class:`Loop` of ``batch_size`` slots: a finished sequence's
     slot takes the next job at once (continuous batching). Yields each job with its result as it
     finishes; a sequence's failure is raised."""
-    loop = Loop(drafter if policy.uses_drafter else None, verifier, policy, cfg, predictor, batch_size, rule)
+    loop = Loop(drafter if policy.uses_drafter else None, verifier, policy, cfg, predictor, batch_size, rule,
+                prefill_chunk, draft_max_batch)
     queue = deque(jobs)
     while queue or loop.active:
         while queue and loop.free:
@@ -184,13 +127,34 @@ class Loop:
     acceptance rule (the paper's unless another is given). The settings themselves are checked
     where they are made (:func:`check_settings`); here, what they ask of the models.
 
+    ``prefill_chunk``: None reads a joining prompt whole in its first round. A number makes the
+    prefill chunked: each round first reads at most that many prompt tokens, of the sequences
+    still reading theirs in the order they joined, into the verifier's and the drafter's caches,
+    and a sequence takes part in rounds once its prompt is read. A long prompt then delays the
+    running sequences' rounds by one chunk's forward at a time, not by its whole prefill (the
+    server's scheduling, docs/serve.md). A drafter that reads the verifier's states gets its
+    prompt read whole when it joins, as before.
+
+    ``draft_max_batch``: None drafts for every sequence whose method drafts. A number lets a round
+    in which more than that many sequences decode verify the Strict SDD sequences without a draft
+    (the verifier's own next token, as ``ar``): on a CPU a batch's verifier forward grows with its
+    rows, and past a few sequences the drafted rows cost more than they save. Only sequences whose
+    text cannot change go draftless (Strict SDD, greedy or sampled by the verifier's own draws, no
+    block traces); every other method drafts as asked.
+
     A failure in one sequence's own steps ends that sequence alone (its :class:`Step` carries the
     error); a failure of a forward the sequences share is raised."""
 
     def __init__(self, drafter: Drafter | None, verifier: Verifier, policy: PolicyConfig, cfg: DecodeConfig,
-                 predictor: Predictor | None = None, batch_size: int = 1, rule: Rule = RULE):
+                 predictor: Predictor | None = None, batch_size: int = 1, rule: Rule = RULE,
+                 prefill_chunk: int | None = None, draft_max_batch: int | None = None):
         if batch_size < 1:
             raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise ValueError(f"a prefill chunk holds at least one token, not {prefill_chunk}")
+        if draft_max_batch is not None and draft_max_batch < 0:
+            raise ValueError(f"draft_max_batch must be >= 0, got {draft_max_batch}")
+        self.prefill_chunk, self.draft_max_batch = prefill_chunk, draft_max_batch
         check_models(drafter, policy, cfg, predictor)
         self.policy, self.cfg, self.batch_size = policy, cfg, batch_size
         self.models = _Models(drafter, verifier, predictor, rule)
@@ -216,8 +180,13 @@ class Loop:
         if policy.alpha is not None:  # the threshold calibrated for this prompt's fold (the prefix policy)
             policy = replace(policy, lam=self.models.predictor.threshold(job.task_id, policy.alpha))
         slot = next(s for s in range(self.batch_size) if s not in self.active)
-        self.active[slot] = _Decode(job, slot, self.models, policy, cfg)
+        self.active[slot] = _Decode(job, slot, self.models, policy, cfg, chunked=self.prefill_chunk is not None)
         return slot
+
+    @property
+    def reading(self) -> int:
+        """How many sequences are still reading their prompts (chunked prefill)."""
+        return sum(1 for d in self.active.values() if d.unread)
 
     def cancel(self, slot: int) -> DecodeResult:
         """End the sequence in ``slot`` now (its result so far, stop ``cancelled``); the slot is free."""
@@ -226,13 +195,20 @@ class Loop:
         return d.result()
 
     def round(self) -> list[Step]:
-        """One round of every active sequence; a :class:`Step` per sequence, in the order they
-        joined the loop."""
-        active, steps = self.active, {}
-        blocks = self.models.draft({slot: d for slot, d in active.items() if d.drafter is not None})
+        """One round of every active sequence (with a chunked prefill, first a chunk of the prompts
+        still being read); a :class:`Step` per sequence that decoded in it (or failed), in the order
+        they joined the loop."""
+        steps = {}
+        if self.prefill_chunk is not None:
+            self._prefill(steps)
+        active = {slot: d for slot, d in self.active.items() if not d.unread}
+        crowded = self.draft_max_batch is not None and len(active) > self.draft_max_batch
+        blocks = self.models.draft({slot: d for slot, d in active.items()
+                                    if d.drafter is not None and not (crowded and d.exact)})
         asks = {}
         for slot, d in list(active.items()):
             asks[slot] = self._own(slot, steps, d.plan, *blocks.get(slot, (None, 0, 0)))
+        active = self.active
         asks = {s: a for s, a in asks.items() if s in active}
         verdicts = self.models.judge({s: (active[s], a) for s, a in asks.items() if a.verify is not None}, "verify")
         shadows = self.models.judge({s: (active[s], a) for s, a in asks.items() if a.shadow is not None}, "shadow")
@@ -246,6 +222,15 @@ class Loop:
                 del active[slot]
             steps[slot] = Step(d.job, slot, new, d.rounds[-1], d.result() if done else None)
         return list(steps.values())
+
+    def _prefill(self, steps: dict) -> None:
+        """Read up to ``prefill_chunk`` prompt tokens of the sequences still reading, first come first."""
+        budget = self.prefill_chunk
+        for slot, d in list(self.active.items()):
+            if budget <= 0:
+                break
+            if d.unread:
+                budget -= self._own(slot, steps, d.read, budget) or 0
 
     def _own(self, slot: int, steps: dict, fn, *args):
         """Run one sequence's own step; a failure there ends that sequence alone."""
@@ -346,10 +331,13 @@ class _Ask:
 class _Decode:
     """One prompt's decode in the loop: its slot, settings, and what it carries from round to round."""
 
-    def __init__(self, job: Job, slot: int, models: _Models, policy: PolicyConfig, cfg: DecodeConfig):
+    def __init__(self, job: Job, slot: int, models: _Models, policy: PolicyConfig, cfg: DecodeConfig,
+                 chunked: bool = False):
         self.job, self.slot, self.models, self.policy, self.cfg = job, slot, models, policy, cfg
         self.drafter = models.drafter if policy.uses_drafter else None
         self.verifier = models.verifier
+        # a round may verify it without a draft: its text is the verifier's own either way
+        self.exact = policy.name == "strict" and not cfg.sampling.speculative and not cfg.trace
         self.key = 0 if cfg.sampling.greedy else prompt_key(job.task_id, job.prompt, job.sample)  # greedy draws nothing
         self.seq, self.n0 = list(job.prompt), len(job.prompt)
         self.D = 0  # unverified tokens committed since the last verifier call
@@ -360,8 +348,26 @@ class _Decode:
             self.drafter.reset(slot)
         self.verifier.reset(slot)
         self.t_start, self.shadow_start = now(), models.shadow_seconds
-        if self.drafter is not None and self.drafter.reads_verifier:  # the drafter's context: the prompt's features
+        reads = self.drafter is not None and self.drafter.reads_verifier
+        if reads:  # the drafter's context: the prompt's features
             self.clocks.time("draft", self.verifier.prefill, self.seq[:-1], slot)
+        # prompt tokens (all but the last, which the first round reads) its caches still lack
+        self.read_to = self.n0 - 1 if reads or not chunked else 0
+
+    @property
+    def unread(self) -> int:
+        """Prompt tokens the chunked prefill has still to read (0: the sequence decodes)."""
+        return max(0, self.n0 - 1 - self.read_to)
+
+    def read(self, budget: int) -> int:
+        """Read up to ``budget`` more prompt tokens into the verifier's and the drafter's caches; how many."""
+        end = min(self.n0 - 1, self.read_to + budget)
+        ids = self.seq[:end]
+        self.clocks.time("verify", self.verifier.prefill, ids, self.slot)
+        if self.drafter is not None:
+            self.clocks.time("draft", self.drafter.prefill, ids, self.slot)
+        n, self.read_to = end - self.read_to, end
+        return n
 
     @property
     def generated(self) -> int:
@@ -380,8 +386,8 @@ class _Decode:
     def plan(self, block: DraftBlock | None, gamma: int, g: int) -> _Ask:
         """Steps 2-3 (score, decide) on the round's drafted ``block`` (block length ``g`` of the
         ``gamma`` asked for; steps 1, the block length and the draft, ran for the whole batch in
-        :meth:`_Models.draft`): what this round asks of the verifier. The verifier alone (``ar``)
-        asks for one token per call: its argmax, or its draw."""
+        :meth:`_Models.draft`): what this round asks of the verifier. The verifier alone (``ar``,
+        or a Strict SDD round of a crowded batch) asks for one token per call: its argmax, or its draw."""
         if block is None:
             return _Ask(verify=())
         q, feats = self.score(block)

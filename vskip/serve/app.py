@@ -34,6 +34,8 @@ from .protocol import ApiError, ChatRequest, CompletionRequest, bad, request_set
 
 #: the largest request body read; a longer one is refused before it is parsed (uvicorn sets no bound)
 MAX_BODY_BYTES = 4 << 20
+#: seconds a request's body may take to arrive whole; a slower one is answered 408 (uvicorn sets no bound)
+BODY_SECONDS = 30.0
 
 
 @dataclass
@@ -64,10 +66,11 @@ class ServeState:
 
 class BodyLimit:
     """Refuses a request body over ``limit`` bytes with a 400 before the route reads it (declared in
-    Content-Length, or counted as it arrives), and otherwise hands the body on unchanged."""
+    Content-Length, or counted as it arrives), and one that takes more than ``seconds`` to arrive with
+    a 408; otherwise hands the body on unchanged."""
 
-    def __init__(self, app, limit: int = MAX_BODY_BYTES):
-        self.app, self.limit = app, limit
+    def __init__(self, app, limit: int = MAX_BODY_BYTES, seconds: float | None = None):
+        self.app, self.limit, self.seconds = app, limit, BODY_SECONDS if seconds is None else seconds
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -77,8 +80,14 @@ class BodyLimit:
             return await self._refuse(scope, receive, send)
         held, size = [], 0
         if scope.get("method") in ("POST", "PUT", "PATCH"):
+            deadline = time.monotonic() + self.seconds
             while True:
-                msg = await receive()
+                try:
+                    msg = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+                except asyncio.TimeoutError:
+                    err = ApiError(408, f"the request body did not arrive whole within {self.seconds:g} s",
+                                   "invalid_request_error")
+                    return await JSONResponse(err.body(), status_code=408)(scope, receive, send)
                 held.append(msg)
                 if msg["type"] != "http.request":
                     break

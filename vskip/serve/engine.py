@@ -38,6 +38,8 @@ class Request:
     arrived: float = field(default_factory=time.monotonic)
     admitted: float | None = None
     first: float | None = None
+    #: when tokens were last delivered
+    last: float | None = None
     tokens: list[int] = field(default_factory=list)
     sent: int = 0
     cancelled: bool = False
@@ -83,12 +85,14 @@ class Engine:
         self.thread.start()
 
     def submit(self, req: Request) -> None:
-        """Queue ``req``, or refuse it at once: 503 while the server drains, 429 when the queue is full."""
+        """Queue ``req``, or refuse it at once: 503 while the server drains, 429 when the queue is full
+        (the requests the free slots will take at the next round's start do not count as queued)."""
         with self.cv:
             if self.draining or self.stopped:
                 self.metrics.of(self.metrics.rejected, reason="draining").inc()
                 raise ApiError(503, "the server is shutting down", "service_unavailable_error")
-            if len(self.waiting) >= self.max_queue:
+            free = max(0, self.loop.batch_size - len(self.running))
+            if len(self.waiting) >= self.max_queue + free:
                 self.metrics.of(self.metrics.rejected, reason="queue_full").inc()
                 raise ApiError(429, f"the server is at capacity ({len(self.running)} decoding, "
                                     f"{len(self.waiting)} waiting); retry later", "rate_limit_error")
@@ -107,11 +111,16 @@ class Engine:
         with self.cv:
             self.draining = True
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """End the worker: what is still queued or decoding fails with 503."""
+    def end_now(self) -> None:
+        """End the worker after its current round: what is still queued or decoding fails with 503
+        (a stream's last event before ``[DONE]``)."""
         with self.cv:
             self.stopped = True
             self.cv.notify()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """End the worker (:meth:`end_now`) and wait for it."""
+        self.end_now()
         if self.thread.is_alive():
             self.thread.join(timeout)
 
@@ -203,8 +212,20 @@ class Engine:
         if req.first is not None:
             end = time.monotonic()
             self.metrics.of(self.metrics.e2e).observe(end - req.arrived)
+            self.metrics.of(self.metrics.decode).observe(end - req.first)
             if len(req.tokens) > 1:
                 self.metrics.of(self.metrics.tpot).observe((end - req.first) / (len(req.tokens) - 1))
+
+    def _timed(self, req: Request) -> None:
+        """Observe a delivery's latency: the first token's (from arrival, and from admission), or the gap since the last."""
+        t = time.monotonic()
+        if req.first is None:
+            req.first = t
+            self.metrics.of(self.metrics.ttft).observe(t - req.arrived)
+            self.metrics.of(self.metrics.prefill).observe(t - req.admitted)
+        else:
+            self.metrics.of(self.metrics.itl).observe(t - req.last)
+        req.last = t
 
     def _deliver(self, step: Step) -> None:
         """Hand ``step``'s tokens to its request as text; finish it at a stop string, EOS or its budget."""
@@ -215,9 +236,8 @@ class Engine:
             if step.error is not None:
                 raise step.error
             req.tokens += step.committed
-            if req.first is None and step.committed:
-                req.first = time.monotonic()
-                self.metrics.of(self.metrics.ttft).observe(req.first - req.arrived)
+            if step.committed:
+                self._timed(req)
             text = self.tok.decode(req.tokens, skip_special_tokens=True)
             cut = min((i for i in (text.find(s) for s in req.stops) if i >= 0), default=None)
             result, reason = step.result, None

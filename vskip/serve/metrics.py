@@ -50,6 +50,12 @@ class Metrics:
                                tuple(float(b) for b in _powers(max_batch)))
         self.queue = histogram("vskip:request_queue_time_seconds", "Time a request waited for a slot.", _LATENCY)
         self.ttft = histogram("vskip:time_to_first_token_seconds", "Time from arrival to the first token.", _LATENCY)
+        self.prefill = histogram("vskip:request_prefill_time_seconds",
+                                 "Time from admission to the first token (the prompt's prefill and first round).", _LATENCY)
+        self.itl = histogram("vskip:inter_token_latency_seconds",
+                             "Time between two deliveries of tokens to a request (one per round that commits any).",
+                             _PER_TOKEN)
+        self.decode = histogram("vskip:request_decode_time_seconds", "Time from the first token to the last.", _LATENCY)
         self.tpot = histogram("vskip:time_per_output_token_seconds",
                               "Time per output token after the first, per request.", _PER_TOKEN)
         self.e2e = histogram("vskip:e2e_request_latency_seconds", "Time from arrival to the last token.", _LATENCY)

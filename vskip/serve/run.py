@@ -15,6 +15,11 @@ from .engine import Engine
 from .metrics import Metrics
 
 
+#: seconds between the end of the requests still running at ``--shutdown-timeout`` and uvicorn's
+#: own deadline, which cuts what is still open: their last events and ``[DONE]`` are out by then
+GRACE = 5.0
+
+
 def model_name(models) -> str:
     """The served model's name: the verifier directory's name, or the embedded verifier's."""
     from ..engine.models.embedded import EMBEDDED_VERIFIER
@@ -45,7 +50,9 @@ def open_state(a, settings, decoder=None) -> ServeState:
     name = a.served_model_name or model_name(s.models)
     metrics = Metrics(name, a.max_batch, max_gamma)
     timeout = a.request_timeout if a.request_timeout and a.request_timeout > 0 else None
-    engine = Engine(dec.loop(a.max_batch), dec.pair.tokenizer, metrics, a.max_queue, timeout)
+    draft_max = None if a.draft_max_batch is None or a.draft_max_batch < 0 else a.draft_max_batch
+    engine = Engine(dec.loop(a.max_batch, a.prefill_chunk or None, draft_max), dec.pair.tokenizer, metrics,
+                    a.max_queue, timeout)
     return ServeState(engine, metrics, a, dec.pair.tokenizer, name, s.decode.max_new_tokens, max_gamma, settings,
                       s.models)
 
@@ -58,7 +65,9 @@ def listen(host: str, port: int) -> socket.socket:
 
 def make_server(state: ServeState, shutdown_timeout: float, log_level: str = "warning"):
     """The uvicorn server of ``state``'s routes. On SIGTERM (its ``handle_exit``) the worker drains
-    at once, so that a request arriving on an open connection gets 503."""
+    at once (a request still arriving gets 503), and ``shutdown_timeout`` seconds later ends what is
+    still queued or decoding with a 503, which a stream gets as its last event before ``[DONE]``;
+    uvicorn's own deadline comes :data:`GRACE` seconds after that, once those last events are out."""
     import uvicorn
     from sse_starlette.sse import AppStatus
 
@@ -67,11 +76,15 @@ def make_server(state: ServeState, shutdown_timeout: float, log_level: str = "wa
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):
-            engine.drain()
+            if not engine.draining:
+                engine.drain()
+                deadline = threading.Timer(shutdown_timeout, engine.end_now)
+                deadline.daemon = True
+                deadline.start()
             super().handle_exit(sig, frame)
 
     config = uvicorn.Config(build_app(state), log_level=log_level, access_log=False,
-                            timeout_graceful_shutdown=shutdown_timeout, lifespan="on")
+                            timeout_graceful_shutdown=shutdown_timeout + GRACE, lifespan="on")
     return Server(config)
 
 

@@ -17,6 +17,7 @@ import json
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -79,10 +80,13 @@ def spec_of(name: str) -> str | None:
 
 
 class LlamaServer:
-    """One ``llama-server`` process on a free loopback port, serving one model with one slot."""
+    """One ``llama-server`` process on a free loopback port, serving one model with ``slots`` slots
+    (continuous batching over them), each with a context of ``ctx`` tokens."""
 
-    def __init__(self, gguf: Path, threads: int, spec: str | None = None, ctx: int = 4096, binary: Path | None = None):
+    def __init__(self, gguf: Path, threads: int, spec: str | None = None, ctx: int = 4096, binary: Path | None = None,
+                 slots: int = 1):
         self.args = (gguf, threads, spec, ctx)
+        self.slots = slots
         self.binary = binary or server_binary()
         if self.binary is None:
             raise LlamaCppMissing("llama.cpp's llama-server is not built here: run bash scripts/llamacpp.sh "
@@ -90,19 +94,21 @@ class LlamaServer:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        cmd = [str(self.binary), "-m", str(gguf), "-t", str(threads), "-tb", str(threads), "-c", str(ctx), "-np", "1",
+        cmd = [str(self.binary), "-m", str(gguf), "-t", str(threads), "-tb", str(threads), "-c", str(ctx * slots), "-np", str(slots),
                "--host", "127.0.0.1", "--port", str(self.port), "--no-webui"]
         if spec:
             cmd += ["--spec-type", spec]
         self.cmd = cmd
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        # its log goes to a file: a pipe nobody reads fills up, and llama-server then blocks writing to it
+        self.log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log)
         self._wait()
 
     def _wait(self, timeout: float = 120.0) -> None:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited ({self.proc.returncode}): {self.proc.stderr.read()[-1500:]}")
+                raise RuntimeError(f"llama-server exited ({self.proc.returncode}): {self.log_tail()}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
                     if r.status == 200:
@@ -136,7 +142,14 @@ class LlamaServer:
     def restarted(self) -> "LlamaServer":
         """A new server with the same model and settings, this one stopped."""
         self.close()
-        return LlamaServer(*self.args, binary=self.binary)
+        return LlamaServer(*self.args, binary=self.binary, slots=self.slots)
+
+    def log_tail(self, n: int = 1500) -> str:
+        return Path(self.log.name).read_text(errors="replace")[-n:]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -145,6 +158,8 @@ class LlamaServer:
                 self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+        self.log.close()
+        Path(self.log.name).unlink(missing_ok=True)
 
     def __enter__(self):
         return self

@@ -338,6 +338,10 @@ class ConditionedDrafter:
             self._ctx.pop(slot, None)
             self._ctx_ids.pop(slot, None)
 
+    def prefill(self, ids, slot: int = 0) -> None:
+        """Nothing: this drafter's context is the verifier's states, which the loop has the verifier
+        compute over the whole prompt when the sequence joins."""
+
     def propose_many(self, requests, features: bool = False, sampling: Sampling | None = None) -> list[DraftBlock]:
         """One block per (slot, seq, gamma), each slot from its own tapped states and context."""
         return [self.propose(seq, g, features, sampling, slot) for slot, seq, g in requests]

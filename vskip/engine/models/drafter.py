@@ -127,6 +127,24 @@ class DiffusionDrafter:
         self.reset()
 
     # -- context ---------------------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(self, ids: Sequence[int], slot: int = 0) -> None:
+        """Encode context ``ids`` causally into ``slot``'s cache (block attention; a full-attention
+        drafter recomputes its context at every block and caches none)."""
+        if self.spec.attention != "block":
+            return
+        self._enter(slot)
+        ctx = [int(t) for t in ids]
+        x, _, start, missing = self._block_input(ctx + [0], 0)  # the context the cache lacks, the cache cut to it
+        if missing:
+            n, C = start - len(missing), len(missing)
+            mask = torch.ones(C, n + C, dtype=torch.bool, device=self.device)
+            mask[:, n:] = mask[:, n:].tril()
+            pos = torch.arange(n, start, device=self.device)
+            _, present = self.model(torch.tensor([missing], device=self.device), pos, self._cache, mask)
+            self._cache, self._cached_ids = present, self._cached_ids + missing
+        self._leave(slot)
+
     def _hidden(self, x: torch.Tensor, start: int, hint: torch.Tensor | None = None) -> torch.Tensor:
         """Final hidden states of query ``x`` [1, T] placed at positions start..start+T-1."""
         pos = torch.arange(start, start + x.shape[1], device=self.device)

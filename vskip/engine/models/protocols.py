@@ -122,6 +122,11 @@ class Drafter(Protocol):
     def reset(self, slot: int | None = None) -> None:
         """Forget a slot's cached context (a new prompt follows there), or every slot's (None)."""
 
+    def prefill(self, ids: Sequence[int], slot: int = 0) -> None:
+        """Encode committed context ``ids`` into ``slot``'s cache ahead of its first block, so that a
+        long prompt can be read in chunks over several rounds (the server's chunked prefill); a
+        drafter that caches no context does nothing."""
+
     def match_length(self, seq: Sequence[int]) -> int:
         """How many of the last tokens of ``seq`` the drafter can continue by copying (its copy
         hint's match length; 0 when it does not copy). Read before drafting, to choose a block

@@ -59,6 +59,20 @@ class NativeDrafter(DiffusionDrafter):
         x[0, 0] = seq[-1]
         return x, 1, len(seq) - 1, ctx[len(self._cached_ids):]
 
+    @torch.inference_mode()
+    def prefill(self, ids, slot: int = 0) -> None:
+        """Encode context ``ids`` causally into ``slot``'s cache (what the cache already holds of them is kept)."""
+        self._enter(slot)
+        ctx = [int(t) for t in ids]
+        n = common_prefix(self._cached_ids, ctx)
+        missing = ctx[n:]
+        if missing:
+            C = len(missing)  # context positions read no hint
+            self.net.forward(self._kv, [slot] * C, [-1] * C, list(range(n, n + C)), out_rows=[C - 1], logits=False,
+                             embeds=self.model.embed(torch.tensor([missing], dtype=torch.long))[0].float())
+        self._cached_ids = ctx
+        self._leave(slot)
+
     # -- the network --------------------------------------------------------------------------
     def _rows(self, rows, slots, first: bool) -> list[torch.Tensor]:
         """Hidden states [P + gamma, d] of each row's query, all rows in one forward; at the first

@@ -504,3 +504,21 @@ def test_a_crowded_batch_verifies_strict_sdd_without_drafts_and_its_text_does_no
     assert {g for c, name, g in crowded if c and name == "strict"} == {0}
     assert all(g > 0 for c, name, g in crowded if name == "raw")
     assert any(g > 0 for c, name, g in crowded if not c and name == "strict")
+
+
+def test_a_chunk_deep_in_a_prompt_holds_fewer_tokens():
+    """With a chunk of 8 and a depth of 8, a token of a chunk starting at depth d counts 1 + d/8:
+    the prompt is read 8, then 4, 3, 2, 2 ... tokens a round, and decodes as batch 1 does."""
+    from vskip.engine.decode import Loop
+
+    prompt, cfg = list(range(10, 40)), DecodeConfig(gamma=4, max_new_tokens=6)
+    verifier = FakeVerifier()
+    loop = Loop(FakeDrafter(0.3), verifier, PolicyConfig(name="strict"), cfg, batch_size=1, prefill_chunk=8,
+                prefill_depth=8)
+    loop.admit(Job(prompt, task_id="long"))
+    tokens = []
+    while loop.active:
+        tokens += [t for s in loop.round() for t in s.committed]
+    reads = [n for _, n in verifier.prefilled]
+    assert reads[:6] == [8, 12, 15, 17, 19, 21] and reads[-1] == len(prompt) - 1
+    assert tokens == decode(prompt, FakeDrafter(0.3), FakeVerifier(), PolicyConfig(name="strict"), cfg).tokens

@@ -6,8 +6,9 @@ from fakes import EOS, SPECIAL, FakeDrafter, FakeVerifier, StubPredictor
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vskip.engine.decode import DecodeConfig, agreement, decode
+from vskip.engine.decode import DecodeConfig, decode
 from vskip.engine.policy import PolicyConfig
+from vskip.engine.records import agreement
 
 PROMPT = [7, 3, 9, 4]
 

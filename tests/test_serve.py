@@ -424,8 +424,12 @@ def test_the_server_reads_prompts_in_chunks_of_its_flag_and_a_long_one_delays_no
         assert srv.state.loop.draft_max_batch == 1  # the default: Strict SDD drafts in rounds of one sequence
     with running("--policy", "ar", "--draft-max-batch", "-1") as srv:
         assert srv.state.loop.draft_max_batch is None and srv.state.loop.prefill_chunk == 256
+        assert srv.state.loop.prefill_depth is None
+    with running("--policy", "ar", "--prefill-depth", "1024") as srv:
+        assert srv.state.loop.prefill_depth == 1024
     verifier = SlowVerifier(0.01)
-    with running("--policy", "ar", "--max-batch", "2", "--prefill-chunk", "4", verifier=verifier) as srv:
+    with running("--policy", "ar", "--max-batch", "2", "--prefill-chunk", "4", "--prefill-depth", "0",
+                 verifier=verifier) as srv:
         assert srv.state.loop.prefill_chunk == 4
         long_prompt = "abcdefghij" * 6
         got = {}

@@ -18,6 +18,10 @@ def register(subparsers) -> None:
                    help="prompt tokens read per round, first come first; a long prompt is read over several rounds "
                         "while the running requests keep decoding (0: a prompt is read whole in its first round; "
                         "default: 256)")
+    g.add_argument("--prefill-depth", type=bounded(int, 0, 1 << 24), default=0,
+                   help="a chunk that starts at depth d counts each of its tokens 1 + d/DEPTH against "
+                        "--prefill-chunk, so deep in a long prompt a round reads fewer tokens (its tokens attend "
+                        "to more keys; 1024 suits the native runtime on a CPU); 0: every token counts 1 (default)")
     g.add_argument("--draft-max-batch", type=bounded(int, -1, 1 << 20), default=1,
                    help="Strict SDD drafts only in rounds of at most this many decoding sequences; in a fuller round "
                         "the verifier checks its own next token, which leaves the text as it is (-1: always draft; "

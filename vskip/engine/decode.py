@@ -132,8 +132,11 @@ class Loop:
     still reading theirs in the order they joined, into the verifier's and the drafter's caches,
     and a sequence takes part in rounds once its prompt is read. A long prompt then delays the
     running sequences' rounds by one chunk's forward at a time, not by its whole prefill (the
-    server's scheduling, docs/serve.md). A drafter that reads the verifier's states gets its
-    prompt read whole when it joins, as before.
+    server's scheduling, docs/serve.md). With ``prefill_depth`` D, each token of a chunk that starts
+    at depth d counts 1 + d/D against the budget (it attends to d keys or more: D is the depth at
+    which that costs what the rest of its forward costs), so a chunk deep in a long prompt holds
+    fewer tokens. A drafter
+    that reads the verifier's states gets its prompt read whole when it joins, as before.
 
     ``draft_max_batch``: None drafts for every sequence whose method drafts. A number lets a round
     in which more than that many sequences decode verify the Strict SDD sequences without a draft
@@ -147,14 +150,15 @@ class Loop:
 
     def __init__(self, drafter: Drafter | None, verifier: Verifier, policy: PolicyConfig, cfg: DecodeConfig,
                  predictor: Predictor | None = None, batch_size: int = 1, rule: Rule = RULE,
-                 prefill_chunk: int | None = None, draft_max_batch: int | None = None):
+                 prefill_chunk: int | None = None, draft_max_batch: int | None = None,
+                 prefill_depth: int | None = None):
         if batch_size < 1:
             raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ValueError(f"a prefill chunk holds at least one token, not {prefill_chunk}")
         if draft_max_batch is not None and draft_max_batch < 0:
             raise ValueError(f"draft_max_batch must be >= 0, got {draft_max_batch}")
-        self.prefill_chunk, self.draft_max_batch = prefill_chunk, draft_max_batch
+        self.prefill_chunk, self.draft_max_batch, self.prefill_depth = prefill_chunk, draft_max_batch, prefill_depth
         check_models(drafter, policy, cfg, predictor)
         self.policy, self.cfg, self.batch_size = policy, cfg, batch_size
         self.models = _Models(drafter, verifier, predictor, rule)
@@ -230,7 +234,7 @@ class Loop:
             if budget <= 0:
                 break
             if d.unread:
-                budget -= self._own(slot, steps, d.read, budget) or 0
+                budget -= self._own(slot, steps, d.read, budget, self.prefill_depth) or budget
 
     def _own(self, slot: int, steps: dict, fn, *args):
         """Run one sequence's own step; a failure there ends that sequence alone."""
@@ -359,15 +363,18 @@ class _Decode:
         """Prompt tokens the chunked prefill has still to read (0: the sequence decodes)."""
         return max(0, self.n0 - 1 - self.read_to)
 
-    def read(self, budget: int) -> int:
-        """Read up to ``budget`` more prompt tokens into the verifier's and the drafter's caches; how many."""
-        end = min(self.n0 - 1, self.read_to + budget)
+    def read(self, budget: float, depth: int | None = None) -> float:
+        """Read more prompt tokens into the verifier's and the drafter's caches, up to ``budget``
+        (each counting 1 + d/``depth`` for a chunk that starts at depth d; one token at least);
+        what they counted."""
+        weight = 1.0 + self.read_to / depth if depth else 1.0
+        end = min(self.n0 - 1, self.read_to + max(1, int(budget / weight)))
         ids = self.seq[:end]
         self.clocks.time("verify", self.verifier.prefill, ids, self.slot)
         if self.drafter is not None:
             self.clocks.time("draft", self.drafter.prefill, ids, self.slot)
         n, self.read_to = end - self.read_to, end
-        return n
+        return n * weight
 
     @property
     def generated(self) -> int:
@@ -488,13 +495,3 @@ def warmup(drafter: Drafter | None, verifier: Verifier, prompt: Sequence[int], g
             verifier.prefill(list(prompt)[:-1])
         drafter.warmup(list(prompt), gamma)
     verifier.warmup(list(prompt), gamma)
-
-
-def agreement(rounds: Sequence[RoundRecord]) -> tuple[float, float]:
-    """(StrictToken, FullPrefix) of Eqs. 1–2 over the rounds where a relaxed rule committed a
-    nonempty draft prefix and L is known (:func:`vskip.engine.metrics.agreement_from_rounds`). Both are
-    1 when there is no such round."""
-    from .metrics import agreement_from_rounds
-
-    st, fp, _ = agreement_from_rounds(rounds)
-    return st, fp

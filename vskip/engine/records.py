@@ -4,6 +4,7 @@ A.7 inputs of each block. The loop that fills them is :mod:`vskip.engine.decode`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
@@ -66,3 +67,13 @@ class DecodeResult:
     def policy_seconds(self) -> float:
         """T_policy of Eq. 7: decode time outside drafting and verification forwards."""
         return max(0.0, self.decode_seconds - self.draft_seconds - self.verify_seconds)
+
+
+def agreement(rounds: Sequence[RoundRecord]) -> tuple[float, float]:
+    """(StrictToken, FullPrefix) of Eqs. 1–2 over the rounds where a relaxed rule committed a
+    nonempty draft prefix and L is known (:func:`vskip.engine.metrics.agreement_from_rounds`). Both are
+    1 when there is no such round."""
+    from .metrics import agreement_from_rounds
+
+    st, fp, _ = agreement_from_rounds(rounds)
+    return st, fp

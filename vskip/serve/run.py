@@ -51,8 +51,8 @@ def open_state(a, settings, decoder=None) -> ServeState:
     metrics = Metrics(name, a.max_batch, max_gamma)
     timeout = a.request_timeout if a.request_timeout and a.request_timeout > 0 else None
     draft_max = None if a.draft_max_batch is None or a.draft_max_batch < 0 else a.draft_max_batch
-    engine = Engine(dec.loop(a.max_batch, a.prefill_chunk or None, draft_max), dec.pair.tokenizer, metrics,
-                    a.max_queue, timeout)
+    engine = Engine(dec.loop(a.max_batch, a.prefill_chunk or None, draft_max, a.prefill_depth or None),
+                    dec.pair.tokenizer, metrics, a.max_queue, timeout)
     return ServeState(engine, metrics, a, dec.pair.tokenizer, name, s.decode.max_new_tokens, max_gamma, settings,
                       s.models)
 

@@ -116,14 +116,15 @@ class Decoder:
         return decode(ids, self.drafter, self.pair.verifier, s.policy, s.decode, self.predictor, task_id=task_id,
                       sample=sample)
 
-    def loop(self, batch_size: int = 1, prefill_chunk: int | None = None, draft_max_batch: int | None = None):
+    def loop(self, batch_size: int = 1, prefill_chunk: int | None = None, draft_max_batch: int | None = None,
+             prefill_depth: int | None = None):
         """The decode loop itself (:class:`~vskip.engine.decode.Loop`), for a caller that admits
         jobs as they come and reads each round (the server); jobs may bring their own settings."""
         from ..engine.decode import Loop
 
         s = self.settings
         return Loop(self.pair.drafter, self.pair.verifier, s.policy, s.decode, self.predictor, batch_size,
-                    prefill_chunk=prefill_chunk, draft_max_batch=draft_max_batch)
+                    prefill_chunk=prefill_chunk, draft_max_batch=draft_max_batch, prefill_depth=prefill_depth)
 
     def decode_many(self, jobs, batch_size: int = 1):
         """Decode :class:`~vskip.engine.decode.Job` s ``batch_size`` at a time, yielding (job, result)

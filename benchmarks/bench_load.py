@@ -451,24 +451,25 @@ def plot(record: dict, path: Path) -> None:
 
 
 def write(record: dict, out: Path) -> None:
-    (out / "config.json").write_text(json.dumps({"command": record["command"], "machine": record["machine"]},
-                                                indent=1) + "\n")
+    from vskip.files import write_atomic, write_json
+
+    write_json(out / "config.json", {"command": record["command"], "machine": record["machine"]})
     if "promises" in record:
         from vskip.engine.runtime import machine_id
 
-        (out / "results.json").write_text(json.dumps(record, indent=1) + "\n")
+        write_json(out / "results.json", record)
         rows = "\n".join(f"| {k} | {v} |" for k, v in record["promises"].items())
-        (out / "results.md").write_text(f"| what | value |\n|---|---|\n{rows}\n\nServer: `vskip serve "
+        write_atomic(out / "results.md", f"| what | value |\n|---|---|\n{rows}\n\nServer: `vskip serve "
                                         f"{next(iter(record['vskip'].values()))}`; {record['max_tokens']} tokens a "
                                         f"stream at most.\n\nMachine: {machine_id(record['machine'])}\n")
         return
     if "stall_runs" in record:
         from vskip.engine.runtime import machine_id
 
-        (out / "results.json").write_text(json.dumps(record, indent=1) + "\n")
+        write_json(out / "results.json", record)
         lc = record.get("llamacpp")
-        (out / "results.md").write_text(
-            stall_table(record) + f"\nMedians over the repeats [min, max]. {record['stall_streams']} streams (at most "
+        write_atomic(
+            out / "results.md", stall_table(record) + f"\nMedians over the repeats [min, max]. {record['stall_streams']} streams (at most "
             f"{record['stall_stream_tokens']} tokens each) decoding when one prompt of {record['stall']} tokens "
             f"arrives (8 tokens asked of it); vskip servers: "
             + "; ".join(f"{k}: `vskip serve {v}`" for k, v in record["vskip"].items())
@@ -480,9 +481,30 @@ def write(record: dict, out: Path) -> None:
         for r in run["requests"]:
             r.pop("stamps", None), r.pop("t0", None)
             r["itl"] = [round(g, 6) for g in r["itl"]]  # microseconds
-    (out / "results.json").write_text(json.dumps(record, separators=(",", ":")) + "\n")
-    (out / "results.md").write_text(table(record))
+    write_atomic(out / "results.json", json.dumps(record, separators=(",", ":")) + "\n")
+    write_atomic(out / "results.md", table(record))
     plot(record, out / "load.png")
+
+
+def check_args(a) -> None:
+    """One line naming what is wrong, before any server starts."""
+    names = set()
+    for v in a.vskip:
+        name, eq, _ = v.partition("=")
+        if not eq or not name or name == LLAMACPP:
+            raise SystemExit(f"--vskip {v!r}: expected NAME=FLAGS, NAME not {LLAMACPP!r}")
+        names.add(name)
+    for cfg in a.configs.split(","):
+        server, _, policy = cfg.partition(":")
+        if cfg != LLAMACPP and (server not in names or policy not in POLICIES):
+            raise SystemExit(f"--configs: {cfg!r} is neither {LLAMACPP} nor SERVER:POLICY with SERVER a --vskip name "
+                             f"({', '.join(sorted(names)) or 'none given'}) and POLICY one of {', '.join(POLICIES)}")
+    try:
+        levels = [int(x) for x in a.levels.split(",")]
+    except ValueError:
+        raise SystemExit(f"--levels {a.levels!r}: expected whole numbers separated by commas") from None
+    if min(levels) < 1 or a.per_client < 1 or a.repeats < 1 or a.max_tokens < 1:
+        raise SystemExit("--levels, --per-client, --repeats and --max-tokens must be at least 1")
 
 
 def main(argv=None) -> int:
@@ -512,10 +534,13 @@ def main(argv=None) -> int:
     a.argv = argv if argv is not None else sys.argv[1:]
     out = Path(a.out)
     if a.summary:
-        write(json.loads((out / "results.json").read_text()), out)
+        from vskip.files import read_json
+
+        write(read_json(out / "results.json", "a results file of bench_load.py"), out)
         return 0
     if not a.vskip and any(c != LLAMACPP for c in a.configs.split(",")):
         a.vskip = ["vskip="]
+    check_args(a)
     out.mkdir(parents=True, exist_ok=True)
     record = run(a)
     write(record, out)

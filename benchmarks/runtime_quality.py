@@ -79,7 +79,9 @@ def main(argv=None) -> int:
                                       "native_only": gain, "reference_only": loss,
                                       "mcnemar_p": float(binomtest(gain, gain + loss).pvalue) if gain + loss else 1.0}}
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(out, indent=1) + "\n")
+    from vskip.files import write_json
+
+    write_json(a.out, out)
     d = out["native_minus_reference"]
     print(f"{a.task}, {len(common)} tasks: reference pass@1 {r.mean():.4f} ({r.sum()}), native {n.mean():.4f} ({n.sum()}); "
           f"native - reference {d['difference']:+.4f} [{lo:+.4f}, {hi:+.4f}], {gain} tasks passed by native alone, "

@@ -205,6 +205,34 @@ def test_strict_sdd_equals_its_own_ar_on_the_native_verifier(model):
         assert skip.skipped_rounds > 0 and skip.tokens == ar.tokens
 
 
+def test_the_lossless_check_goes_red_when_a_forward_depends_on_what_else_it_holds(model, monkeypatch):
+    """The check above, against a forward whose logits shift with its number of rows (as a kernel
+    that sums in another order for a wider call would): Strict SDD then no longer equals ar."""
+    from vskip.engine.decode import DecodeConfig, decode
+    from vskip.engine.models.native.verifier import NativeVerifier
+    from vskip.engine.policy import PolicyConfig
+
+    _, net = model
+    ver = NativeVerifier(net, eos_ids=[V - 1])
+    honest = net.forward
+
+    def wider_differs(cache, slots, tokens, *a, **kw):
+        h, z = honest(cache, slots, tokens, *a, **kw)
+        if z is not None and len(tokens) > 1:
+            z = z + torch.linspace(0.0, 3.0, z.shape[-1])  # a shift that grows across the vocabulary
+        return h, z
+
+    cfg = DecodeConfig(gamma=8, max_new_tokens=40)
+    ids = torch.randint(0, V - 1, (12,), generator=torch.Generator().manual_seed(0)).tolist()
+    ar = decode(ids, None, ver, PolicyConfig(name="ar"), cfg)
+    assert decode(ids, Oracle(len(ids), ar.tokens, 0.25), ver, PolicyConfig(name="strict"), cfg).tokens == ar.tokens
+    monkeypatch.setattr(net, "forward", wider_differs)
+    ver.reset()
+    ar_bad = decode(ids, None, ver, PolicyConfig(name="ar"), cfg)
+    strict_bad = decode(ids, Oracle(len(ids), ar_bad.tokens, 0.25), ver, PolicyConfig(name="strict"), cfg)
+    assert strict_bad.tokens != ar_bad.tokens
+
+
 def test_batched_decodes_equal_batch_one_on_the_native_verifier(model):
     from vskip.engine.decode import DecodeConfig, Job, decode, decode_many
     from vskip.engine.models.native.verifier import NativeVerifier

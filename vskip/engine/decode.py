@@ -205,12 +205,12 @@ class Loop:
         steps = {}
         if self.prefill_chunk is not None:
             self._prefill(steps)
-        active = {slot: d for slot, d in self.active.items() if not d.unread}
-        crowded = self.draft_max_batch is not None and len(active) > self.draft_max_batch
-        blocks = self.models.draft({slot: d for slot, d in active.items()
+        ready = {slot: d for slot, d in self.active.items() if not d.unread}  # their prompts read
+        crowded = self.draft_max_batch is not None and len(ready) > self.draft_max_batch
+        blocks = self.models.draft({slot: d for slot, d in ready.items()
                                     if d.drafter is not None and not (crowded and d.exact)})
         asks = {}
-        for slot, d in list(active.items()):
+        for slot, d in ready.items():
             asks[slot] = self._own(slot, steps, d.plan, *blocks.get(slot, (None, 0, 0)))
         active = self.active
         asks = {s: a for s, a in asks.items() if s in active}

@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
-# Build llama.cpp's llama-server, llama-bench and llama-cli (CPU only, -march=native) from the
-# llama.cpp source vendored in the llama-cpp-python sdist, cached per CPU.
+# Build llama.cpp's llama-server, llama-bench and llama-cli (CPU only) from the llama.cpp source
+# vendored in the llama-cpp-python sdist, cached per CPU and ISA level.
 #   scripts/llamacpp.sh         build if needed; last stdout line is the bin directory
 #   scripts/llamacpp.sh path    print the bin directory if already built (exit 1 otherwise)
-# Env: LLAMA_CPP_PYTHON_VERSION (default 0.3.36), VSKIP_CACHE, XDG_CACHE_HOME,
+# Env: LLAMA_CPP_ISA: x86 ISA level to compile for (both commands honour it; unknown value: exit 2):
+#        native      -march=native (default; bin dir <cache>/<version>-<cpu key>/bin)
+#        avx2        AVX2+FMA+F16C (+SSE4.2) only: no AVX512, AVX-VNNI, AMX or BMI2
+#        avxvnni     avx2 + AVX-VNNI
+#        avx512vnni  avx2 + AVX512F/CD/VL/DQ/BW + AVX512-VNNI (no VBMI, BF16, AMX)
+#        portable    no x86 SIMD options at all (compiler's baseline, SSE2 on x86-64)
+#      a non-native level gets bin dir <cache>/<version>-<cpu key>-isa-<level>/bin;
+#      LLAMA_CPP_PYTHON_VERSION (default 0.3.36), VSKIP_CACHE, XDG_CACHE_HOME,
 #      LLAMA_CPP_BUILD_NUMBER (llama.cpp "bNNNN" number to stamp, default 0; the sdist's git is shallow).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +26,33 @@ cpu_key() {
     grep -m1 -E '^(flags|Features)' /proc/cpuinfo | cut -d: -f2- | tr ' ' '\n' | sed '/^$/d' | sort -u || true
   } | sha256sum | cut -c1-12
 }
-BIN="$ROOT/$VERSION-$(cpu_key)/bin"
+
+# ISA level: CPU-backend cmake options (names from this llama.cpp's ggml/CMakeLists.txt). Every x86
+# option is set explicitly, since with GGML_NATIVE=OFF the SSE4.2/AVX/AVX2/BMI2/FMA/F16C ones default ON.
+ISA="${LLAMA_CPP_ISA:-native}"
+X86_OPTS=(GGML_SSE42 GGML_AVX GGML_AVX2 GGML_BMI2 GGML_FMA GGML_F16C GGML_AVX_VNNI GGML_AVX512
+  GGML_AVX512_VBMI GGML_AVX512_VNNI GGML_AVX512_BF16 GGML_AMX_TILE GGML_AMX_INT8 GGML_AMX_BF16)
+AVX2_ON=(GGML_SSE42 GGML_AVX GGML_AVX2 GGML_FMA GGML_F16C)
+case "$ISA" in
+  native)     ISA_ON=() ;;
+  avx2)       ISA_ON=("${AVX2_ON[@]}") ;;
+  avxvnni)    ISA_ON=("${AVX2_ON[@]}" GGML_AVX_VNNI) ;;
+  avx512vnni) ISA_ON=("${AVX2_ON[@]}" GGML_AVX512 GGML_AVX512_VNNI) ;;
+  portable)   ISA_ON=() ;;
+  *) echo "llamacpp: unknown LLAMA_CPP_ISA '$ISA' (native|avx2|avxvnni|avx512vnni|portable)" >&2; exit 2 ;;
+esac
+ISA_OPTS=(-DGGML_CPU_ALL_VARIANTS=OFF -DGGML_BACKEND_DL=OFF)
+if [ "$ISA" = native ]; then
+  KEY="$VERSION-$(cpu_key)"
+  ISA_OPTS+=(-DGGML_NATIVE=ON)
+else
+  KEY="$VERSION-$(cpu_key)-isa-$ISA"
+  ISA_OPTS+=(-DGGML_NATIVE=OFF)
+  for o in "${X86_OPTS[@]}"; do
+    if [[ " ${ISA_ON[*]} " == *" $o "* ]]; then ISA_OPTS+=("-D$o=ON"); else ISA_OPTS+=("-D$o=OFF"); fi
+  done
+fi
+BIN="$ROOT/$KEY/bin"
 
 # A bin dir is moved into place only once complete, so any llama-* in it means a finished build.
 built() { compgen -G "$BIN/llama-*" >/dev/null; }
@@ -41,7 +74,7 @@ if [ ! -f "$SDIST" ]; then
 fi
 
 # 2. Unpack into a build dir outside the repo (kept on failure so a rerun resumes the compile).
-WORK="$ROOT/build/$VERSION-$(cpu_key)"
+WORK="$ROOT/build/$KEY"
 SRC="$WORK/src/llama_cpp_python-$VERSION"
 mkdir -p "$WORK/src"
 [ -d "$SRC/vendor/llama.cpp" ] || tar -xzf "$SDIST" -C "$WORK/src"
@@ -51,10 +84,11 @@ COMMIT="$({ [ -e "$LLAMA/.git" ] && git -C "$LLAMA" rev-parse --short=9 HEAD 2>/
   sed -n "/^## \[$VERSION\]/,/^## \[/p" "$SRC/CHANGELOG.md" | grep -om1 'llama\.cpp@[0-9a-f]*' | cut -d@ -f2 || true)"
 echo "llamacpp: llama-cpp-python $VERSION vendors llama.cpp ${COMMIT:-unknown}" >&2
 
-# 3. Configure: Release, native CPU, static binaries, no GPU backends, no curl/openssl, no web UI download.
+# 3. Configure: Release, native CPU or the chosen ISA level, static binaries, no GPU backends,
+#    no curl/openssl, no web UI download.
 CMAKE_OPTS=(
   -DCMAKE_BUILD_TYPE=Release
-  -DGGML_NATIVE=ON
+  "${ISA_OPTS[@]}"
   -DLLAMA_CURL=OFF
   -DLLAMA_OPENSSL=OFF
   -DLLAMA_USE_PREBUILT_UI=OFF

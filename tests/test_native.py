@@ -1,10 +1,16 @@
 """The native runtime (vskip/engine/models/native): its blocks read as llama.cpp writes them, its
 products equal the arithmetic they stand for, every row computes the same numbers whatever else a
-forward holds (bit for bit), a Llama or Qwen2 body close to transformers' float32 forward, and
-Strict SDD equal to its own ar on tiny models and (marked ``model``) on the embedded pair."""
+forward holds (bit for bit), every variant (ISA) this machine runs, and ARM64's under an emulator
+where one is installed, computes the same bits, a Llama or Qwen2 body close to transformers'
+float32 forward, and Strict SDD equal to its own ar on tiny models and (marked ``model``) on the
+embedded pair. These run on any CPU with a C++ compiler: the variant is the best this CPU runs
+(``$VSKIP_NATIVE_ISA`` to force one), the portable one at worst."""
 
 import ctypes
 import os
+import platform
+import sys
+from pathlib import Path
 
 import fakes
 import numpy as np
@@ -15,6 +21,7 @@ from vskip.engine.models.native.build import unsupported_reason
 
 pytestmark = pytest.mark.skipif(unsupported_reason() is not None, reason=str(unsupported_reason()))
 THREADS = int(os.environ.get("VSKIP_TEST_THREADS", "1"))
+sys.path.insert(0, str(Path(__file__).with_name("native")))  # probe.py: a variant run outside Python
 
 
 def fake_quant(x):
@@ -429,3 +436,121 @@ def test_llamacpp_configurations_refuse_before_any_model_loads(monkeypatch, tmp_
         llamacpp.check_available(["llamacpp"], str(tmp_path))
     # a comparison recorded before the native runtime existed was decoded with transformers
     assert _fill_placement({"runtime": {"device": "cpu"}})["runtime"]["verifier_runtime"] == "transformers"
+
+
+# --- the same bits on every CPU -------------------------------------------------------------------
+
+def _calls(seed=0, n_prompt=23):
+    """A prompt, then one call of each size 1..9 continuing it (the rows a verification holds)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, V - 1, (n_prompt + 45,), generator=g).tolist()
+    calls, at = [(ids[:n_prompt], list(range(n_prompt)))], n_prompt
+    for n in range(1, 10):
+        calls.append((ids[at: at + n], list(range(at, at + n))))
+        at += n
+    return calls
+
+
+def _logits(net, calls) -> np.ndarray:
+    cache = net.new_cache(1)
+    return torch.cat([net.forward(cache, [0] * len(t), t, p)[1] for t, p in calls]).numpy()
+
+
+def test_variants_are_chosen_from_the_cpu_and_refused_where_it_cannot_run_them(monkeypatch):
+    from vskip.engine.models.native import build
+
+    v3 = {"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm"}
+    assert build.runnable(v3, "x86_64") == ["avx2", "portable"]
+    assert build.runnable(v3 | {"avx_vnni"}, "x86_64")[0] == "avxvnni"
+    skx = v3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni"}
+    assert build.runnable(skx, "x86_64")[0] == "avx512vnni"
+    assert build.runnable({"avx", "sse4_2"}, "x86_64") == ["portable"]
+    assert build.runnable({"asimd", "asimddp"}, "aarch64") == ["neon-dotprod", "neon", "portable"]
+    assert build.runnable({"asimd"}, "aarch64") == ["neon", "portable"]
+    assert build.cannot_run("avx512vnni", skx - {"avx512_vnni"}, "x86_64").endswith("it lacks avx512_vnni")
+    assert "aarch64" in build.cannot_run("neon", v3, "x86_64")
+    monkeypatch.setenv(build.ENV, "sse9")
+    with pytest.raises(build.NativeUnavailable, match="VSKIP_NATIVE_ISA=sse9: 'sse9' is not a variant"):
+        build.chosen_isa()
+    monkeypatch.setenv(build.ENV, "portable")
+    assert build.chosen_isa() == "portable" and build.unsupported_reason() is None
+
+
+def test_a_variant_the_cpu_cannot_run_is_refused_in_one_line_before_any_model_loads(monkeypatch):
+    from vskip.engine.models.config import ModelConfig
+    from vskip.engine.models.native import build
+    from vskip.engine.runtime import resolve_runtime, runtime_name
+    from vskip.study.door import runtime_of
+
+    other = "neon" if build.machine_arch() == "x86_64" else "avx2"
+    monkeypatch.setenv(build.ENV, other)
+    with pytest.raises(ValueError, match=f"VSKIP_NATIVE_ISA={other}: the {other} variant runs on"):
+        runtime_of(ModelConfig(device="cpu"))
+    monkeypatch.setenv(build.ENV, "portable")
+    assert runtime_name(resolve_runtime("cpu", verifier_runtime="native")) == "native portable"
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_every_variant_this_cpu_runs_computes_the_same_bits(kind):
+    """Logits of a prompt and of calls of 1..9 rows, bit for bit, on every variant here (portable,
+    and on x86-64 avx2 and up as the CPU allows)."""
+    from vskip.engine.models.native.build import runnable
+    from vskip.engine.models.native.model import from_hf_model
+
+    net = from_hf_model(tiny(kind), THREADS)
+    calls = _calls()
+    variants = runnable()
+    assert "portable" in variants and len(variants) >= (2 if platform.machine() == "x86_64" else 1)
+    got = {}
+    for isa in variants:
+        net.isa = isa
+        got[isa] = _logits(net, calls)
+    for isa in variants[1:]:
+        assert np.array_equal(got[isa], got[variants[0]]), (isa, variants[0])
+
+
+def test_the_same_bits_check_goes_red_when_one_variant_sums_in_another_order(monkeypatch):
+    """The comparison above, against a build of this CPU's variant whose 16-lane sums (norms,
+    softmax) run left to right instead of the fixed tree: its logits differ, so the check sees it."""
+    from vskip.engine.models.native import build
+    from vskip.engine.models.native.model import from_hf_model
+
+    net = from_hf_model(tiny("llama"), THREADS)
+    calls = _calls()
+    honest = _logits(net, calls)
+    altered = build.library(build.chosen_isa(), ("-DVSKIP_TEST_OTHER_REDUCTION",))
+    monkeypatch.setattr(build, "library", lambda *a, **k: altered)
+    other = _logits(net, calls)
+    assert np.allclose(other, honest, rtol=1e-3, atol=1e-3)  # the same model, summed otherwise
+    assert not np.array_equal(other, honest)
+
+
+@pytest.mark.parametrize("variant", ["neon-dotprod", "neon"])
+def test_arm64_variants_compute_the_same_bits_under_an_emulator(variant, tmp_path):
+    """ARM64's kernels, cross-compiled and run under qemu on the tiny model: the same logits as
+    this machine's (.ci/run installs the cross compiler and qemu where it can)."""
+    import probe
+    from vskip.engine.models.native.model import from_hf_model
+
+    if platform.machine() == "aarch64":
+        pytest.skip("an ARM64 machine runs its variants natively (the test above)")
+    if probe.cross_tools("aarch64") is None:
+        pytest.skip("no aarch64 cross compiler and qemu-aarch64-static here (apt: g++-aarch64-linux-gnu qemu-user-static)")
+    net = from_hf_model(tiny("qwen2"), THREADS)
+    calls = _calls(seed=1)
+    probe.write(tmp_path / "model.bin", net, calls)
+    isa, z = probe.run(variant, tmp_path / "model.bin", tmp_path / "logits.bin", tmp_path)
+    assert isa == variant
+    assert np.array_equal(z, _logits(net, calls).ravel())
+
+
+def test_auto_falls_back_in_one_line_where_no_compiler_is_found(monkeypatch, capsys):
+    from vskip.engine.models.config import ModelConfig
+    from vskip.study.door import runtime_of
+
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    assert runtime_of(ModelConfig(device="cpu")).verifier_runtime == "transformers"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no-such-compiler-here not found" in err[0] and "float32 transformers" in err[0]
+    with pytest.raises(ValueError, match="--runtime native: .*no-such-compiler-here not found"):
+        runtime_of(ModelConfig(device="cpu", runtime="native"))

@@ -45,3 +45,13 @@ def cxx() -> str:
 
 def llama_server() -> str | None:
     return os.environ.get("VSKIP_LLAMA_SERVER") or None
+
+
+def native_isa() -> str | None:
+    """The native runtime's variant asked for by name (``VSKIP_NATIVE_ISA``; None or ``auto``: the CPU's best)."""
+    return os.environ.get("VSKIP_NATIVE_ISA", "").strip() or None
+
+
+def llamacpp_isa() -> str:
+    """The ISA level of the llama.cpp build ``scripts/llamacpp.sh`` finds (``LLAMA_CPP_ISA``, default ``native``)."""
+    return os.environ.get("LLAMA_CPP_ISA", "").strip() or "native"

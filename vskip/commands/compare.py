@@ -128,7 +128,10 @@ def cmd_compare(a) -> int:
 
 
 def _verifier_name(runtime) -> str:
-    return "native (int8 kernels on the GGUF blocks)" if runtime.verifier_runtime == "native" else runtime.dtype
+    from ..engine.runtime import runtime_name
+
+    return f"{runtime_name(runtime)} (int8 kernels on the GGUF blocks)" if runtime.verifier_runtime == "native" \
+        else runtime.dtype
 
 
 def _drafter_name(runtime) -> str:

@@ -102,10 +102,12 @@ class Runtime:
 
 
 def runtime_name(runtime: Runtime) -> str:
-    """The verifier's runtime as results name it: ``native`` (vskip's int8 kernels on the GGUF or
-    Q8_0 blocks, AVX512-VNNI) or ``transformers <dtype>``."""
+    """The verifier's runtime as results name it: ``native <variant>`` (vskip's int8 kernels on the
+    GGUF or Q8_0 blocks, built for this CPU's instruction set: ``native avx2``) or ``transformers <dtype>``."""
     if runtime.verifier_runtime == "native":
-        return "native"
+        from .models.native.build import chosen_isa
+
+        return f"native {chosen_isa()}"
     return f"transformers {runtime.dtype}"
 
 

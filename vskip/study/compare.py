@@ -138,13 +138,18 @@ def settings_record(task: str, max_new: int, runtime, models, variants, predicto
     (``fixed``, with the prompts decoded side by side, ``batch_size``) and each configuration's own."""
     from dataclasses import asdict
 
+    from .llamacpp import build_level
+
+    level = build_level()
     configs = {v.name: {"policy": v.policy, "lookup": v.lookup, "steps": v.steps,
                         "decode": asdict(v.decode) if v.decode is not None else None,
                         **({"params": dict(v.params)} if v.params else {}),
                         **({"cache": v.cache} if v.cache is not None else {}),
                         **({"predictor": v.predictor} if v.predictor else {}),
                         **({"drafter": v.drafter} if v.drafter else {}),
-                        **({"engine": v.engine} if v.engine else {})} for v in variants}
+                        **({"engine": v.engine} if v.engine else {}),
+                        **({"llamacpp_isa": level} if v.engine == "llamacpp" and level != "native" else {})}
+               for v in variants}
     return {"fixed": {"task": task, "max_new_tokens": max_new, "runtime": asdict(runtime), "models": asdict(models),
                       **({"predictor": str(predictor)} if predictor else {}), "batch_size": batch_size},
             "configs": configs}

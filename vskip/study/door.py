@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from typing import Sequence
 
 from ..engine.models.config import ModelConfig
@@ -35,13 +36,23 @@ def runtime_of(models: ModelConfig):
     from dataclasses import replace
 
     from ..engine.models.load import native_reason
+    from ..engine.models.native.build import ENV as ISA_ENV
 
     reason = native_reason(models.verifier, models.drafter)
     if reason is None:
         return replace(base, verifier_runtime="native")
-    if choice == "native":
-        raise ValueError(f"--runtime native: {reason}")
+    if choice == "native" or reason.startswith(ISA_ENV):  # a variant asked for by name is never swapped
+        raise ValueError(f"--runtime {choice}: {reason}")
+    if "compiler" in reason:
+        _say_once(f"vskip: the native runtime is not used: {reason}; the verifier runs on float32 transformers")
     return base
+
+
+@lru_cache(maxsize=None)
+def _say_once(line: str) -> None:
+    import sys
+
+    print(line, file=sys.stderr)
 
 
 def open_models(models: ModelConfig, need_drafter: bool = True, budget: tuple | None = None, runtime=None):

@@ -29,4 +29,6 @@ def declare(lib: C.CDLL) -> C.CDLL:
     lib.vs_forward.restype = C.c_int
     lib.vs_matmul.argtypes = [C.POINTER(QMat), C.c_int, p, p, C.c_int]
     lib.vs_matmul.restype = C.c_int
+    lib.vs_isa.argtypes = []
+    lib.vs_isa.restype = C.c_char_p
     return lib

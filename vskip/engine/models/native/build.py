@@ -1,9 +1,27 @@
 """Compiling the native runtime's kernels for the CPU they run on, once, and loading them.
 
-``kernels.cpp`` is compiled with the system's C++ compiler (``$CXX``, else ``g++``) and
-``-march=native`` into the cache (``$VSKIP_CACHE/native/<key>/``), where the key hashes the source,
-the compiler and the CPU's model and flags: a library built on a CPU with AMX is never loaded on
-one without it. It links the OpenMP runtime torch already loaded, so both share one thread pool.
+``kernels.cpp`` is one forward written over the vector operations of ``simd.h``, which has a
+section per instruction set. A *variant* is one of those sections built with the compiler flags
+of its ISA level:
+
+===============  ==============================================  ====================================
+variant          CPUs                                            needs (``/proc/cpuinfo`` flags)
+===============  ==============================================  ====================================
+``avx512vnni``   Intel Ice Lake and later servers, AMD Zen 4+    x86-64-v4 + avx512_vnni
+``avxvnni``      Intel Alder Lake and later desktops, AMD Zen 5  x86-64-v3 + avx_vnni
+``avx2``         x86-64 since Haswell / Zen 1                    x86-64-v3 (AVX2, FMA, F16C, BMI2)
+``neon-dotprod`` ARM64 with the dot product (Apple M1+,          asimd + asimddp
+                 Graviton 2+, Ampere, Cortex-A76+)
+``neon``         any ARM64                                       asimd
+``portable``     any CPU a C++17 compiler targets                nothing
+===============  ==============================================  ====================================
+
+The best variant this CPU runs is chosen (the order above), unless ``$VSKIP_NATIVE_ISA`` names
+another, which is refused in one line where this CPU cannot run it. Every variant computes the
+same bits for the same rows (``simd.h`` says why; tests/test_native.py checks it). A build lives
+in the cache (``$VSKIP_CACHE/native/<variant>-<key>/``), where the key hashes the sources, the
+flags, the compiler and, for a build tuned to this CPU, the CPU's model and flags. It links the
+OpenMP runtime torch already loaded, so both share one thread pool.
 """
 
 from __future__ import annotations
@@ -11,50 +29,116 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from ....environment import cache_root, cxx
+from ....environment import cache_root, cxx, native_isa
 from ....files import DirLock
 
-SOURCE = Path(__file__).with_name("kernels.cpp")
-#: the CPU flags the kernels use
-REQUIRED_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
-FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+SOURCES = (Path(__file__).with_name("kernels.cpp"), Path(__file__).with_name("simd.h"))
+SOURCE = SOURCES[0]
+#: flags every variant builds with: -ffp-contract=off keeps a * b + c two roundings unless written as an FMA
+COMMON_FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+ENV = "VSKIP_NATIVE_ISA"
+
+_V3 = ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm")
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    arch: str  # "x86_64", "aarch64" or "any"
+    needs: tuple[str, ...]  # /proc/cpuinfo flags (x86) or Features (ARM64)
+    flags: tuple[str, ...]  # compiler flags beyond COMMON_FLAGS
+    macro: str
+
+    def define(self) -> str:
+        return f"-DVSKIP_ISA_{self.macro}"
+
+
+#: best first, per architecture
+VARIANTS = {v.name: v for v in (
+    Variant("avx512vnni", "x86_64", _V3 + ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni"),
+            ("-march=x86-64-v4", "-mavx512vnni"), "AVX512VNNI"),
+    Variant("avxvnni", "x86_64", _V3 + ("avx_vnni",), ("-march=x86-64-v3", "-mavxvnni"), "AVXVNNI"),
+    Variant("avx2", "x86_64", _V3, ("-march=x86-64-v3",), "AVX2"),
+    Variant("neon-dotprod", "aarch64", ("asimd", "asimddp"), ("-march=armv8.2-a+dotprod",), "NEON_DOTPROD"),
+    Variant("neon", "aarch64", ("asimd",), ("-march=armv8-a",), "NEON"),
+    # plain C++: the compiler may vectorize it for the CPU it builds on (without changing a bit:
+    # -ffp-contract=off, no fast-math); std::fma is then one instruction instead of a library call
+    Variant("portable", "any", (), ("-march=native",), "PORTABLE"),
+)}
 
 
 class NativeUnavailable(RuntimeError):
-    """The native runtime cannot run here (no compiler, or a CPU without the instructions it needs)."""
+    """The native runtime cannot run here (no compiler, or a variant this CPU cannot run)."""
 
 
 def cpu_flags() -> tuple[str, set[str]]:
-    """The CPU's model name and flags, from /proc/cpuinfo (empty where there is none)."""
+    """The CPU's model name and flags, from /proc/cpuinfo (empty where there is none; ARM64's
+    ``Features`` line stands for x86's ``flags``)."""
     model, flags = "", set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
-            if key.strip() == "model name" and not model:
+            key = key.strip()
+            if key in ("model name", "Model", "CPU part") and not model:
                 model = value.strip()
-            elif key.strip() == "flags" and not flags:
+            elif key in ("flags", "Features") and not flags:
                 flags = set(value.split())
     except OSError:
         pass
     return model, flags
 
 
+def machine_arch() -> str:
+    m = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
+
+
+def cannot_run(name: str, flags: set[str] | None = None, arch: str | None = None) -> str | None:
+    """Why this CPU cannot run variant ``name``, or None when it can."""
+    if name not in VARIANTS:
+        return f"{name!r} is not a variant of the native runtime (one of {', '.join(VARIANTS)})"
+    v = VARIANTS[name]
+    arch = arch or machine_arch()
+    if v.arch not in ("any", arch):
+        return f"the {name} variant runs on {v.arch} CPUs; this one is {arch}"
+    if flags is None:
+        flags = cpu_flags()[1]
+    missing = [f for f in v.needs if f not in flags]
+    if missing:
+        return f"this CPU cannot run the {name} variant: it lacks {', '.join(missing)}"
+    return None
+
+
+def runnable(flags: set[str] | None = None, arch: str | None = None) -> list[str]:
+    """The variants this CPU runs, best first (``portable`` always last)."""
+    return [n for n in VARIANTS if cannot_run(n, flags, arch) is None]
+
+
+def chosen_isa() -> str:
+    """The variant this process uses: ``$VSKIP_NATIVE_ISA`` where set, else the best this CPU runs."""
+    asked = native_isa()
+    if asked and asked != "auto":
+        reason = cannot_run(asked)
+        if reason:
+            raise NativeUnavailable(f"{ENV}={asked}: {reason}")
+        return asked
+    return runnable()[0]
+
+
 def unsupported_reason() -> str | None:
     """Why the native runtime cannot run on this machine, or None when it can."""
-    import platform
-
-    if platform.machine() not in ("x86_64", "AMD64"):
-        return f"the native runtime needs an x86-64 CPU with AVX512-VNNI (this is {platform.machine()})"
-    _, flags = cpu_flags()
-    missing = [f for f in REQUIRED_FLAGS if f not in flags]
-    if missing:
-        return f"the native runtime needs a CPU with {', '.join(REQUIRED_FLAGS)}; this one lacks {', '.join(missing)}"
+    try:
+        chosen_isa()
+    except NativeUnavailable as e:
+        return str(e)
     if not shutil.which(compiler()):
         return f"the native runtime is compiled on first use and needs a C++ compiler ({compiler()} not found; set CXX)"
     return None
@@ -64,26 +148,41 @@ def compiler() -> str:
     return cxx()
 
 
-def build_key() -> str:
+def compile_flags(name: str, extra: tuple[str, ...] = ()) -> list[str]:
+    v = VARIANTS[name]
+    tune = ["-mtune=native"] if v.arch == "x86_64" and machine_arch() == "x86_64" else []
+    if "-march=native" in v.flags:
+        tune = []
+    return [*COMMON_FLAGS, *v.flags, *tune, v.define(), *extra]
+
+
+def build_key(name: str, extra: tuple[str, ...] = ()) -> str:
     model, flags = cpu_flags()
     try:
         version = subprocess.run([compiler(), "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         version = ""
     h = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), version.encode(), model.encode(),
-                 " ".join(sorted(flags)).encode()):
+    parts = [s.read_bytes() for s in SOURCES] + [" ".join(compile_flags(name, extra)).encode(), version.encode()]
+    if {"-mtune=native", "-march=native"} & set(compile_flags(name, extra)):
+        parts += [model.encode(), " ".join(sorted(flags)).encode()]
+    for part in parts:
         h.update(part)
         h.update(b"\0")
     return h.hexdigest()[:16]
 
 
-def library_path() -> Path:
-    """Where this machine's build of the kernels lives, built there on first use."""
-    reason = unsupported_reason()
+def library_path(name: str | None = None, extra: tuple[str, ...] = ()) -> Path:
+    """Where this machine's build of variant ``name`` (default: :func:`chosen_isa`) lives, built
+    there on first use. ``extra``: more compiler flags (tests build altered variants so)."""
+    name = name or chosen_isa()
+    reason = cannot_run(name)
     if reason:
         raise NativeUnavailable(reason)
-    out = cache_root() / "native" / build_key()
+    if not shutil.which(compiler()):
+        raise NativeUnavailable(f"the native runtime is compiled on first use and needs a C++ compiler "
+                                f"({compiler()} not found; set CXX)")
+    out = cache_root() / "native" / f"{name}-{build_key(name, extra)}"
     lib = out / "libvskip_native.so"
     if lib.exists():
         return lib
@@ -91,8 +190,8 @@ def library_path() -> Path:
         if lib.exists():
             return lib
         tmp = out / f"libvskip_native.so.tmp{os.getpid()}"
-        cmd = [compiler(), *FLAGS, "-o", str(tmp), str(SOURCE)]
-        print("vskip: compiling the native runtime's kernels for this CPU (once)", file=sys.stderr)
+        cmd = [compiler(), *compile_flags(name, extra), "-o", str(tmp), str(SOURCE)]
+        print(f"vskip: compiling the native runtime's kernels ({name}) for this CPU (once)", file=sys.stderr)
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             raise NativeUnavailable(f"compiling the native kernels failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}")
@@ -100,11 +199,15 @@ def library_path() -> Path:
     return lib
 
 
-@lru_cache(maxsize=1)
-def library() -> ctypes.CDLL:
-    """The compiled kernels, loaded (after torch, whose OpenMP runtime they share)."""
+@lru_cache(maxsize=None)
+def library(name: str | None = None, extra: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """The compiled kernels of variant ``name`` (default: :func:`chosen_isa`), loaded (after
+    torch, whose OpenMP runtime they share)."""
     import torch  # noqa: F401 - loads the OpenMP runtime the library links
 
     from .abi import declare
 
-    return declare(ctypes.CDLL(str(library_path())))
+    lib = declare(ctypes.CDLL(str(library_path(name, extra))))
+    built = lib.vs_isa().decode()
+    assert built == (name or chosen_isa()), (built, name)
+    return lib

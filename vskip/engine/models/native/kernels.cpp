@@ -3,9 +3,13 @@
 //
 // Every weight matrix is held in blocks of 32 along its input dimension, as GGUF's Q4_1 and Q8_0
 // hold them: an unsigned value per weight (a nibble for Q4_1, a byte for Q8_0), a float16 scale d
-// and minimum m per block (w = d * (q - offset) + m; offset 128 for signed int8 blocks). Activations are quantized per row in blocks of 32 (a
-// scale per block, as llama.cpp's Q8_1), the block products are summed exactly in int32 (AVX512
-// VNNI), and the blocks are summed in float32 in one fixed order.
+// and minimum m per block (w = d * (q - offset) + m; offset 128 for signed int8 blocks).
+// Activations are quantized per row in blocks of 32 (a scale per block, as llama.cpp's Q8_1), the
+// block products are summed exactly in int32, and the blocks are summed in float32 in one fixed order.
+//
+// This file is written once for every CPU, over the 16-lane operations of simd.h (one section per
+// instruction set, chosen by the VSKIP_ISA_* macro the build defines). Every variant computes the
+// same bits for the same rows: simd.h says why, and tests/test_native.py compares them.
 //
 // Batch invariance, by construction: every number a row produces depends only on that row's input,
 // its position and the keys and values its slot holds below it, never on how many other rows share
@@ -13,14 +17,14 @@
 // whatever the row count (register tiles of rows repeat a row's sequence, they never mix rows), so
 // a verification of n positions writes into the cache, and scores, exactly what n one-token steps
 // would. tests/test_native.py checks it bit for bit.
-#include <immintrin.h>
 #include <math.h>
-#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
 #include <algorithm>
 #include <vector>
+
+#include "simd.h"
 
 extern "C" {
 
@@ -55,26 +59,46 @@ struct Model {
 
 }  // extern "C"
 
-namespace {
+namespace vs {
 
-inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
+// The sum of 16 lanes in one fixed tree: lane i + lane i + 8, then + 4, + 2, + 1.
+inline float hsum(F v) {
+  float t[16];
+  fstore(t, v);
+#ifdef VSKIP_TEST_OTHER_REDUCTION  // a different (equally valid) order, for the test that must see it
+  float s = 0.0f;
+  for (int i = 0; i < 16; ++i) s += t[i];
+  return s;
+#else
+  for (int w = 8; w >= 1; w /= 2)
+    for (int i = 0; i < w; ++i) t[i] = t[i] + t[i + w];
+  return t[0];
+#endif
+}
 
-// e^x for x in float32, |relative error| < 2e-7; a fixed instruction sequence per lane.
-inline __m512 exp512(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 5040);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
+inline float hmax(F v) {  // exact in any order
+  float t[16];
+  fstore(t, v);
+  float m = t[0];
+  for (int i = 1; i < 16; ++i) m = t[i] > m ? t[i] : m;
+  return m;
+}
+
+// e^x for x in float32, |relative error| < 2e-7; a fixed sequence of IEEE operations per lane.
+inline F fexp(F x) {
+  x = fmin(fmax(x, fset(-87.0f)), fset(88.0f));
+  const F n = fround(fmul(x, fset(1.44269504088896341f)));
+  F r = ffma(n, fset(-0.693359375f), x);
+  r = ffma(n, fset(2.12194440e-4f), r);
+  F p = fset(1.0f / 5040);
+  p = ffma(p, r, fset(1.0f / 720));
+  p = ffma(p, r, fset(1.0f / 120));
+  p = ffma(p, r, fset(1.0f / 24));
+  p = ffma(p, r, fset(1.0f / 6));
+  p = ffma(p, r, fset(0.5f));
+  p = ffma(p, r, fset(1.0f));
+  p = ffma(p, r, fset(1.0f));
+  return fmul(p, fpow2(n));
 }
 
 // Quantized activations of up to `rows` rows of K inputs, block-major: block b of row r at
@@ -96,15 +120,13 @@ struct QAct {
 void quantize(QAct& a, int r, const float* x, int K) {
   for (int b = 0; b < K / 32; ++b) {
     const size_t i = (size_t)b * a.rows + r;
-    const __m512 v0 = _mm512_loadu_ps(x + 32 * b), v1 = _mm512_loadu_ps(x + 32 * b + 16);
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    const F v0 = fload(x + 32 * b), v1 = fload(x + 32 * b + 16);
+    const float amax = hmax(fmax(fabs(v0), fabs(v1)));
     const float id = amax > 0 ? 127.0f / amax : 0.0f;
-    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(id)));
-    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(id)));
-    _mm_storeu_si128((__m128i*)(&a.q[i * 32]), _mm512_cvtepi32_epi8(q0));
-    _mm_storeu_si128((__m128i*)(&a.q[i * 32 + 16]), _mm512_cvtepi32_epi8(q1));
+    const int32_t s0 = fquant(fmul(v0, fset(id)), &a.q[i * 32]);
+    const int32_t s1 = fquant(fmul(v1, fset(id)), &a.q[i * 32 + 16]);
     a.d[i] = amax / 127.0f;
-    a.si[i] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    a.si[i] = s0 + s1;
     a.sf[i] = a.d[i] * (float)a.si[i];  // the block minimums meet the quantized activations, as the scales do
   }
 }
@@ -117,76 +139,48 @@ void tile(const QMat& W, int g, const QAct& a, int r0, float* out, int ldo) {
   const uint8_t* wq = W.q + (size_t)g * (W.K / 4) * (NIB ? 32 : 64);
   const uint16_t* wd = W.d + (size_t)g * nb * 16;
   const uint16_t* wm = W.m ? W.m + (size_t)g * nb * 16 : nullptr;
-  const __m512i low = _mm512_set1_epi8(0x0F);
   const size_t rows = a.rows;
   const int8_t* xq = a.q.data() + (size_t)r0 * 32;
   const float* xd = a.d.data() + r0;
   const int32_t* xs = a.si.data() + r0;
   const float* xf = a.sf.data() + r0;
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  F acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = fzero();
   for (int b = 0; b < nb; ++b, xq += rows * 32, xd += rows, xs += rows, xf += rows) {
-    __m512i s[R];
-    for (int r = 0; r < R; ++r) s[r] = _mm512_setzero_si512();
-    if (NIB) {
-      for (int k = 0; k < 4; ++k) {
-        const __m512i v = _mm512_loadu_si512(wq + (size_t)(b * 4 + k) * 64);
-        const __m512i w0 = _mm512_and_si512(v, low), w1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-        for (int r = 0; r < R; ++r) {
-          int32_t x0, x1;
-          memcpy(&x0, xq + r * 32 + k * 8, 4);
-          memcpy(&x1, xq + r * 32 + k * 8 + 4, 4);
-          s[r] = _mm512_dpbusd_epi32(s[r], w0, _mm512_set1_epi32(x0));
-          s[r] = _mm512_dpbusd_epi32(s[r], w1, _mm512_set1_epi32(x1));
-        }
-      }
-    } else {
-      for (int k = 0; k < 8; ++k) {
-        const __m512i w = _mm512_loadu_si512(wq + (size_t)(b * 8 + k) * 64);
-        for (int r = 0; r < R; ++r) {
-          int32_t x4;
-          memcpy(&x4, xq + r * 32 + k * 4, 4);
-          s[r] = _mm512_dpbusd_epi32(s[r], w, _mm512_set1_epi32(x4));
-        }
-      }
-    }
-    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(wd + b * 16)));
+    I s[R];  // the exact sums of (q - offset) x over the block
+    if (NIB) dot_nib<R>(wq + (size_t)b * 256, xq, xs, s);
+    else dot_q8<R>(wq + (size_t)b * 512, xq, xs, s);
+    const F dw = fhalf(wd + b * 16);
     if (wm) {
-      const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(wm + b * 16)));
+      const F mw = fhalf(wm + b * 16);
       for (int r = 0; r < R; ++r) {
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r]), _mm512_mul_ps(dw, _mm512_set1_ps(xd[r])), acc[r]);
-        acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xf[r]), acc[r]);
+        acc[r] = ffma(fcvt(s[r]), fmul(dw, fset(xd[r])), acc[r]);
+        acc[r] = ffma(mw, fset(xf[r]), acc[r]);
       }
     } else {
-      for (int r = 0; r < R; ++r) {
-        const __m512i si = W.offset ? _mm512_sub_epi32(s[r], _mm512_set1_epi32(W.offset * xs[r])) : s[r];
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(si), _mm512_mul_ps(dw, _mm512_set1_ps(xd[r])), acc[r]);
-      }
+      for (int r = 0; r < R; ++r) acc[r] = ffma(fcvt(s[r]), fmul(dw, fset(xd[r])), acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + (size_t)(r0 + r) * ldo + g * 16, acc[r]);
+  for (int r = 0; r < R; ++r) fstore(out + (size_t)(r0 + r) * ldo + g * 16, acc[r]);
+}
+
+template <bool NIB, int R = 1>
+void tile_n(const QMat& W, int g, const QAct& a, int r0, int n, float* out, int ldo) {
+  if constexpr (R < TILE_ROWS) {
+    if (n > R) return tile_n<NIB, R + 1>(W, g, a, r0, n, out, ldo);
+  }
+  tile<R, NIB>(W, g, a, r0, out, ldo);
 }
 
 template <bool NIB>
 void tiles(const QMat& W, int g, const QAct& a, int M, int R, float* out, int ldo) {
-  for (int r0 = 0; r0 < M; r0 += R) {
-    switch (std::min(R, M - r0)) {
-      case 1: tile<1, NIB>(W, g, a, r0, out, ldo); break;
-      case 2: tile<2, NIB>(W, g, a, r0, out, ldo); break;
-      case 3: tile<3, NIB>(W, g, a, r0, out, ldo); break;
-      case 4: tile<4, NIB>(W, g, a, r0, out, ldo); break;
-      case 5: tile<5, NIB>(W, g, a, r0, out, ldo); break;
-      case 6: tile<6, NIB>(W, g, a, r0, out, ldo); break;
-      case 7: tile<7, NIB>(W, g, a, r0, out, ldo); break;
-      default: tile<8, NIB>(W, g, a, r0, out, ldo); break;
-    }
-  }
+  for (int r0 = 0; r0 < M; r0 += R) tile_n<NIB>(W, g, a, r0, std::min(R, M - r0), out, ldo);
 }
 
 // out[r][n] = sum_k W[n][k] x[r][k] for rows 0..M-1; called inside a parallel region.
 void gemm(const QMat& W, const QAct& a, int M, float* out, int ldo) {
   const int G = W.N / 16;
-  const int ntiles = (M + 7) / 8, R = (M + ntiles - 1) / ntiles;  // balanced: 9 rows as 5 + 4, not 8 + 1
+  const int ntiles = (M + TILE_ROWS - 1) / TILE_ROWS, R = (M + ntiles - 1) / ntiles;  // balanced: 9 rows as 5 + 4
 #pragma omp for schedule(static)
   for (int g = 0; g < G; ++g) {
     if (W.nibbles) tiles<true>(W, g, a, M, R, out, ldo);
@@ -195,15 +189,15 @@ void gemm(const QMat& W, const QAct& a, int M, float* out, int ldo) {
 }
 
 void rmsnorm(const float* x, const float* w, float* y, int D, float eps) {
-  __m512 acc = _mm512_setzero_ps();
+  F acc = fzero();
   for (int i = 0; i < D; i += 16) {
-    const __m512 v = _mm512_loadu_ps(x + i);
-    acc = _mm512_fmadd_ps(v, v, acc);
+    const F v = fload(x + i);
+    acc = ffma(v, v, acc);
   }
   const float inv = 1.0f / sqrtf(hsum(acc) / (float)D + eps);
   for (int i = 0; i < D; i += 16) {
-    const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + i), _mm512_set1_ps(inv));
-    _mm512_storeu_ps(y + i, w ? _mm512_mul_ps(v, _mm512_loadu_ps(w + i)) : v);
+    const F v = fmul(fload(x + i), fset(inv));
+    fstore(y + i, w ? fmul(v, fload(w + i)) : v);
   }
 }
 
@@ -218,102 +212,100 @@ void rope(float* x, int hd, const float* cs, const float* sn) {
 }
 
 // The G query heads of one row that share a key-value head, over keys [0, L) of its slot. K is
-// stored in tiles of 16 keys, each transposed ([cap/16][hd][16]), V as [cap][hd]; q holds the G heads' vectors one after another,
-// and out receives them so. `s`: scratch of at least G * (L + 64) floats. Each score is one chain
-// of multiply-adds over the head dimension, each output one over the keys, in that order, however
-// many heads or rows share the work.
+// stored in tiles of 16 keys, each transposed ([cap/16][hd][16]), V as [cap][hd]; q holds the G
+// heads' vectors one after another, and out receives them so. `s`: scratch of at least
+// ATT_HEADS * (L + 64) floats. Each score is one chain of multiply-adds over the head dimension,
+// each output one over the keys, in that order, however many heads or rows share the work. The
+// scores of a tile's keys at or past L are computed from whatever the cache holds there and
+// never used.
 template <int G>
-void attend(const float* q, const float* K, const float* V, int cap, int L, int hd, float scale, float* s,
-            float* out) {
+void attend(const float* q, const float* K, const float* V, int L, int hd, float scale, float* s, float* out) {
   const int stride = L + 64;
-  for (int j0 = 0; j0 < L; j0 += 32) {
-    __m512 a[G][2];
-    __mmask16 mk[2];
-    for (int c = 0; c < 2; ++c) {
-      const int n = std::max(0, std::min(16, L - j0 - 16 * c));
-      mk[c] = (__mmask16)((1u << n) - 1u);
-      for (int g = 0; g < G; ++g) a[g][c] = _mm512_setzero_ps();
-    }
+  for (int j0 = 0; j0 < L; j0 += 32) {  // j0 + 32 <= capacity (a multiple of 64)
+    F a[G][2];
+    for (int g = 0; g < G; ++g) a[g][0] = a[g][1] = fzero();
     const float* t0 = K + (size_t)(j0 / 16) * hd * 16;  // the tiles of keys j0 .. j0 + 15 and the next 16
     const float* t1 = t0 + (size_t)hd * 16;
     for (int d = 0; d < hd; ++d) {
-      const __m512 k0 = _mm512_maskz_loadu_ps(mk[0], t0 + d * 16);
-      const __m512 k1 = _mm512_maskz_loadu_ps(mk[1], t1 + d * 16);
+      const F k0 = fload(t0 + d * 16), k1 = fload(t1 + d * 16);
       for (int g = 0; g < G; ++g) {
-        const __m512 qd = _mm512_set1_ps(q[g * hd + d]);
-        a[g][0] = _mm512_fmadd_ps(qd, k0, a[g][0]);
-        a[g][1] = _mm512_fmadd_ps(qd, k1, a[g][1]);
+        const F qd = fset(q[g * hd + d]);
+        a[g][0] = ffma(qd, k0, a[g][0]);
+        a[g][1] = ffma(qd, k1, a[g][1]);
       }
     }
     for (int g = 0; g < G; ++g)
-      for (int c = 0; c < 2; ++c)
-        _mm512_storeu_ps(s + g * stride + j0 + 16 * c, _mm512_mul_ps(a[g][c], _mm512_set1_ps(scale)));
+      for (int c = 0; c < 2; ++c) fstore(s + g * stride + j0 + 16 * c, fmul(a[g][c], fset(scale)));
   }
   float inv[G];
   for (int g = 0; g < G; ++g) {
     float* sg = s + g * stride;
-    __m512 mx = _mm512_set1_ps(-INFINITY);
+    F mx = fset(-INFINITY);
+    for (int j = 0; j < L; j += 16) mx = fmax(mx, ffirst(fload(sg + j), L - j, fset(-INFINITY)));
+    const F top = fset(hmax(mx));
+    F sum = fzero();
     for (int j = 0; j < L; j += 16) {
-      const __mmask16 m = (__mmask16)((1u << std::min(16, L - j)) - 1u);
-      mx = _mm512_mask_max_ps(mx, m, mx, _mm512_loadu_ps(sg + j));
-    }
-    const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
-    __m512 sum = _mm512_setzero_ps();
-    for (int j = 0; j < L; j += 16) {
-      const __mmask16 m = (__mmask16)((1u << std::min(16, L - j)) - 1u);
-      const __m512 e = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_loadu_ps(sg + j), top)));
-      _mm512_storeu_ps(sg + j, e);
-      sum = _mm512_add_ps(sum, e);
+      const F e = ffirst(fexp(fsub(fload(sg + j), top)), L - j, fzero());
+      fstore(sg + j, e);
+      sum = fadd(sum, e);
     }
     inv[g] = 1.0f / hsum(sum);
   }
-  for (int c0 = 0; c0 < hd; c0 += 64) {  // 4 vectors of the head dimension at a time
+  for (int c0 = 0; c0 < hd; c0 += 64) {  // 4 lane groups of the head dimension at a time
     const int nv = std::min(4, (hd - c0) / 16);
-    __m512 acc[G][4];
+    F acc[G][4];
     for (int g = 0; g < G; ++g)
-      for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_setzero_ps();
+      for (int c = 0; c < 4; ++c) acc[g][c] = fzero();
     for (int j = 0; j < L; ++j) {
       const float* vr = V + (size_t)j * hd + c0;
-      __m512 v[4];
-      for (int c = 0; c < nv; ++c) v[c] = _mm512_loadu_ps(vr + 16 * c);
+      F v[4];
+      for (int c = 0; c < nv; ++c) v[c] = fload(vr + 16 * c);
       for (int g = 0; g < G; ++g) {
-        const __m512 p = _mm512_set1_ps(s[g * stride + j]);
-        for (int c = 0; c < nv; ++c) acc[g][c] = _mm512_fmadd_ps(p, v[c], acc[g][c]);
+        const F p = fset(s[g * stride + j]);
+        for (int c = 0; c < nv; ++c) acc[g][c] = ffma(p, v[c], acc[g][c]);
       }
     }
     for (int g = 0; g < G; ++g)
-      for (int c = 0; c < nv; ++c)
-        _mm512_storeu_ps(out + g * hd + c0 + 16 * c, _mm512_mul_ps(acc[g][c], _mm512_set1_ps(inv[g])));
+      for (int c = 0; c < nv; ++c) fstore(out + g * hd + c0 + 16 * c, fmul(acc[g][c], fset(inv[g])));
   }
 }
 
-// The query heads [h0, h0 + n) of one row, which share one key-value head, in groups the compiler
-// keeps in registers.
-void attend_heads(const float* q, const float* K, const float* V, int cap, int L, int hd, float scale, float* s,
-                  float* out, int n) {
+template <int G = 1>
+void attend_g(int g, const float* q, const float* K, const float* V, int L, int hd, float scale, float* s, float* out) {
+  if constexpr (G < ATT_HEADS) {
+    if (g > G) return attend_g<G + 1>(g, q, K, V, L, hd, scale, s, out);
+  }
+  attend<G>(q, K, V, L, hd, scale, s, out);
+}
+
+// The query heads [h0, h0 + n) of one row, which share one key-value head, ATT_HEADS at a time.
+void attend_heads(const float* q, const float* K, const float* V, int L, int hd, float scale, float* s, float* out,
+                  int n) {
   while (n > 0) {
-    const int g = std::min(n, 4);
-    switch (g) {
-      case 1: attend<1>(q, K, V, cap, L, hd, scale, s, out); break;
-      case 2: attend<2>(q, K, V, cap, L, hd, scale, s, out); break;
-      case 3: attend<3>(q, K, V, cap, L, hd, scale, s, out); break;
-      default: attend<4>(q, K, V, cap, L, hd, scale, s, out); break;
-    }
+    const int g = std::min(n, ATT_HEADS);
+    attend_g(g, q, K, V, L, hd, scale, s, out);
     q += g * hd, out += g * hd, n -= g;
   }
 }
 
-void silu_mul(const float* g, const float* u, float* y, int F) {
-  for (int i = 0; i < F; i += 16) {
-    const __m512 gv = _mm512_loadu_ps(g + i);
-    const __m512 sg = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
-    _mm512_storeu_ps(y + i, _mm512_mul_ps(sg, _mm512_loadu_ps(u + i)));
+void silu_mul(const float* g, const float* u, float* y, int F_) {
+  for (int i = 0; i < F_; i += 16) {
+    const F gv = fload(g + i);
+    const F sg = fdiv(gv, fadd(fset(1.0f), fexp(fsub(fzero(), gv))));
+    fstore(y + i, fmul(sg, fload(u + i)));
   }
 }
 
-}  // namespace
+bool formats_ok(const QMat& W) { return W.nibbles ? W.offset == 0 : (W.offset == 128 && !W.m); }
+
+}  // namespace vs
 
 extern "C" {
+
+using namespace vs;
+
+// The instruction set this build was made for (simd.h).
+const char* vs_isa() { return vs::ISA; }
 
 // One forward over n rows. Row r: token tokens[r] (or, when embeds is not null and tokens[r] < 0,
 // the float vector embeds[r]), at position pos[r], attending to keys [0, kv_len[r]) of the slot
@@ -335,6 +327,11 @@ int vs_forward(const Model* mp, int n, const int64_t* tokens, const float* embed
     maxL = std::max(maxL, kv_len[r]);
   }
   if (logits && !M.head) return -4;
+  for (int l = 0; l < M.n_layers; ++l) {
+    const Layer& Ly = M.layers[l];
+    if (!formats_ok(Ly.qkv) || !formats_ok(Ly.o) || !formats_ok(Ly.gate_up) || !formats_ok(Ly.down)) return -5;
+  }
+  if (logits && !formats_ok(*M.head)) return -5;
   const int Kmax = std::max(std::max(D, F), NQ);
   std::vector<float> h((size_t)n * D), x((size_t)n * D), qkv((size_t)n * NQKV), att((size_t)n * NQ),
       gu((size_t)n * 2 * F), act((size_t)n * F);
@@ -344,7 +341,8 @@ int vs_forward(const Model* mp, int n, const int64_t* tokens, const float* embed
   const float eps = M.eps;
 #pragma omp parallel num_threads(n_threads)
   {
-    std::vector<float> s((size_t)4 * (maxL + 64));
+    const FpEnv fp;
+    std::vector<float> s((size_t)ATT_HEADS * (maxL + 64));
 #pragma omp for schedule(static)
     for (int r = 0; r < n; ++r) {
       float* hr = &h[(size_t)r * D];
@@ -391,7 +389,7 @@ int vs_forward(const Model* mp, int n, const int64_t* tokens, const float* embed
           const int per = H / KV;
           const size_t c = (size_t)cap[r];
           attend_heads(&qkv[(size_t)r * NQKV + k * per * hd], kc[r] + ((size_t)l * KV + k) * hd * c,
-                       vc[r] + ((size_t)l * KV + k) * c * hd, (int)c, kv_len[r], hd, scale, s.data(),
+                       vc[r] + ((size_t)l * KV + k) * c * hd, kv_len[r], hd, scale, s.data(),
                        &att[(size_t)r * NQ + k * per * hd], per);
         }
       }
@@ -435,11 +433,12 @@ int vs_forward(const Model* mp, int n, const int64_t* tokens, const float* embed
 
 // out[r] = W x[r] for M rows of floats x [M][K] (a test and benchmark entry to the product alone).
 int vs_matmul(const QMat* W, int M, const float* x, float* out, int n_threads) {
-  if (W->K % 32 || W->N % 16 || M <= 0) return -1;
+  if (W->K % 32 || W->N % 16 || M <= 0 || !formats_ok(*W)) return -1;
   QAct a;
   a.resize(M, W->K);
 #pragma omp parallel num_threads(n_threads)
   {
+    const FpEnv fp;
 #pragma omp for schedule(static)
     for (int r = 0; r < M; ++r) quantize(a, r, x + (size_t)r * W->K, W->K);
     gemm(*W, a, M, out, W->N);

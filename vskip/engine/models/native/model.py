@@ -72,11 +72,9 @@ class Transformer:
         self.embed = embed  # float32 [V, D], (int8 [V, D], float32 [V, D/32]) blocks, or None
         self.head = head
         self.threads = threads
-        hd = shape.head_dim
-        inv = 1.0 / (shape.rope_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
-        ang = np.arange(shape.max_positions, dtype=np.float64)[:, None] * inv[None]
-        self.rope_cos = torch.from_numpy(np.cos(ang).astype(np.float32))
-        self.rope_sin = torch.from_numpy(np.sin(ang).astype(np.float32))
+        #: the kernels' variant this model runs on (None: the one build.chosen_isa() names)
+        self.isa: str | None = None
+        self.rope_cos, self.rope_sin = rope_tables(shape)
         self._struct = self._make_struct()
 
     @property
@@ -122,6 +120,7 @@ class Transformer:
         ``out_rows`` (default: all)."""
         from .build import library
 
+        lib = library(self.isa)
         n = len(tokens)
         assert n == len(positions) == len(slots) and n > 0, (n, len(positions), len(slots))
         pos = np.asarray(positions, dtype=np.int32)
@@ -137,7 +136,7 @@ class Transformer:
         h = torch.empty((len(outs), self.shape.dim), dtype=torch.float32) if hidden else None
         z = torch.empty((len(outs), self.shape.vocab), dtype=torch.float32) if logits else None
         threads = self.threads or torch.get_num_threads()
-        rc = library().vs_forward(ctypes.byref(self._struct), n, tok.ctypes.data, emb.data_ptr() if emb is not None else None,
+        rc = lib.vs_forward(ctypes.byref(self._struct), n, tok.ctypes.data, emb.data_ptr() if emb is not None else None,
                                   pos.ctypes.data, kv.ctypes.data, kp.ctypes.data, vp.ctypes.data, cap.ctypes.data,
                                   len(outs), outs.ctypes.data, h.data_ptr() if h is not None else None,
                                   z.data_ptr() if z is not None else None, threads)
@@ -145,6 +144,25 @@ class Transformer:
             raise ValueError(f"native forward refused its arguments (code {rc}): a position past the context "
                              f"({self.shape.max_positions}), a token outside the vocabulary, or a head it lacks")
         return h, z
+
+
+def rope_tables(shape: Shape) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [max_positions, head_dim/2] of position p times theta^(-2i/hd), float32.
+
+    The C library's float64 functions through Python's ``math`` (within an ulp of the exact value),
+    rounded once to float32, so that two CPUs agree unless a float64 result lies within its last
+    bit of a float32 rounding boundary. numpy's vectorised cos and sin were not used: they take
+    another code path on CPUs with AVX512 (less accurate in the last bits), which made the
+    kernels' inputs, and so their bits, depend on the CPU."""
+    import math
+
+    hd = shape.head_dim
+    inv = [1.0 / math.pow(shape.rope_theta, i / hd) for i in range(0, hd, 2)]
+    cos = [math.cos(p * f) for p in range(shape.max_positions) for f in inv]
+    sin = [math.sin(p * f) for p in range(shape.max_positions) for f in inv]
+    n = (shape.max_positions, hd // 2)
+    return (torch.tensor(cos, dtype=torch.float64).reshape(n).float().contiguous(),
+            torch.tensor(sin, dtype=torch.float64).reshape(n).float().contiguous())
 
 
 class SlotCache:

@@ -57,13 +57,13 @@ def main(argv=None) -> int:
 
     from vskip.engine.models.embedded import gguf_path
     from vskip.engine.models.load import load_pair
-    from vskip.engine.models.native.build import cannot_run, runnable
+    from vskip.engine.models.native.build import parse_variants
     from vskip.engine.runtime import machine, machine_id, resolve_runtime
 
-    variants = a.variants.split(",") if a.variants else runnable()
-    bad = [f"{v}: {cannot_run(v)}" for v in variants if cannot_run(v)]
-    if bad:
-        p.error("; ".join(bad))
+    try:
+        variants = parse_variants(a.variants)
+    except ValueError as e:
+        p.error(str(e))
     levels = [lv.strip() for lv in a.llamacpp.split(",") if lv.strip()]
     unknown = [lv for lv in levels if lv not in LEVELS]
     if unknown:
@@ -116,7 +116,8 @@ def main(argv=None) -> int:
     print(f"machine: {result['machine']['id']}; depth {a.depth}; {a.repeats} repeats of {a.reps} calls; ms (in steps)")
     print("n    " + "".join(f"{name:>24}" for name in names))
     for n in NS:
-        cells = [f"{result['configs'][k]['ms'][str(n)]:7.2f} ({result['configs'][k]['steps'][str(n)]:4.2f})" for k in names]
+        cells = [f"{result['configs'][k]['ms'][str(n)]:7.2f} ({result['configs'][k]['steps'][str(n)]:4.2f})"
+                 for k in names]
         print(f"{n:<5}" + "".join(f"{c:>24}" for c in cells))
     return 0
 

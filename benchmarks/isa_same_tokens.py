@@ -4,10 +4,13 @@ For each variant (``--variants``, default every one this CPU runs) and task, ``v
 --preset default --configs ar,strict`` decodes the first ``--limit`` prompts with that variant
 forced (``VSKIP_NATIVE_ISA``), into ``OUT/<task>-<variant>`` (resumable: a rerun decodes what is
 missing). Then the digests of every prompt's tokens are compared: across variants, configuration
-by configuration, and Strict SDD against ``ar`` within each variant. The verdict goes to
-``OUT/same_tokens.json`` and is printed. Usage::
+by configuration, and Strict SDD against ``ar`` within each variant. ``--reference TASK=DIR`` also
+compares each variant's ``ar`` with the ``ar`` of an earlier comparison of the same prompts (its
+first ``--max-new-tokens`` tokens, where it decoded more): what the kernels computed before they
+ran on every CPU. The verdict goes to ``OUT/same_tokens.json`` and is printed. Usage::
 
-    python benchmarks/isa_same_tokens.py --out docs/results/isa/same
+    python benchmarks/isa_same_tokens.py --out docs/results/isa/same \
+      --reference humaneval=docs/results/runtime/he164-512,mbpp=docs/results/runtime/mbpp200-512
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ from pathlib import Path
 CONFIGS = ("ar", "strict")
 
 
-def rows_of(run: Path) -> dict[tuple[str, str], str]:
-    """(task id, configuration) -> token digest of a comparison directory's first repeat."""
+def rows_of(run: Path, what: str = "digest") -> dict[tuple[str, str], str]:
+    """(task id, configuration) -> token digest (or tokens) of a comparison directory's first repeat."""
     out = {}
     for f in sorted(run.glob("shard-*.jsonl*")):
         raw = gzip.decompress(f.read_bytes()) if f.suffix == ".gz" else f.read_bytes()
@@ -32,7 +35,7 @@ def rows_of(run: Path) -> dict[tuple[str, str], str]:
             if line.strip():
                 r = json.loads(line)
                 if r.get("repeat", 0) == 0:
-                    out[(r["task_id"], r["config"])] = r["digest"]
+                    out[(r["task_id"], r["config"])] = r[what]
     return out
 
 
@@ -44,15 +47,17 @@ def main(argv=None) -> int:
     p.add_argument("--limit", type=int, default=32, help="prompts per task (the first ones)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--reference", default="", help="TASK=DIR,...: earlier comparisons whose ar to compare with")
     a = p.parse_args(argv)
+    refs = dict(x.split("=", 1) for x in a.reference.split(",") if x.strip())
 
-    from vskip.engine.models.native.build import ENV, cannot_run, runnable
+    from vskip.engine.models.native.build import ENV, parse_variants
     from vskip.files import write_json
 
-    variants = a.variants.split(",") if a.variants else runnable()
-    bad = [f"{v}: {cannot_run(v)}" for v in variants if cannot_run(v)]
-    if bad:
-        p.error("; ".join(bad))
+    try:
+        variants = parse_variants(a.variants)
+    except ValueError as e:
+        p.error(str(e))
     tasks = a.tasks.split(",")
     for task in tasks:
         for v in variants:
@@ -78,6 +83,16 @@ def main(argv=None) -> int:
         seen = {v: digests[v].get(key) for v in variants}
         if len(set(seen.values())) != 1:
             result["differing"].append({"task_id": key[0], "config": key[1], "digests": seen})
+    for task, ref_dir in refs.items():
+        ref = {t: tok for (t, c), tok in rows_of(Path(ref_dir), "tokens").items() if c == "ar"}
+        for v in variants:
+            mine = {t: tok for (t, c), tok in rows_of(a.out / f"{task}-{v}", "tokens").items() if c == "ar"}
+            both = sorted(set(mine) & set(ref))
+            # the same text, cut where this decode stopped (its budget, or the end token both reached)
+            same = sum(mine[t] == ref[t][:len(mine[t])] and len(mine[t]) in (a.max_new_tokens, len(ref[t]))
+                       for t in both)
+            by_task = result.setdefault("against_reference", {}).setdefault(task, {"dir": ref_dir})
+            by_task[v] = {"prompts": len(both), "same": same}
     result["compared"] = len(keys)
     result["equal_across_variants"] = len(keys) - len(result["differing"])
     a.out.mkdir(parents=True, exist_ok=True)
@@ -86,6 +101,9 @@ def main(argv=None) -> int:
           f"{', '.join(CONFIGS)}) give the same tokens on every variant ({', '.join(variants)})")
     for v, r in result["by_variant"].items():
         print(f"  {v}: Strict SDD = ar on {r['strict_equals_ar']}/{r['prompts']} prompts")
+    for task, by in result.get("against_reference", {}).items():
+        print(f"  {task}: ar as {by['dir']} decoded it: " + ", ".join(
+            f"{v} {r['same']}/{r['prompts']}" for v, r in by.items() if v != "dir"))
     return 0 if not result["differing"] else 1
 
 

@@ -469,6 +469,9 @@ def test_variants_are_chosen_from_the_cpu_and_refused_where_it_cannot_run_them(m
     assert build.runnable({"asimd"}, "aarch64") == ["neon", "portable"]
     assert build.cannot_run("avx512vnni", skx - {"avx512_vnni"}, "x86_64").endswith("it lacks avx512_vnni")
     assert "aarch64" in build.cannot_run("neon", v3, "x86_64")
+    assert build.parse_variants(" portable ") == ["portable"] and build.parse_variants("") == build.runnable()
+    with pytest.raises(ValueError, match="'sse9' is not a variant"):
+        build.parse_variants("portable,sse9")
     monkeypatch.setenv(build.ENV, "sse9")
     with pytest.raises(build.NativeUnavailable, match="VSKIP_NATIVE_ISA=sse9: 'sse9' is not a variant"):
         build.chosen_isa()
@@ -535,7 +538,8 @@ def test_arm64_variants_compute_the_same_bits_under_an_emulator(variant, tmp_pat
     if platform.machine() == "aarch64":
         pytest.skip("an ARM64 machine runs its variants natively (the test above)")
     if probe.cross_tools("aarch64") is None:
-        pytest.skip("no aarch64 cross compiler and qemu-aarch64-static here (apt: g++-aarch64-linux-gnu qemu-user-static)")
+        pytest.skip("no aarch64 cross compiler and qemu-aarch64-static here "
+                    "(apt: g++-aarch64-linux-gnu qemu-user-static)")
     net = from_hf_model(tiny("qwen2"), THREADS)
     calls = _calls(seed=1)
     probe.write(tmp_path / "model.bin", net, calls)
@@ -554,3 +558,57 @@ def test_auto_falls_back_in_one_line_where_no_compiler_is_found(monkeypatch, cap
     assert len(err) == 1 and "no-such-compiler-here not found" in err[0] and "float32 transformers" in err[0]
     with pytest.raises(ValueError, match="--runtime native: .*no-such-compiler-here not found"):
         runtime_of(ModelConfig(device="cpu", runtime="native"))
+
+
+@pytest.mark.model
+def test_every_variant_decodes_the_same_tokens_on_the_embedded_pair(native_pair):
+    """The decodes users see, on every variant this CPU runs: ar, Strict SDD with the real drafter
+    (on the same kernels), and a skipping policy, whose text follows the drafter's bits too."""
+    from vskip.bench import tasks
+    from vskip.engine.decode import DecodeConfig, decode
+    from vskip.engine.models.native.build import runnable
+    from vskip.engine.policy import PolicyConfig
+    from vskip.engine.prompting import encode_chat
+
+    pair = native_pair
+    probs = tasks.load_task("humaneval", ids=["HumanEval/2", "HumanEval/17"])
+    prompts = [encode_chat(pair.tokenizer, tasks.user_prompt(p)) for p in probs]
+    cfg = DecodeConfig(gamma=4, gamma_max=16, min_match=6, trim=0.3, max_new_tokens=32)
+    policies = [PolicyConfig(name="ar"), PolicyConfig(name="strict"),
+                PolicyConfig.make("raw", eta_b=0.6, eta_c=0.6, k_min=2, s_max=16)]
+    got = {}
+    try:
+        for isa in runnable():
+            pair.verifier.net.isa = pair.drafter.net.isa = isa
+            pair.verifier.reset()
+            pair.drafter.reset()
+            got[isa] = [decode(ids, None if pol.name == "ar" else pair.drafter, pair.verifier, pol, cfg).tokens
+                        for ids in prompts for pol in policies]
+    finally:
+        pair.verifier.net.isa = pair.drafter.net.isa = None
+    first = next(iter(got.values()))
+    assert all(tokens == first for tokens in got.values()), {isa: [len(t) for t in v] for isa, v in got.items()}
+    assert first[0] == first[1] and first[3] == first[4]  # Strict SDD = ar on each prompt
+
+
+def test_every_variant_decodes_the_same_tokens_on_tiny_models(model):
+    from vskip.engine.decode import DecodeConfig, decode
+    from vskip.engine.models.native.build import runnable
+    from vskip.engine.models.native.verifier import NativeVerifier
+    from vskip.engine.policy import PolicyConfig
+
+    _, net = model
+    cfg = DecodeConfig(gamma=8, max_new_tokens=40)
+    ids = torch.randint(0, V - 1, (12,), generator=torch.Generator().manual_seed(5)).tolist()
+    got = {}
+    try:
+        for isa in runnable():
+            net.isa = isa
+            ver = NativeVerifier(net, eos_ids=[V - 1])
+            ar = decode(ids, None, ver, PolicyConfig(name="ar"), cfg)
+            strict = decode(ids, Oracle(len(ids), ar.tokens, 0.25), ver, PolicyConfig(name="strict"), cfg)
+            got[isa] = (ar.tokens, strict.tokens)
+    finally:
+        net.isa = None
+    first = next(iter(got.values()))
+    assert first[0] == first[1] and all(v == first for v in got.values())

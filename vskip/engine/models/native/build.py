@@ -122,6 +122,15 @@ def runnable(flags: set[str] | None = None, arch: str | None = None) -> list[str
     return [n for n in VARIANTS if cannot_run(n, flags, arch) is None]
 
 
+def parse_variants(text: str | None) -> list[str]:
+    """Comma-separated variant names, each checked against this CPU (empty: every one it runs)."""
+    names = [v.strip() for v in (text or "").split(",") if v.strip()] or runnable()
+    bad = [reason for v in names if (reason := cannot_run(v))]
+    if bad:
+        raise ValueError("; ".join(bad))
+    return names
+
+
 def chosen_isa() -> str:
     """The variant this process uses: ``$VSKIP_NATIVE_ISA`` where set, else the best this CPU runs."""
     asked = native_isa()

@@ -612,3 +612,17 @@ def test_every_variant_decodes_the_same_tokens_on_tiny_models(model):
         net.isa = None
     first = next(iter(got.values()))
     assert first[0] == first[1] and all(v == first for v in got.values())
+
+
+def test_a_compiler_without_openmp_builds_the_kernels_single_threaded(monkeypatch, tmp_path, capsys):
+    """Apple's clang has no -fopenmp: the kernels then build without it, on one thread, the same bits."""
+    from vskip.engine.models.native import build
+
+    wrapper = tmp_path / "cxx-without-openmp"
+    wrapper.write_text('#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && { echo "unsupported: $a" >&2; exit 1; }; '
+                       'done\nexec g++ "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("CXX", str(wrapper))
+    monkeypatch.setenv("VSKIP_CACHE", str(tmp_path / "cache"))
+    lib = build.library_path("portable")
+    assert lib.exists() and "no OpenMP" in capsys.readouterr().err

@@ -93,7 +93,17 @@ def cpu_flags() -> tuple[str, set[str]]:
                 flags = set(value.split())
     except OSError:
         pass
+    if not flags and machine_arch() == "aarch64":  # macOS: no /proc; Advanced SIMD is part of ARMv8-A
+        flags = {"asimd"} | ({"asimddp"} if _sysctl("hw.optional.arm.FEAT_DotProd") == "1" else set())
+        model = model or _sysctl("machdep.cpu.brand_string")
     return model, flags
+
+
+def _sysctl(key: str) -> str:
+    try:
+        return subprocess.run(["sysctl", "-n", key], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
 
 
 def machine_arch() -> str:
@@ -150,6 +160,10 @@ def unsupported_reason() -> str | None:
         return str(e)
     if not shutil.which(compiler()):
         return f"the native runtime is compiled on first use and needs a C++ compiler ({compiler()} not found; set CXX)"
+    try:  # built here once (cached): a compiler that cannot build it is as good as none
+        library_path()
+    except NativeUnavailable as e:
+        return str(e).splitlines()[0]
     return None
 
 
@@ -199,11 +213,24 @@ def library_path(name: str | None = None, extra: tuple[str, ...] = ()) -> Path:
         if lib.exists():
             return lib
         tmp = out / f"libvskip_native.so.tmp{os.getpid()}"
-        cmd = [compiler(), *compile_flags(name, extra), "-o", str(tmp), str(SOURCE)]
         print(f"vskip: compiling the native runtime's kernels ({name}) for this CPU (once)", file=sys.stderr)
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise NativeUnavailable(f"compiling the native kernels failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}")
+        flags = compile_flags(name, extra)
+        # a compiler without OpenMP (Apple's clang) builds them single-threaded; one that does not
+        # know -march=native builds the portable variant for its default target: the same bits either way
+        tries = [flags, [f for f in flags if f != "-fopenmp"],
+                 [f for f in flags if f not in ("-fopenmp", "-march=native")]]
+        for i, attempt in enumerate(dict.fromkeys(tuple(t) for t in tries)):
+            cmd = [compiler(), *attempt, "-o", str(tmp), str(SOURCE)]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode == 0:
+                if "-fopenmp" not in attempt:
+                    print("vskip: the C++ compiler has no OpenMP: the native kernels run on one thread",
+                          file=sys.stderr)
+                break
+            if i == 0:
+                first = f"compiling the native kernels failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}"
+        else:
+            raise NativeUnavailable(first)
         tmp.rename(lib)
     return lib
 

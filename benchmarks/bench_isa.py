@@ -30,7 +30,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench_runtime import NS, llamacpp_costs, protocol_costs, text_tokens
+from bench_runtime import NS, llamacpp_costs, print_costs, protocol_costs, text_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 LEVELS = ("avx512vnni", "avxvnni", "avx2", "portable", "native")
@@ -113,12 +113,8 @@ def main(argv=None) -> int:
     write_json(a.out / "costs.json", result)
     write_json(a.out / "config.json", {"machine": result["machine"], "command": "python benchmarks/bench_isa.py "
                                        + " ".join(argv if argv is not None else sys.argv[1:])})
-    print(f"machine: {result['machine']['id']}; depth {a.depth}; {a.repeats} repeats of {a.reps} calls; ms (in steps)")
-    print("n    " + "".join(f"{name:>24}" for name in names))
-    for n in NS:
-        cells = [f"{result['configs'][k]['ms'][str(n)]:7.2f} ({result['configs'][k]['steps'][str(n)]:4.2f})"
-                 for k in names]
-        print(f"{n:<5}" + "".join(f"{c:>24}" for c in cells))
+    print(f"machine: {result['machine']['id']}; depth {a.depth}; {a.repeats} repeats of {a.reps} calls")
+    print_costs(result["configs"])
     return 0
 
 

@@ -140,12 +140,16 @@ def main(argv=None) -> int:
     a.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"machine: {result['machine']['id']}; read bandwidth {bw:.1f} GB/s; native weights "
           f"{net.nbytes / 1e6:.1f} MB, step floor {result['native_step_floor_ms']:.2f} ms")
-    print("n      " + "".join(f"{name:>24}" for name in rows))
-    for n in NS:
-        cells = [f"{result['runtimes'][k]['ms'][str(n)]:8.2f} ms ({result['runtimes'][k]['steps'][str(n)]:4.2f} st)"
-                 for k in rows]
-        print(f"{n:<7}" + "".join(f"{c:>24}" for c in cells))
+    print_costs(result["runtimes"])
     return 0
+
+
+def print_costs(by_name: dict[str, dict]) -> None:
+    """A table of each configuration's ms per n, and the same in its own steps."""
+    print("n      " + "".join(f"{name:>24}" for name in by_name))
+    for n in NS:
+        cells = [f"{c['ms'][str(n)]:8.2f} ms ({c['steps'][str(n)]:4.2f} st)" for c in by_name.values()]
+        print(f"{n:<7}" + "".join(f"{c:>24}" for c in cells))
 
 
 if __name__ == "__main__":

@@ -39,6 +39,40 @@ def rows_of(run: Path, what: str = "digest") -> dict[tuple[str, str], str]:
     return out
 
 
+def verdict(out: Path, tasks: list[str], variants: list[str], refs: dict[str, str], max_new: int) -> dict:
+    """What the runs ``out/<task>-<variant>`` say: per variant its decodes and Strict SDD = ar; the
+    (task id, configuration) pairs whose tokens differ between variants; against each reference
+    directory, how many ``ar`` decodes are the same text (the reference cut where this one stopped)."""
+    result = {"variants": variants, "tasks": tasks, "max_new_tokens": max_new, "configs": list(CONFIGS),
+              "by_variant": {}, "differing": []}
+    digests = {v: {} for v in variants}
+    for task in tasks:
+        for v in variants:
+            digests[v] |= rows_of(out / f"{task}-{v}")
+    keys = sorted(set().union(*digests.values()))
+    for v in variants:
+        d = digests[v]
+        prompts = sorted({t for t, _ in d})
+        result["by_variant"][v] = {"decodes": len(d), "prompts": len(prompts),
+                                   "strict_equals_ar": sum(d.get((t, "strict")) == d.get((t, "ar")) for t in prompts)}
+    for key in keys:
+        seen = {v: digests[v].get(key) for v in variants}
+        if len(set(seen.values())) != 1:
+            result["differing"].append({"task_id": key[0], "config": key[1], "digests": seen})
+    for task, ref_dir in refs.items():
+        ref = {t: tok for (t, c), tok in rows_of(Path(ref_dir), "tokens").items() if c == "ar"}
+        for v in variants:
+            mine = {t: tok for (t, c), tok in rows_of(out / f"{task}-{v}", "tokens").items() if c == "ar"}
+            both = sorted(set(mine) & set(ref))
+            # the same text, cut where this decode stopped (its budget, or the end token both reached)
+            same = sum(mine[t] == ref[t][:len(mine[t])] and len(mine[t]) in (max_new, len(ref[t])) for t in both)
+            by_task = result.setdefault("against_reference", {}).setdefault(task, {"dir": ref_dir})
+            by_task[v] = {"prompts": len(both), "same": same}
+    result["compared"] = len(keys)
+    result["equal_across_variants"] = len(keys) - len(result["differing"])
+    return result
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
@@ -67,38 +101,13 @@ def main(argv=None) -> int:
                    "--threads", str(a.threads), "--out", str(run)]
             print(f"isa_same_tokens: {task} on {v}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
             subprocess.run(cmd, check=True, env=os.environ | {ENV: v}, stdout=subprocess.DEVNULL)
-    result = {"variants": variants, "tasks": tasks, "prompts_per_task": a.limit, "max_new_tokens": a.max_new_tokens,
-              "configs": list(CONFIGS), "by_variant": {}, "differing": []}
-    digests = {v: {} for v in variants}
-    for task in tasks:
-        for v in variants:
-            digests[v] |= rows_of(a.out / f"{task}-{v}")
-    keys = sorted(digests[variants[0]])
-    for v in variants:
-        d = digests[v]
-        prompts = sorted({t for t, _ in d})
-        result["by_variant"][v] = {"decodes": len(d), "prompts": len(prompts),
-                                   "strict_equals_ar": sum(d.get((t, "strict")) == d.get((t, "ar")) for t in prompts)}
-    for key in keys:
-        seen = {v: digests[v].get(key) for v in variants}
-        if len(set(seen.values())) != 1:
-            result["differing"].append({"task_id": key[0], "config": key[1], "digests": seen})
-    for task, ref_dir in refs.items():
-        ref = {t: tok for (t, c), tok in rows_of(Path(ref_dir), "tokens").items() if c == "ar"}
-        for v in variants:
-            mine = {t: tok for (t, c), tok in rows_of(a.out / f"{task}-{v}", "tokens").items() if c == "ar"}
-            both = sorted(set(mine) & set(ref))
-            # the same text, cut where this decode stopped (its budget, or the end token both reached)
-            same = sum(mine[t] == ref[t][:len(mine[t])] and len(mine[t]) in (a.max_new_tokens, len(ref[t]))
-                       for t in both)
-            by_task = result.setdefault("against_reference", {}).setdefault(task, {"dir": ref_dir})
-            by_task[v] = {"prompts": len(both), "same": same}
-    result["compared"] = len(keys)
-    result["equal_across_variants"] = len(keys) - len(result["differing"])
+    result = verdict(a.out, tasks, variants, refs, a.max_new_tokens)
+    result["prompts_per_task"] = a.limit
     a.out.mkdir(parents=True, exist_ok=True)
     write_json(a.out / "same_tokens.json", result)
-    print(f"{result['equal_across_variants']}/{result['compared']} decodes ({len(keys) // len(CONFIGS)} prompts x "
-          f"{', '.join(CONFIGS)}) give the same tokens on every variant ({', '.join(variants)})")
+    n = result["compared"] // len(CONFIGS)
+    print(f"{result['equal_across_variants']}/{result['compared']} decodes ({n} prompts x {', '.join(CONFIGS)}) "
+          f"give the same tokens on every variant ({', '.join(variants)})")
     for v, r in result["by_variant"].items():
         print(f"  {v}: Strict SDD = ar on {r['strict_equals_ar']}/{r['prompts']} prompts")
     for task, by in result.get("against_reference", {}).items():

@@ -626,3 +626,17 @@ def test_a_compiler_without_openmp_builds_the_kernels_single_threaded(monkeypatc
     monkeypatch.setenv("VSKIP_CACHE", str(tmp_path / "cache"))
     lib = build.library_path("portable")
     assert lib.exists() and "no OpenMP" in capsys.readouterr().err
+
+
+def test_rotary_tables_are_the_float32_rounding_of_cos_and_sin_without_any_libm():
+    """The tables come from IEEE float64 arithmetic alone (the same bits on every CPU); they agree
+    with numpy's float64 cos and sin to float32's rounding, up to long contexts."""
+    from vskip.engine.models.native.model import Shape, rope_tables
+
+    for theta, hd, n in ((1e4, 16, 512), (1e5, 64, 8192), (1e6, 128, 40000)):
+        cos, sin = rope_tables(Shape(1, 64, 4, 2, hd, 128, 256, 1e-5, theta, n))
+        ang = np.arange(n, dtype=np.float64)[:, None] * theta ** (-np.arange(0, hd, 2) / hd)[None]
+        for got, ref in ((cos, np.cos(ang)), (sin, np.sin(ang))):
+            assert got.dtype == torch.float32 and got.shape == (n, hd // 2)
+            err = np.abs(got.numpy().astype(np.float64) - ref)
+            assert float(err.max()) <= 2.0 ** -24 + 1e-12, (theta, hd, float(err.max()))

@@ -146,23 +146,41 @@ class Transformer:
         return h, z
 
 
+#: pi/2 in three parts (fdlibm's), each with low bits zero, so that k times a part is exact for k < 2^20
+_PIO2 = (1.57079632673412561417e+00, 6.07710050650619224932e-11, 2.02226624879595063154e-21)
+
+
 def rope_tables(shape: Shape) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin [max_positions, head_dim/2] of position p times theta^(-2i/hd), float32.
 
-    The C library's float64 functions through Python's ``math`` (within an ulp of the exact value),
-    rounded once to float32, so that two CPUs agree unless a float64 result lies within its last
-    bit of a float32 rounding boundary. numpy's vectorised cos and sin were not used: they take
-    another code path on CPUs with AVX512 (less accurate in the last bits), which made the
-    kernels' inputs, and so their bits, depend on the CPU."""
-    import math
+    The same bits on every CPU by construction: the frequencies come from Python's ``decimal``
+    (integer arithmetic, 50 digits) rounded once to float64, and the angles' cos and sin from
+    elementwise IEEE float64 operations only (a reduction by pi/2 in three exact parts and two
+    Horner polynomials of degree 19 and 18, within an ulp or two of float64), each rounded once to
+    float32. Neither numpy's vectorised cos and sin (another code path on AVX512 hosts) nor the C
+    library's (its own per platform) enter."""
+    from decimal import Decimal, localcontext
 
     hd = shape.head_dim
-    inv = [1.0 / math.pow(shape.rope_theta, i / hd) for i in range(0, hd, 2)]
-    cos = [math.cos(p * f) for p in range(shape.max_positions) for f in inv]
-    sin = [math.sin(p * f) for p in range(shape.max_positions) for f in inv]
-    n = (shape.max_positions, hd // 2)
-    return (torch.tensor(cos, dtype=torch.float64).reshape(n).float().contiguous(),
-            torch.tensor(sin, dtype=torch.float64).reshape(n).float().contiguous())
+    with localcontext() as ctx:
+        ctx.prec = 50
+        base = Decimal(float(shape.rope_theta))
+        inv = np.array([float(1 / base ** (Decimal(i) / Decimal(hd))) for i in range(0, hd, 2)])
+    a = np.arange(shape.max_positions, dtype=np.float64)[:, None] * inv[None]
+    k = np.rint(a * (2 / np.pi))
+    r = ((a - k * _PIO2[0]) - k * _PIO2[1]) - k * _PIO2[2]  # in [-pi/4, pi/4]
+    r2 = r * r
+    fact = [float(np.prod(np.arange(1, n + 1, dtype=np.float64))) for n in range(20)]  # exact up to 18!
+    ps, pc = np.full_like(r, -1 / fact[19]), np.full_like(r, 1 / fact[18])
+    for j in range(8, -1, -1):
+        ps = ps * r2 + (-1) ** j / fact[2 * j + 1]
+        pc = pc * r2 + (-1) ** j / fact[2 * j]
+    sn, cs = ps * r, pc
+    q = k.astype(np.int64) % 4
+    cos = np.select([q == 0, q == 1, q == 2], [cs, -sn, -cs], sn)
+    sin = np.select([q == 0, q == 1, q == 2], [sn, cs, -sn], -cs)
+    return (torch.from_numpy(np.ascontiguousarray(cos, dtype=np.float32)),
+            torch.from_numpy(np.ascontiguousarray(sin, dtype=np.float32)))
 
 
 class SlotCache:

@@ -619,6 +619,9 @@ def test_vskip_serve_on_the_embedded_pair_matches_vskip_generate_and_stops_clean
             assert proc.poll() is None, (tmp_path / "serve.err").read_text()
             time.sleep(0.1)
         assert url, "the server never said where it listens"
+        from vskip.engine.models.native.build import chosen_isa
+
+        assert f"verifier native {chosen_isa()})" in (tmp_path / "serve.err").read_text()  # what computes it
         client = OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
         model = client.models.list().data[0].id
         messages = [{"role": "user", "content": prompt}]

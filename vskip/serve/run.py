@@ -88,6 +88,16 @@ def make_server(state: ServeState, shutdown_timeout: float, log_level: str = "wa
     return Server(config)
 
 
+def _runtime(verifier) -> str:
+    """What computes the verifier, as results name it (``native avx2``, ``transformers``)."""
+    net = getattr(verifier, "net", None)
+    if net is None or not hasattr(net, "isa"):
+        return "transformers"
+    from ..engine.models.native.build import chosen_isa
+
+    return f"native {net.isa or chosen_isa()}"
+
+
 def serve(state: ServeState, sock: socket.socket, shutdown_timeout: float) -> int:
     """Serve ``state`` on ``sock`` until SIGTERM or SIGINT; 0 after a graceful stop."""
     server = make_server(state, shutdown_timeout)
@@ -97,6 +107,7 @@ def serve(state: ServeState, sock: socket.socket, shutdown_timeout: float) -> in
     host, port = sock.getsockname()[:2]
     engine = state.engine
     print(f"vskip serve: {state.model_name} on http://{host}:{port} (batch {engine.loop.batch_size}, "
-          f"queue {engine.max_queue}, policy {engine.loop.policy.name})", file=sys.stderr, flush=True)
+          f"queue {engine.max_queue}, policy {engine.loop.policy.name}, verifier {_runtime(engine.loop.models.verifier)})",
+          file=sys.stderr, flush=True)
     server.run(sockets=[sock])
     return 0

@@ -640,3 +640,14 @@ def test_rotary_tables_are_the_float32_rounding_of_cos_and_sin_without_any_libm(
             assert got.dtype == torch.float32 and got.shape == (n, hd // 2)
             err = np.abs(got.numpy().astype(np.float64) - ref)
             assert float(err.max()) <= 2.0 ** -24 + 1e-12, (theta, hd, float(err.max()))
+
+
+def test_blocks_of_a_format_the_kernels_do_not_compute_are_refused_when_packed():
+    from vskip.engine.models.native.quant import pack
+
+    d = np.full((16, 1), 0.1, dtype=np.float32)
+    with pytest.raises(ValueError, match="offset 0 with values up to 200"):
+        pack(np.full((16, 32), 200, dtype=np.uint8), d, None, 0)
+    with pytest.raises(ValueError, match="and minimums"):
+        pack(np.full((16, 32), 200, dtype=np.uint8), d, d, 128)
+    assert pack(np.full((16, 32), 15, dtype=np.uint8), d, d, 0).nibbles

@@ -90,12 +90,9 @@ def make_server(state: ServeState, shutdown_timeout: float, log_level: str = "wa
 
 def _runtime(verifier) -> str:
     """What computes the verifier, as results name it (``native avx2``, ``transformers``)."""
-    net = getattr(verifier, "net", None)
-    if net is None or not hasattr(net, "isa"):
-        return "transformers"
-    from ..engine.models.native.build import chosen_isa
+    from ..engine.models.native.verifier import NativeVerifier
 
-    return f"native {net.isa or chosen_isa()}"
+    return f"native {verifier.net.variant}" if isinstance(verifier, NativeVerifier) else "transformers"
 
 
 def serve(state: ServeState, sock: socket.socket, shutdown_timeout: float) -> int:

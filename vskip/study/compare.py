@@ -138,9 +138,9 @@ def settings_record(task: str, max_new: int, runtime, models, variants, predicto
     (``fixed``, with the prompts decoded side by side, ``batch_size``) and each configuration's own."""
     from dataclasses import asdict
 
-    from .llamacpp import build_level
+    from ..environment import llamacpp_isa
 
-    level = build_level()
+    level = llamacpp_isa()  # the llama.cpp build server_binary() finds
     configs = {v.name: {"policy": v.policy, "lookup": v.lookup, "steps": v.steps,
                         "decode": asdict(v.decode) if v.decode is not None else None,
                         **({"params": dict(v.params)} if v.params else {}),

@@ -36,14 +36,19 @@ def runtime_of(models: ModelConfig):
     from dataclasses import replace
 
     from ..engine.models.load import native_reason
-    from ..engine.models.native.build import ENV as ISA_ENV
+    from ..engine.models.native.build import NativeUnavailable, chosen_isa, unsupported_reason
 
-    reason = native_reason(models.verifier, models.drafter)
+    try:
+        chosen_isa()
+    except NativeUnavailable as e:  # a variant asked for by name that this CPU cannot run: never swapped
+        raise ValueError(f"--runtime {choice}: {e}") from None
+    build = unsupported_reason()  # no compiler, or one that cannot build the kernels
+    reason = build or native_reason(models.verifier, models.drafter)
     if reason is None:
         return replace(base, verifier_runtime="native")
-    if choice == "native" or reason.startswith(ISA_ENV):  # a variant asked for by name is never swapped
-        raise ValueError(f"--runtime {choice}: {reason}")
-    if "compil" in reason:  # no compiler, or one that cannot build the kernels
+    if choice == "native":
+        raise ValueError(f"--runtime native: {reason}")
+    if build:
         _say_once(f"vskip: the native runtime is not used: {reason}; the verifier runs on float32 transformers")
     return base
 

@@ -49,14 +49,6 @@ def server_binary() -> Path | None:
     return Path(found) if found else None
 
 
-def build_level() -> str:
-    """The ISA level of the llama.cpp build ``server_binary`` finds: ``$LLAMA_CPP_ISA`` as
-    ``scripts/llamacpp.sh`` reads it (``native``: ``-march=native``; ``avx2`` ...)."""
-    from ..environment import llamacpp_isa
-
-    return llamacpp_isa()
-
-
 def check_available(names, verifier: str | None) -> None:
     """Refuse llama.cpp's configurations ``names`` before any model loads: they decode the embedded
     verifier's GGUF file with a built ``llama-server``."""

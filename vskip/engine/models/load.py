@@ -87,12 +87,8 @@ def _stop_and_special(tok, generation_config) -> tuple[list[int], list[int]]:
 
 
 def native_reason(verifier: str | None, drafter: str | None = None) -> str | None:
-    """Why the native runtime cannot compute this verifier (beside this drafter), or None when it can."""
-    from .native.build import unsupported_reason
-
-    reason = unsupported_reason()
-    if reason:
-        return reason
+    """Why the native runtime cannot compute this verifier (beside this drafter), or None when it
+    can; whether it builds on this machine is :func:`~vskip.engine.models.native.build.unsupported_reason`'s."""
     if verifier not in (None, "", "default", EMBEDDED_VERIFIER):
         from .backbone import read_hf_config
         from .native.model import shape_of_hf

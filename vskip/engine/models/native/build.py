@@ -179,12 +179,17 @@ def compile_flags(name: str, extra: tuple[str, ...] = ()) -> list[str]:
     return [*COMMON_FLAGS, *v.flags, *tune, v.define(), *extra]
 
 
+@lru_cache(maxsize=None)
+def compiler_version(cxx: str) -> str:
+    try:
+        return subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def build_key(name: str, extra: tuple[str, ...] = ()) -> str:
     model, flags = cpu_flags()
-    try:
-        version = subprocess.run([compiler(), "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        version = ""
+    version = compiler_version(compiler())
     h = hashlib.sha256()
     parts = [s.read_bytes() for s in SOURCES] + [" ".join(compile_flags(name, extra)).encode(), version.encode()]
     if {"-mtune=native", "-march=native"} & set(compile_flags(name, extra)):

@@ -78,6 +78,13 @@ class Transformer:
         self._struct = self._make_struct()
 
     @property
+    def variant(self) -> str:
+        """The kernels' variant this model runs on (``avx2``, ...)."""
+        from .build import chosen_isa
+
+        return self.isa or chosen_isa()
+
+    @property
     def vocab(self) -> int:
         return self.shape.vocab
 
@@ -142,7 +149,8 @@ class Transformer:
                                   z.data_ptr() if z is not None else None, threads)
         if rc != 0:
             raise ValueError(f"native forward refused its arguments (code {rc}): a position past the context "
-                             f"({self.shape.max_positions}), a token outside the vocabulary, or a head it lacks")
+                             f"({self.shape.max_positions}), a token outside the vocabulary, a head it lacks, "
+                             "or blocks of a format it does not compute")
         return h, z
 
 

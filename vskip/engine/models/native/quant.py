@@ -75,6 +75,10 @@ def pack(q: np.ndarray, d: np.ndarray, m: np.ndarray | None, offset: int, what: 
     assert q.dtype == np.uint8 and d.shape == (N, K // BLOCK), (q.dtype, d.shape)
     qp = q.reshape(N // GROUP, GROUP, K // LANE, LANE).transpose(0, 2, 1, 3)  # [G, K/4, 16, 4]
     nibbles = offset == 0 and int(q.max(initial=0)) < 16 and (K // LANE) % 2 == 0
+    if not (nibbles or (offset == 128 and m is None)):  # the two formats the kernels compute (kernels.cpp)
+        raise ValueError(f"{what}: the native runtime computes Q4_1-like blocks (values below 16, offset 0) or "
+                         f"Q8_0-like ones (offset 128, no minimums), not offset {offset} with values up to "
+                         f"{int(q.max(initial=0))}{' and minimums' if m is not None else ''}")
     if nibbles:
         pairs = qp.reshape(N // GROUP, K // (2 * LANE), 2, GROUP * LANE)
         qp = pairs[:, :, 0] | (pairs[:, :, 1] << 4)

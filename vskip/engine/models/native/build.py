@@ -153,14 +153,9 @@ def chosen_isa() -> str:
 
 
 def unsupported_reason() -> str | None:
-    """Why the native runtime cannot run on this machine, or None when it can."""
+    """Why the native runtime cannot run on this machine (a variant asked for that the CPU cannot
+    run, no compiler, or one that cannot build the kernels: built here once, cached), or None."""
     try:
-        chosen_isa()
-    except NativeUnavailable as e:
-        return str(e)
-    if not shutil.which(compiler()):
-        return f"the native runtime is compiled on first use and needs a C++ compiler ({compiler()} not found; set CXX)"
-    try:  # built here once (cached): a compiler that cannot build it is as good as none
         library_path()
     except NativeUnavailable as e:
         return str(e).splitlines()[0]

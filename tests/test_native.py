@@ -102,27 +102,38 @@ V = 256
 
 
 def tiny(kind="llama", seed=0):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    """A tiny random transformers model of a family the kernels compute: Llama, Qwen2 (q/k/v
+    biases) or Qwen3 (each query and key head RMS-normed before RoPE; a head size other than the
+    width over the heads)."""
+    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                              Qwen3ForCausalLM)
 
     torch.manual_seed(seed)
     kw = dict(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)
-    m = (LlamaForCausalLM(LlamaConfig(rope_theta=10000.0, **kw)) if kind == "llama"
-         else Qwen2ForCausalLM(Qwen2Config(rope_theta=1e6, **kw))).eval()
+    m = {"llama": lambda: LlamaForCausalLM(LlamaConfig(rope_theta=10000.0, **kw)),
+         "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(rope_theta=1e6, **kw)),
+         "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(rope_theta=1e6, head_dim=32, **kw))}[kind]().eval()
     with torch.no_grad():  # peakier logits, so that greedy decoding is less degenerate
         m.model.embed_tokens.weight.mul_(3.0)
         m.lm_head.weight.normal_(0.0, 1.0)
-        if kind == "qwen2":
-            for layer in m.model.layers:
+        for layer in m.model.layers:
+            if kind == "qwen2":
                 layer.self_attn.q_proj.bias.normal_(0.0, 0.5)
+            if kind == "qwen3":  # norms far from ones, so that one left out shows
+                layer.self_attn.q_norm.weight.uniform_(0.2, 3.0)
+                layer.self_attn.k_norm.weight.uniform_(0.2, 3.0)
     return m
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
+FAMILIES = ["llama", "qwen2", "qwen3"]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
 def model(request):
     from vskip.engine.models.native.model import from_hf_model
 
-    hf = tiny(request.param)
+    hf = tiny(request.param, seed=1 if request.param == "qwen3" else 0)  # seed 0's qwen3 ends a prompt at once
     return hf, from_hf_model(hf, THREADS)
 
 
@@ -134,6 +145,25 @@ def test_forward_is_close_to_transformers_float32(model):
     _, z = net.forward(net.new_cache(1), [0] * len(ids), ids, list(range(len(ids))))
     assert float((z - ref).abs().mean()) < 0.02 * float(ref.abs().mean())
     assert float((z.argmax(-1) == ref.argmax(-1)).float().mean()) >= 0.9
+
+
+def test_qwen3_query_and_key_norms_are_computed_not_dropped():
+    """Without its q/k norms a Qwen3 model is another function: the check above would see it."""
+    from vskip.engine.models.native.model import from_hf_model
+
+    hf = tiny("qwen3")
+    net = from_hf_model(hf, THREADS)
+    assert all(ly.q_norm is not None and ly.k_norm is not None for ly in net.layers)
+    ids = torch.randint(0, V, (24,)).tolist()
+    _, z = net.forward(net.new_cache(1), [0] * 24, ids, list(range(24)))
+    for ly in net.layers:
+        ly.q_norm = ly.k_norm = None
+    net._struct = net._make_struct()
+    _, z0 = net.forward(net.new_cache(1), [0] * 24, ids, list(range(24)))
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    assert float((z - ref).abs().mean()) < 0.02 * float(ref.abs().mean())
+    assert float((z0 - ref).abs().mean()) > 0.1 * float(ref.abs().mean())
 
 
 def test_a_block_computes_what_one_token_steps_compute_bit_for_bit(model):
@@ -493,7 +523,7 @@ def test_a_variant_the_cpu_cannot_run_is_refused_in_one_line_before_any_model_lo
     assert runtime_name(resolve_runtime("cpu", verifier_runtime="native")) == "native portable"
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("kind", FAMILIES)
 def test_every_variant_this_cpu_runs_computes_the_same_bits(kind):
     """Logits of a prompt and of calls of 1..9 rows, bit for bit, on every variant here (portable,
     and on x86-64 avx2 and up as the CPU allows)."""

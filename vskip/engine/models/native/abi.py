@@ -12,7 +12,8 @@ class QMat(C.Structure):
 
 class Layer(C.Structure):
     _fields_ = [("attn_norm", C.c_void_p), ("qkv", QMat), ("qkv_bias", C.c_void_p), ("o", QMat),
-                ("ffn_norm", C.c_void_p), ("gate_up", QMat), ("down", QMat)]
+                ("ffn_norm", C.c_void_p), ("gate_up", QMat), ("down", QMat),
+                ("q_norm", C.c_void_p), ("k_norm", C.c_void_p)]
 
 
 class Model(C.Structure):

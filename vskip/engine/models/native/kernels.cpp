@@ -44,6 +44,8 @@ struct Layer {
   const float* ffn_norm;   // [D]
   QMat gate_up;            // N = 2 F: gate rows then up rows
   QMat down;               // N = D, K = F
+  const float* q_norm;     // [hd] RMS norm of each query head before RoPE (Qwen3), or null
+  const float* k_norm;     // [hd] the same of each key head, or null
 };
 
 struct Model {
@@ -369,6 +371,10 @@ int vs_forward(const Model* mp, int n, const int64_t* tokens, const float* embed
         float* row = &qkv[(size_t)r * NQKV];
         if (Ly.qkv_bias)
           for (int i = 0; i < NQKV; ++i) row[i] += Ly.qkv_bias[i];
+        if (Ly.q_norm)
+          for (int i = 0; i < H; ++i) rmsnorm(row + i * hd, Ly.q_norm, row + i * hd, hd, eps);
+        if (Ly.k_norm)
+          for (int i = 0; i < KV; ++i) rmsnorm(row + NQ + i * hd, Ly.k_norm, row + NQ + i * hd, hd, eps);
         const float* cs = M.rope_cos + (size_t)pos[r] * (hd / 2);
         const float* sn = M.rope_sin + (size_t)pos[r] * (hd / 2);
         for (int i = 0; i < H + KV; ++i) rope(row + i * hd, hd, cs, sn);

@@ -58,6 +58,8 @@ class LayerWeights:
     ffn_norm: torch.Tensor
     gate_up: Packed
     down: Packed
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
 
 
 class Transformer:
@@ -98,9 +100,10 @@ class Transformer:
         s = self.shape
         arr = (abi.Layer * len(self.layers))()
         for i, ly in enumerate(self.layers):
-            arr[i] = abi.Layer(ly.attn_norm.data_ptr(), ly.qkv.qmat(),
-                               ly.qkv_bias.data_ptr() if ly.qkv_bias is not None else None, ly.o.qmat(),
-                               ly.ffn_norm.data_ptr(), ly.gate_up.qmat(), ly.down.qmat())
+            ptr = lambda t: t.data_ptr() if t is not None else None  # noqa: E731
+            arr[i] = abi.Layer(ly.attn_norm.data_ptr(), ly.qkv.qmat(), ptr(ly.qkv_bias), ly.o.qmat(),
+                               ly.ffn_norm.data_ptr(), ly.gate_up.qmat(), ly.down.qmat(), ptr(ly.q_norm),
+                               ptr(ly.k_norm))
         self._layer_array = arr
         self._head_struct = self.head.qmat() if self.head is not None else None
         if self.embed is None:  # every row comes as a float vector (a drafter embeds its own inputs)
@@ -272,27 +275,63 @@ def from_blocks(shape: Shape, tensors: dict, threads: int | None = None) -> Tran
             attn_norm=t("input_layernorm").float().contiguous(),
             qkv=_cat([t("q_proj"), t("k_proj"), t("v_proj")]), qkv_bias=bias, o=t("o_proj"),
             ffn_norm=t("post_attention_layernorm").float().contiguous(),
-            gate_up=_cat([t("gate_proj"), t("up_proj")]), down=t("down_proj")))
+            gate_up=_cat([t("gate_proj"), t("up_proj")]), down=t("down_proj"),
+            q_norm=_vector(t("q_norm"), shape.head_dim, f"layer {i} q_norm"),
+            k_norm=_vector(t("k_norm"), shape.head_dim, f"layer {i} k_norm")))
     norm = tensors.get("norm")
     return Transformer(shape, layers, norm.float().contiguous() if norm is not None else None, tensors.get("embed"),
                        tensors.get("head"), threads)
 
 
-def shape_of_hf(cfg) -> Shape:
-    """The Shape of a transformers Llama/Qwen2 config; other families and rope scalings refuse."""
-    kind = getattr(cfg, "model_type", None)
-    if kind not in ("llama", "qwen2"):
-        raise ValueError(f"the native runtime runs Llama and Qwen2 models, not {kind!r}")
-    scaling = getattr(cfg, "rope_scaling", None) or {}
+#: the model families the native runtime computes, by transformers' ``model_type``: whether q, k and v
+#: carry biases unless the config says (``attention_bias``), and whether each query and key head is
+#: RMS-normed before RoPE. The one list: a family added here, in the readers' names and in the kernel.
+FAMILIES = {
+    "llama": {"qkv_bias": False, "qk_norm": False},
+    "mistral": {"qkv_bias": False, "qk_norm": False},
+    "qwen2": {"qkv_bias": True, "qk_norm": False},
+    "qwen3": {"qkv_bias": False, "qk_norm": True},
+}
+
+
+def family_of(cfg: dict) -> dict:
+    kind = cfg.get("model_type")
+    if kind not in FAMILIES:
+        raise ValueError(f"the native runtime runs {', '.join(sorted(FAMILIES))} models, not {kind!r}")
+    return FAMILIES[kind]
+
+
+def shape_of_config(cfg: dict, max_positions: int | None = None) -> Shape:
+    """The Shape of a transformers ``config.json`` (as a dict): the one place a config becomes
+    sizes. Families outside :data:`FAMILIES` and rope scalings refuse."""
+    family_of(cfg)
+    scaling = cfg.get("rope_scaling") or {}
     if scaling and scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
         raise ValueError(f"the native runtime has no rope scaling {scaling}")
-    theta = getattr(cfg, "rope_theta", None)
+    if cfg.get("sliding_window") and cfg.get("use_sliding_window"):
+        raise ValueError("the native runtime has no sliding-window attention")
+    theta = cfg.get("rope_theta")
     if theta is None:
-        theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
-    heads = int(cfg.num_attention_heads)
-    return Shape(int(cfg.num_hidden_layers), int(cfg.hidden_size), heads, int(getattr(cfg, "num_key_value_heads", heads)),
-                 int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads), int(cfg.intermediate_size),
-                 int(cfg.vocab_size), float(cfg.rms_norm_eps), float(theta), int(cfg.max_position_embeddings))
+        theta = (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+    heads = int(cfg["num_attention_heads"])
+    return Shape(int(cfg["num_hidden_layers"]), int(cfg["hidden_size"]), heads,
+                 int(cfg.get("num_key_value_heads") or heads),
+                 int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads), int(cfg["intermediate_size"]),
+                 int(cfg["vocab_size"]), float(cfg.get("rms_norm_eps", 1e-6)), float(theta),
+                 int(max_positions or cfg.get("max_position_embeddings") or 2048))
+
+
+def shape_of_hf(cfg) -> Shape:
+    """The Shape of a loaded transformers config object (:func:`shape_of_config` of its dict)."""
+    return shape_of_config(cfg.to_dict() if hasattr(cfg, "to_dict") else dict(vars(cfg)))
+
+
+def _vector(t: torch.Tensor | None, n: int, what: str) -> torch.Tensor | None:
+    if t is None:
+        return None
+    if tuple(t.shape) != (n,):
+        raise ValueError(f"{what}: shape {tuple(t.shape)}, expected ({n},)")
+    return t.float().contiguous()
 
 
 def _layer_tensors(layers, what: str) -> dict:
@@ -306,6 +345,9 @@ def _layer_tensors(layers, what: str) -> dict:
             tensors[f"layers.{i}.{name}"] = quantize_q8(lin.weight, f"{what} {i} {name}")
             if getattr(lin, "bias", None) is not None and name in ("q_proj", "k_proj", "v_proj"):
                 tensors[f"layers.{i}.{name[0]}_bias"] = lin.bias.detach()
+        for name in ("q_norm", "k_norm"):
+            if getattr(a, name, None) is not None:
+                tensors[f"layers.{i}.{name}"] = getattr(a, name).weight.detach()
         tensors[f"layers.{i}.input_layernorm"] = layer.input_layernorm.weight.detach()
         tensors[f"layers.{i}.post_attention_layernorm"] = layer.post_attention_layernorm.weight.detach()
     return tensors

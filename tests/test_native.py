@@ -336,13 +336,13 @@ def native_pair():
 def test_strict_equals_native_ar_on_the_embedded_pair(native_pair):
     from vskip.bench import tasks
     from vskip.engine.decode import DecodeConfig, Job, decode, decode_many
-    from vskip.engine.models.native.drafter import NativeDrafter
+    from vskip.engine.models.native.drafter import NativeBody
     from vskip.engine.models.native.verifier import NativeVerifier
     from vskip.engine.policy import PolicyConfig
     from vskip.engine.prompting import encode_chat
 
     pair = native_pair
-    assert isinstance(pair.verifier, NativeVerifier) and isinstance(pair.drafter, NativeDrafter)
+    assert isinstance(pair.verifier, NativeVerifier) and isinstance(pair.drafter.body, NativeBody)
     probs = tasks.load_task("humaneval", ids=["HumanEval/0", "HumanEval/2", "HumanEval/17"])
     prompts = [encode_chat(pair.tokenizer, tasks.user_prompt(p)) for p in probs]
     cfg = DecodeConfig(gamma=4, gamma_max=16, min_match=6, trim=0.3, max_new_tokens=64)
@@ -394,7 +394,7 @@ def test_the_native_drafter_drafts_a_batch_as_it_drafts_each_row():
     from vskip.engine.models.backbone import BackboneConfig
     from vskip.engine.models.diffusion_lm import DiffusionLM, DrafterSpec
     from vskip.engine.models.drafter import DiffusionDrafter
-    from vskip.engine.models.native.drafter import NativeDrafter
+    from vskip.engine.models.native.drafter import NativeBody
 
     torch.manual_seed(4)
     spec = DrafterSpec(BackboneConfig(vocab_size=V, hidden_size=64, intermediate_size=128, num_layers=2,
@@ -404,7 +404,7 @@ def test_the_native_drafter_drafts_a_batch_as_it_drafts_each_row():
         lm.backbone.embed_tokens.weight.mul_(3.0)
         lm.mask_embedding.normal_()
     torch_drafter = DiffusionDrafter(lm, steps=2)
-    native = NativeDrafter.of(DiffusionDrafter(lm, steps=2), max_positions=512, threads=THREADS)
+    native = DiffusionDrafter(lm, steps=2, body=NativeBody.of(lm, max_positions=512, threads=THREADS))
     seqs = [torch.randint(0, V, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (9, 14, 20)]
     alone = [native.propose(s, 6, slot=i) for i, s in enumerate(seqs)]
     native.reset()
@@ -609,13 +609,13 @@ def test_every_variant_decodes_the_same_tokens_on_the_embedded_pair(native_pair)
     got = {}
     try:
         for isa in runnable():
-            pair.verifier.net.isa = pair.drafter.net.isa = isa
+            pair.verifier.net.isa = pair.drafter.body.net.isa = isa
             pair.verifier.reset()
             pair.drafter.reset()
             got[isa] = [decode(ids, None if pol.name == "ar" else pair.drafter, pair.verifier, pol, cfg).tokens
                         for ids in prompts for pol in policies]
     finally:
-        pair.verifier.net.isa = pair.drafter.net.isa = None
+        pair.verifier.net.isa = pair.drafter.body.net.isa = None
     first = next(iter(got.values()))
     assert all(tokens == first for tokens in got.values()), {isa: [len(t) for t in v] for isa, v in got.items()}
     assert first[0] == first[1] and first[3] == first[4]  # Strict SDD = ar on each prompt

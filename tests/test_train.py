@@ -3,6 +3,7 @@ the loss, and a killed run resumes to the same state."""
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -59,14 +60,15 @@ def test_packed_blocks_match_inference(verifier_dir, copy_input):
             row = next(rw for rw in data.rows if len(rw) >= start and rw[start - 1] == ids[b, r0]
                        and np.array_equal(rw[:C], ids[b, :C].numpy()))
             drafter.reset()
-            x, P, q0, missing = drafter._block_input(row[:start].tolist(), g)
+            x, P, q0, missing = drafter.block_query(row[:start].tolist(), g)
             assert (P, q0, len(missing)) == (1, start - 1, start - 1)
             _, code = drafter._hint_input(row[:start].tolist(), x, P, g)
             if copy_input:
                 assert torch.equal(code[0], hint[b, r0 : r0 + g + 1])
                 hinted += int((code >= 0).any())
             with torch.no_grad():
-                want = drafter._first_hidden(x, q0, missing, code)
+                query = SimpleNamespace(x=x, start=q0, missing=missing, code=code)
+                want = drafter.body.hidden([query], [0], first=True)[0]
             got = h[b, r0 : r0 + g + 1]
             assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
             checked += 1

@@ -7,14 +7,9 @@ token at block position j is predicted from the hidden state at position j - 1, 
 last committed token. The raw confidence of a token is its probability at the step that reveals it
 (A.7).
 
-Two attention layouts:
-
-- ``block``: the context is encoded causally once and its keys/values are kept across rounds, so
-  each step recomputes only ``[last committed token ; gamma masks]``, attending bidirectionally
-  within the block (the embedded drafter is trained this way; drafting cost does not grow with the
-  context);
-- ``full``: every step re-encodes ``[context ; masks]`` with full bidirectional attention, exactly
-  as Dream / DiffuCoder generate.
+The network's forward is a *body*'s (:mod:`vskip.engine.models.drafter_body`: torch, block or full
+attention; :class:`~vskip.engine.models.native.drafter.NativeBody`: the native runtime), which also
+keeps each slot's context cache; this class is the reveal alone, the same over either.
 """
 
 from __future__ import annotations
@@ -27,7 +22,8 @@ import torch
 from ..policy import Sampling  # the settings' data type only
 from .copy import CopyPrior, copy_hint, suffix_match
 from .diffusion_lm import HINT_MAX_LEN, REVEAL_ORDERS, DiffusionLM, hint_code, reveal_counts
-from .protocols import DRAFT_FEATURES, DraftBlock, common_prefix
+from .drafter_body import TorchBody
+from .protocols import DRAFT_FEATURES, DraftBlock
 from .sampling import to_vocabulary, warped_probs
 
 OUTSIDE, BANNED = -1, -2
@@ -38,10 +34,11 @@ class DiffusionDrafter:
 
     ``allowed``: bool [head size], False for head outputs the verifier's vocabulary lacks (these
     are never proposed). ``copy``: a :class:`~vskip.engine.models.copy.CopyPrior` mixed into every reveal
-    step (None: the network alone); ``banned``: ids its hints never propose."""
+    step (None: the network alone); ``banned``: ids its hints never propose; ``body``: what computes
+    the network's hidden states (default: its torch forward, :class:`TorchBody`)."""
 
     def __init__(self, model: DiffusionLM, steps: int = 2, allowed: torch.Tensor | None = None, reveal: str | None = None,
-                 copy: CopyPrior | None = None, banned: Sequence[int] = ()):
+                 copy: CopyPrior | None = None, banned: Sequence[int] = (), body=None):
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
         self.model = model.eval()
@@ -71,47 +68,42 @@ class DiffusionDrafter:
             self._col[self._ids[~allowed.to(dev)]] = BANNED
         if banned:
             self._col[torch.tensor(sorted(banned), device=dev)] = BANNED
-        self.reset()
+        self.body = body if body is not None else TorchBody(model)
 
     #: no limit of its own on the block length
     max_gamma = None
     #: drafts from its own context cache, not the verifier's hidden states
     reads_verifier = False
-    #: rows of different query lengths drafting together go packed, without padding
-    #: (:func:`vskip.engine.models.drafter_batch.block_hidden_many`; False: padded, to compare)
-    pack = True
+
+    @property
+    def pack(self) -> bool:
+        """Rows of different query lengths drafting together go packed, without padding (False:
+        padded, to compare; the torch body's choice)."""
+        return getattr(self.body, "pack", True)
+
+    @pack.setter
+    def pack(self, on: bool) -> None:
+        self.body.pack = bool(on)
 
     def set_copy_prior(self, prior: CopyPrior | None) -> None:
         """Draft with this copy prior (None: the network alone)."""
         self.copy = prior
 
     def with_steps(self, steps: int) -> "DiffusionDrafter":
-        """A drafter that shares this one's model and copy prior and reveals a block in ``steps``
-        steps (this one unchanged)."""
+        """A drafter that shares this one's model and copy prior, reveals a block in ``steps``
+        steps and keeps caches of its own (this one unchanged)."""
         import copy
 
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
         other = copy.copy(self)
         other.steps = steps
-        other.reset()
+        other.body = self.body.fresh()
         return other
 
     def reset(self, slot: int | None = None) -> None:
         """Forget a slot's cached context (a new prompt follows there), or every slot's (None)."""
-        if slot is None:
-            self._slots: dict[int, tuple] = {}
-        else:
-            self._slots.pop(slot, None)
-        self._cache = None
-        self._cached_ids: list[int] = []
-
-    def _enter(self, slot: int) -> None:
-        """Draft for the sequence held in ``slot``: its context cache becomes the current one."""
-        self._cache, self._cached_ids = self._slots.get(slot, (None, []))
-
-    def _leave(self, slot: int) -> None:
-        self._slots[slot] = (self._cache, self._cached_ids)
+        self.body.reset(slot)
 
     def match_length(self, seq: Sequence[int]) -> int:
         """The copy hint's match length after ``seq`` (0 when neither a copy prior nor the
@@ -131,25 +123,7 @@ class DiffusionDrafter:
     def prefill(self, ids: Sequence[int], slot: int = 0) -> None:
         """Encode context ``ids`` causally into ``slot``'s cache (block attention; a full-attention
         drafter recomputes its context at every block and caches none)."""
-        if self.spec.attention != "block":
-            return
-        self._enter(slot)
-        ctx = [int(t) for t in ids]
-        x, _, start, missing = self._block_input(ctx + [0], 0)  # the context the cache lacks, the cache cut to it
-        if missing:
-            n, C = start - len(missing), len(missing)
-            mask = torch.ones(C, n + C, dtype=torch.bool, device=self.device)
-            mask[:, n:] = mask[:, n:].tril()
-            pos = torch.arange(n, start, device=self.device)
-            _, present = self.model(torch.tensor([missing], device=self.device), pos, self._cache, mask)
-            self._cache, self._cached_ids = present, self._cached_ids + missing
-        self._leave(slot)
-
-    def _hidden(self, x: torch.Tensor, start: int, hint: torch.Tensor | None = None) -> torch.Tensor:
-        """Final hidden states of query ``x`` [1, T] placed at positions start..start+T-1."""
-        pos = torch.arange(start, start + x.shape[1], device=self.device)
-        h, _ = self.model(x, pos, self._cache, None, hint)
-        return h[0]
+        self.body.prefill(slot, ids)
 
     def _hint_input(self, seq: Sequence[int], x: torch.Tensor, P: int, gamma: int):
         """(hint tokens [gamma], hint input [1, P + gamma]) for a network that reads hints, else
@@ -161,46 +135,6 @@ class DiffusionDrafter:
         code = torch.full_like(x, -1)
         code[0, P:] = hint_code(tokens, length, self.spec.backbone.vocab_size)
         return tokens, code
-
-    def _block_input(self, seq: Sequence[int], gamma: int) -> tuple[torch.Tensor, int, int, list[int]]:
-        """The block query ``[prefix ; gamma masks]`` [1, P + gamma], P, its first position, and
-        the context tokens the cache still lacks. Block attention caches ``seq[:-1]`` causally and
-        queries from the last token; the missing context is encoded by the first reveal step
-        together with the block (:meth:`_first_hidden`). Full attention recomputes everything."""
-        seq = list(seq)
-        if self.spec.attention == "block":
-            ctx = seq[:-1]
-            n = common_prefix(self._cached_ids, ctx)
-            if self._cache is not None and n < len(self._cached_ids):
-                self._cache = [(k[:, :, :n], v[:, :, :n]) for k, v in self._cache] if n > 0 else None
-                self._cached_ids = self._cached_ids[:n]
-            prefix, start, missing = seq[-1:], len(seq) - 1, ctx[n:]
-        else:
-            self._cache = None
-            prefix, start, missing = seq, 0, []
-        P = len(prefix)
-        x = torch.full((1, P + gamma), self.model.mask_id, dtype=torch.long, device=self.device)
-        x[0, :P] = torch.tensor(prefix, device=self.device)
-        return x, P, start, missing
-
-    def _first_hidden(self, x: torch.Tensor, start: int, missing: list[int], hint: torch.Tensor | None = None) -> torch.Tensor:
-        """Hidden states of the block query ``x`` [1, T] at the first reveal step. The context
-        tokens ``missing`` (positions start - len(missing) .. start - 1) ride in the same forward,
-        attending causally, and their keys/values join the cache."""
-        if not missing:
-            return self._hidden(x, start, hint)
-        C, T = len(missing), x.shape[1]
-        n = start - C
-        q = torch.cat([torch.tensor([missing], device=self.device), x], dim=1)
-        mask = torch.ones(C + T, n + C + T, dtype=torch.bool, device=self.device)
-        mask[:C, n:] = torch.ones(C, C + T, dtype=torch.bool, device=self.device).tril()
-        pos = torch.arange(n, start + T, device=self.device)
-        if hint is not None:
-            hint = torch.cat([torch.full((1, C), -1, dtype=hint.dtype, device=self.device), hint], dim=1)
-        h, present = self.model(q, pos, self._cache, mask, hint)
-        self._cache = [(k[:, :, :start], v[:, :, :start]) for k, v in present]
-        self._cached_ids = self._cached_ids + list(missing)
-        return h[0, C:]
 
     # -- copy prior --------------------------------------------------------------------------
     def _mix(self, logits, hint, lam, tokens, masked) -> torch.Tensor:
@@ -228,12 +162,26 @@ class DiffusionDrafter:
     def first_step(self, seq: Sequence[int], gamma: int) -> torch.Tensor:
         """The network's distribution over its head [gamma, head size] for a fully masked block
         after ``seq`` (the first reveal step, no copy prior): what the copy prior is fitted on."""
-        x, P, start, missing = self._block_input(seq, gamma)
+        x, P, start, missing = self.block_query(seq, gamma)
         _, code = self._hint_input(seq, x, P, gamma)
-        logits = (self._first_hidden(x, start, missing, code)[P - 1 : P - 1 + gamma] @ self._W.T).float()
+        row = _Row(x, P, start, missing, None, None, None, code, None, None, gamma, False, None, None)
+        h = self.body.hidden([row], [0], first=True)[0].to(self._W.dtype)
+        logits = (h[P - 1 : P - 1 + gamma] @ self._W.T).float()
         if self._neg is not None:
             logits = logits + self._neg
         return torch.softmax(logits, dim=-1)
+
+    def block_query(self, seq: Sequence[int], gamma: int, slot: int = 0) -> tuple[torch.Tensor, int, int, list[int]]:
+        """The block query ``[prefix ; gamma masks]`` [1, P + gamma] after ``seq``, P, its first
+        position and the context ``slot``'s cache lacks (the body cuts the cache to what serves:
+        block attention queries from the last token, full attention from the first)."""
+        assert len(seq) >= 1 and gamma >= 1, (len(seq), gamma)
+        start, missing = self.body.begin(slot, seq)
+        prefix = [int(t) for t in seq[start:]]
+        P = len(prefix)
+        x = torch.full((1, P + gamma), self.model.mask_id, dtype=torch.long, device=self.device)
+        x[0, :P] = torch.tensor(prefix, device=self.device)
+        return x, P, start, missing
 
     def head_column(self, ids: torch.Tensor) -> torch.Tensor:
         """Head column of each id (negative: outside the head or never proposed)."""
@@ -246,44 +194,34 @@ class DiffusionDrafter:
     def propose(self, seq: Sequence[int], gamma: int, features: bool = False, sampling: Sampling | None = None,
                 slot: int = 0) -> DraftBlock:
         """Reveal a block of ``gamma`` masks after ``seq`` (the sequence held in ``slot``)."""
-        self._enter(slot)
-        try:
-            return self._propose(seq, gamma, features, sampling)
-        finally:
-            self._leave(slot)
+        return self.propose_many([(slot, seq, gamma)], features, sampling)[0]
 
-    def _propose(self, seq: Sequence[int], gamma: int, features: bool, sampling: Sampling | None) -> DraftBlock:
-        """Reveal a block of ``gamma`` masks in ``steps`` steps: each step scores the masked
-        positions (:meth:`_step_scores`) and reveals the most confident ones (:meth:`_reveal`)."""
-        row = self.start_block(seq, gamma, features, sampling)
-        for s in range(self.steps):
-            self.step_input(row, s)
-            h = self._first_hidden(row.x, row.start, row.missing, row.code) if s == 0 else \
-                self._hidden(row.x, row.start, row.code)
-            self.step_output(row, s, h)
-        return row.finish()
-
+    @torch.inference_mode()
     def propose_many(self, requests: Sequence[tuple[int, Sequence[int], int]], features: bool = False,
                      sampling: Sampling | None = None) -> list[DraftBlock]:
-        """Draft a block for each (slot, seq, gamma) of ``requests``: with several rows, each reveal
-        step runs every row in one forward (:func:`vskip.engine.models.drafter_batch.block_hidden_many`;
-        with full attention a row's query is its whole sequence, and no cache is kept)."""
-        if len(requests) == 1:
-            return [self.propose(seq, g, features, sampling, slot) for slot, seq, g in requests]
-        from .drafter_batch import draft_many
+        """Draft a block for each (slot, seq, gamma) of ``requests``, in ``steps`` reveal steps:
+        each step scores the masked positions and reveals the most confident ones, every row of a
+        group (:meth:`TorchBody.groups`) in one forward of the body."""
+        rows = [self.start_block(seq, g, features, sampling, slot) for slot, seq, g in requests]
+        slots = [slot for slot, _, _ in requests]
+        for group in self.body.groups(rows):
+            these, their = [rows[i] for i in group], [slots[i] for i in group]
+            for s in range(self.steps):
+                for row in these:
+                    self.step_input(row, s)
+                for row, h in zip(these, self.body.hidden(these, their, first=s == 0)):
+                    self.step_output(row, s, h)
+        return [row.finish() for row in rows]
 
-        with torch.inference_mode():
-            return draft_many(self, requests, features, sampling)
-
-    # the steps of one block, shared by one row and many
-    def start_block(self, seq: Sequence[int], gamma: int, features: bool, sampling: Sampling | None) -> "_Row":
-        """A block about to be revealed after ``seq``: its query, the context the current cache
-        lacks, its hints and its empty reveal state."""
-        assert len(seq) >= 1 and gamma >= 1, (len(seq), gamma)
+    # the steps of one block
+    def start_block(self, seq: Sequence[int], gamma: int, features: bool, sampling: Sampling | None,
+                    slot: int = 0) -> "_Row":
+        """A block about to be revealed after ``seq`` in ``slot``: its query, the context the
+        slot's cache lacks, its hints and its empty reveal state."""
         if sampling is not None and self.steps != 1:
             raise ValueError(f"a sampled draft (--speculative-sampling) needs a drafter that drafts its block in one "
                              f"forward (--steps 1), not in {self.steps} reveal steps")
-        x, P, start, missing = self._block_input(seq, gamma)
+        x, P, start, missing = self.block_query(seq, gamma, slot)
         hint, lam = self._copy_prior_hint(seq, gamma)
         hint_in, code = self._hint_input(seq, x, P, gamma)
         b = _Reveal.empty(gamma, self._W.shape[1], self._W.dtype, self.device, features)
@@ -302,7 +240,7 @@ class DiffusionDrafter:
         """After step ``s``, from the hidden states ``h`` of the row's query [P + gamma, d]: score
         every position and reveal the most confident masked ones."""
         P, gamma, b = row.P, row.gamma, row.reveal
-        h = h[P - 1 : P - 1 + gamma]  # shifted: hidden j-1 predicts j
+        h = h[P - 1 : P - 1 + gamma].to(self._W.dtype)  # shifted: hidden j-1 predicts j
         logp = self._log_probs(h, row.hint, row.lam, b)
         sc = self._step_scores(logp, row.features)
         if row.features and s == 0:

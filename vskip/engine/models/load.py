@@ -386,12 +386,13 @@ def _load_drafter(drafter: str | None, vdir: Path, ver: HFVerifier, tok, runtime
     if prior is not None:
         identity["copy_prior"] = prior.meta.get("sha256", "custom")
         _warn_if_fitted_elsewhere(prior, ddir)
-    adapter = DiffusionDrafter(model, steps=steps, allowed=allowed.to(runtime.drafter_on), reveal=reveal,
-                               copy=prior, banned=sorted(ver.special_ids))
+    body = None
     if runtime.verifier_runtime == "native" and model.spec.attention == "block" and runtime.drafter_on == "cpu":
-        from .native.drafter import NativeDrafter
+        from .native.drafter import NativeBody
 
-        adapter = NativeDrafter.of(adapter, ver.max_length, runtime.threads)
+        body = NativeBody.of(model, ver.max_length, runtime.threads)
+    adapter = DiffusionDrafter(model, steps=steps, allowed=allowed.to(runtime.drafter_on), reveal=reveal,
+                               copy=prior, banned=sorted(ver.special_ids), body=body)
     return adapter, identity
 
 

@@ -17,6 +17,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..protocols import common_prefix
 from . import abi
 from .quant import Packed, pack, quantize_q8
 
@@ -195,24 +196,53 @@ def rope_tables(shape: Shape) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class SlotCache:
-    """Keys and values of ``slots`` sequences: per slot a key tensor [layers, kv, capacity/16, hd,
-    16] (tiles of 16 keys, each transposed, for the kernels' score loop: contiguous, never a
-    power-of-two stride) and a value tensor [layers, kv, capacity, hd]. A slot's length lives with
-    its owner (rollback is lowering it); capacity, a multiple of 64, grows by doubling."""
+    """Keys and values of ``slots`` sequences, and the tokens each slot holds: per slot a key
+    tensor [layers, kv, capacity/16, hd, 16] (tiles of 16 keys, each transposed, for the kernels'
+    score loop: contiguous, never a power-of-two stride) and a value tensor [layers, kv, capacity,
+    hd]. The one cache of every native consumer (verifier, drafter, distillation). A forward
+    writes the keys of its rows at their positions; the owner records what a slot then holds with
+    :meth:`wrote` and drops a tail with :meth:`keep` (llama.cpp's ``seq_rm``), and :meth:`reuse`
+    keeps the longest prefix a new sequence shares. Capacity, a multiple of 64, grows by doubling
+    (:meth:`reserve`, the one growth rule)."""
 
     def __init__(self, shape: Shape, slots: int, capacity: int = 256):
         assert capacity % 64 == 0, capacity
         self.shape = shape
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
+        self.ids: list[list[int]] = []
         self._capacity = capacity
         self.resize(slots)
+
+    @property
+    def slots(self) -> int:
+        return len(self.k)
+
+    def held(self, slot: int) -> list[int]:
+        """The tokens whose keys ``slot`` holds, at positions 0, 1, ..."""
+        return self.ids[slot]
+
+    def keep(self, slot: int, n: int) -> None:
+        """Forget ``slot``'s positions from ``n`` on (its keys stay until overwritten)."""
+        del self.ids[slot][n:]
+
+    def reuse(self, slot: int, ids: Sequence[int]) -> int:
+        """Keep the longest prefix ``slot`` shares with ``ids``; returns its length."""
+        n = common_prefix(self.ids[slot], ids)
+        self.keep(slot, n)
+        return n
+
+    def wrote(self, slot: int, start: int, ids: Sequence[int]) -> None:
+        """``slot`` now holds ``ids`` from position ``start`` on (what a forward just wrote there)."""
+        assert start <= len(self.ids[slot]), (start, len(self.ids[slot]))
+        self.ids[slot][start:] = [int(t) for t in ids]
 
     def resize(self, slots: int) -> None:
         while len(self.k) < slots:
             self.k.append(self._alloc_k(self._capacity))
             self.v.append(self._alloc_v(self._capacity))
-        del self.k[slots:], self.v[slots:]
+            self.ids.append([])
+        del self.k[slots:], self.v[slots:], self.ids[slots:]
 
     def _alloc_k(self, cap):
         s = self.shape

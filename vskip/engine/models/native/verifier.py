@@ -3,8 +3,8 @@ protocol over a :class:`~vskip.engine.models.native.model.Transformer` and its s
 
 Every call of a batch is one forward: each call computes what its slot's cache lacks (the tokens
 after the longest prefix the cache shares with the call's sequence, and never past the last
-committed token, whose logits are needed) and scores its block. Rollback is lowering a slot's
-length; a shadow call lowers it back to what it found. The kernels compute every row the same way
+committed token, whose logits are needed) and scores its block. The slot cache keeps what each slot
+holds; rollback is its ``keep``, and a shadow call keeps what it found. The kernels compute every row the same way
 whatever else the forward holds, so a verification and a one-token step agree to the bit
 (:mod:`vskip.engine.models.native.model`): Strict SDD on this runtime equals this runtime's own
 greedy decoding by construction, and tests/test_native.py checks it.
@@ -55,11 +55,11 @@ class NativeVerifier:
         else:
             self.cache.resize(n)
         self.slots = n
-        self._cached_ids: list[list[int]] = [[] for _ in range(n)]
+        self.reset()
 
     def reset(self, slot: int | None = None) -> None:
         for i in range(self.slots) if slot is None else (slot,):
-            self._cached_ids[i] = []
+            self.cache.keep(i, 0)
 
     def set_cache(self, on: bool) -> None:
         self.use_cache = bool(on)
@@ -78,16 +78,17 @@ class NativeVerifier:
         """Logits [keep, V] of the last ``keep`` positions of each row (slot, ids, keep), all rows in one forward."""
         slots, tokens, positions, outs, spans = [], [], [], [], []
         for slot, ids, keep in rows:
-            start = min(common_prefix(self._cached_ids[slot], ids), len(ids) - keep) if self.use_cache else 0
             if len(ids) > self.max_length:
                 raise ValueError(f"a sequence of {len(ids)} tokens is longer than the verifier's {self.max_length}")
+            start = min(self.cache.reuse(slot, ids), len(ids) - keep) if self.use_cache else 0
             first = len(tokens)
             tokens += ids[start:]
             positions += range(start, len(ids))
             slots += [slot] * (len(ids) - start)
             spans.append((len(outs), keep))
             outs += range(first + len(ids) - start - keep, first + len(ids) - start)
-            self._cached_ids[slot] = ids  # each call's own list (_run builds it)
+            self.cache.keep(slot, start)
+            self.cache.wrote(slot, start, ids[start:])
         _, z = self.net.forward(self.cache, slots, tokens, positions, out_rows=outs, logits=logits)
         return [z[a: a + k] for a, k in spans] if logits else []
 
@@ -96,11 +97,11 @@ class NativeVerifier:
         for c in calls:
             ids = [int(t) for t in c.seq] + [int(t) for t in c.block]
             rows.append((c.slot, ids, len(c.block) + 1))
-            restore.append(common_prefix(self._cached_ids[c.slot], ids) if c.shadow else None)
+            restore.append(common_prefix(self.cache.held(c.slot), ids) if c.shadow else None)
         outs = self._forward(rows)
         for c, kept in zip(calls, restore):
             if kept is not None:
-                self._cached_ids[c.slot] = self._cached_ids[c.slot][:kept]
+                self.cache.keep(c.slot, kept)
         return outs
 
     def score_many(self, calls: Sequence[Call]) -> list[Verdict]:

@@ -71,7 +71,7 @@ def _texts(decoders, pair, prompts, gamma: int) -> list[list[int]]:
 
     dec = decoders.get("ar") or next(iter(decoders.values()))
     if dec.settings.policy.name != "ar":
-        from vskip.study.door import open_decoder
+        from vskip.engine.door import open_decoder
 
         dec = open_decoder(_settings("ar", gamma, 128), pair=pair)
     out = [list(j.prompt) + r.tokens for j, r in dec.decode_many([Job(ids, task_id=t) for t, ids in prompts],

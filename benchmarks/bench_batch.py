@@ -107,7 +107,7 @@ def main(argv=None) -> int:
     if a.summary:
         write_page(Path(a.out), json.loads((Path(a.out) / "results.json").read_text()))
         return 0
-    from vskip.study.door import open_decoder, open_models
+    from vskip.engine.door import open_decoder, open_models
 
     names = config_names(a.configs)
     base = _settings("strict", a.gamma, a.max_new_tokens, a.shadow, a.threads)

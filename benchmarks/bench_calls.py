@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     from vskip.engine.models.backbone import read_hf_config
     from vskip.engine.models.config import ModelConfig
     from vskip.engine.models.embedded import embedded_verifier_dir
-    from vskip.study.door import open_models
+    from vskip.engine.door import open_models
     from vskip.engine.prompting import encode_chat
 
     cfg = read_hf_config(embedded_verifier_dir())

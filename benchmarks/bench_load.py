@@ -242,7 +242,7 @@ def reference(prompts: list[list[int]], max_tokens: int, threads: int) -> tuple[
     """Each prompt decoded alone with Strict SDD as ``vskip generate --max-new-tokens N`` decodes it."""
     from vskip.commands import build_parser
     from vskip.commands.flags import settings
-    from vskip.study.door import open_decoder
+    from vskip.engine.door import open_decoder
 
     a = build_parser().parse_args(["generate", "-", "--policy", "strict", "--max-new-tokens", str(max_tokens),
                                    "--device", "cpu", "--threads", str(threads)])
@@ -258,7 +258,7 @@ def run(a) -> dict:
     from vskip.study.llamacpp import LlamaServer, version
 
     from vskip.engine.models.config import ModelConfig
-    from vskip.study.door import runtime_of
+    from vskip.engine.door import runtime_of
 
     levels = [int(x) for x in a.levels.split(",")]
     configs = a.configs.split(",")

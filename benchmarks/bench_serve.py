@@ -125,7 +125,7 @@ def batch_one(prompts: list[str], max_tokens: int, threads: int, preset: str = "
     from vskip.commands import build_parser
     from vskip.commands.flags import settings
     from vskip.engine.prompting import encode_chat
-    from vskip.study.door import open_decoder
+    from vskip.engine.door import open_decoder
 
     a = build_parser().parse_args(["generate", "-", "--policy", "strict", "--preset", preset, "--max-new-tokens",
                                    str(max_tokens), "--device", "cpu", "--threads", str(threads)])

@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     from vskip.distill.rows import load_rows, split
     from vskip.distill.shards import ends_in_a_loop
     from vskip.engine.models.config import ModelConfig
-    from vskip.study.door import open_models
+    from vskip.engine.door import open_models
 
     cfg = json.loads((Path(a.train) / "config.json").read_text())["train"]
     pair = open_models(ModelConfig(drafter=a.drafter, device="cpu", dtype="float32", drafter_dtype="float32",

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from vskip.bench import tasks
 from vskip.engine.models.config import ModelConfig
-from vskip.study.door import open_models
+from vskip.engine.door import open_models
 from vskip.engine.prompting import encode_chat
 from vskip.study.rundir import SAMPLES, read_rows
 

@@ -26,7 +26,7 @@ from vskip.distill.copyfit import load_answers
 from vskip.distill.offline import simulate_strict
 from vskip.engine.models.config import ModelConfig
 from vskip.engine.models.copy import copy_hint
-from vskip.study.door import open_models
+from vskip.engine.door import open_models
 from vskip.engine.policy.acceptance import leading_run
 
 

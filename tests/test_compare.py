@@ -441,10 +441,10 @@ def test_a_configuration_may_name_its_own_predictor(tmp_path, monkeypatch):
 
 def test_a_shard_without_prompts_ends_at_once(tmp_path, capsys, monkeypatch):
     """More shards than prompts: the idle shard says so and exits 0 before any model loads."""
-    import vskip.study.door
+    import vskip.engine.door
     from vskip.cli import main
 
-    monkeypatch.setattr(vskip.study.door, "open_models", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(vskip.engine.door, "open_models", lambda *a, **k: pytest.fail("a model was loaded"))
     rc = main(["compare", "--task", "humaneval", "--ids", "HumanEval/0", "--configs", "ar,strict",
                "--shard", "2/2", "--out", str(tmp_path / "c"), "--quiet"])
     assert rc == 0 and "shard 2/2 has no prompts of the 1 selected" in capsys.readouterr().out
@@ -526,13 +526,13 @@ class _SlotsVerifier(FakeVerifier):
 
 def _cli_pair(monkeypatch):
     """`vskip compare` on the fake pair (no model loads); returns the verifier it decodes with."""
-    import vskip.study.door
+    import vskip.engine.door
     from test_sweep import FakeTokenizer
 
     verifier = _SlotsVerifier()
     pair = SimpleNamespace(drafter=FakeDrafter(0.3, 2), verifier=verifier, tokenizer=FakeTokenizer(), runtime=None,
                            extra_drafters={})
-    monkeypatch.setattr(vskip.study.door, "open_models", lambda *a, **k: pair)
+    monkeypatch.setattr(vskip.engine.door, "open_models", lambda *a, **k: pair)
     return verifier
 
 
@@ -602,10 +602,10 @@ def test_a_batched_comparison_groups_the_prompts_and_rotates_the_order_by_group(
 def test_transformers_decoders_and_a_bad_batch_size_are_refused(tmp_path, monkeypatch, capsys):
     """hf and lookupN decode one prompt at a time: --batch-size 2 with them refuses before any model
     loads; the parser refuses a batch size outside 1..1024."""
-    import vskip.study.door
+    import vskip.engine.door
     from vskip.cli import main
 
-    monkeypatch.setattr(vskip.study.door, "open_models", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(vskip.engine.door, "open_models", lambda *a, **k: pytest.fail("a model was loaded"))
     assert main(["compare", "--task", "humaneval", "--ids", "HumanEval/0", "--configs", "ar,strict,hf,lookup4",
                  "--batch-size", "2", "--out", str(tmp_path / "c")]) == 2
     err = capsys.readouterr().err

@@ -14,7 +14,7 @@ from vskip.engine.decode import DecodeConfig, decode
 from vskip.engine.models import tiny
 from vskip.engine.models.conditioned import ConditionedDrafter, HiddenTap, default_target_layers
 from vskip.engine.models.config import ModelConfig
-from vskip.study.door import open_models
+from vskip.engine.door import open_models
 from vskip.engine.policy import PolicyConfig
 from vskip.engine.prompting import encode_chat
 

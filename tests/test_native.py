@@ -297,7 +297,7 @@ def test_batched_decodes_equal_batch_one_on_the_native_verifier(model):
 
 def test_auto_runtime_picks_native_here_and_transformers_when_a_dtype_is_asked():
     from vskip.engine.models.config import ModelConfig
-    from vskip.study.door import runtime_of
+    from vskip.engine.door import runtime_of
 
     assert runtime_of(ModelConfig(device="cpu")).verifier_runtime == "native"
     assert runtime_of(ModelConfig(device="cpu", dtype="float32")).verifier_runtime == "transformers"
@@ -513,7 +513,7 @@ def test_a_variant_the_cpu_cannot_run_is_refused_in_one_line_before_any_model_lo
     from vskip.engine.models.config import ModelConfig
     from vskip.engine.models.native import build
     from vskip.engine.runtime import resolve_runtime, runtime_name
-    from vskip.study.door import runtime_of
+    from vskip.engine.door import runtime_of
 
     other = "neon" if build.machine_arch() == "x86_64" else "avx2"
     monkeypatch.setenv(build.ENV, other)
@@ -580,7 +580,7 @@ def test_arm64_variants_compute_the_same_bits_under_an_emulator(variant, tmp_pat
 
 def test_auto_falls_back_in_one_line_where_no_compiler_is_found(monkeypatch, capsys):
     from vskip.engine.models.config import ModelConfig
-    from vskip.study.door import runtime_of
+    from vskip.engine.door import runtime_of
 
     monkeypatch.setenv("CXX", "no-such-compiler-here")
     assert runtime_of(ModelConfig(device="cpu")).verifier_runtime == "transformers"

@@ -14,7 +14,7 @@ from vskip.engine.decode import DecodeConfig, decode
 from vskip.engine.models import tiny
 from vskip.engine.models.config import ModelConfig
 from vskip.engine.models.load import load_verifier, read_token_table, vocabulary_fit
-from vskip.study.door import open_models
+from vskip.engine.door import open_models
 from vskip.engine.models.placement import MemoryPlanError, Shape, plan_memory, read_shape
 from vskip.engine.policy import PolicyConfig
 from vskip.engine.prompting import encode_chat

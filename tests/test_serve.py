@@ -23,7 +23,7 @@ from vskip.commands.flags import settings
 from vskip.engine.decode import decode
 from vskip.serve.protocol import CompletionRequest, request_settings
 from vskip.serve.run import listen, make_server, open_state
-from vskip.study.door import Decoder
+from vskip.engine.door import Decoder
 
 TOK = FakeTokenizer()
 PROMPTS = ["abc", "hello", "qrstuv", "xyzzy", "mnop", "Gdef"]
@@ -212,7 +212,7 @@ class OnlinePrefix(StubPredictor):
 
 
 def test_the_prefix_scheduler_at_alpha_serves_only_the_settings_its_thresholds_hold_for():
-    from vskip.study.door import settings_record
+    from vskip.engine.door import settings_record
     from vskip.study.prefix.calibrate import run_settings
 
     vs = {"policy": "prefix", "alpha": 0.05, "cost_ratio": 0.2}

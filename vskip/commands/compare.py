@@ -109,7 +109,7 @@ def cmd_compare(a) -> int:
     if not problems[shard[0] - 1 :: shard[1]]:  # more shards than prompts: nothing to do here
         print(f"shard {shard[0]}/{shard[1]} has no prompts of the {len(problems)} selected")
         return 0
-    from ..study.door import longest_prompt, runtime_of
+    from ..engine.door import longest_prompt, runtime_of
 
     runtime = runtime_of(models)
     n = longest_prompt(models, [(p.task_id, tasks.user_prompt(p)) for p in problems], dec.max_new_tokens)
@@ -154,7 +154,7 @@ def _decode_and_print(a, compare, tasks, models, dec, variants, runtime, problem
     import tempfile
 
     from ..bench.tasks import encode_problem
-    from ..study.door import open_models
+    from ..engine.door import open_models
 
     # the longest block the command's drafter drafts (a configuration with a drafter of its own is
     # checked against that drafter when it decodes)

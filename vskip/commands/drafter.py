@@ -111,7 +111,7 @@ def _cmd_fit_copy(a) -> int:
     from ..distill.copyfit import fit_copy_prior, fit_copy_prior_rows, holdout_answers, rows_sha256, write_copy_prior
     from ..engine.models.config import ModelConfig
     from ..engine.models.embedded import embedded_drafter_dir, file_sha256
-    from ..study.door import open_models
+    from ..engine.door import open_models
     from ..files import check_input_dir, check_output_path, check_writable_dir, read_json
 
     if (a.holdout_of is None) == (a.fit_shards is None):

@@ -29,7 +29,7 @@ def cmd_expect(a) -> int:
     from ..engine.decode import DecodeConfig, decode
     from ..engine.policy import PolicyConfig
     from ..engine.runtime import machine, machine_id
-    from ..study.door import open_models
+    from ..engine.door import open_models
     from ..study.expect import SOURCE, TOKENS_PER_CALL, expected_vs_ar, measure
     from .flags import model_config
 

@@ -16,7 +16,7 @@ def register(subparsers) -> None:
 
 def cmd_generate(a) -> int:
     from ..engine.prompting import encode_chat
-    from ..study.door import open_decoder
+    from ..engine.door import open_decoder
 
     if not a.prompt.strip():
         raise ValueError("the prompt is empty")

@@ -87,7 +87,7 @@ def cmd_sweep(a) -> int:
         raise ValueError(f"grid {a.grid} holds lenience or top-k acceptance ({', '.join(lossy[:3])}...), which takes no "
                          "--temperature; sample with another grid")
     from ..files import check_writable_dir
-    from ..study.door import runtime_of
+    from ..engine.door import runtime_of
 
     models = model_config(a)
     runtime_of(models)  # checks them

@@ -5,7 +5,7 @@ A :class:`Settings` holds what a user asked for: the policy, the decode configur
 that needs the settings alone (:func:`check_settings`), before any model loads; the decode loop
 then checks only what the settings ask of the models they meet (:func:`check_models`,
 :func:`check_prompt`). Every command that decodes builds one (:func:`vskip.commands.flags.settings`) and opens the decode
-through :func:`vskip.study.door.open_decoder`.
+through :func:`vskip.engine.door.open_decoder`.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException
 from ..engine.decode import Job
 from ..engine.prompting import encode_messages
 from ..engine.settings import check_models, check_prompt
-from ..study.door import settings_record
+from ..engine.door import settings_record
 from ..study.prefix.calibrate import check_online_settings
 from .engine import Engine, Request
 from .metrics import Metrics

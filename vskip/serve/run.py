@@ -35,7 +35,7 @@ def open_state(a, settings, decoder=None) -> ServeState:
     as tests pass a fake one)."""
     from ..engine.decode import warmup
     from ..engine.prompting import encode_chat
-    from ..study.door import open_decoder
+    from ..engine.door import open_decoder
 
     s = settings(a)  # the server's own settings: checked, and the flags each request lays its keys over
     max_gamma = a.max_gamma if a.max_gamma is not None else max(64, s.longest_block)

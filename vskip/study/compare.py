@@ -237,8 +237,8 @@ def _decode_rows(pair, v: Variant, todo, predictor=None, batch_size: int = 1):
 def _predictors(pair, variants, directory: str | None, models) -> dict:
     """The trained predictor of each learned variant, by variant name (the variant's own
     ``predictor=``, else ``directory``; each kind and directory read once), opened as every decode opens its predictor
-    (:func:`vskip.study.door.load_policy_predictor`: checked against its online thresholds' settings)."""
-    from .door import load_policy_predictor
+    (:func:`vskip.engine.door.load_policy_predictor`: checked against its online thresholds' settings)."""
+    from ..engine.door import load_policy_predictor
 
     out, loaded = {}, {}
     for v in variants:

@@ -152,10 +152,10 @@ def _run_locked(cfg: RunConfig, out: Path, problems, progress: bool, pair, comma
 
 
 def _models(cfg: RunConfig, problems, pair):
-    """The run's decode, opened through the door (:func:`vskip.study.door.open_decoder`): the prompts
+    """The run's decode, opened through the door (:func:`vskip.engine.door.open_decoder`): the prompts
     fit before the models load; a pair already loaded (sweeps) is used as it is."""
     from ..bench import tasks
-    from .door import open_decoder
+    from ..engine.door import open_decoder
 
     prompts = [(p.task_id, tasks.user_prompt(p)) for p in problems]
     return open_decoder(cfg.settings, prompts, pair=pair, record=json.loads(json.dumps(cfg.to_json())),

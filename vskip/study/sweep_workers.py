@@ -29,7 +29,7 @@ class Unit:
 
 def load_models(models: ModelConfig, need_drafter: bool):
     """The default pair factory: the model pair of ``models``, loaded once per worker."""
-    from .door import open_models
+    from ..engine.door import open_models
 
     return open_models(models, need_drafter)
 

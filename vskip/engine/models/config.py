@@ -1,5 +1,5 @@
 """Which models to load, where, and how: the one configuration every command that decodes
-passes to :func:`vskip.study.door.open_models` (no torch is imported here)."""
+passes to :func:`vskip.engine.door.open_models` (no torch is imported here)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ class ModelConfig:
     (``0=40GiB,1=40GiB``) bounds what each device may hold, and names the devices a spread
     verifier uses. ``runtime``: what computes the verifier, ``native`` (vskip's own kernels,
     :mod:`vskip.engine.models.native`), ``transformers`` (float32 on a CPU, the reference of the
-    committed studies) or ``auto`` (native where it runs, :func:`vskip.study.door.runtime_of`)."""
+    committed studies) or ``auto`` (native where it runs, :func:`vskip.engine.door.runtime_of`)."""
 
     drafter: str | None = None
     verifier: str | None = None

@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import Sequence
 
-from ..engine.models.config import ModelConfig
-from ..engine.settings import Settings
+from .models.config import ModelConfig
+from .settings import Settings
 
 
 def runtime_of(models: ModelConfig):
@@ -26,7 +26,7 @@ def runtime_of(models: ModelConfig):
     for: the one place it is resolved. ``auto`` takes the native runtime where the verifier runs
     on a CPU that has it, no ``--dtype`` was asked for, and the pair fits it (a Llama or Qwen2
     verifier, no drafter reading its hidden states); else transformers."""
-    from ..engine.runtime import resolve_runtime
+    from .runtime import resolve_runtime
 
     base = resolve_runtime(models.device, models.dtype, models.threads, models.drafter_dtype, models.drafter_device,
                            models.verifier_device, models.max_memory)
@@ -35,8 +35,8 @@ def runtime_of(models: ModelConfig):
         return base
     from dataclasses import replace
 
-    from ..engine.models.load import native_reason
-    from ..engine.models.native.build import NativeUnavailable, chosen_isa, unsupported_reason
+    from .models.load import native_reason
+    from .models.native.build import NativeUnavailable, chosen_isa, unsupported_reason
 
     try:
         chosen_isa()
@@ -63,7 +63,7 @@ def _say_once(line: str) -> None:
 def open_models(models: ModelConfig, need_drafter: bool = True, budget: tuple | None = None, runtime=None):
     """The model pair, placed for ``budget`` (longest prompt, new tokens, longest block and
     optionally the batch size; None: a generic budget, as a sweep's workers load once per process)."""
-    from ..engine.models.load import load_pair
+    from .models.load import load_pair
 
     runtime = runtime or runtime_of(models)
     return load_pair(runtime, drafter=models.drafter, verifier=models.verifier, steps=models.steps,
@@ -75,7 +75,7 @@ def longest_prompt(models: ModelConfig, prompts: str | list[tuple[str, str]], ma
     """The longest of ``prompts`` (a user message, or ``(name, text)`` pairs) in the verifier's
     tokens, from its tokenizer alone: a prompt that cannot fit ``max_new_tokens`` more refuses
     here, before any model loads."""
-    from ..engine.models.load import check_prompt_fits
+    from .models.load import check_prompt_fits
 
     return check_prompt_fits(models.verifier, prompts, max_new_tokens)
 
@@ -94,8 +94,8 @@ def load_policy_predictor(s: Settings, runtime, record: dict | None = None, load
     predictors already read, by (kind, directory), which several configurations share."""
     if not s.policy.learned:
         return None
-    from .predictor import load_predictor, note_thresholds
-    from .prefix.calibrate import check_online_settings
+    from ..study.predictor import load_predictor, note_thresholds
+    from ..study.prefix.calibrate import check_online_settings
 
     key = (s.policy.predictor_kind, s.predictor)
     predictor = (loaded or {}).get(key) or load_predictor(s.predictor, s.policy.predictor_kind, runtime)
@@ -121,12 +121,12 @@ class Decoder:
 
     def warmup(self, ids: Sequence[int]) -> None:
         """A.8: one draft block (the longest this decode drafts) and one verifier forward."""
-        from ..engine.decode import warmup
+        from .decode import warmup
 
         warmup(self.drafter, self.pair.verifier, ids, self.settings.longest_block)
 
     def decode(self, ids: Sequence[int], task_id: str | None = None, sample: int = 0):
-        from ..engine.decode import decode
+        from .decode import decode
 
         s = self.settings
         return decode(ids, self.drafter, self.pair.verifier, s.policy, s.decode, self.predictor, task_id=task_id,
@@ -136,7 +136,7 @@ class Decoder:
              prefill_depth: int | None = None):
         """The decode loop itself (:class:`~vskip.engine.decode.Loop`), for a caller that admits
         jobs as they come and reads each round (the server); jobs may bring their own settings."""
-        from ..engine.decode import Loop
+        from .decode import Loop
 
         s = self.settings
         return Loop(self.pair.drafter, self.pair.verifier, s.policy, s.decode, self.predictor, batch_size,
@@ -145,7 +145,7 @@ class Decoder:
     def decode_many(self, jobs, batch_size: int = 1):
         """Decode :class:`~vskip.engine.decode.Job` s ``batch_size`` at a time, yielding (job, result)
         as each finishes."""
-        from ..engine.decode import decode_many
+        from .decode import decode_many
 
         s = self.settings
         return decode_many(jobs, self.drafter, self.pair.verifier, s.policy, s.decode, self.predictor, batch_size)

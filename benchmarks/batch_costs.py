@@ -82,7 +82,8 @@ def _texts(decoders, pair, prompts, gamma: int) -> list[list[int]]:
 def planned_mb(a, prompts, batches) -> dict:
     """What ``vskip plan --batch-size B`` plans on this CPU for the decode's caches and activations
     (MB), by B, for the longest of ``prompts``."""
-    from vskip.engine.models.load import resolve_drafter_dir, resolve_verifier_dir
+    from vskip.engine.models.drafter_files import resolve_drafter_dir
+    from vskip.engine.models.verifiers import resolve_verifier_dir
     from vskip.engine.models.placement import plan_memory
 
     longest = max(len(ids) for _, ids in prompts)

@@ -1,5 +1,5 @@
-"""Distillation generation throughput: the slot engine at several slot counts against
-transformers' batched ``generate`` (the generator before the engine), on the same prompts.
+"""Distillation generation throughput: the slot engine (the native runtime's body, continuous
+batching) at several slot counts against transformers' batched float32 ``generate``, on the same prompts.
 
 Each configuration decodes training prompts (a fixed sample, every ``len/N``-th, answers of up
 to ``--max-new-tokens``) for ``--seconds`` of wall time after a warm-up, and counts the answer
@@ -31,10 +31,10 @@ def _prompts(n: int, tokenizer) -> list[list[int]]:
     return [encode_chat(tokenizer, p.text) for p in ps[::step][:n]]
 
 
-def _engine_rate(model, head, prompts, slots, max_new, eos, seconds) -> dict:
+def _engine_rate(net, prompts, slots, max_new, eos, seconds) -> dict:
     from vskip.distill.engine import SlotEngine
 
-    eng = SlotEngine(model, head, slots=slots, max_new_tokens=max_new, eos_id=eos)
+    eng = SlotEngine(net, slots=slots, max_new_tokens=max_new, eos_id=eos)
     count = [0]
     t0 = [None]
     stop = [False]
@@ -81,7 +81,7 @@ def main() -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from vskip.distill.engine import load_causal_lm
-    from vskip.engine.models.embedded import embedded_verifier_dir
+    from vskip.engine.models.source import transformers_dir, verifier_dir
 
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_calls import machine
@@ -89,21 +89,24 @@ def main() -> int:
     from vskip.engine.runtime import Runtime
 
     Runtime(threads=a.threads).activate()
-    vdir = embedded_verifier_dir()
+    vdir = verifier_dir(None)
     tok = AutoTokenizer.from_pretrained(str(vdir))
     prompts = _prompts(a.prompts, tok)
-    model, head = load_causal_lm(vdir)
-    hf = AutoModelForCausalLM.from_pretrained(str(vdir), dtype=torch.float32).eval() if a.hf_batch else None
+    net = load_causal_lm(vdir, a.threads)
+    hf = AutoModelForCausalLM.from_pretrained(str(transformers_dir(None)), dtype=torch.float32).eval() \
+        if a.hf_batch else None
     eos = 2
     mach = machine(a.threads)
-    params = sum(p.numel() for p in model.parameters()) - model.embed_tokens.weight.numel() + head.numel()
+    s = net.shape  # multiply-adds per token: the layers' products and the head
+    params = s.n_layers * (s.dim * (s.n_heads + 2 * s.n_kv) * s.head_dim + s.n_heads * s.head_dim * s.dim
+                           + 3 * s.dim * s.ffn) + s.vocab * s.dim
     floor = mach["gemm_float32_GFLOPs"] * 1e9 / (2 * params)
     configs = [f"slots{s}" for s in a.slots.split(",") if s] + ([f"hf{a.hf_batch}"] if a.hf_batch else [])
     rates: dict[str, list[float]] = {c: [] for c in configs}
     for r in range(a.repeats):
         for c in configs if r % 2 == 0 else configs[::-1]:
             if c.startswith("slots"):
-                res = _engine_rate(model, head, prompts, int(c[5:]), a.max_new_tokens, eos, a.seconds)
+                res = _engine_rate(net, prompts, int(c[5:]), a.max_new_tokens, eos, a.seconds)
             else:
                 res = _hf_rate(hf, prompts, a.hf_batch, a.max_new_tokens, eos, a.seconds)
             rates[c].append(res["tokens"] / res["seconds"])

@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     from transformers import AutoTokenizer
 
     from vskip.bench import scoring, tasks
-    from vskip.engine.models.load import resolve_verifier_dir
+    from vskip.engine.models.verifiers import resolve_verifier_dir
     from vskip.stats import bootstrap_means, percentile_interval
 
     settings = {}

@@ -76,7 +76,7 @@ def fidelity(groups: dict[str, list[Path]], task: str, sampling, progress: bool 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from vskip.bench import tasks
-    from vskip.engine.models.load import resolve_verifier_dir
+    from vskip.engine.models.verifiers import resolve_verifier_dir
     from vskip.files import read_jsonl_lines
 
     problems = {p.task_id: p for p in tasks.load_task(task)}
@@ -94,7 +94,9 @@ def fidelity(groups: dict[str, list[Path]], task: str, sampling, progress: bool 
         read[name] = (len(rows), by_task)
     where = resolve_verifier_dir(None)
     tok = AutoTokenizer.from_pretrained(where)
-    model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32).eval()
+    from vskip.engine.models.source import transformers_dir
+
+    model = AutoModelForCausalLM.from_pretrained(transformers_dir(str(where)), dtype=torch.float32).eval()
     out = {}
     for name, files in groups.items():
         n_rows, by_task = read[name]

@@ -40,7 +40,7 @@ def ties(directory: Path, config: str = "strict", progress: bool = True) -> dict
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from vskip.bench import tasks
-    from vskip.engine.models.load import resolve_verifier_dir
+    from vskip.engine.models.verifiers import resolve_verifier_dir
     from vskip.engine.models.sampling import warped_probs
     from vskip.engine.policy import Sampling, prompt_key
     from vskip.engine.policy.sampling import inverse_cdf, tie_margin
@@ -67,7 +67,9 @@ def ties(directory: Path, config: str = "strict", progress: bool = True) -> dict
 
     where = resolve_verifier_dir((settings.get("fixed", {}).get("models") or {}).get("verifier"))
     tok = AutoTokenizer.from_pretrained(where)
-    model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float64).eval()
+    from vskip.engine.models.source import transformers_dir
+
+    model = AutoModelForCausalLM.from_pretrained(transformers_dir(str(where)), dtype=torch.float64).eval()
     problems = {p.task_id: p for p in tasks.load_task(settings_task(directory), ids=sorted(differ))}
     rows = []
     for tid, (ref, got) in tqdm(sorted(differ.items()), desc="float64", disable=not progress):

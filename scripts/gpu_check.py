@@ -25,7 +25,7 @@ from vskip.engine.decode import DecodeConfig, decode
 from vskip.engine.metrics import PromptResult
 from vskip.engine.models import tiny
 from vskip.engine.models.config import ModelConfig
-from vskip.study.door import open_models
+from vskip.engine.door import open_models
 from vskip.engine.policy import PolicyConfig
 
 

@@ -478,7 +478,7 @@ def test_score_runs_each_configurations_outputs_and_pairs_pass_at_1_with_ar(tmp_
 
     from vskip.bench import tasks
     from vskip.cli import main
-    from vskip.engine.models.load import resolve_verifier_dir
+    from vskip.engine.models.verifiers import resolve_verifier_dir
 
     tok = AutoTokenizer.from_pretrained(resolve_verifier_dir(None), local_files_only=True)
     probs = tasks.load_task("humaneval", ids=["HumanEval/0", "HumanEval/2"])

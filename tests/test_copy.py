@@ -193,7 +193,7 @@ def write_copy_data(path, n_rows, seed):
 
 def test_fit_on_copying_answers_learns_to_copy(tmp_path):
     from vskip.distill.copyfit import fit_copy_prior, write_copy_prior
-    from vskip.engine.models.load import resolve_copy_prior
+    from vskip.engine.models.drafter_files import resolve_copy_prior
 
     write_copy_data(tmp_path / "shard_00000.npz", 8, 0)
     write_copy_data(tmp_path / "shard_00001.npz", 4, 1)
@@ -318,7 +318,7 @@ def test_asking_for_features_never_changes_the_draft():
 def test_a_prior_fitted_to_other_weights_warns(tmp_path, capsys):
     from vskip.engine.models.copy import CopyPrior
     from vskip.engine.models.embedded import file_sha256
-    from vskip.engine.models.load import _warn_if_fitted_elsewhere
+    from vskip.engine.models.drafter_files import _warn_if_fitted_elsewhere
 
     LAM = [[0.5]]
     (tmp_path / "drafter.safetensors").write_bytes(b"weights one")

@@ -192,7 +192,9 @@ def tiny_verifier(tmp_path_factory):
 
     specials = ["<unk>", "<|im_start|>", "<|im_end|>"]
     chars = sorted(set(string.ascii_letters + string.digits + string.punctuation + " \n"))
-    vocab = {t: i for i, t in enumerate(specials + chars)}
+    pieces = specials + chars
+    pieces += [f"<unused{i}>" for i in range(-len(pieces) % 16)]  # the native head packs rows by 16
+    vocab = {t: i for i, t in enumerate(pieces)}
     core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     core.add_special_tokens(specials)
     tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>",
@@ -299,13 +301,15 @@ def test_shards_of_the_first_format_are_still_read(tmp_path):
     assert [r["completion"].tolist() for r in rows] == [[7, 8, 2], []]
 
 
-def test_engine_answers_equal_transformers_greedy(tiny_verifier):
-    """The slot engine (continuous batching, its own kernels, the exact head) gives the same
-    greedy answers as transformers' generate, one prompt at a time."""
+def test_agreement_with_transformers_greedy_is_measured(tiny_verifier):
+    """The engine computes on the native runtime (Q8_0 weights, int8 activations), so its answers
+    are the native verifier's, which may part from float32 transformers' greedy answer: the check
+    says how often and where. On this tiny random model most answers agree whole."""
     prompts = _tiny_prompts(7)
-    report = gen.check_agreement(tiny_verifier, prompts, max_new_tokens=12, slots=3, group=2)
-    assert report["prompts"] == 7 and report["differ"] == 0, report["diffs"]
-    assert report["shared_prefix_fraction"] == 1.0
+    report = gen.check_agreement(tiny_verifier, prompts, max_new_tokens=12, slots=3)
+    assert report["prompts"] == 7 and report["differ"] == len(report["diffs"]) <= 2, report["diffs"]
+    assert 0.7 <= report["shared_prefix_fraction"] <= 1.0
+    assert (report["shared_prefix_fraction"] == 1.0) == (report["differ"] == 0)
 
 
 def test_generation_rows(tiny_verifier, tmp_path):
@@ -397,18 +401,27 @@ def test_limit_then_extend_and_settings_clash(tiny_verifier, tmp_path):
         gen.generate_distillation(tmp_path, prompts[:-1], tiny_verifier, **RUN)
 
 
-def test_a_prompt_too_long_for_the_shared_cache_is_answered_alone_and_the_same(tiny_verifier):
+def test_answers_are_the_native_verifiers_own_greedy_answers(tiny_verifier):
+    """Continuous batching on the one native body: every answer, whatever shared its forwards and
+    whichever slot it was refilled into, equals that verifier's batch-1 greedy decode."""
     from vskip.distill.engine import SlotEngine, load_causal_lm
+    from vskip.engine.decode import DecodeConfig, decode
+    from vskip.engine.models.native.verifier import NativeVerifier
+    from vskip.engine.policy import PolicyConfig
 
-    model, head = load_causal_lm(tiny_verifier)
+    net = load_causal_lm(tiny_verifier, threads=1)
     rng = np.random.default_rng(0)
-    prompts = [(i, rng.integers(3, 40, int(n)).tolist()) for i, n in enumerate([5, 30, 8, 45, 12])]
-    roomy = SlotEngine(model, head, slots=2, max_new_tokens=10, eos_id=2, max_len=128)
-    tight = SlotEngine(model, head, slots=2, max_new_tokens=10, eos_id=2, max_len=32)
-    want = {a.key: a.completion for a in roomy.run(prompts)}
-    got = {a.key: a.completion for a in tight.run(prompts)}
-    assert got == want
-    assert tight.T <= 32  # the long prompts never grew the shared cache
+    prompts = [(i, rng.integers(3, 40, int(n)).tolist()) for i, n in enumerate([5, 30, 8, 45, 12, 3, 21])]
+    free = {a.key: a.completion for a in SlotEngine(net, slots=3, max_new_tokens=10, eos_id=-1).run(prompts)}
+    eos = free[0][3]  # a token some answer makes: answers that make it end there, and slots refill early
+    engine = SlotEngine(net, slots=3, max_new_tokens=10, eos_id=eos)
+    got = {a.key: a.completion for a in engine.run(prompts)}
+    ver = NativeVerifier(net, eos_ids=[eos])
+    for key, ids in prompts:
+        want = decode(ids, None, ver, PolicyConfig(name="ar"), DecodeConfig(max_new_tokens=10)).tokens
+        assert got[key] == want, key
+    assert engine.steps < sum(len(c) for c in got.values())  # the slots shared their forwards
+    assert any(len(c) < 10 for c in got.values()) and any(len(c) == 10 for c in got.values())
 
 
 def test_ends_in_a_loop():

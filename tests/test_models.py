@@ -233,7 +233,7 @@ class _Tok:
 
 
 def test_vocabulary_fit_never_allows_ids_the_verifier_lacks():
-    from vskip.engine.models.load import vocabulary_fit
+    from vskip.engine.models.vocab import vocabulary_fit
 
     words = [f"t{i}" for i in range(200)]
     drafter_tok = _Tok(words[:180] + ["<|mask|>"] * 20)

@@ -13,7 +13,8 @@ from vskip.cli import main
 from vskip.engine.decode import DecodeConfig, decode
 from vskip.engine.models import tiny
 from vskip.engine.models.config import ModelConfig
-from vskip.engine.models.load import load_verifier, read_token_table, vocabulary_fit
+from vskip.engine.models.verifiers import load_verifier
+from vskip.engine.models.vocab import read_token_table, vocabulary_fit
 from vskip.engine.door import open_models
 from vskip.engine.models.placement import MemoryPlanError, Shape, plan_memory, read_shape
 from vskip.engine.policy import PolicyConfig
@@ -216,14 +217,15 @@ def test_lossless_strict_with_a_qwen3_verifier_and_a_dream_drafter(pair_dirs, ca
                                  drafter_dtype="float32", verifier_cache=cache))
     assert pair.identity["drafter"] == str(d)
     proposed = []
-    propose = pair.drafter.propose
+    propose_many = pair.drafter.propose_many
 
-    def spy(seq, gamma, features=False, sampling=None, slot=0):
-        block = propose(seq, gamma, features, sampling, slot)
-        proposed.extend(block.tokens.tolist())
-        return block
+    def spy(requests, features=False, sampling=None):
+        blocks = propose_many(requests, features, sampling)
+        for block in blocks:
+            proposed.extend(block.tokens.tolist())
+        return blocks
 
-    pair.drafter.propose = spy
+    pair.drafter.propose_many = spy
     banned = set(tiny.CLASHING_IDS) | set(pair.verifier.special_ids)
     for text in ("def add(a, b):", "Write a function that reverses a list."):
         ids = encode_chat(pair.tokenizer, text)
@@ -296,3 +298,30 @@ def test_a_qwen3_style_template_gets_thinking_off(pair_dirs):
     assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     plain = tiny._verifier_tokenizer(tiny.QWEN_ADDED + tiny.QWEN3_EXTRA)  # no switch: nothing added
     assert plain.decode(encode_chat(plain, "hi")).endswith("<|im_start|>assistant\n")
+
+
+def test_the_native_plan_counts_blocks_and_the_slot_caches_growth():
+    """A plan for the native runtime counts the verifier's blocks as the GGUF file holds them (not
+    float32 weights), and each slot at the capacity the slot cache's one growth rule reaches."""
+    from vskip.engine.models.drafter_files import resolve_drafter_dir
+    from vskip.engine.models.native.cache import SlotCache, capacity_for
+    from vskip.engine.models.native.model import Shape as NativeShape
+    from vskip.engine.models.source import gguf_file
+    from vskip.engine.models.verifiers import resolve_verifier_dir
+
+    kw = dict(verifier_device="cpu", drafter_device="cpu", dtype="float32", drafter_dtype="bfloat16",
+              prompt_tokens=300, max_new_tokens=512, gamma=16, batch=4)
+    vdir, ddir = resolve_verifier_dir(None), resolve_drafter_dir(None)
+    hf = plan_memory(vdir, ddir, **kw)
+    native = plan_memory(vdir, ddir, runtime="native", **kw)
+    (u,), (h,) = native.devices, hf.devices
+    assert "verifier (native)" in u.holds and native.settings["runtime"] == "native"
+    drafter_float = read_shape(ddir, "drafter").params * 2
+    assert gguf_file(vdir).stat().st_size < u.weights - drafter_float < h.weights - drafter_float
+    shape = NativeShape(1, 32, 2, 1, 16, 32, 16, 1e-5, 1e4, 4096)
+    for first, need in ((40, 300), (317, 829), (700, 701), (2000, 4096)):
+        cache = SlotCache(shape, 1)
+        cache.reserve([0], first)
+        for n in range(first, need + 1, 3):
+            cache.reserve([0], n)
+        assert cache.capacity(0) == capacity_for(first, need, shape.max_positions), (first, need)

@@ -177,7 +177,7 @@ def test_a_drafter_from_chosen_verifier_layers_round_trips(verifier_dir, tmp_pat
 def test_a_manifest_naming_another_verifier_warns(tmp_path, capsys):
     import json
 
-    from vskip.engine.models.load import verify_drafter
+    from vskip.engine.models.drafter_files import verify_drafter
 
     (tmp_path / "v").mkdir()
     (tmp_path / "d").mkdir()
@@ -261,14 +261,14 @@ def shipped(verifier_dir, tmp_path):
 
 
 def test_a_drafter_matching_its_manifest_loads(shipped, verifier_dir):
-    from vskip.engine.models.load import verify_drafter
+    from vskip.engine.models.drafter_files import verify_drafter
 
     verify_drafter(shipped, verifier_dir, required=True)
 
 
 @pytest.mark.parametrize("name", ["drafter.safetensors", "copy_prior.json"])
 def test_a_damaged_drafter_file_refuses_naming_it(shipped, verifier_dir, name):
-    from vskip.engine.models.load import verify_drafter
+    from vskip.engine.models.drafter_files import verify_drafter
     from vskip.files import FileError
 
     f = shipped / name
@@ -280,7 +280,7 @@ def test_a_damaged_drafter_file_refuses_naming_it(shipped, verifier_dir, name):
 
 
 def test_a_missing_or_damaged_manifest_refuses_where_one_is_required(shipped, verifier_dir):
-    from vskip.engine.models.load import verify_drafter
+    from vskip.engine.models.drafter_files import verify_drafter
     from vskip.files import FileError
 
     m = shipped / "manifest.json"
@@ -294,7 +294,7 @@ def test_a_missing_or_damaged_manifest_refuses_where_one_is_required(shipped, ve
 
 
 def test_a_shipped_drafter_without_the_copy_prior_its_manifest_names_refuses(shipped, verifier_dir):
-    from vskip.engine.models.load import verify_drafter
+    from vskip.engine.models.drafter_files import verify_drafter
 
     (shipped / "copy_prior.json").unlink()
     with pytest.raises(FileNotFoundError, match="copy_prior.json is missing"):

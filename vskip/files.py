@@ -359,3 +359,31 @@ class DirLock:
         if self._f is not None:
             self._f.close()
             self._f = None
+
+
+class built_dir:
+    """``with built_dir(out) as tmp:`` builds a directory in ``tmp`` beside ``out`` and renames it
+    into place (replacing an old ``out``) once the block ends without an error; a failure leaves
+    ``out`` as it was and no ``tmp`` behind. Whoever builds ``out`` holds its lock."""
+
+    def __init__(self, out: Path | str):
+        self.out = Path(out)
+
+    def __enter__(self) -> Path:
+        import tempfile
+
+        self.tmp = Path(tempfile.mkdtemp(prefix=self.out.name + ".tmp-", dir=self.out.parent))
+        return self.tmp
+
+    def __exit__(self, kind, err, tb) -> bool:
+        import shutil
+
+        try:
+            if kind is None:
+                if self.out.exists():
+                    shutil.rmtree(self.out)
+                self.tmp.rename(self.out)
+        finally:
+            if self.tmp.exists():
+                shutil.rmtree(self.tmp, ignore_errors=True)
+        return False

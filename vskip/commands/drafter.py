@@ -164,7 +164,7 @@ def _layer_list(text: str) -> tuple[int, ...]:
 def _cmd_train(a) -> int:
     from ..distill.config import TrainConfig
     from ..distill.train import train
-    from ..engine.models.embedded import embedded_verifier_dir
+    from ..engine.models.source import verifier_dir
     from ..files import check_input_dir, check_writable_dir
 
     if a.layers:
@@ -176,7 +176,7 @@ def _cmd_train(a) -> int:
                                                    "copy_input", "full_mask_share", "early_share",
                                                    "early_tokens", "replay_answers", "replay_tokens",
                                                    "init_from")})
-    if a.verifier:
+    if a.verifier and not a.verifier.lower().endswith(".gguf"):
         check_input_dir(a.verifier, "verifier directory")
     if not a.generate:
         check_input_dir(a.data, "data directory", " (use --generate)")
@@ -184,7 +184,7 @@ def _cmd_train(a) -> int:
         raise FileNotFoundError(f"--init-from {a.init_from}: no train_state.safetensors (not a drafter training "
                                 "directory)")
     check_writable_dir(a.out, "training directory")
-    vdir = Path(a.verifier) if a.verifier else embedded_verifier_dir()
+    vdir = verifier_dir(a.verifier)
     from ..engine.models.backbone import read_hf_config
 
     total = int(read_hf_config(vdir).get("num_hidden_layers", 0))
@@ -242,7 +242,7 @@ def _generate_data(subparsers) -> None:
                                      "built list")
     g.add_argument("--sources", default=",".join(SOURCES), help=f"prompt sources (default: {','.join(SOURCES)})")
     g.add_argument("--seed", type=int, default=0, help="seed of the built prompt list (default: 0)")
-    add_verifier_flag(g, help="verifier directory (default: the embedded verifier)")
+    add_verifier_flag(g, help="verifier directory or .gguf file (default: the embedded verifier)")
     g.add_argument("--limit", type=bounded(int, 1, 10_000_000), help="only the first N prompts")
     add_threads_flag(g, default=2, help="torch CPU threads (default: 2)")
     g.add_argument("--slots", type=int, default=64, help="answers decoded at once (default: 64)")
@@ -270,12 +270,9 @@ def cmd_generate_data(a) -> int:
         write_json(check_output_path(a.summary, "--summary"), summary)
         print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=1))
         return 0
-    if a.verifier:
-        verifier_dir = Path(a.verifier)
-    else:
-        from ..engine.models.embedded import embedded_verifier_dir
+    from ..engine.models.source import verifier_dir as resolve
 
-        verifier_dir = embedded_verifier_dir()
+    verifier_dir = resolve(a.verifier)
     from ..distill.prompts import SOURCES
 
     sources = [x.strip() for x in a.sources.split(",") if x.strip()]

@@ -105,7 +105,8 @@ def add_model_flags(p: argparse.ArgumentParser, threads_help: str = "torch CPU t
     m.add_argument("--drafter", help="drafter directory (a conditioned drafter you trained with vskip "
                                      "train-conditioned: none ships), or the shipped drafter's name, "
                                      "smollm2-135m-diffusion (default: the preset's)")
-    add_verifier_flag(m, help="verifier checkpoint directory (default: embedded SmolLM2-135M-Instruct)")
+    add_verifier_flag(m, help="verifier: a transformers checkpoint directory or a .gguf file, whose blocks the native "
+                              "runtime reads as they are (default: the embedded SmolLM2-135M-Instruct)")
     m.add_argument("--copy-prior", default="auto", metavar="auto|off|PATH",
                    help="the drafter's copy prior: auto (the drafter's copy_prior.json if it has one), off, or a file")
     m.add_argument("--reveal", choices=("maskgit_plus", "topk_margin", "entropy"), help="reveal order (default: the drafter's)")
@@ -144,8 +145,9 @@ def add_task_flag(p, required: bool = False, default: str | None = None, help: s
     p.add_argument("--task", required=required, default=default, choices=ALL_TASKS, help=help)
 
 
-def add_verifier_flag(p, help: str = "verifier checkpoint directory (default: the embedded verifier)") -> None:
-    """``--verifier``: the verifier's checkpoint directory."""
+def add_verifier_flag(p, help: str = "verifier: a transformers checkpoint directory or a .gguf file (default: the "
+                                        "embedded verifier)") -> None:
+    """``--verifier``: the verifier's checkpoint directory or GGUF file."""
     p.add_argument("--verifier", help=help)
 
 

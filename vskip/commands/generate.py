@@ -17,6 +17,7 @@ def register(subparsers) -> None:
 def cmd_generate(a) -> int:
     from ..engine.prompting import encode_chat
     from ..engine.door import open_decoder
+    from ..study.predictor import policy_predictor
 
     if not a.prompt.strip():
         raise ValueError("the prompt is empty")
@@ -24,7 +25,7 @@ def cmd_generate(a) -> int:
         a.prompt.encode("utf-8")
     except UnicodeEncodeError as e:  # bytes the shell passed that are not UTF-8 (surrogate escapes)
         raise ValueError(f"the prompt is not UTF-8 text (byte {e.start} of it); pass it as UTF-8") from None
-    dec = open_decoder(settings(a), a.prompt)
+    dec = open_decoder(settings(a), a.prompt, predictors=policy_predictor)
     ids = encode_chat(dec.pair.tokenizer, a.prompt)
     dec.warmup(ids)
     res = dec.decode(ids)

@@ -39,7 +39,8 @@ def register(subparsers) -> None:
 
 
 def cmd_plan(a) -> int:
-    from ..engine.models.load import resolve_drafter_dir, resolve_verifier_dir
+    from ..engine.models.drafter_files import resolve_drafter_dir
+    from ..engine.models.verifiers import resolve_verifier_dir
     from ..engine.models.placement import plan_memory
     from ..engine.runtime import STRATEGIES, normalize_device, parse_max_memory
     from ..files import check_output_path, write_atomic, write_json

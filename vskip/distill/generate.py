@@ -90,8 +90,10 @@ def _tokenizer(verifier_dir: Path):
 
 def _verifier_hashes(verifier_dir: Path) -> dict:
     from vskip.engine.models.embedded import file_sha256 as sha
+    from vskip.engine.models.source import gguf_file
 
-    out = {"verifier_sha256": sha(verifier_dir / "model.safetensors")}
+    weights = gguf_file(verifier_dir) or verifier_dir / "model.safetensors"  # the file the engine reads
+    out = {"verifier_sha256": sha(weights)}
     marker = verifier_dir / "vskip.json"
     if marker.exists():
         try:
@@ -233,8 +235,8 @@ def generate_distillation(
             return save_index()
         runs.append({"command": command, "slots": slots, "threads": threads, "started": time.strftime("%Y-%m-%dT%H:%M:%S")})
         save_index()
-        model, head = load_causal_lm(verifier_dir)
-        engine = SlotEngine(model, head, slots=slots, max_new_tokens=max_new_tokens, eos_id=eos_id)
+        engine = SlotEngine(load_causal_lm(verifier_dir, threads), slots=slots, max_new_tokens=max_new_tokens,
+                            eos_id=eos_id)
         return _stream(engine, tokenizer, prompts, todo, out_dir, settings, shards, runs, save_index, progress)
 
 
@@ -303,7 +305,7 @@ def _stream(engine, tokenizer, prompts, todo, out_dir, settings, shards, runs, s
 
 
 def check_agreement(verifier_dir: Path, prompts: Sequence[TrainPrompt], max_new_tokens: int = 128,
-                    slots: int = 8, group: int = 8) -> dict:
+                    slots: int = 8) -> dict:
     """Answers of the slot engine versus transformers' greedy ``generate``, one prompt at a time
     (the decoding ``vskip run --policy ar`` matches): how many differ, and where."""
     import torch
@@ -317,10 +319,11 @@ def check_agreement(verifier_dir: Path, prompts: Sequence[TrainPrompt], max_new_
     tokenizer = _tokenizer(verifier_dir)
     eos_id, pad_id = _special_ids(tokenizer, read_hf_config(verifier_dir))
     encoded = [encode_chat(tokenizer, p.text) for p in prompts]
-    model, head = load_causal_lm(verifier_dir)
-    engine = SlotEngine(model, head, slots=slots, max_new_tokens=max_new_tokens, eos_id=eos_id, group=group)
+    engine = SlotEngine(load_causal_lm(verifier_dir), slots=slots, max_new_tokens=max_new_tokens, eos_id=eos_id)
     ours = {a.key: a.completion for a in engine.run(enumerate(encoded))}
-    hf = AutoModelForCausalLM.from_pretrained(str(verifier_dir), dtype=torch.float32, trust_remote_code=False,
+    from vskip.engine.models.source import transformers_dir
+
+    hf = AutoModelForCausalLM.from_pretrained(str(transformers_dir(str(verifier_dir))), dtype=torch.float32, trust_remote_code=False,
                                               local_files_only=True).eval()
     diffs, same = [], 0
     total = 0

@@ -192,7 +192,10 @@ def extract(data_dir: Path, out: Path, verifier_dir: Path, layers: tuple[int, ..
     ho, order = plan_rows(data, holdout, seed)
     # the same split the training run makes (a check, not a second definition)
     assert sorted(split(data, holdout, seed)[1].prompt_ids) == sorted(data.prompt_ids[i] for i in ho)
-    model = AutoModelForCausalLM.from_pretrained(verifier_dir, dtype=torch.float32, trust_remote_code=False,
+    from ..engine.models.source import transformers_dir
+
+    model = AutoModelForCausalLM.from_pretrained(transformers_dir(str(verifier_dir)), dtype=torch.float32,
+                                                 trust_remote_code=False,
                                                  local_files_only=True).eval()
     model.to(device)
     n_layers = int(model.config.num_hidden_layers)

@@ -19,30 +19,18 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from .calls import Clocks, Models
 from .features import assemble_features
-from .models.protocols import Call, DraftBlock, Drafter, Predictor, Verifier
-from .policy import (RULE, Decision, Draw, GuardContext, PolicyConfig, Rule, Sampling, block_length,
-                     committed_tokens, decide, draw_rows, prompt_key, strict_accept, verify_length)
-from .policy.sampling import ACCEPT, DRAFTER
-from .records import BlockTrace, DecodeResult, RoundRecord  # noqa: F401 - the loop's results, read from here too
+from .models.protocols import DraftBlock, Drafter, Predictor, Verifier
+from .policy import (RULE, Decision, Draw, GuardContext, PolicyConfig, Rule, block_length, committed_tokens, decide,
+                     prompt_key, strict_accept, verify_length)
+from .policy.sampling import ACCEPT
+from .records import BlockTrace, DecodeResult, Job, RoundRecord, Step  # noqa: F401 - the loop's records, read from here too
 from .runtime import now
 from .settings import DecodeConfig, check_models, check_prompt
 
 #: How many committed tokens the repetition guard looks back over.
 _HISTORY = 64
-
-
-class _Clocks:
-    """Seconds spent per part of a round (A.8: every clock read synchronises the device)."""
-
-    def __init__(self):
-        self.seconds = {"draft": 0.0, "verify": 0.0, "predict": 0.0, "shadow": 0.0}
-
-    def time(self, part: str, fn, *args, **kw):
-        t = now()
-        out = fn(*args, **kw)
-        self.seconds[part] += now() - t
-        return out
 
 
 @dataclass(frozen=True)
@@ -58,33 +46,6 @@ class _Outcome:
     relaxed: bool
     reason: str
     gamma: int
-
-
-@dataclass(frozen=True)
-class Job:
-    """One prompt to decode (token ids); ``task_id`` and ``sample`` (the index of a sampled
-    completion) key its random numbers. ``policy`` and ``cfg``: this job's own settings, checked
-    where they were made (a server's request); None: the loop's."""
-
-    prompt: Sequence[int]
-    task_id: str | None = None
-    sample: int = 0
-    policy: PolicyConfig | None = None
-    cfg: DecodeConfig | None = None
-
-
-@dataclass(frozen=True)
-class Step:
-    """What one round did to one sequence: the tokens it ``committed`` and the round's ``record``,
-    and when the sequence is done, its ``result`` (None while it runs); ``error``: the failure that
-    ended this sequence alone (its result then holds what it had committed)."""
-
-    job: Job
-    slot: int
-    committed: list[int]
-    record: RoundRecord | None = None
-    result: DecodeResult | None = None
-    error: BaseException | None = None
 
 
 def decode(prompt: Sequence[int], drafter: Drafter | None, verifier: Verifier, policy: PolicyConfig,
@@ -161,7 +122,7 @@ class Loop:
         self.prefill_chunk, self.draft_max_batch, self.prefill_depth = prefill_chunk, draft_max_batch, prefill_depth
         check_models(drafter, policy, cfg, predictor)
         self.policy, self.cfg, self.batch_size = policy, cfg, batch_size
-        self.models = _Models(drafter, verifier, predictor, rule)
+        self.models = Models(drafter, verifier, predictor, rule)
         self.active: dict[int, _Decode] = {}
         verifier.open_slots(batch_size)
         if drafter is not None:
@@ -248,78 +209,6 @@ class Loop:
 
 
 @dataclass
-class _Models:
-    """What every sequence of the loop shares: the models, the rule and the shadow clock."""
-
-    drafter: Drafter | None
-    verifier: Verifier
-    predictor: Predictor | None
-    rule: Rule
-    shadow_seconds: float = 0.0
-
-    def draft(self, drafting: dict) -> dict:
-        """The drafter's calls for the sequences ``drafting`` {slot: decode}, one per kind of
-        request (one for a batch of the same settings): each one's block (under the speculative
-        rule, with the tokens the loop draws from its distributions), the block length its policy
-        asked for and the one drafted, by slot. A call's time goes to each participant's draft clock."""
-        out = {}
-        for group in _groups(drafting, lambda d: (d.cfg.trace or d.policy.learned,
-                                                  d.cfg.sampling if d.cfg.sampling.speculative else None)):
-            lengths = {slot: d.block_length() for slot, d in group.items()}
-            d0 = next(iter(group.values()))
-            s, features = d0.cfg.sampling, d0.cfg.trace or d0.policy.learned
-            t = now()
-            blocks = self.drafter.propose_many([(slot, d.seq, lengths[slot][1]) for slot, d in group.items()],
-                                               features=features, sampling=s if s.speculative else None)
-            for (slot, d), block in zip(group.items(), blocks):
-                d.blocks += 1
-                if s.speculative:
-                    g = lengths[slot][1]
-                    block = replace(block, tokens=draw_rows(block.q, s.uniforms(d.key, d.generated, g, DRAFTER)))
-                out[slot] = (block, *lengths[slot])
-            spent = now() - t
-            for d in group.values():
-                d.clocks.seconds["draft"] += spent
-        return out
-
-    def judge(self, asks: dict, clock: str) -> dict:
-        """The verifier's forwards over the sequences' calls ``asks`` {slot: (decode, ask)}, one per
-        way of scoring (one for a batch of the same sampling settings): each one's verdict (its
-        scores judged by the rule with its own numbers), by slot. A forward's time goes to each
-        participant's ``clock`` (and the shadow clock all sequences subtract)."""
-        out = {}
-        shadow = clock == "shadow"
-        for group in _groups(asks, lambda da: _scoring(da[0].cfg.sampling)):
-            calls = [Call(d.seq, a.shadow if shadow else a.verify, shadow, slot) for slot, (d, a) in group.items()]
-            sampling = next(iter(group.values()))[0].cfg.sampling
-            t = now()
-            if sampling.greedy:
-                scores = self.verifier.score_many(calls)
-            else:
-                scores = self.verifier.distributions_many(calls, sampling)
-            spent = now() - t
-            if shadow:
-                self.shadow_seconds += spent
-            for (slot, (d, a)), call, sc in zip(group.items(), calls, scores):
-                d.clocks.seconds[clock] += spent
-                out[slot] = self.rule.verdict(sc, None if sampling.greedy else d.draw(len(call.block) + 1, a.block))
-        return out
-
-
-def _scoring(s: Sampling):
-    """What a verifier forward's scores depend on: the greedy argmax, or the warped distribution."""
-    return None if s.greedy else (s.temperature, s.top_p, s.top_k)
-
-
-def _groups(items: dict, key) -> list[dict]:
-    """``items`` split by ``key`` of their values, each group in the items' order."""
-    groups: dict = {}
-    for k, v in items.items():
-        groups.setdefault(key(v), {})[k] = v
-    return list(groups.values())
-
-
-@dataclass
 class _Ask:
     """What a sequence asks of the verifier this round: the tokens to verify, or to shadow-verify
     after a skip (None: nothing), with its block and decision."""
@@ -335,7 +224,7 @@ class _Ask:
 class _Decode:
     """One prompt's decode in the loop: its slot, settings, and what it carries from round to round."""
 
-    def __init__(self, job: Job, slot: int, models: _Models, policy: PolicyConfig, cfg: DecodeConfig,
+    def __init__(self, job: Job, slot: int, models: Models, policy: PolicyConfig, cfg: DecodeConfig,
                  chunked: bool = False):
         self.job, self.slot, self.models, self.policy, self.cfg = job, slot, models, policy, cfg
         self.drafter = models.drafter if policy.uses_drafter else None
@@ -347,7 +236,7 @@ class _Decode:
         self.D = 0  # unverified tokens committed since the last verifier call
         self.last_full = False  # the previous verified block was accepted whole
         self.calls = self.blocks = 0
-        self.clocks, self.traces, self.rounds, self.stop = _Clocks(), [], [], "length"
+        self.clocks, self.traces, self.rounds, self.stop = Clocks(), [], [], "length"
         if self.drafter is not None:
             self.drafter.reset(slot)
         self.verifier.reset(slot)
@@ -393,7 +282,7 @@ class _Decode:
     def plan(self, block: DraftBlock | None, gamma: int, g: int) -> _Ask:
         """Steps 2-3 (score, decide) on the round's drafted ``block`` (block length ``g`` of the
         ``gamma`` asked for; steps 1, the block length and the draft, ran for the whole batch in
-        :meth:`_Models.draft`): what this round asks of the verifier. The verifier alone (``ar``,
+        :meth:`Models.draft`): what this round asks of the verifier. The verifier alone (``ar``,
         or a Strict SDD round of a crowded batch) asks for one token per call: its argmax, or its draw."""
         if block is None:
             return _Ask(verify=())

@@ -5,9 +5,10 @@ Every command that decodes (``generate``, ``run``, ``compare``, ``sweep``) enter
 the rest once, in this order: it resolves the runtime (:func:`runtime_of`), tokenizes the prompts
 with the verifier's tokenizer alone so that one too long for the context refuses before any model
 loads, plans the memory for the longest block the decode will draft, loads the pair
-(:func:`open_models`), loads the predictor a learned policy reads and checks it against the
-settings its online thresholds were chosen with. The :class:`Decoder` it returns decodes prompts
-with exactly those settings.
+(:func:`open_models`), and has the predictor a learned policy reads loaded by the loader the
+caller hands over (the studies', :func:`vskip.study.predictor.policy_predictor`, which checks it
+against the settings its online thresholds were chosen with). The :class:`Decoder` it returns
+decodes prompts with exactly those settings.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def runtime_of(models: ModelConfig):
         return base
     from dataclasses import replace
 
-    from .models.load import native_reason
+    from .models.verifiers import native_reason
     from .models.native.build import NativeUnavailable, chosen_isa, unsupported_reason
 
     try:
@@ -75,7 +76,7 @@ def longest_prompt(models: ModelConfig, prompts: str | list[tuple[str, str]], ma
     """The longest of ``prompts`` (a user message, or ``(name, text)`` pairs) in the verifier's
     tokens, from its tokenizer alone: a prompt that cannot fit ``max_new_tokens`` more refuses
     here, before any model loads."""
-    from .models.load import check_prompt_fits
+    from .models.verifiers import check_prompt_fits
 
     return check_prompt_fits(models.verifier, prompts, max_new_tokens)
 
@@ -86,24 +87,6 @@ def settings_record(s: Settings) -> dict:
     policy = asdict(s.policy)
     policy["guards"] = asdict(s.policy.guards)
     return json.loads(json.dumps({"policy": policy, "decode": asdict(s.decode), "models": asdict(s.models)}))
-
-
-def load_policy_predictor(s: Settings, runtime, record: dict | None = None, loaded: dict | None = None):
-    """The trained predictor a learned policy reads (None for the others), checked against the
-    settings its online thresholds hold for (``record``: the run's recorded settings). ``loaded``:
-    predictors already read, by (kind, directory), which several configurations share."""
-    if not s.policy.learned:
-        return None
-    from ..study.predictor import load_predictor, note_thresholds
-    from ..study.prefix.calibrate import check_online_settings
-
-    key = (s.policy.predictor_kind, s.predictor)
-    predictor = (loaded or {}).get(key) or load_predictor(s.predictor, s.policy.predictor_kind, runtime)
-    if loaded is not None:
-        loaded[key] = predictor
-    check_online_settings(predictor, record if record is not None else settings_record(s))
-    note_thresholds(predictor, s.policy.alpha)
-    return predictor
 
 
 @dataclass
@@ -152,12 +135,15 @@ class Decoder:
 
 
 def open_decoder(s: Settings, prompts: str | list[tuple[str, str]] | None = None, pair=None,
-                 record: dict | None = None, batch_size: int = 1, drafter: bool | None = None) -> Decoder:
+                 record: dict | None = None, batch_size: int = 1, drafter: bool | None = None,
+                 predictors=None) -> Decoder:
     """Open a decode of ``s``: the runtime once, the prompts' fit (before any model loads), the pair
     placed for the longest block the decode drafts and ``batch_size`` sequences side by side
     (unless ``pair`` is one already loaded), and the predictor (``record``: the run's recorded
     settings, for the online thresholds' check; ``drafter``: load the drafter or not, whatever the
-    policy reads, for a server whose requests choose their own policy)."""
+    policy reads, for a server whose requests choose their own policy; ``predictors``: what loads
+    the trained predictor a learned policy reads, :func:`vskip.study.predictor.policy_predictor`,
+    which the commands that decode learned policies pass)."""
     runtime = pair.runtime if pair is not None and pair.runtime is not None else runtime_of(s.models)
     if pair is None:
         budget = None
@@ -166,4 +152,9 @@ def open_decoder(s: Settings, prompts: str | list[tuple[str, str]] | None = None
             budget = (n, s.decode.max_new_tokens, s.longest_block, batch_size)
         need = s.policy.uses_drafter if drafter is None else drafter
         pair = open_models(s.models, need, budget, runtime)
-    return Decoder(s, pair, runtime, load_policy_predictor(s, runtime, record))
+    predictor = None
+    if s.policy.learned:
+        if predictors is None:
+            raise ValueError(f"--policy {s.policy.name} reads a trained predictor, which this command does not load")
+        predictor = predictors(s, runtime, record)
+    return Decoder(s, pair, runtime, predictor)

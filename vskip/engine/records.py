@@ -1,12 +1,17 @@
-"""What a decode returns: its tokens, a record per round, the timings and (for the studies) the
-A.7 inputs of each block. The loop that fills them is :mod:`vskip.engine.decode`."""
+"""What a decode takes and returns: a job (a prompt and its own settings), its tokens, a record per
+round, the timings and (for the studies) the A.7 inputs of each block, and what a round of the
+loop did to a sequence. The loop that fills them is :mod:`vskip.engine.decode`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .policy import PolicyConfig
+    from .settings import DecodeConfig
 
 
 @dataclass(frozen=True)
@@ -77,3 +82,30 @@ def agreement(rounds: Sequence[RoundRecord]) -> tuple[float, float]:
 
     st, fp, _ = agreement_from_rounds(rounds)
     return st, fp
+
+
+@dataclass(frozen=True)
+class Job:
+    """One prompt to decode (token ids); ``task_id`` and ``sample`` (the index of a sampled
+    completion) key its random numbers. ``policy`` and ``cfg``: this job's own settings, checked
+    where they were made (a server's request); None: the loop's."""
+
+    prompt: Sequence[int]
+    task_id: str | None = None
+    sample: int = 0
+    policy: PolicyConfig | None = None
+    cfg: DecodeConfig | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one round did to one sequence: the tokens it ``committed`` and the round's ``record``,
+    and when the sequence is done, its ``result`` (None while it runs); ``error``: the failure that
+    ended this sequence alone (its result then holds what it had committed)."""
+
+    job: "Job"
+    slot: int
+    committed: list[int]
+    record: RoundRecord | None = None
+    result: DecodeResult | None = None
+    error: BaseException | None = None

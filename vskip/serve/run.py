@@ -36,12 +36,13 @@ def open_state(a, settings, decoder=None) -> ServeState:
     from ..engine.decode import warmup
     from ..engine.prompting import encode_chat
     from ..engine.door import open_decoder
+    from ..study.predictor import policy_predictor
 
     s = settings(a)  # the server's own settings: checked, and the flags each request lays its keys over
     max_gamma = a.max_gamma if a.max_gamma is not None else max(64, s.longest_block)
     if s.longest_block > max_gamma:
         raise ValueError(f"--gamma {s.longest_block} is more than --max-gamma {max_gamma}")
-    dec = decoder or open_decoder(s, batch_size=a.max_batch, drafter=True)
+    dec = decoder or open_decoder(s, batch_size=a.max_batch, drafter=True, predictors=policy_predictor)
     drafter = dec.pair.drafter
     if drafter is not None and drafter.max_gamma is not None:
         max_gamma = min(max_gamma, drafter.max_gamma)

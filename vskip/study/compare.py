@@ -237,14 +237,14 @@ def _decode_rows(pair, v: Variant, todo, predictor=None, batch_size: int = 1):
 def _predictors(pair, variants, directory: str | None, models) -> dict:
     """The trained predictor of each learned variant, by variant name (the variant's own
     ``predictor=``, else ``directory``; each kind and directory read once), opened as every decode opens its predictor
-    (:func:`vskip.engine.door.load_policy_predictor`: checked against its online thresholds' settings)."""
-    from ..engine.door import load_policy_predictor
+    (:func:`vskip.study.predictor.policy_predictor`: checked against its online thresholds' settings)."""
+    from .predictor import policy_predictor
 
     out, loaded = {}, {}
     for v in variants:
         s = v.settings(models, directory)
         if s is not None and s.policy.learned:
-            out[v.name] = load_policy_predictor(s, pair.runtime, loaded=loaded)
+            out[v.name] = policy_predictor(s, pair.runtime, loaded=loaded)
     return out
 
 
@@ -422,7 +422,7 @@ def score_outputs(directory: Path, rows: list[CompareRow], progress: bool = True
     from transformers import AutoTokenizer
 
     from ..bench import scoring, tasks
-    from ..engine.models.load import resolve_verifier_dir
+    from ..engine.models.verifiers import resolve_verifier_dir
 
     task = settings_task(directory)
     fixed = read_json(directory / SETTINGS, "comparison settings")["fixed"]

@@ -374,3 +374,22 @@ def load_fold_predictor(path: str | Path, kind: str, runtime=None) -> FoldPredic
         model.eval().to(device)
         models.append(_RotationModel(rot, model, mean.to(device), std.to(device)))
     return FoldPredictor(kind, gamma, d_model, models, device=device, path=str(d))
+
+
+def policy_predictor(s, runtime, record: dict | None = None, loaded: dict | None = None):
+    """The trained predictor a learned policy of settings ``s`` reads (None for the others),
+    checked against the settings its online thresholds hold for (``record``: the run's recorded
+    settings); the loader :func:`vskip.engine.door.open_decoder` is handed. ``loaded``: predictors
+    already read, by (kind, directory), which several configurations share."""
+    if not s.policy.learned:
+        return None
+    from ..engine.door import settings_record
+    from .prefix.calibrate import check_online_settings
+
+    key = (s.policy.predictor_kind, s.predictor)
+    predictor = (loaded or {}).get(key) or load_predictor(s.predictor, s.policy.predictor_kind, runtime)
+    if loaded is not None:
+        loaded[key] = predictor
+    check_online_settings(predictor, record if record is not None else settings_record(s))
+    note_thresholds(predictor, s.policy.alpha)
+    return predictor

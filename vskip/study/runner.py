@@ -156,10 +156,11 @@ def _models(cfg: RunConfig, problems, pair):
     fit before the models load; a pair already loaded (sweeps) is used as it is."""
     from ..bench import tasks
     from ..engine.door import open_decoder
+    from .predictor import policy_predictor
 
     prompts = [(p.task_id, tasks.user_prompt(p)) for p in problems]
     return open_decoder(cfg.settings, prompts, pair=pair, record=json.loads(json.dumps(cfg.to_json())),
-                        batch_size=cfg.batch_size)
+                        batch_size=cfg.batch_size, predictors=policy_predictor)
 
 
 def _decode_prompts(cfg: RunConfig, out: Path, problems, decoder, done: dict, progress: bool,

@@ -30,14 +30,25 @@ class BackboneConfig:
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     attention_bias: bool = False
+    #: the head size where a config names one other than the width over the heads (Qwen3)
+    head_size: int | None = None
+    #: each query and key head RMS-normed before RoPE (Qwen3)
+    qk_norm: bool = False
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.head_size or self.hidden_size // self.num_heads
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        for k in ("head_size", "qk_norm"):  # written only where they say something: older files read the same
+            if not d[k]:
+                del d[k]
+        return d
 
     @classmethod
     def from_hf(cls, cfg: dict, num_layers: int | None = None) -> "BackboneConfig":
-        """From a transformers ``config.json`` of the Llama, Qwen2 or Dream family."""
+        """From a transformers ``config.json`` of the Llama, Qwen2, Qwen3 or Dream family."""
         rope = cfg.get("rope_theta")
         if rope is None:
             rope = (cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}).get("rope_theta", 10000.0)
@@ -56,10 +67,10 @@ class BackboneConfig:
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=float(rope),
             attention_bias=bool(bias),
+            head_size=int(cfg["head_dim"]) if cfg.get("head_dim") and int(cfg["head_dim"]) * int(
+                cfg["num_attention_heads"]) != int(cfg["hidden_size"]) else None,
+            qk_norm=model_type == "qwen3",
         )
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
     @classmethod
     def from_json(cls, d: dict) -> "BackboneConfig":
@@ -105,14 +116,20 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * hd, bias=c.attention_bias)
         self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * hd, bias=c.attention_bias)
         self.o_proj = nn.Linear(c.num_heads * hd, c.hidden_size, bias=False)
+        if c.qk_norm:
+            self.q_norm = RMSNorm(hd, c.rms_norm_eps)
+            self.k_norm = RMSNorm(hd, c.rms_norm_eps)
 
     def forward(self, x, cos, sin, past, mask, pack=None):
         # x [B, T, d]; cos/sin [T, hd]; past None or (k, v) [B, kvh, P, hd]; mask [T, P+T] bool or None;
         # pack (row, col, rows, width): x is [1, N, d], rows laid end to end (Backbone.forward)
         B, T, _ = x.shape
         hd, h, kvh = self.c.head_dim, self.c.num_heads, self.c.num_kv_heads
-        q = self.q_proj(x).view(B, T, h, hd).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, kvh, hd).transpose(1, 2)
+        q = self.q_proj(x).view(B, T, h, hd)
+        k = self.k_proj(x).view(B, T, kvh, hd)
+        if self.c.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(B, T, kvh, hd).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin

@@ -22,6 +22,10 @@ WEIGHTS_FILE = "drafter.safetensors"
 
 
 def _read_json(path: Path) -> dict | None:
+    """The JSON object of a file that may be one (None otherwise; a FIFO or a device is never
+    opened: the directory's checks refuse it by name)."""
+    if not Path(path).is_file():
+        return None
     try:
         d = json.loads(Path(path).read_text())
     except (OSError, ValueError):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
 import torch
 
 from ..policy import Sampling  # the settings' data type only

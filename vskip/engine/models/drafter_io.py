@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from .backbone import BackboneConfig, read_hf_config, read_safetensors_dir, read_safetensors_file
+from .backbone import BackboneConfig, read_hf_config, read_safetensors_file
 from .diffusion_lm import SPEC_FILE, WEIGHTS_FILE, DiffusionLM, DrafterSpec
 
 # -- building and loading ------------------------------------------------------------------------
@@ -35,7 +35,9 @@ def backbone_state_from_hf(path: Path, num_layers: int, layers: Sequence[int] | 
         parts = k.split(".")
         return parts[1] != "layers" or int(parts[2]) in src
 
-    sd = read_safetensors_dir(path, keep, device=device)
+    from .source import float_tensors
+
+    sd = float_tensors(path, keep, device=device)
     out = {}
     for k, v in _strip("model.", sd).items():
         parts = k.split(".")

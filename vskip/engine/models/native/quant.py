@@ -108,25 +108,68 @@ def quantize_q8(w: torch.Tensor, what: str = "weight") -> Packed:
     return pack(q, d, None, 128, what)
 
 
-# --- GGUF blocks (ggml's layouts: block_q4_1 = f16 d, f16 m, 16 bytes of nibbles; block_q8_0 = f16 d, 32 int8)
+# --- GGUF blocks (ggml's layouts, little-endian: block_q4_0 = f16 d, 16 bytes of nibbles; block_q4_1 = f16 d,
+# f16 m, 16 bytes of nibbles; block_q8_0 = f16 d, 32 int8. Nibble byte j holds element j low, j + 16 high.)
 
-def gguf_blocks(kind: str, raw: np.ndarray, N: int, K: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
-    """(q uint8 [N, K], d [N, K/32], m [N, K/32] or None, offset) of a GGUF tensor's raw bytes
-    ``raw`` (uint8 [N, bytes per row]) of type ``kind`` (Q4_1 or Q8_0)."""
-    nb = K // BLOCK
-    if kind == "Q4_1":
-        blk = raw.reshape(N, nb, 20)
-        d = blk[..., 0:2].copy().view(np.float16)[..., 0]
-        m = blk[..., 2:4].copy().view(np.float16)[..., 0]
-        qs = blk[..., 4:20]
-        q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # element j: low nibble of byte j, j + 16: high
-        return q.reshape(N, K).astype(np.uint8), d, m, 0
+#: the block layouts read, by ggml type name: a block's fields as a numpy structured dtype
+GGUF_BLOCKS = {
+    "Q4_0": np.dtype([("d", "<f2"), ("qs", "u1", (16,))]),
+    "Q4_1": np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", (16,))]),
+    "Q8_0": np.dtype([("d", "<f2"), ("qs", "i1", (32,))]),
+}
+#: the largest |d| whose Q4_0 minimum -8 d a float16 holds (8 d is exact below it: a power-of-two scaling)
+Q4_0_MAX_SCALE = 65504.0 / 8
+
+
+def gguf_block_view(kind: str, raw: np.ndarray, N: int, K: int, what: str = "tensor") -> np.ndarray:
+    """The raw bytes of a GGUF tensor of type ``kind`` as blocks [N, K/32] of :data:`GGUF_BLOCKS`'
+    dtype (a view, nothing copied); a size that disagrees refuses."""
+    if kind not in GGUF_BLOCKS:
+        raise ValueError(f"{what}: GGUF tensors of type {kind} are not read by the native runtime "
+                         f"(Q4_0, Q4_1, Q8_0, F32, F16, BF16 are)")
+    dt = GGUF_BLOCKS[kind]
+    if N <= 0 or K <= 0 or K % BLOCK or raw.dtype != np.uint8 or raw.size != N * (K // BLOCK) * dt.itemsize:
+        raise ValueError(f"{what}: {raw.size} bytes of type {raw.dtype} are not [{N}, {K}] {kind} blocks")
+    return np.ascontiguousarray(raw).reshape(-1).view(dt).reshape(N, K // BLOCK)
+
+
+def check_block_scales(kind: str, raw: np.ndarray, N: int, K: int, what: str = "tensor") -> None:
+    """Refuse blocks whose scale (or Q4_1 minimum) is NaN or infinite, or a Q4_0 scale whose
+    minimum -8 d a float16 cannot hold."""
+    blk = gguf_block_view(kind, raw, N, K, what)
+    for field in ("d", "m") if kind == "Q4_1" else ("d",):
+        v = blk[field]
+        bad = ~np.isfinite(v)
+        if bad.any():
+            r, b = (int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(f"{what}: block {b} of row {r} has a {'scale' if field == 'd' else 'minimum'} "
+                             f"that is {float(v[r, b])} ({int(bad.sum())} of its {bad.size} blocks are)")
+    if kind == "Q4_0":
+        big = np.abs(blk["d"].astype(np.float32)) > Q4_0_MAX_SCALE
+        if big.any():
+            r, b = (int(i) for i in np.argwhere(big)[0])
+            raise ValueError(f"{what}: block {b} of row {r} has a Q4_0 scale {float(blk['d'][r, b])} whose minimum "
+                             f"-8 d overflows a float16 (|d| up to {Q4_0_MAX_SCALE:g} is read)")
+
+
+def gguf_blocks(kind: str, raw: np.ndarray, N: int, K: int,
+                what: str = "tensor") -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
+    """(q uint8 [N, K], d float16 [N, K/32], m float16 [N, K/32] or None, offset) of a GGUF tensor's
+    raw bytes ``raw`` (uint8, N rows of K values) of type ``kind`` (Q4_0, Q4_1 or Q8_0), so that
+    ``w = d * (q - offset) + m``: exactly the values llama.cpp multiplies.
+
+    Q4_0 (``w = d * (q - 8)``) becomes Q4_1-like blocks with ``m = -8 d``, exact in float16 (a
+    power-of-two scaling) unless it overflows, which refuses; so do NaN or infinite scales and minimums."""
+    check_block_scales(kind, raw, N, K, what)
+    blk = gguf_block_view(kind, raw, N, K, what)
+    d = blk["d"].astype(np.float16)
     if kind == "Q8_0":
-        blk = raw.reshape(N, nb, 34)
-        d = blk[..., 0:2].copy().view(np.float16)[..., 0]
-        q = (blk[..., 2:34].copy().view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+        q = (blk["qs"].astype(np.int16) + 128).astype(np.uint8)
         return q.reshape(N, K), d, None, 128
-    raise ValueError(f"GGUF tensors of type {kind} are not read by the native runtime (Q4_1, Q8_0, F32, F16 are)")
+    qs = blk["qs"]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(N, K)  # element j: low nibble of byte j, j + 16: high
+    m = blk["m"].astype(np.float16) if kind == "Q4_1" else (d * np.float16(-8)).astype(np.float16)
+    return q, d, m, 0
 
 
 def permute_rows(a: np.ndarray | None, idx: np.ndarray) -> np.ndarray | None:

@@ -159,6 +159,34 @@ def test_strict_sdd_is_lossless_with_a_dflash_drafter(dirs, cache):
         assert any(not r.verified for r in raw.rounds) and all(r.L is not None for r in raw.rounds)
 
 
+def test_a_conditioned_drafter_drafts_beside_the_native_verifier(dirs, pair):
+    """The native forward hands the tapped layers' states over as transformers' verifier does (the
+    last layer's final-normed): the conditioned drafter runs beside the native runtime, reading
+    states close to the float32 ones, Strict SDD equal to the native verifier's own ar, and a
+    skipping policy's skipped tokens left without states until the verifier runs over them."""
+    from vskip.engine.models.native.verifier import NativeVerifier
+
+    v, d = dirs
+    nat = open_models(ModelConfig(drafter=str(d), verifier=str(v), device="cpu", runtime="native"))
+    assert isinstance(nat.verifier, NativeVerifier) and nat.drafter.reads_verifier
+    ids = encode_chat(nat.tokenizer, "Write a function that reverses a list.")
+    for p in (nat, pair):
+        p.verifier.reset()
+        p.verifier.prefill(ids)
+    a, b = nat.drafter.tap.features_of(0), pair.drafter.tap.features_of(0)
+    assert a.shape == b.shape == (len(ids), len(nat.drafter.tap.layers) * 64)
+    assert float((a - b).abs().mean()) < 0.05 * float(b.abs().mean())
+    assert float((a - b.roll(1, 0)).abs().mean()) > 0.3 * float(b.abs().mean())  # the check can fail
+    for text in ("def add(a, b):", "Write a function that reverses a list."):
+        ids = encode_chat(nat.tokenizer, text)
+        cfg = DecodeConfig(gamma=7, max_new_tokens=40)
+        ar = decode(ids, None, nat.verifier, PolicyConfig(name="ar"), cfg)
+        st = decode(ids, nat.drafter, nat.verifier, PolicyConfig(name="strict"), cfg)
+        assert st.tokens == ar.tokens and len(ar.tokens) > 0
+        raw = decode(ids, nat.drafter, nat.verifier, PolicyConfig(name="raw", eta_b=0.0, eta_c=0.0, k_min=1), cfg)
+        assert any(not r.verified for r in raw.rounds) and all(r.L is not None for r in raw.rounds)
+
+
 @pytest.mark.parametrize("exact_head", [True, False])
 def test_sampled_strict_sdd_commits_what_sampled_ar_draws(dirs, exact_head):
     """Through the transformers verifier (exact head or the model's own): at temperature 0.8 and
@@ -389,7 +417,7 @@ def test_extract_train_export_and_decode_end_to_end(llama_dir, tmp_path):
     from vskip.distill.rows import load_rows
     from vskip.distill.taps import extract, load_taps, summary
     from vskip.distill.train_conditioned import export, read_state, train
-    from vskip.engine.models.conditioned_io import load_conditioned
+    from vskip.engine.models.conditioned_io import hf_parts, load_conditioned
     from vskip.files import file_sha256
 
     data = _tiny_data(tmp_path / "data", n=12)
@@ -424,13 +452,13 @@ def test_extract_train_export_and_decode_end_to_end(llama_dir, tmp_path):
     pos = m["holdout"]["position_top1"]  # each block position's own top-1; the first is P(L >= 1)
     assert len(pos) == 4 and all(0 <= x <= 1 for x in pos)
     assert pos[0] == pytest.approx(m["holdout"]["tails"]["0"]["p_L_ge_1"], abs=1e-4)
-    assert (out / "curve.png").exists() and load_conditioned(ddir, verifier).spec.block_size == 5
+    assert (out / "curve.png").exists() and load_conditioned(ddir, *hf_parts(verifier)).spec.block_size == 5
     from vskip.engine.models.verifier import HFVerifier
 
     ver = HFVerifier(verifier, eos_ids=[2])  # the tiny checkpoint has no tokenizer: wired as the loader wires it
     tap = HiddenTap((0, 1))
     ver.set_tap(tap)
-    drafter = ConditionedDrafter(load_conditioned(ddir, verifier), tap)
+    drafter = ConditionedDrafter(load_conditioned(ddir, *hf_parts(verifier)), tap)
     ids = rows.rows[0][: rows.prompt_lens[0]].tolist()
     ar = decode(ids, None, ver, PolicyConfig(name="ar"), DecodeConfig(gamma=4, max_new_tokens=20))
     st = decode(ids, drafter, ver, PolicyConfig(name="strict"), DecodeConfig(gamma=4, max_new_tokens=20))

@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
     for (int i = 0; i < n; ++i) seen[i] = pos[i] + 1, rows[i] = i;
     std::vector<float> logits((size_t)n * M.vocab);
     const int rc = vs_forward(&M, n, tokens, nullptr, pos, seen.data(), ks.data(), vs_.data(), caps.data(), n,
-                              rows.data(), nullptr, logits.data(), 2);
+                              rows.data(), nullptr, logits.data(), 2, 0, nullptr, nullptr);
     if (rc) return fprintf(stderr, "vs_forward: %d\n", rc), 1;
     fwrite(logits.data(), 4, logits.size(), out);
   }

@@ -115,12 +115,22 @@ def save_conditioned(model: ConditionedLM, out_dir: Path, meta: dict | None = No
     return out_dir
 
 
-def load_conditioned(path: Path, verifier_model, dtype=torch.float32, device="cpu") -> ConditionedLM:
+def hf_parts(verifier_model) -> tuple[dict, torch.Tensor, torch.Tensor | None]:
+    """(config, input embedding, output head or None) of a loaded transformers verifier: what
+    :func:`load_conditioned` borrows."""
+    out = verifier_model.get_output_embeddings()
+    return (verifier_model.config.to_dict(), verifier_model.get_input_embeddings().weight,
+            out.weight if out is not None else None)
+
+
+def load_conditioned(path: Path, verifier_config: dict, embed: torch.Tensor, head: torch.Tensor | None,
+                     dtype=torch.float32, device="cpu") -> ConditionedLM:
     """A conditioned drafter (vskip directory or DFlash checkpoint) attached to the verifier's
-    embedding and head, checked against the verifier first."""
+    embedding ``embed`` and ``head`` (None: tied to the embedding), checked against the verifier's
+    config first."""
     path = Path(path)
     spec = read_spec(path)
-    check_against_verifier(spec, verifier_model.config.to_dict(), path)
+    check_against_verifier(spec, verifier_config, path)
     if spec.source == "dflash":
         sd = read_safetensors_dir(path)
         sd = {k[len("model."):] if k.startswith("model.") else k: v for k, v in sd.items()}
@@ -139,8 +149,5 @@ def load_conditioned(path: Path, verifier_model, dtype=torch.float32, device="cp
     if missing or unexpected:
         raise ValueError(f"drafter {path}: missing tensors {missing[:5]}, unexpected {unexpected[:5]}")
     model = model.to(device=device, dtype=dtype)
-    emb = verifier_model.get_input_embeddings().weight
-    out = verifier_model.get_output_embeddings()
-    head = out.weight if out is not None else None
-    model.attach(emb.to(device=device, dtype=dtype), None if head is None else head.to(device=device, dtype=dtype))
+    model.attach(embed.to(device=device, dtype=dtype), None if head is None else head.to(device=device, dtype=dtype))
     return model.eval()

@@ -80,7 +80,7 @@ def _load_drafter(drafter: str | None, vdir: Path, ver: HFVerifier, tok, runtime
                                            and is_conditioned(Path(drafter))):
         ddir = resolve_drafter_dir(drafter)
         verify_drafter(ddir, vdir, required=drafter == EMBEDDED_CONDITIONED)
-        return _conditioned_adapter(ddir, ver, tok, runtime), {"drafter": str(drafter)}
+        return _conditioned_adapter(ddir, vdir, ver, tok, runtime), {"drafter": str(drafter)}
     if drafter in (None, "", "default", EMBEDDED_DRAFTER):
         ddir = embedded_drafter_dir()
         if not (ddir / "drafter.json").exists():
@@ -142,12 +142,22 @@ def drafter_beside(pair: ModelPair, drafter: str, models) -> object:
     return adapter
 
 
-def _conditioned_adapter(ddir: Path, ver: HFVerifier, tok, runtime: Runtime):
-    """A conditioned drafter beside ``ver``: the verifier hands it the tapped hidden states."""
+def _conditioned_adapter(ddir: Path, vdir: Path, ver: HFVerifier, tok, runtime: Runtime):
+    """A conditioned drafter beside ``ver``: the verifier (transformers' or the native runtime's)
+    hands it the tapped hidden states; it borrows the verifier's float embedding and head."""
     from .conditioned import ConditionedDrafter, HiddenTap
-    from .conditioned_io import load_conditioned
+    from .conditioned_io import hf_parts, load_conditioned
 
-    model = load_conditioned(ddir, ver.model, dtype=runtime.torch_dtype("drafter"), device=runtime.drafter_on)
+    if ver.model is not None:
+        parts = hf_parts(ver.model)
+    else:
+        from .backbone import read_hf_config
+        from .source import float_tensors
+
+        names = ("model.embed_tokens.weight", "lm_head.weight")
+        t = float_tensors(vdir, lambda k: k in names)
+        parts = (read_hf_config(vdir), t[names[0]], t.get(names[1]))
+    model = load_conditioned(ddir, *parts, dtype=runtime.torch_dtype("drafter"), device=runtime.drafter_on)
     head_ids = model.head_token_ids().cpu()
     allowed = torch.tensor([i < len(tok) and i not in ver.special_ids for i in head_ids.tolist()])
     if model.spec.mask_token_id is not None:

@@ -10,8 +10,7 @@ from pathlib import Path
 
 from ..runtime import Runtime
 from .attention import use_gqa_attention
-from .conditioned_io import is_conditioned
-from .embedded import EMBEDDED_CONDITIONED, EMBEDDED_DRAFTER, EMBEDDED_VERIFIER
+from .embedded import EMBEDDED_VERIFIER
 from .verifier import HFVerifier
 
 #: the ``--drafter`` name of an untrained drafter built from the verifier's first layers
@@ -57,8 +56,9 @@ def _stop_and_special(tok, generation_config) -> tuple[list[int], list[int]]:
 
 
 def native_reason(verifier: str | None, drafter: str | None = None) -> str | None:
-    """Why the native runtime cannot compute this verifier (beside this drafter), or None when it
-    can; whether it builds on this machine is :func:`~vskip.engine.models.native.build.unsupported_reason`'s."""
+    """Why the native runtime cannot compute this verifier, or None when it can (beside any
+    drafter: a conditioned one reads the native forward's tapped states); whether it builds on
+    this machine is :func:`~vskip.engine.models.native.build.unsupported_reason`'s."""
     if verifier not in (None, "", "default", EMBEDDED_VERIFIER):
         from .backbone import read_hf_config
         from .native.shape import shape_of_config
@@ -68,11 +68,6 @@ def native_reason(verifier: str | None, drafter: str | None = None) -> str | Non
             shape_of_config(read_hf_config(vdir)).check()
         except (ValueError, FileNotFoundError, KeyError, TypeError, AttributeError) as e:
             return f"the native runtime cannot run the verifier {verifier}: {e}"
-    if drafter not in (None, "", "default", EMBEDDED_DRAFTER, UNTRAINED):
-        if Path(drafter).exists() and is_conditioned(Path(drafter)):
-            return "a conditioned drafter reads the verifier's hidden states, which only the transformers runtime hands over"
-    if drafter == EMBEDDED_CONDITIONED:
-        return "a conditioned drafter reads the verifier's hidden states, which only the transformers runtime hands over"
     return None
 
 

@@ -314,10 +314,13 @@ const char* vs_isa() { return vs::ISA; }
 // whose caches start at kc[r] ([layers][kv][cap[r]/16][hd][16]) and vc[r] ([layers][kv][cap[r]][hd]);
 // its key and value are written there at pos[r]. For the n_out rows out_rows[], the final-normed
 // hidden state goes to hidden (if not null, [n_out][D]) and the head's logits to logits (if not
-// null, [n_out][V]). Returns 0, or a negative code for bad arguments.
+// null, [n_out][V]). Every row's output of each layer tap_layers[j] (j < n_tap; the last layer's
+// final-normed, as transformers' hidden states) goes to tap_out[r][j][D]. Returns 0, or a
+// negative code for bad arguments.
 int vs_forward(const Model* mp, int n, const int64_t* tokens, const float* embeds, const int32_t* pos,
                const int32_t* kv_len, float* const* kc, float* const* vc, const int32_t* cap, int n_out,
-               const int32_t* out_rows, float* hidden, float* logits, int n_threads) {
+               const int32_t* out_rows, float* hidden, float* logits, int n_threads, int n_tap,
+               const int32_t* tap_layers, float* tap_out) {
   const Model& M = *mp;
   const int D = M.dim, H = M.n_heads, KV = M.n_kv, hd = M.head_dim, F = M.ffn;
   const int NQ = H * hd, NQKV = (H + 2 * KV) * hd;
@@ -329,6 +332,9 @@ int vs_forward(const Model* mp, int n, const int64_t* tokens, const float* embed
     maxL = std::max(maxL, kv_len[r]);
   }
   if (logits && !M.head) return -4;
+  if (n_tap < 0 || (n_tap && (!tap_layers || !tap_out))) return -6;
+  for (int j = 0; j < n_tap; ++j)
+    if (tap_layers[j] < 0 || tap_layers[j] >= M.n_layers) return -6;
   for (int l = 0; l < M.n_layers; ++l) {
     const Layer& Ly = M.layers[l];
     if (!formats_ok(Ly.qkv) || !formats_ok(Ly.o) || !formats_ok(Ly.gate_up) || !formats_ok(Ly.down)) return -5;
@@ -422,6 +428,16 @@ int vs_forward(const Model* mp, int n, const int64_t* tokens, const float* embed
         float* hr = &h[(size_t)r * D];
         const float* xr = &x[(size_t)r * D];
         for (int i = 0; i < D; ++i) hr[i] += xr[i];
+      }
+      for (int j = 0; j < n_tap; ++j) {  // the same for every thread: the constructs below are met alike
+        if (tap_layers[j] != l) continue;
+        const bool last = l == M.n_layers - 1 && M.final_norm;
+#pragma omp for schedule(static)
+        for (int r = 0; r < n; ++r) {
+          float* t = tap_out + ((size_t)r * n_tap + j) * D;
+          if (last) rmsnorm(&h[(size_t)r * D], M.final_norm, t, D, eps);
+          else memcpy(t, &h[(size_t)r * D], sizeof(float) * D);
+        }
       }
     }
 #pragma omp for schedule(static)

@@ -96,12 +96,14 @@ class Transformer:
 
     def forward(self, cache: SlotCache, slots: Sequence[int], tokens: Sequence[int], positions: Sequence[int],
                 seen: Sequence[int] | None = None, out_rows: Sequence[int] | None = None, hidden: bool = False,
-                logits: bool = True, embeds: torch.Tensor | None = None):
+                logits: bool = True, embeds: torch.Tensor | None = None, taps: Sequence[int] = (),
+                tap_out: torch.Tensor | None = None):
         """One forward over rows: row r is token ``tokens[r]`` (or, where it is negative, the float
         vector ``embeds[r]``) at ``positions[r]`` of slot ``slots[r]``, seeing that slot's keys
         below ``seen[r]`` (default: its own position + 1, causal); its key and value are written
         at its position. Returns (hidden [n_out, D] or None, logits [n_out, V] or None) of the rows
-        ``out_rows`` (default: all)."""
+        ``out_rows`` (default: all). ``taps``: layers whose output every row writes into
+        ``tap_out`` [n, len(taps), D] (the last layer's final-normed: transformers' hidden states)."""
         from .build import library
 
         lib = library(self.isa)
@@ -120,14 +122,19 @@ class Transformer:
         h = torch.empty((len(outs), self.shape.dim), dtype=torch.float32) if hidden else None
         z = torch.empty((len(outs), self.shape.vocab), dtype=torch.float32) if logits else None
         threads = self.threads or torch.get_num_threads()
+        tl = np.asarray(list(taps), dtype=np.int32)
+        if len(tl):
+            assert tap_out is not None and tap_out.dtype == torch.float32 and tap_out.is_contiguous() \
+                and tuple(tap_out.shape) == (n, len(tl), self.shape.dim), (None if tap_out is None else tap_out.shape)
         rc = lib.vs_forward(ctypes.byref(self._struct), n, tok.ctypes.data, emb.data_ptr() if emb is not None else None,
                                   pos.ctypes.data, kv.ctypes.data, kp.ctypes.data, vp.ctypes.data, cap.ctypes.data,
                                   len(outs), outs.ctypes.data, h.data_ptr() if h is not None else None,
-                                  z.data_ptr() if z is not None else None, threads)
+                                  z.data_ptr() if z is not None else None, threads, len(tl),
+                                  tl.ctypes.data if len(tl) else None, tap_out.data_ptr() if len(tl) else None)
         if rc != 0:
             raise ValueError(f"native forward refused its arguments (code {rc}): a position past the context "
                              f"({self.shape.max_positions}), a token outside the vocabulary, a head it lacks, "
-                             "or blocks of a format it does not compute")
+                             "blocks of a format it does not compute, or a layer it lacks to tap")
         return h, z
 
 

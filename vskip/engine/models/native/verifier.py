@@ -41,6 +41,8 @@ class NativeVerifier:
         self.max_length = int(min(max_length or net.shape.max_positions, net.shape.max_positions))
         self.slots = 0
         self.cache = None
+        #: the :class:`~vskip.engine.models.tap.HiddenTap` s handed every position's tapped states
+        self.taps: list = []
         self.open_slots(1)
 
     @property
@@ -55,11 +57,27 @@ class NativeVerifier:
         else:
             self.cache.resize(n)
         self.slots = n
+        for tap in self.taps:
+            tap.open_slots(n)
         self.reset()
 
     def reset(self, slot: int | None = None) -> None:
         for i in range(self.slots) if slot is None else (slot,):
             self.cache.keep(i, 0)
+        for tap in self.taps:
+            tap.reset(slot)
+
+    def set_tap(self, tap) -> None:
+        """Hand the hidden states of the layers ``tap.layers`` (layer i: transformers'
+        ``hidden_states[i + 1]``, the output of decoder layer i, final-normed for the last) of
+        every position a real call runs over to ``tap`` (a conditioned drafter's), beside any tap
+        set before; a shadow call leaves every tap as it was."""
+        n = self.net.shape.n_layers
+        bad = [i for i in tap.layers if not 0 <= i < n]
+        if bad:
+            raise ValueError(f"the drafter reads verifier layers {bad}, but the verifier has {n} layers")
+        self.taps.append(tap)
+        tap.open_slots(self.slots)
 
     def set_cache(self, on: bool) -> None:
         self.use_cache = bool(on)
@@ -76,7 +94,7 @@ class NativeVerifier:
 
     def _forward(self, rows: list[tuple[int, list[int], int]], logits: bool = True) -> list[torch.Tensor]:
         """Logits [keep, V] of the last ``keep`` positions of each row (slot, ids, keep), all rows in one forward."""
-        slots, tokens, positions, outs, spans = [], [], [], [], []
+        slots, tokens, positions, outs, spans, computed = [], [], [], [], [], []
         for slot, ids, keep in rows:
             if len(ids) > self.max_length:
                 raise ValueError(f"a sequence of {len(ids)} tokens is longer than the verifier's {self.max_length}")
@@ -89,7 +107,16 @@ class NativeVerifier:
             outs += range(first + len(ids) - start - keep, first + len(ids) - start)
             self.cache.keep(slot, start)
             self.cache.wrote(slot, start, ids[start:])
-        _, z = self.net.forward(self.cache, slots, tokens, positions, out_rows=outs, logits=logits)
+            computed.append((slot, ids, start, first))
+        layers = sorted({i for tap in self.taps for i in tap.layers})
+        tapped = torch.empty((len(tokens), len(layers), self.net.shape.dim)) if layers else None
+        _, z = self.net.forward(self.cache, slots, tokens, positions, out_rows=outs, logits=logits, taps=layers,
+                                tap_out=tapped)
+        for slot, ids, start, first in computed:  # each tap gets its layers of the positions each row computed
+            rows_of = tapped[first: first + len(ids) - start] if layers else None
+            for tap in self.taps:
+                cols = [layers.index(i) for i in tap.layers]
+                tap.put(start, ids, rows_of[:, cols].reshape(len(ids) - start, -1), slot)
         return [z[a: a + k] for a, k in spans] if logits else []
 
     def _run(self, calls: Sequence[Call]) -> list[torch.Tensor]:
@@ -97,11 +124,14 @@ class NativeVerifier:
         for c in calls:
             ids = [int(t) for t in c.seq] + [int(t) for t in c.block]
             rows.append((c.slot, ids, len(c.block) + 1))
-            restore.append(common_prefix(self.cache.held(c.slot), ids) if c.shadow else None)
+            restore.append((common_prefix(self.cache.held(c.slot), ids),
+                            [tap.covered(ids, c.slot) for tap in self.taps]) if c.shadow else None)
         outs = self._forward(rows)
         for c, kept in zip(calls, restore):
             if kept is not None:
-                self.cache.keep(c.slot, kept)
+                self.cache.keep(c.slot, kept[0])
+                for tap, n in zip(self.taps, kept[1]):  # the skipped tokens stay without features
+                    tap.keep(n, c.slot)
         return outs
 
     def score_many(self, calls: Sequence[Call]) -> list[Verdict]:

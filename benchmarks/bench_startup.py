@@ -38,7 +38,9 @@ def one_run(cache: Path, source: Path | None, new_tokens: int, extra: list[str])
         env["PYTHONPATH"] = str(source) + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [sys.executable, "-m", "vskip", "generate", PROMPT, "--max-new-tokens", str(new_tokens), *extra]
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # from the cache's directory: ``python -m`` puts its working directory first on the path, and
+    # the checkout's own tree must not shadow --source
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cache.parent)
     first = proc.stdout.read(1)
     t_first = time.perf_counter() - t0
     rest = proc.stdout.read()

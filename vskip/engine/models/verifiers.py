@@ -6,6 +6,7 @@ model hub (every read is ``local_files_only``) and no code from a checkpoint run
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from pathlib import Path
 
 from ..runtime import Runtime
@@ -27,9 +28,9 @@ def resolve_verifier_dir(verifier: str | None) -> Path:
 def load_verifier(path: Path, runtime: Runtime, use_cache: bool = True, device_map: dict | None = None):
     """The verifier, read from safetensors straight into its dtype and onto its device (CUDA), or
     spread over several with ``device_map`` (module -> device, as :func:`plan_pair` computes it)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False, local_files_only=True)
+    tok = verifier_tokenizer(path)
     where = runtime.verifier_on
     if device_map is None and where.startswith("cuda"):
         device_map = {"": where}  # straight onto the GPU: no copy of the whole model in host memory
@@ -55,6 +56,20 @@ def _stop_and_special(tok, generation_config) -> tuple[list[int], list[int]]:
     return sorted(eos), sorted(special)
 
 
+@lru_cache(maxsize=8)
+def _tokenizer(path: str, stamp: tuple):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=False, local_files_only=True)
+
+
+def verifier_tokenizer(path: Path):
+    """The tokenizer of verifier directory ``path``, read once a process (the prompts' fit and the
+    loaded pair share it; a directory whose tokenizer files change is read again)."""
+    files = sorted(p for p in Path(path).glob("tokenizer*") if p.is_file())
+    return _tokenizer(str(Path(path).resolve()), tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in files))
+
+
 def native_reason(verifier: str | None, drafter: str | None = None) -> str | None:
     """Why the native runtime cannot compute this verifier, or None when it can (beside any
     drafter: a conditioned one reads the native forward's tapped states); whether it builds on
@@ -74,12 +89,12 @@ def native_reason(verifier: str | None, drafter: str | None = None) -> str | Non
 def load_native_verifier(verifier: str | None, path: Path, runtime: Runtime, use_cache: bool = True):
     """The verifier on the native runtime (:func:`.source.native_net`: a GGUF file's blocks as they
     are, a checkpoint directory's float weights as Q8_0 blocks); the tokenizer from ``path``."""
-    from transformers import AutoTokenizer, GenerationConfig
+    from transformers import GenerationConfig
 
     from .native.verifier import NativeVerifier
     from .source import native_net
 
-    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False, local_files_only=True)
+    tok = verifier_tokenizer(path)
     try:
         gen = GenerationConfig.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError):
@@ -93,12 +108,10 @@ def check_prompt_fits(verifier: str | None, prompt: str | list[tuple[str, str]],
     """Tokenize the prompt (or the ``(name, prompt)`` pairs of a task) with the verifier's
     tokenizer alone and refuse, before any model loads, when one of them and ``max_new_tokens``
     exceed the verifier's context. Returns the longest prompt's length."""
-    from transformers import AutoTokenizer
-
     from ..prompting import encode_chat
 
     vdir = resolve_verifier_dir(verifier)
-    tok = AutoTokenizer.from_pretrained(vdir, trust_remote_code=False, local_files_only=True)
+    tok = verifier_tokenizer(vdir)
     items = [(None, prompt)] if isinstance(prompt, str) else list(prompt)
     limit = json.loads((Path(vdir) / "config.json").read_text()).get("max_position_embeddings")
     longest = 0

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import sys
-from functools import lru_cache
 from pathlib import Path
 
 from .embedded import EMBEDDED_VERIFIER, GGUF_FILE, GGUF_PACKAGE, cache_dir, gguf_path
@@ -72,30 +71,26 @@ def verifier_dir(verifier: str | None) -> Path:
     return p
 
 
-@lru_cache(maxsize=None)
-def _sha256(path: str, size: int, mtime: int) -> str:
-    from ...files import file_sha256
-
-    return file_sha256(Path(path))
-
-
 def gguf_dir(path: Path) -> Path:
-    """The cached directory of GGUF file ``path`` (config, tokenizer, sha256; no weights), made on
-    first use from the file's header: the file is read and checked whole first (:func:`read_gguf`),
-    so a damaged one refuses in one line before anything is cached."""
-    from ...files import DirLock
+    """The cached directory of GGUF file ``path`` (config, tokenizer, the file's sha256; no
+    weights), made on first use from the file's header: the file is read and checked whole first
+    (:func:`read_gguf`), so a damaged one refuses in one line before anything is cached. Found again
+    by the file's path, size and modification time, so that a start never hashes a large file."""
+    import hashlib
+
+    from ...files import DirLock, file_sha256
 
     path = Path(path).resolve()
     st = path.stat()
-    sha = _sha256(str(path), st.st_size, st.st_mtime_ns)
-    out = cache_dir() / "gguf" / f"{path.stem}-{sha[:16]}"
+    key = hashlib.sha256(f"{path}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    out = cache_dir() / "gguf" / f"{path.stem}-{key}"
     if (out / MARKER).is_file() and (out / "tokenizer_config.json").is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with DirLock(out.parent, "model cache", wait=True):
         if (out / MARKER).is_file() and (out / "tokenizer_config.json").is_file():
             return out
-        _write_gguf_dir(path, sha, out)
+        _write_gguf_dir(path, file_sha256(path), out)
     return out
 
 

@@ -49,27 +49,18 @@ class BackboneConfig:
     @classmethod
     def from_hf(cls, cfg: dict, num_layers: int | None = None) -> "BackboneConfig":
         """From a transformers ``config.json`` of the Llama, Qwen2, Qwen3 or Dream family."""
-        rope = cfg.get("rope_theta")
-        if rope is None:
-            rope = (cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}).get("rope_theta", 10000.0)
+        from .native.shape import config_sizes, layout_of
+
         scaling = cfg.get("rope_scaling") or {}
         if scaling and scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None):
             raise ValueError(f"rope scaling {scaling} is not supported by the drafter backbone")
-        model_type = cfg.get("model_type", "")
-        bias = cfg.get("attention_bias", model_type in ("qwen2", "Dream", "dream"))
+        z, lay = config_sizes(cfg), layout_of(cfg)
         return cls(
-            vocab_size=int(cfg["vocab_size"]),
-            hidden_size=int(cfg["hidden_size"]),
-            intermediate_size=int(cfg["intermediate_size"]),
-            num_layers=int(num_layers if num_layers is not None else cfg["num_hidden_layers"]),
-            num_heads=int(cfg["num_attention_heads"]),
-            num_kv_heads=int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"]),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(rope),
-            attention_bias=bool(bias),
-            head_size=int(cfg["head_dim"]) if cfg.get("head_dim") and int(cfg["head_dim"]) * int(
-                cfg["num_attention_heads"]) != int(cfg["hidden_size"]) else None,
-            qk_norm=model_type == "qwen3",
+            vocab_size=z.vocab, hidden_size=z.dim, intermediate_size=z.ffn,
+            num_layers=int(num_layers if num_layers is not None else z.n_layers),
+            num_heads=z.n_heads, num_kv_heads=z.n_kv, rms_norm_eps=z.eps, rope_theta=z.rope_theta,
+            attention_bias=lay["qkv_bias"], head_size=z.head_dim if z.head_dim * z.n_heads != z.dim else None,
+            qk_norm=lay["qk_norm"],
         )
 
     @classmethod

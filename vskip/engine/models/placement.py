@@ -58,17 +58,13 @@ class Shape:
 
     @classmethod
     def from_hf(cls, cfg: dict, name: str = "model") -> "Shape":
-        heads = int(cfg["num_attention_heads"])
-        mt = str(cfg.get("model_type", "")).lower()
-        return cls(
-            name=name, vocab=int(cfg["vocab_size"]), hidden=int(cfg["hidden_size"]),
-            inter=int(cfg["intermediate_size"]), layers=int(cfg["num_hidden_layers"]), heads=heads,
-            kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads),
-            tied=bool(cfg.get("tie_word_embeddings", False)),
-            bias=bool(cfg.get("attention_bias", mt in ("qwen2", "dream"))), qk_norm=mt.startswith("qwen3"),
-            recompute=mt == "dream",
-        )
+        from .native.shape import config_sizes, layout_of
+
+        z, lay = config_sizes(cfg), layout_of(cfg)
+        return cls(name=name, vocab=z.vocab, hidden=z.dim, inter=z.ffn, layers=z.n_layers, heads=z.n_heads,
+                   kv_heads=z.n_kv, head_dim=z.head_dim, tied=bool(cfg.get("tie_word_embeddings", False)),
+                   bias=lay["qkv_bias"], qk_norm=lay["qk_norm"],
+                   recompute=str(cfg.get("model_type", "")).lower() == "dream")
 
     @property
     def layer_params(self) -> int:

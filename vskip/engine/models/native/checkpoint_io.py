@@ -49,15 +49,6 @@ def read_config(directory: Path | str) -> dict:
     return cfg
 
 
-def _sizes_config(cfg: dict) -> dict:
-    """``cfg`` as :func:`shape_of_config` reads it: transformers 5 keeps a rope scaling in
-    ``rope_parameters``, which is handed over as ``rope_scaling`` so that it refuses there too."""
-    params = cfg.get("rope_parameters")
-    if not cfg.get("rope_scaling") and isinstance(params, dict) and params.get("rope_type", "default") != "default":
-        return {**cfg, "rope_scaling": params}
-    return cfg
-
-
 def expected_tensors(shape: Shape, cfg: dict) -> dict[str, tuple[tuple[int, ...], str]]:
     """Every tensor name the checkpoint must hold, with its shape (transformers' order) and
     :func:`from_blocks`' name for it."""
@@ -187,7 +178,7 @@ def load_checkpoint(path_dir: Path | str, threads: int | None = None) -> Transfo
     cfg = read_config(directory)
     files = _weight_files(directory)
     try:
-        shape = shape_of_config(_sizes_config(cfg))
+        shape = shape_of_config(cfg)
         check_sizes(shape, len(files), directory / "config.json", "it")
         shape.check()
     except FormatError:

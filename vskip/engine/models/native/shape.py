@@ -41,15 +41,28 @@ class Shape:
             raise ValueError("the native runtime cannot run this model: " + "; ".join(bad))
 
 
-#: the model families the native runtime computes, by transformers' ``model_type``: whether q, k and v
-#: carry biases unless the config says (``attention_bias``), and whether each query and key head is
-#: RMS-normed before RoPE. The one list: a family added here, in the readers' names and in the kernel.
-FAMILIES = {
-    "llama": {"qkv_bias": False, "qk_norm": False},
-    "mistral": {"qkv_bias": False, "qk_norm": False},
-    "qwen2": {"qkv_bias": True, "qk_norm": False},
-    "qwen3": {"qkv_bias": False, "qk_norm": True},
+#: every layout a decoder-only config can name, by transformers' ``model_type`` (lower case): whether
+#: q, k and v carry biases unless the config says (``attention_bias``), whether each query and key
+#: head is RMS-normed before RoPE, and whether the native runtime computes it (Dream is a diffusion
+#: drafter of Qwen2's layout, run by the torch body alone).
+LAYOUTS = {
+    "llama": {"qkv_bias": False, "qk_norm": False, "native": True},
+    "mistral": {"qkv_bias": False, "qk_norm": False, "native": True},
+    "qwen2": {"qkv_bias": True, "qk_norm": False, "native": True},
+    "qwen3": {"qkv_bias": False, "qk_norm": True, "native": True},
+    "dream": {"qkv_bias": True, "qk_norm": False, "native": False},
 }
+#: the families the native runtime computes: the one list (a family added here, in the readers'
+#: names and in the kernel)
+FAMILIES = {k: v for k, v in LAYOUTS.items() if v["native"]}
+
+
+def layout_of(cfg: dict) -> dict:
+    """The :data:`LAYOUTS` entry of a config (Llama's for a type not listed), with its
+    ``attention_bias`` read where it says."""
+    lay = dict(LAYOUTS.get(str(cfg.get("model_type", "")).lower(), LAYOUTS["llama"]))
+    lay["qkv_bias"] = bool(cfg.get("attention_bias", lay["qkv_bias"]))
+    return lay
 
 
 def family_of(cfg: dict) -> dict:
@@ -59,9 +72,24 @@ def family_of(cfg: dict) -> dict:
     return FAMILIES[kind]
 
 
+def config_sizes(cfg: dict, max_positions: int | None = None) -> Shape:
+    """The sizes of any decoder-only transformers ``config.json`` (as a dict), unchecked: the one
+    place a config becomes sizes, which the native runtime (:func:`shape_of_config`), the drafter's
+    torch body and the memory plan all take."""
+    theta = cfg.get("rope_theta")
+    if theta is None:
+        theta = (cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}).get("rope_theta", 10000.0)
+    heads = int(cfg["num_attention_heads"])
+    return Shape(int(cfg["num_hidden_layers"]), int(cfg["hidden_size"]), heads,
+                 int(cfg.get("num_key_value_heads") or heads),
+                 int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads), int(cfg["intermediate_size"]),
+                 int(cfg["vocab_size"]), float(cfg.get("rms_norm_eps", 1e-6)), float(theta),
+                 int(max_positions or cfg.get("max_position_embeddings") or 2048))
+
+
 def shape_of_config(cfg: dict, max_positions: int | None = None) -> Shape:
-    """The Shape of a transformers ``config.json`` (as a dict): the one place a config becomes
-    sizes. Families outside :data:`FAMILIES` and rope scalings refuse."""
+    """:func:`config_sizes` of a config the native runtime computes: families outside
+    :data:`FAMILIES`, rope scalings and sliding windows refuse."""
     family_of(cfg)
     for scaling in (cfg.get("rope_scaling") or {}, cfg.get("rope_parameters") or {}):  # transformers 4, 5
         if scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
@@ -70,15 +98,7 @@ def shape_of_config(cfg: dict, max_positions: int | None = None) -> Shape:
     applies = cfg.get("use_sliding_window", cfg.get("model_type") == "mistral")  # Qwen's flag; Mistral's always on
     if window and applies and int(window) < int(cfg.get("max_position_embeddings") or 0):
         raise ValueError(f"the native runtime has no sliding-window attention (a window of {window})")
-    theta = cfg.get("rope_theta")
-    if theta is None:
-        theta = (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
-    heads = int(cfg["num_attention_heads"])
-    return Shape(int(cfg["num_hidden_layers"]), int(cfg["hidden_size"]), heads,
-                 int(cfg.get("num_key_value_heads") or heads),
-                 int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads), int(cfg["intermediate_size"]),
-                 int(cfg["vocab_size"]), float(cfg.get("rms_norm_eps", 1e-6)), float(theta),
-                 int(max_positions or cfg.get("max_position_embeddings") or 2048))
+    return config_sizes(cfg, max_positions)
 
 
 def shape_of_hf(cfg) -> Shape:

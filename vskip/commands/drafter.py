@@ -270,16 +270,15 @@ def cmd_generate_data(a) -> int:
         write_json(check_output_path(a.summary, "--summary"), summary)
         print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=1))
         return 0
-    from ..engine.models.source import verifier_dir as resolve
-
-    verifier_dir = resolve(a.verifier)
     from ..distill.prompts import SOURCES
+    from ..engine.models.source import verifier_dir as resolve
 
     sources = [x.strip() for x in a.sources.split(",") if x.strip()]
     unknown = sorted(set(sources) - set(SOURCES))
     if unknown or not sources:
         raise ValueError(f"--sources: unknown {', '.join(unknown) or '(none given)'}; expected some of {', '.join(SOURCES)}")
     check_writable_dir(a.out, "data directory")
+    verifier_dir = resolve(a.verifier)  # every argument checked first: a first use reads the GGUF's tokenizer
     prompts = resolve_prompts(a.out, a.prompts, sources, a.seed)
     if a.check:
         from ..engine.runtime import Runtime

@@ -19,7 +19,6 @@ route per runtime:
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from .embedded import EMBEDDED_VERIFIER, GGUF_FILE, GGUF_PACKAGE, cache_dir, gguf_path
@@ -105,7 +104,6 @@ def _write_gguf_dir(path: Path, sha: str, out: Path) -> None:
     except ValueError as e:
         raise gf.fail(str(e)) from None
     check_tensors(gf, shape, cfg)
-    print(f"vskip: reading the tokenizer of {path.name} (once; cached in {out.parent})", file=sys.stderr)
     from transformers import AutoTokenizer
 
     from ...files import built_dir

@@ -18,7 +18,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -91,8 +90,9 @@ def main(argv=None) -> int:
         summary[state] = {"median_first_s": float(np.median(f)), "min_first_s": float(min(f)),
                           "max_first_s": float(max(f)), "n": len(f)}
         print(f"{state:8s} median {np.median(f):.2f} s [{min(f):.2f}, {max(f):.2f}] over {len(f)}")
-    (a.out / "startup.json").write_text(json.dumps({"runs": runs, "summary": summary,
-                                                     "argv": sys.argv[1:]}, indent=1))
+    from vskip.files import write_json
+
+    write_json(a.out / "startup.json", {"runs": runs, "summary": summary, "argv": sys.argv[1:]})
     return 0
 
 

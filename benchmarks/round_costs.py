@@ -16,7 +16,6 @@ repeats, and writes ``costs.json``. Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -110,7 +109,9 @@ def main(argv=None) -> int:
         print(f"  {'all':28s} {med(lambda r: 1e3 * r['seconds'] / max(r['rounds'], 1)):7.2f} ms/round")
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "costs.json").write_text(json.dumps(out, indent=1))
+        from vskip.files import write_json
+
+        write_json(a.out / "costs.json", out)
     return 0
 
 

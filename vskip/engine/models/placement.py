@@ -289,23 +289,25 @@ def plan_memory(
     problems: list[str] = []
 
     if dshape is not None:
-        u = devices[drafter_device]
-        u.weights += dshape.params * db
-        u.cache += 0 if dshape.recompute else batch * dshape.cache_bytes(tokens, db)
-        u.activations += dshape.activation_bytes(tokens if dshape.recompute else prompt_tokens + gamma, db, gamma)
-        if batch > 1 and not dshape.recompute:  # a batched forward stacks the rows' caches, padded, and returns them grown
-            u.activations += 2 * batch * dshape.cache_bytes(tokens, db)
-        u.holds.append("drafter")
-
-    vmap = None
+        _drafter(devices[drafter_device], dshape, db, batch, tokens, prompt_tokens + gamma, gamma)
+    settings = {
+        "verifier": {"path": str(verifier_dir), "params": vshape.params},
+        "drafter": {"path": str(drafter_dir), "params": dshape.params} if dshape else None,
+        "dtype": "native blocks" if runtime == "native" else dtype, "drafter_dtype": drafter_dtype,
+        "verifier_device": verifier_device, "drafter_device": drafter_device if dshape else None,
+        "prompt_tokens": prompt_tokens, "max_new_tokens": max_new_tokens, "gamma": gamma, "tokens": tokens,
+        "verifier_cache": verifier_cache, **({"batch": batch} if batch != 1 else {}),
+        **({"runtime": "native"} if runtime == "native" else {}), "cuda_reserve": CUDA_RESERVE,
+    }
     if runtime == "native":  # the verifier on the CPU, beside the drafter
         _native(devices[names[0]], verifier_dir, vshape, dshape, batch, prompt_tokens + gamma + 1, tokens,
                 batch * (gamma + 1))
-        return MemoryPlan(list(devices.values()), vmap, _settings(locals()), problems)
+        return MemoryPlan(list(devices.values()), None, settings, problems)
     v_act = batch * vshape.activation_bytes(prompt_tokens + gamma + 1 if verifier_cache else tokens, vb, gamma + 1)
     # every row of the ragged cache holds what its buffers grew to (doubling from the first forward)
     cache_tokens = batch * ragged_capacity(prompt_tokens + gamma + 1, tokens)
     v_cache = vshape.cache_bytes(cache_tokens, vb) if verifier_cache else 0
+    vmap = None
     if not split:
         u = devices[names[0]]
         u.weights += vshape.params * vb
@@ -317,23 +319,19 @@ def plan_memory(
 
         vmap = spread_verifier(verifier_dir, vshape, verifier_device, devices, names, dtype, cache_tokens,
                                 verifier_cache, v_act, problems)
-    return MemoryPlan(list(devices.values()), vmap, _settings(locals()), problems)
+    return MemoryPlan(list(devices.values()), vmap, settings, problems)
 
 
-def _settings(v: dict) -> dict:
-    """What a plan was made for, as ``vskip plan`` prints and writes it."""
-    vshape, dshape = v["vshape"], v["dshape"]
-    return {
-        "verifier": {"path": str(v["verifier_dir"]), "params": vshape.params},
-        "drafter": {"path": str(v["drafter_dir"]), "params": dshape.params} if dshape else None,
-        "dtype": "native blocks" if v["runtime"] == "native" else v["dtype"], "drafter_dtype": v["drafter_dtype"],
-        "verifier_device": v["verifier_device"], "drafter_device": v["drafter_device"] if dshape else None,
-        "prompt_tokens": v["prompt_tokens"], "max_new_tokens": v["max_new_tokens"], "gamma": v["gamma"],
-        "tokens": v["tokens"], "verifier_cache": v["verifier_cache"],
-        **({"batch": v["batch"]} if v["batch"] != 1 else {}),
-        **({"runtime": "native"} if v["runtime"] == "native" else {}),
-        "cuda_reserve": CUDA_RESERVE,
-    }
+def _drafter(u: DeviceUse, dshape: Shape, db: int, batch: int, tokens: int, query: int, gamma: int) -> None:
+    """The drafter's use of its device: weights, each sequence's context cache (none when it
+    re-encodes every block), one forward's activations over ``query`` positions (all ``tokens``
+    when it re-encodes)."""
+    u.weights += dshape.params * db
+    u.cache += 0 if dshape.recompute else batch * dshape.cache_bytes(tokens, db)
+    u.activations += dshape.activation_bytes(tokens if dshape.recompute else query, db, gamma)
+    if batch > 1 and not dshape.recompute:  # a batched forward stacks the rows' caches, padded, and returns them grown
+        u.activations += 2 * batch * dshape.cache_bytes(tokens, db)
+    u.holds.append("drafter")
 
 
 def _native(u: DeviceUse, verifier_dir: Path, vshape: Shape, dshape: Shape | None, batch: int, first: int,

@@ -58,9 +58,8 @@ def gguf_file(verifier: str | Path | None) -> Path | None:
 
 def verifier_dir(verifier: str | None) -> Path:
     """The directory holding ``verifier``'s config and tokenizer (see the module's docstring)."""
-    f = gguf_file(verifier) if is_embedded(verifier) or str(verifier).lower().endswith(".gguf") else None
-    if f is not None:
-        return gguf_dir(f)
+    if is_embedded(verifier) or Path(verifier).suffix.lower() == ".gguf":
+        return gguf_dir(gguf_file(verifier))
     p = Path(verifier)
     if not p.exists():
         raise FileNotFoundError(f"verifier path {verifier} does not exist")
@@ -75,14 +74,10 @@ def gguf_dir(path: Path) -> Path:
     weights), made on first use from the file's header: the file is read and checked whole first
     (:func:`read_gguf`), so a damaged one refuses in one line before anything is cached. Found again
     by the file's path, size and modification time, so that a start never hashes a large file."""
-    import hashlib
-
-    from ...files import DirLock, file_sha256
+    from ...files import DirLock, file_sha256, stat_key
 
     path = Path(path).resolve()
-    st = path.stat()
-    key = hashlib.sha256(f"{path}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    out = cache_dir() / "gguf" / f"{path.stem}-{key}"
+    out = cache_dir() / "gguf" / f"{path.stem}-{stat_key(path)}"
     if (out / MARKER).is_file() and (out / "tokenizer_config.json").is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -239,7 +239,9 @@ def _layer_tensors(layers, what: str) -> dict:
 
 
 def from_hf_model(model, threads: int | None = None) -> Transformer:
-    """A Transformer from a loaded transformers causal LM (float weights, quantized to Q8_0 blocks)."""
+    """A Transformer from a transformers causal LM already in memory (float weights, quantized to
+    Q8_0 blocks): the reference that :func:`~.checkpoint_io.load_checkpoint`, the route from files,
+    is tested against, and how the tests run tiny models they build without saving them."""
     shape = shape_of_hf(model.config)
     body = model.model
     unbiased = [(f"layer {i} {name}", lin) for i, layer in enumerate(body.layers)

@@ -105,8 +105,7 @@ class NativeVerifier:
             slots += [slot] * (len(ids) - start)
             spans.append((len(outs), keep))
             outs += range(first + len(ids) - start - keep, first + len(ids) - start)
-            self.cache.keep(slot, start)
-            self.cache.wrote(slot, start, ids[start:])
+            self.cache.wrote(slot, start, ids[start:])  # what it held from ``start`` on is replaced
             computed.append((slot, ids, start, first))
         layers = sorted({i for tap in self.taps for i in tap.layers})
         tapped = torch.empty((len(tokens), len(layers), self.net.shape.dim)) if layers else None

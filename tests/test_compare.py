@@ -278,6 +278,11 @@ def test_the_summary_sets_calls_and_blocks_against_strict_and_reads_eq8():
     assert "a verification costs 1.50 ar steps" in text and "gives Strict SDD A c_V(ar) / (c_D + c_V) = 2.000× ar" in text
     hf_row = next(line for line in text.splitlines() if line.startswith("| hf "))
     assert "0.000" not in hf_row
+    # rounds that draft from the copy hint or not at all: b drafts per verification, not 1
+    s["eq8"]["blocks_per_call"] = 0.25
+    p = compare_summary.eq7(s)
+    assert p["predicted_vs_ar"] == pytest.approx(4.0 * 20 / (0.25 * 10 + 30))
+    assert "with b = 0.250 drafts per verification" in compare_summary.format_summary(s)
     no_strict = compare_summary.summarize_comparison([r for r in rows if r.config != "strict"])
     assert "eq8" not in no_strict and "rel. calls" not in compare_summary.format_summary(no_strict)
 
@@ -539,7 +544,10 @@ def _cli_pair(monkeypatch):
 #: what a row of `vskip compare` holds beyond its clocks
 _CLOCKS = {"decode_seconds", "draft_seconds", "verify_seconds", "predict_seconds", "shadow_seconds", "machine"}
 
-_BATCH_CONFIGS = "ar,strict,raw+eta_b=0.6+eta_c=0.5+k_min=1,strict+gamma=4+gamma_max=12+min_match=3+cache=off"
+# Strict SDD drafting every round: a payoff round's choice follows measured clocks, so its calls
+# (never its text) may differ from batch 1's (tests/test_payoff.py checks its text batched)
+_BATCH_CONFIGS = ("ar,strict+drafts=drafter,raw+eta_b=0.6+eta_c=0.5+k_min=1,"
+                  "strict+gamma=4+gamma_max=12+min_match=3+cache=off+drafts=drafter")
 
 
 def _compare(out, batch: int, *more) -> list:

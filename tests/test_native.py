@@ -591,6 +591,36 @@ def test_auto_falls_back_in_one_line_where_no_compiler_is_found(monkeypatch, cap
 
 
 @pytest.mark.model
+def test_payoff_drafts_keep_strict_equal_to_ar_on_the_embedded_pair(native_pair):
+    """The default decode (each round the copy hint, the drafter or the verifier alone, chosen by
+    measured costs) on the real pair: the verifier's own text, alone and three side by side, with
+    copied rounds among its rounds."""
+    from vskip.bench import tasks
+    from vskip.engine.chooser import Chooser
+    from vskip.engine.decode import DecodeConfig, Job, decode, decode_many
+    from vskip.engine.policy import PolicyConfig
+    from vskip.engine.prompting import encode_chat
+
+    pair = native_pair
+    probs = tasks.load_task("humaneval", ids=["HumanEval/0", "HumanEval/2", "HumanEval/17"])
+    prompts = [encode_chat(pair.tokenizer, tasks.user_prompt(p)) for p in probs]
+    cfg = DecodeConfig(gamma=4, gamma_max=16, min_match=6, trim=0.3, max_new_tokens=96, drafts="payoff")
+    chooser, reasons, refs = Chooser(), set(), []
+    for ids in prompts:
+        ar = decode(ids, None, pair.verifier, PolicyConfig(name="ar"), cfg)
+        strict = decode(ids, pair.drafter, pair.verifier, PolicyConfig(name="strict"), cfg, chooser=chooser)
+        assert strict.tokens == ar.tokens
+        reasons |= {r.reason for r in strict.rounds}
+        refs.append(ar.tokens)
+    assert "copy" in reasons and chooser.costs() is not None
+    jobs = [Job(prompt=p, task_id=str(i)) for i, p in enumerate(prompts)]
+    got = {job.task_id: r.tokens for job, r in decode_many(jobs, pair.drafter, pair.verifier,
+                                                            PolicyConfig(name="strict"), cfg, batch_size=3,
+                                                            chooser=chooser)}
+    assert [got[str(i)] for i in range(3)] == refs
+
+
+@pytest.mark.model
 def test_every_variant_decodes_the_same_tokens_on_the_embedded_pair(native_pair):
     """The decodes users see, on every variant this CPU runs: ar, Strict SDD with the real drafter
     (on the same kernels), and a skipping policy, whose text follows the drafter's bits too."""

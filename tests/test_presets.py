@@ -114,6 +114,8 @@ def test_the_named_configurations_are_whole_shapes_whatever_the_command(base):
     paper = variants.parse_variant("paper", base, 1)
     d = default.decode
     assert (d.gamma, d.gamma_max, d.min_match, d.trim, default.steps, default.drafter) == DEFAULT[:5] + (STANDALONE_DRAFTER,)
+    assert d.drafts == "payoff" and variants.parse_variant("drafted", base, 1).decode.drafts == "drafter"
+    assert fast.decode.drafts == paper.decode.drafts == "drafter"
     d = fast.decode
     assert (d.gamma, d.gamma_max, d.min_match, d.trim, fast.steps) == (4, 16, 6, 0.5, 1)
     d = paper.decode
@@ -121,7 +123,9 @@ def test_the_named_configurations_are_whole_shapes_whatever_the_command(base):
 
 
 def test_the_named_configurations_are_what_the_committed_speed_figures_name():
-    assert variants.DEFAULT == "strict+gamma=4+gamma_max=16+min_match=6+trim=0.3+drafter=smollm2-135m-diffusion"
+    assert variants.DEFAULT == ("strict+gamma=4+gamma_max=16+min_match=6+trim=0.3+drafts=payoff"
+                                "+drafter=smollm2-135m-diffusion")
+    assert variants.DRAFTED == "strict+gamma=4+gamma_max=16+min_match=6+trim=0.3+drafter=smollm2-135m-diffusion"
     assert variants.FAST == "strict+gamma=4+gamma_max=16+min_match=6+trim=0.5+drafter=smollm2-135m-diffusion"
     assert variants.PAPER == "strict+gamma=32+steps=2+drafter=smollm2-135m-diffusion"
 

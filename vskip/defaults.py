@@ -26,19 +26,26 @@ MAX_SEED = 2**32 - 1
 MAX_NEW_TOKENS = 512
 #: the decoding methods (``--policy``); defined here so that the command line needs no numpy
 POLICIES = ("ar", "strict", "lenience", "topk", "periodic", "raw", "marginal", "conditional", "prefix")
+#: where a lossless round's draft comes from (``--drafts``): ``drafter``, every round (the paper's), or
+#: ``payoff``, each round the copy hint alone, the drafter or the verifier alone, whichever the
+#: measured costs say commits the most tokens per second (:mod:`vskip.engine.policy.payoff`)
+DRAFTS = ("drafter", "payoff")
 #: the decoding shapes a preset picks from: the drafter (None: the embedded standalone drafter),
 #: the block length, block growth on a copy match (``gamma_max`` when the hint matches ``min_match``
-#: tokens), trimming (verify only the drafted prefix of raw confidence >= ``trim``) and the reveal steps.
+#: tokens), trimming (verify only the drafted prefix of raw confidence >= ``trim``), the reveal steps and
+#: where a Strict SDD round's draft comes from (``drafts``, :data:`DRAFTS`).
 #: ``study``: every committed study's (its predictors and gates were trained and tuned on it);
 #: ``default``: the fastest lossless Strict SDD measured on the embedded pair, chosen on MBPP prompts
 #: outside the evaluation sets (docs/results/speed.md); ``paper``: the paper's (§5.1)
 #: the name of the shipped standalone diffusion drafter
 STANDALONE_DRAFTER = "smollm2-135m-diffusion"
 SHAPES = {
-    "study": {"drafter": None, "gamma": GAMMA, "gamma_max": None, "min_match": 8, "trim": None, "steps": STEPS},
-    "default": {"drafter": None, "gamma": 4, "gamma_max": 16, "min_match": 6, "trim": 0.3, "steps": STEPS},
+    "study": {"drafter": None, "gamma": GAMMA, "gamma_max": None, "min_match": 8, "trim": None, "steps": STEPS,
+              "drafts": "drafter"},
+    "default": {"drafter": None, "gamma": 4, "gamma_max": 16, "min_match": 6, "trim": 0.3, "steps": STEPS,
+                "drafts": "payoff"},
     "paper": {"drafter": STANDALONE_DRAFTER, "gamma": 32, "gamma_max": None, "min_match": 8, "trim": None,
-              "steps": 2},
+              "steps": 2, "drafts": "drafter"},
 }
 
 
@@ -73,7 +80,8 @@ def grows(gamma_max: int | None, gamma: int | None) -> bool:
 PRESETS = {
     "default": Preset("strict", "default", "study",
                       "Strict SDD, lossless, in the fastest shape measured (gamma 4, blocks of 16 after a copy match "
-                      "of 6, trimming at 0.3); a skipping method in the study shape"),
+                      "of 6, trimming at 0.3, each round's draft from the copy hint, the drafter or none, whichever "
+                      "pays); a skipping method in the study shape"),
     "study": Preset("raw", "study", "study",
                     "every committed study's defaults: raw confidence, gamma 8, one reveal step"),
     "paper": Preset("raw", "paper", "paper",

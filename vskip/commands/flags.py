@@ -8,7 +8,7 @@ import argparse
 import copy
 
 from ..bench.tasks import ALL_TASKS
-from ..defaults import GAMMA, MAX_NEW_TOKENS, MAX_SEED, POLICIES, POLICY_PARAMETERS, PRESETS, SHAPES, STEPS, grows
+from ..defaults import DRAFTS, GAMMA, MAX_NEW_TOKENS, MAX_SEED, POLICIES, POLICY_PARAMETERS, PRESETS, SHAPES, STEPS, grows
 
 
 def bounded(kind, lo, hi):
@@ -97,6 +97,11 @@ def add_block_flags(g) -> None:
     g.add_argument("--trim", type=or_off(float), metavar="T|off",
                    help="verify only the leading drafted tokens with raw confidence >= TRIM (at least one; off: the "
                         "whole block; default: the preset's). Lossless; traces need whole blocks")
+    g.add_argument("--drafts", choices=DRAFTS,
+                   help="where a Strict SDD round's draft comes from: drafter (every round, the paper's) or payoff "
+                        "(each round the copy hint alone, the drafter or the verifier alone, whichever the costs "
+                        "measured as it decodes say commits the most tokens per second; lossless either way; "
+                        "default: the preset's)")
 
 
 def add_model_flags(p: argparse.ArgumentParser, threads_help: str = "torch CPU threads") -> None:
@@ -176,7 +181,7 @@ def add_batch_flag(p) -> None:
 
 def with_preset(a, policy: str | None = None) -> argparse.Namespace:
     """A copy of the parsed flags ``a`` with ``--policy`` and the decoding shape (``--drafter``,
-    ``--gamma``, ``--gamma-max``, ``--min-match``, ``--trim``, ``--steps``) filled from ``--preset``
+    ``--gamma``, ``--gamma-max``, ``--min-match``, ``--trim``, ``--steps``, ``--drafts``) filled from ``--preset``
     where the command line left them out (``policy``: this method's shape, for commands that compare
     several). A ``--gamma`` at least the preset's ``gamma_max`` turns the preset's block growth off;
     ``off`` turns a setting off. Commands without the policy flags keep what they have."""
@@ -223,7 +228,7 @@ def decode_config(a):
 
     return DecodeConfig(gamma=a.gamma, max_new_tokens=a.max_new_tokens, shadow=a.shadow, gamma_max=on(a.gamma_max),
                         min_match=SHAPES["study"]["min_match"] if a.min_match is None else a.min_match,
-                        trim=on(a.trim), sampling=sampling(a),
+                        trim=on(a.trim), sampling=sampling(a), drafts=getattr(a, "drafts", None) or "drafter",
                         trace=getattr(a, "trace", False), task=getattr(a, "task", None))
 
 

@@ -27,13 +27,17 @@ class Clocks:
 
 @dataclass
 class Models:
-    """What every sequence of the loop shares: the models, the rule and the shadow clock."""
+    """What every sequence of the loop shares: the models, the rule, the shadow and drafter clocks,
+    and the chooser of the rounds whose drafts pay (:class:`vskip.engine.chooser.Chooser`; made
+    when a sequence first asks for one)."""
 
     drafter: Drafter | None
     verifier: Verifier
     predictor: Predictor | None
     rule: Rule
     shadow_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    chooser: object = None
 
     def draft(self, drafting: dict) -> dict:
         """The drafter's calls for the sequences ``drafting`` {slot: decode}, one per kind of
@@ -56,6 +60,7 @@ class Models:
                     block = replace(block, tokens=draw_rows(block.q, s.uniforms(d.key, d.generated, g, DRAFTER)))
                 out[slot] = (block, *lengths[slot])
             spent = now() - t
+            self.draft_seconds += spent
             for d in group.values():
                 d.clocks.seconds["draft"] += spent
         return out

@@ -8,7 +8,9 @@ timed between synchronised clock reads, and shadow verification (§3.2) is timed
 excluded.
 
 A round reads as its steps (:class:`_Decode`): choose the block length, draft, score, decide,
-then skip or verify, then commit, which builds the round's record once, complete.
+then skip or verify, then commit, which builds the round's record once, complete. Under
+``--drafts payoff`` a Strict SDD round first chooses its draft's source (:meth:`_Decode.source`):
+a copied block is verified like a drafted one, so the text stays the verifier's own.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from .calls import Clocks, Models
+from .chooser import Chooser, Source
 from .features import assemble_features
 from .models.protocols import DraftBlock, Drafter, Predictor, Verifier
 from .policy import (RULE, Decision, Draw, GuardContext, PolicyConfig, Rule, block_length, committed_tokens, decide,
@@ -50,22 +53,24 @@ class _Outcome:
 
 def decode(prompt: Sequence[int], drafter: Drafter | None, verifier: Verifier, policy: PolicyConfig,
            cfg: DecodeConfig, predictor: Predictor | None = None, task_id: str | None = None, sample: int = 0,
-           rule: Rule = RULE) -> DecodeResult:
+           rule: Rule = RULE, chooser: Chooser | None = None) -> DecodeResult:
     """Decode one prompt (token ids) and return the generated tokens with per-round records: the
     loop of :func:`decode_many` with one prompt."""
-    [(_, result)] = decode_many([Job(prompt, task_id, sample)], drafter, verifier, policy, cfg, predictor, rule=rule)
+    [(_, result)] = decode_many([Job(prompt, task_id, sample)], drafter, verifier, policy, cfg, predictor, rule=rule,
+                                chooser=chooser)
     return result
 
 
 def decode_many(jobs: Iterable[Job], drafter: Drafter | None, verifier: Verifier, policy: PolicyConfig,
                 cfg: DecodeConfig, predictor: Predictor | None = None, batch_size: int = 1,
                 rule: Rule = RULE, prefill_chunk: int | None = None,
-                draft_max_batch: int | None = None) -> Iterator[tuple[Job, DecodeResult]]:
+                draft_max_batch: int | None = None, chooser: Chooser | None = None) -> Iterator[tuple[Job, DecodeResult]]:
     """Decode ``jobs`` through one :class:`Loop` of ``batch_size`` slots: a finished sequence's
     slot takes the next job at once (continuous batching). Yields each job with its result as it
-    finishes; a sequence's failure is raised."""
+    finishes; a sequence's failure is raised. ``chooser``: the one whose measured costs payoff
+    rounds start from (a decoder keeps one across its calls; None: a new one)."""
     loop = Loop(drafter if policy.uses_drafter else None, verifier, policy, cfg, predictor, batch_size, rule,
-                prefill_chunk, draft_max_batch)
+                prefill_chunk, draft_max_batch, chooser=chooser)
     queue = deque(jobs)
     while queue or loop.active:
         while queue and loop.free:
@@ -106,13 +111,19 @@ class Loop:
     text cannot change go draftless (Strict SDD, greedy or sampled by the verifier's own draws, no
     block traces); every other method drafts as asked.
 
+    ``chooser``: where Strict SDD's rounds draft by payoff (``--drafts payoff``), the
+    :class:`~vskip.engine.chooser.Chooser` that picks each round's source, the copy hint alone,
+    the drafter or none, from the costs it has measured (one is made when a sequence first needs
+    it; a decoder hands the same one to every loop it opens). Every round teaches it what that
+    round cost (:class:`_RoundClock`).
+
     A failure in one sequence's own steps ends that sequence alone (its :class:`Step` carries the
     error); a failure of a forward the sequences share is raised."""
 
     def __init__(self, drafter: Drafter | None, verifier: Verifier, policy: PolicyConfig, cfg: DecodeConfig,
                  predictor: Predictor | None = None, batch_size: int = 1, rule: Rule = RULE,
                  prefill_chunk: int | None = None, draft_max_batch: int | None = None,
-                 prefill_depth: int | None = None):
+                 prefill_depth: int | None = None, chooser: Chooser | None = None):
         if batch_size < 1:
             raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
         if prefill_chunk is not None and prefill_chunk < 1:
@@ -122,7 +133,7 @@ class Loop:
         self.prefill_chunk, self.draft_max_batch, self.prefill_depth = prefill_chunk, draft_max_batch, prefill_depth
         check_models(drafter, policy, cfg, predictor)
         self.policy, self.cfg, self.batch_size = policy, cfg, batch_size
-        self.models = Models(drafter, verifier, predictor, rule)
+        self.models = Models(drafter, verifier, predictor, rule, chooser=chooser)
         self.active: dict[int, _Decode] = {}
         verifier.open_slots(batch_size)
         if drafter is not None:
@@ -168,8 +179,17 @@ class Loop:
             self._prefill(steps)
         ready = {slot: d for slot, d in self.active.items() if not d.unread}  # their prompts read
         crowded = self.draft_max_batch is not None and len(ready) > self.draft_max_batch
-        blocks = self.models.draft({slot: d for slot, d in ready.items()
-                                    if d.drafter is not None and not (crowded and d.exact)})
+        clock = _RoundClock(self.models, ready)
+        sources = {slot: self._own(slot, steps, d.source, len(ready), not crowded)
+                   for slot, d in ready.items() if d.payoff}
+        ready = {slot: d for slot, d in ready.items() if slot in self.active}  # a failed choice ends its sequence
+        sources = {slot: src for slot, src in sources.items() if src is not None}
+        drafting = {slot: d for slot, d in ready.items() if d.drafter is not None and not (crowded and d.exact)
+                    and (slot not in sources or sources[slot].kind == "drafter")}
+        blocks = self.models.draft(drafting)
+        for slot, src in sources.items():
+            if src.kind == "copy":  # the hint alone, its odds as its confidence
+                blocks[slot] = (DraftBlock(src.tokens, src.odds, copied=True), len(src.tokens), len(src.tokens))
         asks = {}
         for slot, d in ready.items():
             asks[slot] = self._own(slot, steps, d.plan, *blocks.get(slot, (None, 0, 0)))
@@ -186,6 +206,7 @@ class Loop:
             if done:
                 del active[slot]
             steps[slot] = Step(d.job, slot, new, d.rounds[-1], d.result() if done else None)
+        clock.observe(asks, sources, len(drafting))
         return list(steps.values())
 
     def _prefill(self, steps: dict) -> None:
@@ -206,6 +227,40 @@ class Loop:
             d.stop = "error"
             steps[slot] = Step(d.job, slot, [], None, d.result(), e)
             return None
+
+
+class _RoundClock:
+    """What a round teaches the chooser of drafts (:class:`vskip.engine.chooser.Chooser`): the
+    round's time outside the drafter and the shadow forwards by the rows its verifier scored,
+    the drafter's time per sequence, and what each drafter round its chooser asked for accepted.
+    A round in which a sequence reads its prompt teaches nothing of the costs."""
+
+    def __init__(self, models: Models, ready: dict):
+        self.models, self.ready = models, ready
+        self.t, self.draft, self.shadow = now(), models.draft_seconds, models.shadow_seconds
+        self.fresh = any(not d.rounds for d in ready.values())
+        self.before = {slot: len(d.rounds) for slot, d in ready.items()}
+
+    def observe(self, asks: dict, sources: dict, drafting: int) -> None:
+        """The round ended: ``asks``, what its sequences asked of the verifier; ``sources``, the
+        chooser's choices; ``drafting``, how many sequences the drafter drafted for."""
+        chooser = self.models.chooser
+        if chooser is None or not self.ready:
+            return
+        drafted = self.models.draft_seconds - self.draft
+        seconds = now() - self.t - drafted - (self.models.shadow_seconds - self.shadow)
+        if not self.fresh:
+            chooser.observe_round(sum(len(a.verify) + 1 for a in asks.values() if a.verify is not None), seconds)
+        if drafting:
+            chooser.observe_draft(drafted / drafting)
+        for slot, src in sources.items():
+            d = self.ready[slot]
+            if len(d.rounds) == self.before[slot] or d.rounds[-1].L is None:
+                continue
+            if src.kind == "drafter":
+                chooser.observe_yield(src.bucket, d.rounds[-1].L)
+            elif src.kind == "copy":
+                chooser.observe_copy(src, d.rounds[-1].L)
 
 
 @dataclass
@@ -231,6 +286,10 @@ class _Decode:
         self.verifier = models.verifier
         # a round may verify it without a draft: its text is the verifier's own either way
         self.exact = policy.name == "strict" and not cfg.sampling.speculative and not cfg.trace
+        # and its draft may come from wherever pays most (the copy hint, the drafter or none)
+        self.payoff = self.exact and cfg.drafts == "payoff" and self.drafter is not None
+        if self.payoff and models.chooser is None:
+            models.chooser = Chooser()
         self.key = 0 if cfg.sampling.greedy else prompt_key(job.task_id, job.prompt, job.sample)  # greedy draws nothing
         self.seq, self.n0 = list(job.prompt), len(job.prompt)
         self.D = 0  # unverified tokens committed since the last verifier call
@@ -279,6 +338,12 @@ class _Decode:
         )
 
     # -- a round of Figure 2, up to the verifier -----------------------------------------------
+    def source(self, sharing: int, drafter: bool) -> Source:
+        """Step 1 of a payoff round: where its draft comes from (``sharing``: sequences in the
+        round; ``drafter``: the drafter may draft for it this round)."""
+        limit = self.cfg.max_new_tokens - self.generated - 1  # the verifier's own token comes on top
+        return self.models.chooser.choose(self.seq, lambda: self.block_length()[1], sharing, limit, drafter)
+
     def plan(self, block: DraftBlock | None, gamma: int, g: int) -> _Ask:
         """Steps 2-3 (score, decide) on the round's drafted ``block`` (block length ``g`` of the
         ``gamma`` asked for; steps 1, the block length and the draft, ran for the whole batch in
@@ -290,7 +355,8 @@ class _Decode:
         d = self.decide(block, q, shortened=g < gamma)
         if d.K > 0:  # 4a. skip: the shadow verifier only audits the committed prefix (L)
             return _Ask(None, block.tokens if self.cfg.shadow else None, block, d, g, feats)
-        checked = block.tokens[: verify_length(block.confidence, self.cfg.trim)]
+        # a copied block is verified as long as its chooser found it worth
+        checked = block.tokens if block.copied else block.tokens[: verify_length(block.confidence, self.cfg.trim)]
         return _Ask(checked, None, block, d, g, feats)
 
     def block_length(self) -> tuple[int, int]:
@@ -360,7 +426,7 @@ class _Decode:
         self.D, self.last_full = 0, acc == len(checked)
         return _Outcome(committed_tokens(checked, v, acc), verified=True, K=0, K_hat=ask.decision.K_hat,
                         L=strict_accept(checked, v), accepted=acc, relaxed=self.policy.lossy_acceptance and acc > 0,
-                        reason=ask.decision.reason, gamma=ask.gamma)
+                        reason="copy" if ask.block.copied else ask.decision.reason, gamma=ask.gamma)
 
     def commit(self, out: _Outcome) -> None:
         """Commit never past the budget and nothing after an end-of-sequence token; the record of

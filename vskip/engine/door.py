@@ -97,6 +97,17 @@ class Decoder:
     pair: object
     runtime: object
     predictor: object | None = None
+    #: the chooser of payoff rounds' drafts, kept across prompts: what one measured serves the next
+    chooser: object = None
+
+    def _chooser(self, any_request: bool = False):
+        """The chooser, made for this verifier's tokenizer when the settings draft by payoff
+        (``any_request``: or a request may ask for it, as a server's may)."""
+        if self.chooser is None and (any_request or self.settings.decode.drafts == "payoff"):
+            from .chooser import chooser_for
+
+            self.chooser = chooser_for(self.pair.tokenizer)
+        return self.chooser
 
     @property
     def drafter(self):
@@ -113,7 +124,7 @@ class Decoder:
 
         s = self.settings
         return decode(ids, self.drafter, self.pair.verifier, s.policy, s.decode, self.predictor, task_id=task_id,
-                      sample=sample)
+                      sample=sample, chooser=self._chooser())
 
     def loop(self, batch_size: int = 1, prefill_chunk: int | None = None, draft_max_batch: int | None = None,
              prefill_depth: int | None = None):
@@ -123,7 +134,8 @@ class Decoder:
 
         s = self.settings
         return Loop(self.pair.drafter, self.pair.verifier, s.policy, s.decode, self.predictor, batch_size,
-                    prefill_chunk=prefill_chunk, draft_max_batch=draft_max_batch, prefill_depth=prefill_depth)
+                    prefill_chunk=prefill_chunk, draft_max_batch=draft_max_batch, prefill_depth=prefill_depth,
+                    chooser=self._chooser(any_request=True))
 
     def decode_many(self, jobs, batch_size: int = 1):
         """Decode :class:`~vskip.engine.decode.Job` s ``batch_size`` at a time, yielding (job, result)
@@ -131,7 +143,8 @@ class Decoder:
         from .decode import decode_many
 
         s = self.settings
-        return decode_many(jobs, self.drafter, self.pair.verifier, s.policy, s.decode, self.predictor, batch_size)
+        return decode_many(jobs, self.drafter, self.pair.verifier, s.policy, s.decode, self.predictor, batch_size,
+                           chooser=self._chooser())
 
 
 def open_decoder(s: Settings, prompts: str | list[tuple[str, str]] | None = None, pair=None,

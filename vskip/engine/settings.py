@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..defaults import GAMMA, MAX_NEW_TOKENS
+from ..defaults import DRAFTS, GAMMA, MAX_NEW_TOKENS
 from .models.config import ModelConfig
 from .models.protocols import Drafter, Verifier
 from .policy import BlockLength, PolicyConfig, Sampling
@@ -25,7 +25,11 @@ class DecodeConfig:
     skipped rounds (§3.2); ``trace``: keep the A.7 inputs of every block; ``task``: dataset name
     for the indicator features; ``gamma_max``/``min_match``: a block length per round, ``trim``:
     verify only the confident drafted prefix (:mod:`vskip.engine.policy.blocks`; None: the paper's
-    fixed blocks); ``sampling``: temperature 0 (greedy, the paper) or the verifier's sampling
+    fixed blocks); ``drafts``: where a lossless round's draft comes from, ``drafter`` (every round,
+    the paper's) or ``payoff`` (each round the copy hint alone, the drafter or the verifier alone,
+    whichever the measured costs say pays most, :mod:`vskip.engine.policy.payoff`; a round whose
+    text cannot change alone: Strict SDD, not under the speculative rule, without traces);
+    ``sampling``: temperature 0 (greedy, the paper) or the verifier's sampling
     settings and seed (:mod:`vskip.engine.policy.sampling`)."""
 
     gamma: int = GAMMA
@@ -37,6 +41,7 @@ class DecodeConfig:
     min_match: int = 8
     trim: float | None = None
     sampling: Sampling = Sampling()
+    drafts: str = "drafter"
 
     def __post_init__(self):
         if isinstance(self.sampling, dict):  # read back from a run directory's config.json
@@ -44,6 +49,8 @@ class DecodeConfig:
         self.blocks  # validates gamma, gamma_max, min_match and trim
         if self.trace and self.trim is not None:
             raise ValueError("traces need the strict length L of whole blocks: collect them without --trim")
+        if self.drafts not in DRAFTS:
+            raise ValueError(f"drafts must be one of {', '.join(DRAFTS)}, got {self.drafts!r}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max-new-tokens must be >= 1, got {self.max_new_tokens}")
 
@@ -68,6 +75,9 @@ def check_settings(policy: PolicyConfig, cfg: DecodeConfig, steps: int | None = 
     (:class:`vskip.engine.settings.Settings`): trimming only where it cannot change what is accepted,
     lenience and top-k greedy only, and the speculative rule only for a drafter that drafts in one
     forward (``steps``; None: checked against the drafter by :func:`check_models`)."""
+    if cfg.drafts == "payoff" and policy.name not in ("ar", "strict"):
+        raise ValueError(f"--drafts payoff chooses the draft of rounds whose text cannot change; {policy.name} "
+                         f"decides on the drafter's block every round: use --drafts drafter")
     if cfg.trim is not None and policy.lossy_acceptance:
         raise ValueError(f"--trim would change what {policy.name} accepts; use it with strict or a skip policy")
     if not cfg.sampling.greedy and policy.lossy_acceptance:

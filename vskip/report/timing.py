@@ -24,7 +24,9 @@ from typing import Sequence
 _MODEL_KEYS = ("drafter", "verifier", "dtype", "device", "drafter_dtype", "copy_prior", "reveal")
 #: the decode settings a timed configuration must share with the run (``shadow`` and ``trace`` cost
 #: time without changing the tokens: the timing leaves them off)
-_DECODE_KEYS = ("gamma", "gamma_max", "min_match", "trim")
+_DECODE_KEYS = ("gamma", "gamma_max", "min_match", "trim", "drafts")
+#: what a decode setting recorded before it existed reads as
+_ABSENT = {"drafts": "drafter"}
 
 
 class Timing:
@@ -61,7 +63,7 @@ class Timing:
             if c.get("policy") is None or not _same_policy(c, run_cfg.get("policy") or {}):
                 continue
             cd = c.get("decode") or {}
-            if any(cd.get(k) != dec.get(k) for k in _DECODE_KEYS) or c.get("steps") != models.get("steps"):
+            if any(cd.get(k, _ABSENT.get(k)) != dec.get(k, _ABSENT.get(k)) for k in _DECODE_KEYS) or c.get("steps") != models.get("steps"):
                 continue
             cache = c.get("cache") if c.get("cache") is not None else fm.get("verifier_cache")
             if cache != models.get("verifier_cache"):

@@ -140,7 +140,7 @@ class ChatRequest(_Common):
 
 #: the keys of a request's ``vskip`` object: the decoding flags a request may set, by type
 _BLOCK_KEYS = {"gamma": int, "gamma_max": int, "min_match": int, "trim": float, "shadow": bool,
-               "speculative_sampling": bool}
+               "speculative_sampling": bool, "drafts": str}
 VSKIP_KEYS = {"policy": str, "preset": str, **_BLOCK_KEYS,
               **{k: p.type for k, p in POLICY_PARAMETERS.items() if p.flag}}
 

@@ -208,10 +208,11 @@ def check_batch(variants, batch_size: int) -> None:
                          "configurations; give --batch-size 1 or leave them out of --configs")
 
 
-def _decode_rows(pair, v: Variant, todo, predictor=None, batch_size: int = 1):
+def _decode_rows(pair, v: Variant, todo, predictor=None, batch_size: int = 1, chooser=None):
     """Decode ``todo`` [(task_id, ids)] with ``v``, ``batch_size`` side by side through one loop
     (:func:`vskip.engine.decode.decode_many`); yields (task_id, the fields of a CompareRow a decode
-    fills, tokens) as each prompt finishes."""
+    fills, tokens) as each prompt finishes. ``chooser``: the configuration's chooser of payoff
+    drafts, kept from group to group as a decoder keeps it from prompt to prompt."""
     from ..engine.decode import Job, decode_many
     from ..engine.metrics import agreement_sums
 
@@ -225,7 +226,7 @@ def _decode_rows(pair, v: Variant, todo, predictor=None, batch_size: int = 1):
     try:
         jobs = [Job(ids, task_id=tid) for tid, ids in todo]
         for job, r in decode_many(jobs, drafter if policy.uses_drafter else None, pair.verifier, policy, v.decode,
-                                  predictor, batch_size):
+                                  predictor, batch_size, chooser=chooser):
             row = {"result": PromptResult.of(r), "accepted": [x.accepted for x in r.rounds if x.verified and x.gamma],
                    "agreement": list(agreement_sums(r.rounds))}
             yield job.task_id, row, r.tokens
@@ -336,7 +337,10 @@ def _compare_loop(path, groups, repeats, variants, done, pair, engines, max_new,
     each row is appended to ``path`` as its prompt finishes."""
     from tqdm import tqdm
 
+    from ..engine.chooser import chooser_for
+
     bar = tqdm(total=total, desc=f"compare {i}/{n}", unit="prompt", disable=not progress, file=sys.stderr)
+    choosers = {v.name: chooser_for(pair.tokenizer) for v in variants if not v.hf and v.decode.drafts == "payoff"}
     with naming(path), open_append(path) as f:
         for k, group in enumerate(groups):
             for rep in range(repeats):
@@ -358,7 +362,7 @@ def _compare_loop(path, groups, repeats, variants, done, pair, engines, max_new,
                             rows.append((tid, {"result": PromptResult(generated_tokens=len(tokens),
                                                                       decode_seconds=seconds)}, tokens))
                     else:
-                        rows = _decode_rows(pair, v, todo, learned.get(v.name), batch_size)
+                        rows = _decode_rows(pair, v, todo, learned.get(v.name), batch_size, choosers.get(v.name))
                     for tid, row, tokens in rows:  # as each prompt finishes
                         row = CompareRow(task_id=tid, config=v.name, repeat=rep, machine=host,
                                          prompt_tokens=n_ids[tid], digest=_digest(tokens),

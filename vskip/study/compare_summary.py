@@ -192,19 +192,24 @@ def _against_strict(out: dict, by: dict, common: list[str]) -> None:
 
         out["eq8"] = {"A": st["tokens_per_call"], "c_D_ms": st["c_D_ms"], "c_V_ms": st["c_V_ms"],
                       "K_star": break_even_length(st["tokens_per_call"], st["c_D_ms"], st["c_V_ms"])}
+        b = st["blocks_per_token"] * st["tokens_per_call"]
+        if abs(b - 1.0) > 1e-9:  # rounds without a draft of their own (--drafts payoff)
+            out["eq8"]["blocks_per_call"] = b
 
 
 
 def eq7(s: dict) -> dict | None:
     """Eq. 7 without T_policy, from a summary's measured costs: ``ar`` pays c_V(ar) a token, Strict
-    SDD (c_D + c_V) / A, so Strict SDD is predicted at A c_V(ar) / (c_D + c_V) times ``ar``; and what a
-    verification costs in ``ar`` steps, the figure that differs from one CPU to another. None
-    without Strict SDD's costs or ``ar``'s."""
+    SDD (b c_D + c_V) / A with b its drafts per verification (1 where every round drafts, fewer
+    where rounds copy or go without a draft: ``--drafts payoff``), so Strict SDD is predicted at
+    A c_V(ar) / (b c_D + c_V) times ``ar``; and what a verification costs in ``ar`` steps, the
+    figure that differs from one CPU to another. None without Strict SDD's costs or ``ar``'s."""
     e, step = s.get("eq8"), s["configs"].get("ar", {}).get("c_V_ms")
     if not e or not step:
         return None
-    return {"c_V_ar_ms": step, "verify_over_step": e["c_V_ms"] / step,
-            "predicted_vs_ar": e["A"] * step / (e["c_D_ms"] + e["c_V_ms"])}
+    b = e.get("blocks_per_call", 1.0)
+    return {"c_V_ar_ms": step, "verify_over_step": e["c_V_ms"] / step, "blocks_per_call": b,
+            "predicted_vs_ar": e["A"] * step / (b * e["c_D_ms"] + e["c_V_ms"])}
 
 
 def _or_nan(x) -> float:
@@ -295,7 +300,9 @@ def format_summary(s: dict) -> str:
         if p is not None:
             table += (f"\nOn this machine a verification costs {p['verify_over_step']:.2f} ar steps (c_V = "
                       f"{e['c_V_ms']:.1f} ms against {p['c_V_ar_ms']:.1f} ms). Eq. 7 from these costs gives Strict "
-                      f"SDD A c_V(ar) / (c_D + c_V) = {p['predicted_vs_ar']:.3f}× ar (measured "
+                      + (f"SDD A c_V(ar) / (c_D + c_V) = " if abs(p["blocks_per_call"] - 1) < 1e-9 else
+                         f"SDD, with b = {p['blocks_per_call']:.3f} drafts per verification, A c_V(ar) / (b c_D + c_V) = ")
+                      + f"{p['predicted_vs_ar']:.3f}× ar (measured "
                       f"{s['configs']['strict']['ratio_vs_ar']:.3f}×; the difference is the time outside the "
                       f"forwards): a CPU whose verification costs more steps gains less from the same A.")
     if few:

@@ -11,15 +11,19 @@ likelihood on distillation data (:func:`fit_lambda`). The mixture is still a dis
 drafter's confidence (its top probability at the reveal step) keeps its meaning for the skip
 policies. The hint reads only the committed sequence the drafter is given, never the verifier.
 
-Pure numpy; the drafter applies it inside its reveal steps.
+Pure numpy; the drafter applies it inside its reveal steps. The same hint also drafts a lossless
+round alone where it pays (:mod:`vskip.engine.policy.payoff`), with odds :func:`fit_copy_odds` fits.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
+
+from ..policy.acceptance import leading_run
+from ..policy.payoff import LONGEST_COPY, ODDS_EDGES, CopyOdds, match_bucket
 
 #: file name of a fitted copy prior beside a drafter
 COPY_FILE = "copy_prior.json"
@@ -152,3 +156,145 @@ def mixture_nll(p_target: np.ndarray, is_hint: np.ndarray, lam: np.ndarray | flo
     zero probability, e.g. a token outside the drafter's head)."""
     mix = (1 - np.asarray(lam)) * np.asarray(p_target) + np.asarray(lam) * np.asarray(is_hint, dtype=np.float64)
     return float(-np.log(np.maximum(mix, floor)).mean())
+
+
+#: the token that parts two answers in a corpus (no vocabulary has a negative id)
+APART = -1
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """The verifier's own greedy answers to prompts outside every evaluation set, end to end with
+    :data:`APART` between them: a second place to copy from (beyond the paper; retrieval drafts,
+    as REST does with a datastore). A suffix of the sequence found here is continued by what
+    followed it there. ``fingerprint``: the tokenizer it was written in
+    (:func:`tokenizer_fingerprint`); a verifier with another one never reads it."""
+
+    tokens: np.ndarray
+    fingerprint: str
+    meta: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self):
+        a = np.asarray(self.tokens, dtype=np.int64)
+        if a.ndim != 1 or (a < APART).any():
+            raise ValueError("a copy corpus is one row of token ids, -1 between answers")
+        object.__setattr__(self, "tokens", a)
+        object.__setattr__(self, "answer", np.cumsum(a == APART))  # the answer each position belongs to
+        # every position followed by a token of its answer, grouped by its token, in order
+        pos = np.flatnonzero((a[:-1] != APART) & (a[1:] != APART))
+        pos = pos[np.argsort(a[pos], kind="stable")]
+        first, at = np.unique(a[pos], return_index=True)
+        object.__setattr__(self, "_index", (first, np.append(at, pos.size), pos))
+
+    def match(self, seq: Sequence[int] | np.ndarray, max_len: int = LONGEST_COPY,
+              skip: int | None = None) -> tuple[int, int]:
+        """``(length, start)``: the longest suffix of ``seq`` (at most ``max_len`` tokens) found
+        in the corpus and followed there by a token of the same answer, its last occurrence;
+        ``start``, where its continuation begins (``(0, -1)``: none). ``skip``: leave out the
+        answer of that index (a fit's own answer)."""
+        a, s = self.tokens, np.asarray(seq, dtype=np.int64)
+        if s.shape[0] == 0:
+            return 0, -1
+        first, at, pos = self._index
+        i = int(np.searchsorted(first, s[-1]))
+        if i == first.size or first[i] != s[-1]:
+            return 0, -1
+        ends = pos[at[i]: at[i + 1]]
+        if skip is not None:
+            ends = ends[self.answer[ends] != skip]
+        if ends.size == 0:
+            return 0, -1
+        length = 1
+        while length < min(max_len, s.shape[0]):
+            back = ends - length
+            keep = ends[(back >= 0) & (a[np.maximum(back, 0)] == s[-1 - length])]
+            if keep.size == 0:
+                break
+            ends, length = keep, length + 1
+        return length, int(ends[-1]) + 1
+
+    def hint(self, start: int, n: int) -> np.ndarray:
+        """Up to ``n`` tokens from ``start``, to the end of their answer."""
+        run = self.tokens[start: start + n]
+        cut = np.flatnonzero(run == APART)
+        return run[: cut[0]] if cut.size else run
+
+    def to_json(self) -> dict:
+        return {"tokens": self.tokens.tolist(), "fingerprint": self.fingerprint, "meta": self.meta}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Corpus":
+        return cls(np.asarray(d["tokens"], dtype=np.int64), d["fingerprint"], d.get("meta", {}))
+
+    @classmethod
+    def of_answers(cls, answers: Iterable[Sequence[int]], fingerprint: str, meta: dict | None = None) -> "Corpus":
+        tokens: list[int] = []
+        for ans in answers:
+            tokens += [int(t) for t in ans] + [APART]
+        return cls(np.asarray(tokens, dtype=np.int64), fingerprint, meta or {})
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A digest of a tokenizer's vocabulary (every token string and its id)."""
+    import hashlib
+    import json
+
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+#: a match in the sequence itself this long is not searched for in the corpus (rarely beaten there,
+#: and the search is the round's dearest step outside the forward)
+CORPUS_BELOW = 8
+
+
+def best_hint(seq: Sequence[int], n: int, corpus: Corpus | None = None, skip: int | None = None
+              ) -> tuple[np.ndarray, int, str]:
+    """The hint for the next ``n`` positions: ``(tokens, match length, source)``, from the
+    sequence itself (``context``, :func:`copy_hint`) or, where its match there is shorter than
+    :data:`CORPUS_BELOW` and the corpus has a longer one, from ``corpus`` (``corpus``; fewer
+    tokens where its answer ends). No match: ``context`` with length 0."""
+    hint, length = copy_hint(seq, n, LONGEST_COPY)
+    if corpus is not None and length < CORPUS_BELOW:
+        found, start = corpus.match(seq, LONGEST_COPY, skip)
+        if found > length:
+            return corpus.hint(start, n), found, "corpus"
+    return hint, length, "context"
+
+
+def fit_copy_odds(answers: Iterable[tuple[Sequence[int], Sequence[int]]], longest: int = LONGEST_COPY,
+                  edges: Sequence[int] = ODDS_EDGES, prior: float = 1.0, corpus: Corpus | None = None) -> CopyOdds:
+    """Copy odds from (prompt, answer) pairs, each answer the verifier's own greedy tokens: at
+    every answer position, the hint after what precedes it (:func:`best_hint`), its match
+    length and source, and how many of its tokens the answer goes on with (capped at ``longest``
+    and at the answer's end, where the position counts only up to what the answer shows).
+    ``corpus``: the answers themselves, in order, end to end: each answer's hints from the
+    corpus leave that answer out. ``prior``: pseudo-counts of a hint half right, which keep an
+    empty bucket's odds off 0 and 1."""
+    if prior <= 0:
+        raise ValueError(f"the copy odds' prior must be positive (an untested bucket's odds), got {prior}")
+    hits = {src: np.zeros((len(edges), longest)) for src in ("context", "corpus")}
+    seen = {src: np.zeros((len(edges), longest)) for src in ("context", "corpus")}
+    positions = 0
+    for i, (prompt, answer) in enumerate(answers):
+        seq = [int(t) for t in prompt]
+        ans = [int(t) for t in answer]
+        for t in range(len(ans)):
+            hint, length, src = best_hint(seq, longest, corpus, skip=i)
+            b = match_bucket(length, edges)
+            if b:
+                shown = min(longest, len(ans) - t)
+                run = leading_run(hint[:shown] == np.asarray(ans[t: t + len(hint[:shown])]))
+                tested = min(run + 1, shown, len(hint))  # j = 1 .. run + 1 were put to the test
+                seen[src][b - 1, :tested] += 1
+                hits[src][b - 1, :run] += 1
+                positions += 1
+            seq.append(ans[t])
+
+    def survival(src):  # P(first j right) = prod over i <= j of P(i-th right | the ones before right)
+        return np.cumprod((hits[src] + 0.5 * prior) / (seen[src] + prior), axis=1).round(4).tolist()
+
+    return CopyOdds(survival=survival("context"), length_edges=tuple(edges),
+                    corpus=survival("corpus") if corpus is not None else (),
+                    meta={"positions": positions, "tested": seen["context"].astype(int).tolist(),
+                          **({"tested_corpus": seen["corpus"].astype(int).tolist()} if corpus is not None else {})})

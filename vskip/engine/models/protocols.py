@@ -62,6 +62,7 @@ class DraftBlock:
     features: np.ndarray | None = None
     hidden: Any = None
     q: np.ndarray | None = None
+    copied: bool = False
 
     def __post_init__(self):
         assert self.tokens.ndim == 1, self.tokens.shape

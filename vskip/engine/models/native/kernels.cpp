@@ -133,6 +133,17 @@ void quantize(QAct& a, int r, const float* x, int K) {
   }
 }
 
+// The weights stream through once a forward; while a tile computes on one block, the lines of a
+// block this far ahead are asked for (the next group's lie right after a group's last block).
+// Several rows' arithmetic then hides under the stream instead of adding to it. Only timing changes.
+constexpr int PREFETCH_BLOCKS = 4;
+template <bool NIB>
+inline void prefetch_block(const QMat& W, int g, int b) {
+  const size_t at = ((size_t)g * (W.K / 32) + b + PREFETCH_BLOCKS) * (NIB ? 256 : 512);
+  if (at >= (size_t)(W.N / 16) * (W.K / 32) * (NIB ? 256 : 512)) return;  // past the matrix: nothing to fetch
+  for (int c = 0; c < (NIB ? 4 : 8); ++c) __builtin_prefetch(W.q + at + c * 64, 0, 3);
+}
+
 // R rows times one group of 16 outputs. Each row's sequence of operations is the same for any R
 // (the integer block sums are exact, whatever their order), so a row's result never depends on R.
 template <int R, bool NIB>
@@ -149,6 +160,7 @@ void tile(const QMat& W, int g, const QAct& a, int r0, float* out, int ldo) {
   F acc[R];
   for (int r = 0; r < R; ++r) acc[r] = fzero();
   for (int b = 0; b < nb; ++b, xq += rows * 32, xd += rows, xs += rows, xf += rows) {
+    prefetch_block<NIB>(W, g, b);
     I s[R];  // the exact sums of (q - offset) x over the block
     if (NIB) dot_nib<R>(wq + (size_t)b * 256, xq, xs, s);
     else dot_q8<R>(wq + (size_t)b * 512, xq, xs, s);

@@ -150,12 +150,13 @@ def verdict(z: torch.Tensor, block: Sequence[int]) -> Verdict:
     """Argmax [g + 1], drafted-token gaps and ranks [g] from logits ``z`` [g + 1, V] (float32,
     exact as computed: the argmax is the lowest id at the maximum)."""
     g = len(block)
-    argmax = z.argmax(-1)
+    zn = z.numpy()  # numpy's argmax (the first at the maximum, as torch's) is many times faster on a CPU
+    argmax = zn.argmax(-1).astype(np.int64)
     if not g:
-        return Verdict(argmax.numpy().astype(np.int64), np.zeros(0), np.zeros(0, dtype=np.int64))
-    b = torch.tensor([int(t) for t in block], dtype=torch.long)
-    zb = z[:-1]
-    zd = zb.gather(1, b[:, None])[:, 0]
-    gap = (zd - zb.max(-1).values).double().numpy()
-    return Verdict(argmax.numpy().astype(np.int64), draft_gap=gap,
-                   draft_rank=lambda: (zb > zd[:, None]).sum(-1).numpy().astype(np.int64))
+        return Verdict(argmax, np.zeros(0), np.zeros(0, dtype=np.int64))
+    b = np.asarray([int(t) for t in block], dtype=np.int64)
+    zb, rows = zn[:-1], np.arange(g)
+    zd = zb[rows, b]
+    top = zb[rows, argmax[:-1]]  # the maximum, read where the argmax found it
+    gap = (zd - top).astype(np.float64)
+    return Verdict(argmax, draft_gap=gap, draft_rank=lambda: (zb > zd[:, None]).sum(-1).astype(np.int64))

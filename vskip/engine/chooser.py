@@ -1,0 +1,228 @@
+"""The measuring side of the choice of a lossless round's draft (:mod:`vskip.engine.policy.payoff`).
+
+A :class:`Chooser` measures, on the running machine, what a round costs by the rows it scores
+(the mean of the recent rounds of as many rows where there were some, else a least-squares line,
+weighted to the recent rounds, of each round's time outside the drafter on its scored rows), what a drafter call costs per sequence, and what the drafter yields per
+copy-match bucket; the pure policy turns those and the fitted copy odds into each round's
+source. One chooser lives as long as its decoder, so what one prompt measured serves the next.
+
+Only the speed depends on these numbers: a lossless round commits the verifier's own tokens
+whatever it drafted. Clock noise can change which source a round takes, never the text.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .models.copy import Corpus, best_hint, tokenizer_fingerprint
+from .policy.payoff import LONGEST_COPY, CopyOdds, RoundCosts, choose_source, copy_length, match_bucket
+
+#: the copy odds fitted for the embedded verifier, and the corpus of its answers to held-out
+#: prompts (scripts/fit_copy_odds.py writes both)
+ODDS_FILE = Path(__file__).resolve().parents[1] / "assets" / "copy_odds.json"
+CORPUS_FILE = ODDS_FILE.with_name("copy_corpus.json")
+#: a scored row's cost relative to a one-row round's fixed part, assumed until rounds of
+#: different sizes are measured (a CPU's int8 forward: about 0.13; a GPU's: far less)
+PRIOR_ROW_RATIO = 0.15
+#: weight of the prior slope against the measured rows' spread (in rows squared)
+PRIOR_WEIGHT = 4.0
+#: weight kept by a rows count's earlier rounds at each new round, and the weight of rounds it
+#: needs before its own mean replaces the line through all of them
+ROWS_DECAY = 0.98
+TRUSTED = 3.0
+#: a round this many times dearer than the line says is left out of the costs
+OUTLIER = 3.0
+#: how far above the shipped odds a batch's gate reaches (the measured odds may have risen), and
+#: how many measured rounds it stands for
+GATE_MARGIN = 1.2
+GATE_EVERY = 32
+#: the shipped copy odds count as this many copy rounds of each bucket beside the ones measured
+ODDS_WEIGHT = 20.0
+#: a drafter's yield is measured this many times per bucket before it is trusted
+EXPLORE = 2
+#: a bucket whose drafter does not pay is drafted again after this many of its rounds, then
+#: after twice as many, three times, ...
+PROBE_EVERY = 256
+
+
+@lru_cache(maxsize=4)
+def load_odds(path: str = str(ODDS_FILE)) -> CopyOdds:
+    """The copy odds in ``path`` (default: the shipped ones)."""
+    return CopyOdds.from_json(json.loads(Path(path).read_text()))
+
+
+@lru_cache(maxsize=2)
+def load_corpus(path: str = str(CORPUS_FILE)) -> Corpus:
+    """The corpus in ``path`` (default: the shipped one)."""
+    return Corpus.from_json(json.loads(Path(path).read_text()))
+
+
+def chooser_for(tokenizer) -> "Chooser":
+    """A chooser for a verifier with ``tokenizer``: with the shipped corpus where it was written
+    in that tokenizer, without one elsewhere (its ids would mean other tokens)."""
+    corpus = load_corpus()
+    same = hasattr(tokenizer, "get_vocab") and tokenizer_fingerprint(tokenizer) == corpus.fingerprint
+    return Chooser(corpus=corpus if same else None)
+
+
+@dataclass(frozen=True)
+class Source:
+    """A round's source: ``kind`` ``copy`` (``tokens``: the hint's first k), ``drafter`` or
+    ``alone``, and the copy-match ``bucket`` it was chosen in."""
+
+    kind: str
+    tokens: np.ndarray | None
+    odds: np.ndarray | None
+    bucket: int
+    where: str = "context"
+
+
+class Chooser:
+    """Chooses each lossless round's source from measured costs (``decay``: weight kept by the
+    earlier rounds at each new one)."""
+
+    def __init__(self, odds: CopyOdds | None = None, decay: float = 0.98, corpus: Corpus | None = None):
+        self.odds = odds if odds is not None else load_odds()
+        self.corpus = corpus if self.odds.corpus else None  # hints there only with odds for them
+        self.decay = decay
+        self._sums = np.zeros(5)  # weight, rows, seconds, rows^2, rows * seconds
+        self._version, self._costs = 0, None  # the costs fitted after the observations so far
+        self._gates: dict = {}
+        self._rows = np.zeros((LONGEST_COPY + 1, 2))  # by rows - 1: weight, seconds
+        self._draft: float | None = None
+        self._yield = np.zeros((len(self.odds.length_edges) + 1, 2))  # per bucket: weight, accepted
+        # what the copy rounds showed, per source and bucket: tokens put to the test and found right
+        shape = (len(self.odds.length_edges), self.odds.longest)
+        self._copied = {src: (np.zeros(shape), np.zeros(shape)) for src in ("context", "corpus")}
+        self._since = np.zeros(len(self.odds.length_edges) + 1, dtype=np.int64)
+        self._probes = np.ones(len(self.odds.length_edges) + 1, dtype=np.int64)
+
+    # -- what was measured ----------------------------------------------------------------------
+    def observe_round(self, rows: int, seconds: float) -> None:
+        """A round that scored ``rows`` positions in ``seconds`` (outside the drafter's calls)."""
+        if rows < 1 or not np.isfinite(seconds) or seconds <= 0:
+            return
+        line = self.costs()
+        if line is not None and self._sums[0] >= TRUSTED and seconds > OUTLIER * (line.base + line.per_row * rows):
+            return  # a round the machine stalled in (another process, a page fault storm): not what rows cost
+        self._sums = self.decay * self._sums + np.array([1.0, rows, seconds, rows * rows, rows * seconds])
+        self._version += 1
+        # every size's mean fades as rounds pass, measured or not, so that a size the chooser
+        # stopped asking for (after a round that cost too much) goes back to the line and is tried again
+        self._rows *= ROWS_DECAY
+        if rows <= len(self._rows):
+            self._rows[rows - 1] += [1.0, seconds]
+
+    def observe_draft(self, seconds: float) -> None:
+        """A drafter call's time per sequence it drafted for."""
+        if np.isfinite(seconds) and seconds >= 0:
+            self._draft = seconds if self._draft is None else self.decay * self._draft + (1 - self.decay) * seconds
+            self._version += 1
+
+    def observe_yield(self, bucket: int, accepted: int) -> None:
+        """A drafter round chosen in ``bucket`` that accepted ``accepted`` drafted tokens."""
+        w = self._yield[bucket]
+        self._yield[bucket] = [0.9 * w[0] + 1.0, 0.9 * w[1] + accepted]
+
+    def observe_copy(self, source: Source, accepted: int) -> None:
+        """A copy round of ``source`` whose first ``accepted`` tokens were the verifier's."""
+        seen, hits = self._copied[source.where]
+        k = len(source.tokens)
+        seen[source.bucket - 1, : min(accepted + 1, k)] += 1
+        hits[source.bucket - 1, :accepted] += 1
+
+    def survival(self, length: int, where: str) -> np.ndarray:
+        """The odds of a hint after a match of ``length`` in ``where``: the shipped fit, as
+        :data:`ODDS_WEIGHT` observations of each token, with what this chooser's copy rounds
+        showed (a verifier or a task other than the fit's moves them)."""
+        prior = self.odds.row(length, where)
+        b = match_bucket(length, self.odds.length_edges)
+        if b == 0:
+            return prior
+        seen, hits = self._copied[where][0][b - 1], self._copied[where][1][b - 1]
+        if not seen[0]:
+            return prior.copy()
+        cond = prior / np.concatenate([[1.0], np.maximum(prior[:-1], 1e-9)])  # P(j-th right | the ones before)
+        return np.cumprod((hits + ODDS_WEIGHT * cond) / (seen + ODDS_WEIGHT))
+
+    def costs(self) -> RoundCosts | None:
+        """The fitted costs (None before the first round was measured)."""
+        if self._costs is None or self._costs[0] != self._version:
+            self._costs = (self._version, self._fit())
+        return self._costs[1]
+
+    def _fit(self) -> RoundCosts | None:
+        w, x, y, xx, xy = self._sums
+        if w <= 0:
+            return None
+        mx, my = x / w, y / w
+        base0 = my / (1 + PRIOR_ROW_RATIO * mx)  # the prior: per_row = ratio * base
+        sxx, sxy = xx - w * mx * mx, xy - w * mx * my
+        slope = (sxy + PRIOR_WEIGHT * PRIOR_ROW_RATIO * base0) / (max(sxx, 0.0) + PRIOR_WEIGHT)
+        slope = max(slope, 0.0)
+        base = max(my - slope * mx, 0.05 * my)
+        by_rows = tuple(float(s / w) if w >= TRUSTED else None for w, s in self._rows)
+        return RoundCosts(base=base, per_row=slope, draft=self._draft, by_rows=by_rows)
+
+    def drafter_yield(self, bucket: int) -> float | None:
+        """The drafter's mean accepted tokens in ``bucket``, None while it is still measured."""
+        w, a = self._yield[bucket]
+        return None if w < EXPLORE * 0.9 else float(a / w)
+
+    # -- the choice -----------------------------------------------------------------------------
+    def choose(self, seq: Sequence[int], gamma, sharing: int, limit: int, drafter: bool) -> Source:
+        """The source of a round after ``seq`` (``gamma``: the drafter's block length, or a function
+        that gives it, asked only where the drafter is weighed; ``sharing``:
+        sequences in the round's forward; ``limit``: tokens the budget allows beyond the
+        verifier's own; ``drafter``: one is loaded)."""
+        gate = self._gate(sharing) if sharing > 1 else None
+        hint, length, where = best_hint(seq, self.odds.longest, self.corpus if gate is None or gate[1] else None)
+        bucket = match_bucket(length, self.odds.length_edges)
+        if gate is not None and bucket < gate[0]:  # a batch's round: no copy that short could pay
+            return Source("alone", None, None, bucket)
+        survival = self.survival(length, where)
+        survival[len(hint):] = 0.0  # a corpus answer that ends sooner
+        costs = self.costs()
+        if costs is None:  # nothing measured yet: the copy where it is likelier right than not
+            k = int(np.sum(survival[: max(0, limit)] >= 0.5))
+            return self._source(hint, survival, k, bucket, where) if k else Source("alone", None, None, bucket)
+        expected = self.drafter_yield(bucket) if drafter else None
+        # the drafter is tried in rounds of one sequence: in a batch, the whole batch would wait for it
+        if drafter and sharing <= 1 and (expected is None or self._since[bucket] >= PROBE_EVERY * self._probes[bucket]):
+            self._since[bucket] = 0
+            self._probes[bucket] += expected is not None  # the next probe waits longer
+            return Source("drafter", None, None, bucket)
+        g = (gamma() if callable(gamma) else gamma) if expected is not None else 0  # weighed only where known
+        kind, k = choose_source(survival, expected, g, costs, sharing, limit)
+        self._since[bucket] += kind != "drafter"
+        if kind == "copy":
+            return self._source(hint, survival, k, bucket, where)
+        return Source(kind, None, None, bucket)
+
+    def _gate(self, sharing: int) -> tuple[int, bool] | None:
+        """In a round of ``sharing`` sequences, where a copy could pay at all by the shipped odds
+        (a margin above them): the least bucket of the sequence's own matches, and whether any
+        of the corpus's; None before costs are measured. Spares a batch the search of every
+        sequence's hints where none would be taken (the search costs each round, per sequence)."""
+        costs = self.costs()
+        if costs is None:
+            return None
+        key = (self._version // GATE_EVERY, sharing)  # the costs drift slowly: refreshed every few rounds
+        if self._gates.get("key") != key:
+            def pays(rows) -> list[bool]:
+                return [copy_length(np.minimum(1.0, GATE_MARGIN * np.asarray(r)), costs, sharing) > 0 for r in rows]
+
+            context = pays(self.odds.survival)
+            least = next((b + 1 for b, ok in enumerate(context) if ok), len(context) + 1)
+            self._gates = {"key": key, "gate": (least, any(pays(self.odds.corpus)) if self.corpus else False)}
+        return self._gates["gate"]
+
+    @staticmethod
+    def _source(hint: np.ndarray, survival: np.ndarray, k: int, bucket: int, where: str) -> Source:
+        return Source("copy", hint[:k].astype(np.int64), survival[:k].astype(np.float32), bucket, where)

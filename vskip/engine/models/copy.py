@@ -47,10 +47,17 @@ def suffix_match(seq: Sequence[int] | np.ndarray, max_len: int = 32) -> tuple[in
     ends = np.flatnonzero(a[:-1] == a[-1])
     if ends.size == 0:
         return 0, -1
+    return _grow(a, ends, a, max_len)
+
+
+def _grow(a: np.ndarray, ends: np.ndarray, s: np.ndarray, max_len: int) -> tuple[int, int]:
+    """``(length, start)``: the longest suffix of ``s`` that ends in ``a`` at one of ``ends``
+    (each already holding ``s``'s last token), grown back a token at a time, at most ``max_len``;
+    the last such end's next index."""
     length = 1
-    while length < max_len:
+    while length < min(max_len, s.shape[0]):
         back = ends - length
-        keep = ends[(back >= 0) & (a[np.maximum(back, 0)] == a[n - 1 - length])]
+        keep = ends[(back >= 0) & (a[np.maximum(back, 0)] == s[-1 - length])]
         if keep.size == 0:
             break
         ends, length = keep, length + 1
@@ -204,14 +211,7 @@ class Corpus:
             ends = ends[self.answer[ends] != skip]
         if ends.size == 0:
             return 0, -1
-        length = 1
-        while length < min(max_len, s.shape[0]):
-            back = ends - length
-            keep = ends[(back >= 0) & (a[np.maximum(back, 0)] == s[-1 - length])]
-            if keep.size == 0:
-                break
-            ends, length = keep, length + 1
-        return length, int(ends[-1]) + 1
+        return _grow(a, ends, s, max_len)
 
     def hint(self, start: int, n: int) -> np.ndarray:
         """Up to ``n`` tokens from ``start``, to the end of their answer."""

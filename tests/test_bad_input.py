@@ -116,7 +116,7 @@ CASES = [
     ("run --task humaneval --out {tmp}/o --trim -0.1", "trim must lie in [0, 1]"),
     ("run --task humaneval --out {tmp}/o --trim 0.5 --trace --policy strict", "traces need"),
     ("run --task humaneval --out {tmp}/o --drafts sometimes", "invalid choice: 'sometimes'"),
-    ("run --task humaneval --out {tmp}/o --policy raw --drafts payoff", "--drafts payoff chooses"),
+    ("run --task humaneval --out {tmp}/o --policy marginal --drafts payoff", "--drafts payoff chooses"),
     ("run --task humaneval --out {tmp}/o --max-new-tokens 0", "max-new-tokens must be >= 1"),
     ("run --task humaneval --out {tmp}/o --threads 0", "--threads must lie in 1.."),
     ("run --task humaneval --out {tmp}/o --threads -4", "--threads must lie in 1.."),

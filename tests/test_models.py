@@ -4,6 +4,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 from fakes import FakeDrafter
 
@@ -12,7 +14,7 @@ from vskip.engine.models.backbone import BackboneConfig
 from vskip.engine.models.diffusion_lm import DiffusionLM, DrafterSpec, reveal_counts
 from vskip.engine.models.drafter import DiffusionDrafter
 from vskip.engine.models.drafter_io import load_drafter_model, save_drafter
-from vskip.engine.models.protocols import DraftBlock
+from vskip.engine.models.protocols import DraftBlock, common_prefix
 from vskip.engine.models.verifier import HFVerifier
 from vskip.engine.policy import GuardConfig, PolicyConfig
 
@@ -245,3 +247,13 @@ def test_vocabulary_fit_never_allows_ids_the_verifier_lacks():
     assert vocabulary_fit(None, verifier_tok, torch.arange(200), 170).sum() == 170
     with pytest.raises(ValueError, match="does not fit"):
         vocabulary_fit(_Tok(list(reversed(words))), verifier_tok, torch.arange(170), 170)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 3), max_size=80), st.lists(st.integers(0, 3), max_size=80), st.booleans())
+def test_common_prefix_is_the_first_difference_by_brute_force(a, b, as_array):
+    shared = a[: len(a) // 2]
+    a, b = shared + a, shared + b  # long shared prefixes, as a growing sequence has
+    want = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    got = common_prefix(np.asarray(a), np.asarray(b)) if as_array else common_prefix(a, b)
+    assert got == want

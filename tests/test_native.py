@@ -85,15 +85,48 @@ def test_product_equals_the_arithmetic_it_stands_for(minimums):
     assert torch.allclose(out.double(), ref, rtol=1e-5, atol=1e-4 * float(ref.abs().max()))
 
 
-def test_every_row_of_a_product_is_the_one_row_product_bit_for_bit():
-    from vskip.engine.models.native.quant import quantize_q8
+def _packed(minimums: bool, n: int = 32, k: int = 160):
+    """A random Q8 matrix, or a Q4_1 one (nibbles with a minimum per block); 5 blocks of 32
+    inputs, so that products take their blocks in groups and a remainder."""
+    from vskip.engine.models.native.quant import pack, quantize_q8
 
+    if not minimums:
+        return quantize_q8(torch.randn(n, k))
+    rng = np.random.default_rng(4)
+    d = rng.random((n, k // 32)).astype(np.float32) * 0.1
+    return pack(rng.integers(0, 16, (n, k)).astype(np.uint8), d, -8 * d, 0)
+
+
+@pytest.mark.parametrize("minimums", [False, True])
+def test_every_row_of_a_product_is_the_one_row_product_bit_for_bit(minimums):
     torch.manual_seed(3)
-    p = quantize_q8(torch.randn(32, 128))
-    x = torch.randn(20, 128)
+    p = _packed(minimums)
+    x = torch.randn(20, 160)
     alone = torch.cat([matmul(p, x[i:i + 1]) for i in range(20)])
-    for n in range(1, 21):  # every register tiling of the rows
+    for n in range(1, 21):  # every register tiling of the rows (and, with AMX, every tile shape)
         assert torch.equal(matmul(p, x[:n]), alone[:n]), n
+
+
+@pytest.mark.parametrize("minimums", [False, True])
+def test_every_variant_this_cpu_runs_computes_the_same_products(minimums):
+    """Products of 1..20 rows, bit for bit, on every variant here (AMX's tiles where the CPU has
+    them, which take 3 rows or more)."""
+    from vskip.engine.models.native.build import library, runnable
+
+    torch.manual_seed(5)
+    p, x = _packed(minimums), torch.randn(20, 160)
+    qm = p.qmat()
+    got = {}
+    for isa in runnable():
+        outs = []
+        for n in range(1, 21):
+            out = torch.empty(n, p.N)
+            assert library(isa).vs_matmul(ctypes.byref(qm), n, x[:n].contiguous().data_ptr(), out.data_ptr(), THREADS) == 0
+            outs.append(out)
+        got[isa] = torch.cat(outs)
+    first = next(iter(got))
+    for isa, out in got.items():
+        assert torch.equal(out, got[first]), (isa, first)
 
 
 # --- tiny transformers models ------------------------------------------------------------------

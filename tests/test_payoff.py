@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from vskip.engine.chooser import EXPLORE, Chooser, load_odds
 from vskip.engine.decode import DecodeConfig, Job, decode, decode_many
-from vskip.engine.models.copy import fit_copy_odds
+from vskip.engine.models.copy import best_hint, fit_copy_odds
 from vskip.engine.policy import PolicyConfig
-from vskip.engine.policy.payoff import (ODDS_EDGES, CopyOdds, RoundCosts, choose_source, copy_length, copy_value,
+from vskip.engine.policy.payoff import (ODDS_EDGES, conditional, CopyOdds, RoundCosts, choose_source, copy_length, copy_value,
                                         drafter_value, match_bucket)
 from vskip.engine.settings import Settings
 
@@ -176,12 +176,62 @@ def test_batched_payoff_rounds_equal_their_batch_one_text():
     assert [got[str(i)] for i in range(3)] == refs
 
 
-def test_payoff_is_for_rounds_whose_text_cannot_change():
+def test_payoff_is_for_strict_and_raw_confidence():
     with pytest.raises(ValueError, match="drafts must be one of"):
         DecodeConfig(drafts="sometimes")
-    with pytest.raises(ValueError, match="--drafts payoff"):
-        Settings(PolicyConfig(name="raw"), DecodeConfig(drafts="payoff"))
+    for name in ("marginal", "lenience", "periodic", "prefix"):
+        with pytest.raises(ValueError, match="--drafts payoff"):
+            Settings(PolicyConfig(name=name), DecodeConfig(drafts="payoff"))
     Settings(PolicyConfig(name="ar"), DecodeConfig(drafts="payoff"))  # the preset's lossless shape: allowed
+    Settings(PolicyConfig(name="raw"), DecodeConfig(drafts="payoff"))  # skips on a copied block's odds
+
+
+def test_copy_odds_read_as_each_tokens_own_confidence():
+    s = np.array([0.9, 0.72, 0.36, 0.0, 0.0])
+    q = conditional(s)
+    np.testing.assert_allclose(q, [0.9, 0.8, 0.5, 0.0, 0.0])
+    np.testing.assert_allclose(np.cumprod(q), s)  # the survival again
+
+
+def raw_payoff(prompt, eta, max_new=120, chooser=None):
+    cfg = DecodeConfig(gamma=4, max_new_tokens=max_new, drafts="payoff")
+    policy = PolicyConfig.make("raw", eta_b=eta, eta_c=eta, k_min=2)
+    return decode(list(prompt), FakeDrafter(0.3, 1), FakeVerifier(), policy, cfg, chooser=chooser)
+
+
+def test_raw_confidence_skips_copied_blocks_whose_odds_pass_its_gates():
+    start = [7, 3, 9, 4]
+    prompt = start + FakeVerifier().greedy(start, 12) + start  # the continuation is in the prompt
+    ref = decode(prompt, None, FakeVerifier(), PolicyConfig(name="ar"), DecodeConfig(max_new_tokens=120))
+    assert len(ref.tokens) > 12
+    never = raw_payoff(prompt, 1.0)  # no copy odd reaches 1: nothing is skipped, the text is ar's
+    assert never.tokens == ref.tokens and all(r.verified for r in never.rounds)
+    res = raw_payoff(prompt, 0.5)
+    skips = [r for r in res.rounds if not r.verified]
+    assert skips and all(r.reason == "skip" and r.K >= 2 for r in skips)
+    n = len(prompt)
+    seq = prompt + res.tokens
+    at = n
+    for r in res.rounds:  # a skip commits the hint: what the sequence held earlier after the same match
+        if not r.verified:
+            assert seq[at: at + r.K] == best_hint(seq[:at], r.K)[0][: r.K].tolist()
+        at += r.committed
+    # the fake verifier continues a repeated context as before, as far as the prompt shows it;
+    # past that the skip commits what the hint says, which ar does not (a skip is not lossless)
+    assert res.tokens[:12] == ref.tokens[:12] and res.tokens != ref.tokens
+
+
+def test_raw_confidence_on_copies_skips_no_more_than_the_staleness_allows():
+    start = [7, 3, 9, 4]
+    prompt = start + FakeVerifier().greedy(start, 12) + start
+    cfg = DecodeConfig(gamma=4, max_new_tokens=100, drafts="payoff")
+    policy = PolicyConfig.make("raw", eta_b=0.5, eta_c=0.5, k_min=1, s_max=3)
+    res = decode(prompt, FakeDrafter(0.3, 1), FakeVerifier(), policy, cfg)
+    run = 0
+    for r in res.rounds:
+        run = run + r.K if not r.verified else 0
+        assert run <= 3 + max(0, r.K - 1)  # a skip starts only below s_max unverified tokens
+    assert any(not r.verified for r in res.rounds)
 
 
 corpora = st.lists(st.lists(st.integers(2, 6), min_size=1, max_size=12), min_size=1, max_size=6)
@@ -253,7 +303,7 @@ def test_copy_rounds_move_the_odds_they_were_chosen_by():
     ch = Chooser()
     seq = [1, 2, 3, 4, 1, 2, 3]
     before = ch.survival(3, "context").copy()
-    src = ch._source(np.array([4, 1, 2, 3]), before, 4, match_bucket(3), "context")
+    src = ch._source(np.array([4, 1, 2, 3]), before, 4, match_bucket(3), "context", 4)
     for _ in range(200):
         ch.observe_copy(src, 4)  # every copied token right, again and again
     after = ch.survival(3, "context")
@@ -302,3 +352,49 @@ def test_sampled_payoff_rounds_commit_what_ar_draws_with_the_same_seed(seed, tem
     cfg = DecodeConfig(gamma=4, max_new_tokens=max_new, sampling=s, drafts="payoff")
     sdd = decode(prompt, FakeDrafter(0.3, seed), FakeVerifier(), PolicyConfig(name="strict"), cfg, task_id="a")
     assert sdd.tokens == ar.tokens
+
+
+def test_a_batch_takes_the_mode_that_measured_more_tokens_per_second_and_retries_the_other():
+    from vskip.engine.chooser import MODES, RETRY_EVERY, TRY_ROUNDS
+
+    ch = Chooser()
+    assert ch.batch_mode(1) == "hints" and ch._modes == {}  # one sequence alone is never switched
+    rate = {"hints": 100.0, "alone": 150.0}
+    seen = []
+    for _ in range(2 * TRY_ROUNDS + 3 * RETRY_EVERY):
+        mode = ch.batch_mode(4)
+        seen.append(mode)
+        ch.observe_mode(4, mode, 10, 10 / rate[mode])
+    assert seen[: 2 * TRY_ROUNDS] == [MODES[0]] * TRY_ROUNDS + [MODES[1]] * TRY_ROUNDS  # each tried first
+    rest = seen[2 * TRY_ROUNDS:]
+    assert rest.count("alone") > 0.9 * len(rest)  # then the faster one
+    assert 2 * TRY_ROUNDS <= rest.count("hints") <= 3 * TRY_ROUNDS  # and the other again now and then
+    # the other grows faster: after its next trial it is taken
+    rate["hints"] = 300.0
+    later = []
+    for _ in range(3 * RETRY_EVERY):
+        later.append(ch.batch_mode(4))
+        ch.observe_mode(4, later[-1], 10, 10 / rate[later[-1]])
+    assert later[-RETRY_EVERY:].count("hints") >= RETRY_EVERY - TRY_ROUNDS
+    assert ch._modes[4] is not ch._modes.get(8)  # each batch size measures its own
+
+
+def test_a_batch_in_the_mode_without_hints_searches_none_and_stays_lossless(monkeypatch):
+    import vskip.engine.chooser as chooser_module
+
+    prompts = [[7, 3, 9, 4] + FakeVerifier().greedy([7, 3, 9, 4], 12) + [7, 3, 9, 4], [5, 5, 8], [11, 2, 11, 2, 11]]
+    cfg = DecodeConfig(gamma=4, max_new_tokens=60, drafts="payoff")
+    refs = [decode(p, None, FakeVerifier(), PolicyConfig(name="ar"), cfg).tokens for p in prompts]
+    searched = []
+    real = chooser_module.best_hint
+    monkeypatch.setattr(chooser_module, "best_hint", lambda *a, **k: searched.append(1) or real(*a, **k))
+    ch = Chooser()
+    monkeypatch.setattr(ch, "batch_mode", lambda sharing: "alone")
+    got = {job.task_id: r for job, r in decode_many([Job(p, str(i)) for i, p in enumerate(prompts)],
+                                                     FakeDrafter(0.3, 2), FakeVerifier(), PolicyConfig(name="strict"),
+                                                     cfg, batch_size=3, chooser=ch)}
+    assert [got[str(i)].tokens for i in range(3)] == refs
+    lengths = sorted(len(res.rounds) for res in got.values())
+    assert len(searched) == lengths[-1] - lengths[-2]  # only the rounds a sequence had to itself searched
+    assert all(r.reason == "verify" and r.accepted == 0 for res in got.values() for r in res.rounds)
+    assert ch._modes[3]["seen"]["alone"][0] > 0 and ch._modes[3]["seen"]["hints"][0] == 0  # what they measured

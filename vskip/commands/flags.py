@@ -98,10 +98,10 @@ def add_block_flags(g) -> None:
                    help="verify only the leading drafted tokens with raw confidence >= TRIM (at least one; off: the "
                         "whole block; default: the preset's). Lossless; traces need whole blocks")
     g.add_argument("--drafts", choices=DRAFTS,
-                   help="where a Strict SDD round's draft comes from: drafter (every round, the paper's) or payoff "
-                        "(each round the copy hint alone, the drafter or the verifier alone, whichever the costs "
-                        "measured as it decodes say commits the most tokens per second; lossless either way; "
-                        "default: the preset's)")
+                   help="where a Strict SDD or raw confidence round's draft comes from: drafter (every round, the "
+                        "paper's) or payoff (each round the copy hint alone, the drafter or the verifier alone, "
+                        "whichever the costs measured as it decodes say commits the most tokens per second; Strict SDD "
+                        "stays lossless, raw confidence skips on a copied block's odds; default: the preset's)")
 
 
 def add_model_flags(p: argparse.ArgumentParser, threads_help: str = "torch CPU threads") -> None:

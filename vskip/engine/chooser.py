@@ -42,6 +42,17 @@ OUTLIER = 3.0
 #: how many measured rounds it stands for
 GATE_MARGIN = 1.2
 GATE_EVERY = 32
+#: in a round of several sequences the chooser also measures whole rounds, by the sequences in
+#: them, with the copy hints searched (``hints``) and without (``alone``: every sequence verifies
+#: its own next token, as ``ar``), and takes the one that commits more tokens per second: each is
+#: tried for TRY_ROUNDS rounds first, then the other is tried again for TRY_ROUNDS rounds after
+#: RETRY_EVERY of the better one's (rounds in a batch cost what no model of one sequence says: the
+#: search is per sequence, and a batch's rows read every sequence's cache)
+TRY_ROUNDS = 4
+RETRY_EVERY = 64
+MODES = ("hints", "alone")
+#: weight a mode's earlier rounds keep at each of its new ones (a trial of 4 rounds is a third of it)
+MODE_DECAY = 0.9
 #: the shipped copy odds count as this many copy rounds of each bucket beside the ones measured
 ODDS_WEIGHT = 20.0
 #: a drafter's yield is measured this many times per bucket before it is trusted
@@ -81,6 +92,13 @@ class Source:
     odds: np.ndarray | None
     bucket: int
     where: str = "context"
+    #: the whole hint the budget allows and its odds (a skip rule may commit more than is worth verifying)
+    whole: np.ndarray | None = None
+    whole_odds: np.ndarray | None = None
+
+
+#: a round's source where none was searched
+ALONE = Source("alone", None, None, 0)
 
 
 class Chooser:
@@ -102,6 +120,9 @@ class Chooser:
         self._copied = {src: (np.zeros(shape), np.zeros(shape)) for src in ("context", "corpus")}
         self._since = np.zeros(len(self.odds.length_edges) + 1, dtype=np.int64)
         self._probes = np.ones(len(self.odds.length_edges) + 1, dtype=np.int64)
+        # per sequences in a round: per mode, decayed (rounds, tokens, seconds); the mode in use,
+        # its rounds since the other was last tried, and the rounds left of a trial
+        self._modes: dict[int, dict] = {}
 
     # -- what was measured ----------------------------------------------------------------------
     def observe_round(self, rows: int, seconds: float) -> None:
@@ -129,6 +150,39 @@ class Chooser:
         """A drafter round chosen in ``bucket`` that accepted ``accepted`` drafted tokens."""
         w = self._yield[bucket]
         self._yield[bucket] = [0.9 * w[0] + 1.0, 0.9 * w[1] + accepted]
+
+    def observe_mode(self, sharing: int, mode: str, tokens: int, seconds: float) -> None:
+        """A whole round of ``sharing`` sequences in ``mode`` that committed ``tokens`` in ``seconds``."""
+        if sharing <= 1 or not np.isfinite(seconds) or seconds <= 0:
+            return
+        m = self._mode_state(sharing)
+        m["seen"][mode] = MODE_DECAY * m["seen"][mode] + np.array([1.0, tokens, seconds])
+
+    def batch_mode(self, sharing: int) -> str:
+        """How a round of ``sharing`` > 1 sequences drafts: ``hints`` (each sequence's hint
+        searched and its source chosen by :meth:`choose`) or ``alone`` (none searched: every
+        sequence verifies its own next token), by the tokens per second each measured."""
+        if sharing <= 1:  # one sequence: its sources are chosen by the costs of its rows alone
+            return MODES[0]
+        m = self._mode_state(sharing)
+        untried = [k for k in MODES if m["seen"][k][0] < 0.99 * sum(MODE_DECAY ** i for i in range(TRY_ROUNDS))]
+        if untried:
+            return untried[0]
+        rate = {k: v[1] / v[2] for k, v in m["seen"].items()}
+        best = max(MODES, key=lambda k: rate[k])
+        if m["trial"] > 0:  # trying the other again
+            m["trial"] -= 1
+            return next(k for k in MODES if k != best)
+        m["since"] += 1
+        if m["since"] >= RETRY_EVERY:
+            m["since"], m["trial"] = 0, TRY_ROUNDS - 1
+            return next(k for k in MODES if k != best)
+        return best
+
+    def _mode_state(self, sharing: int) -> dict:
+        if sharing not in self._modes:
+            self._modes[sharing] = {"seen": {k: np.zeros(3) for k in MODES}, "since": 0, "trial": 0}
+        return self._modes[sharing]
 
     def observe_copy(self, source: Source, accepted: int) -> None:
         """A copy round of ``source`` whose first ``accepted`` tokens were the verifier's."""
@@ -191,7 +245,7 @@ class Chooser:
         costs = self.costs()
         if costs is None:  # nothing measured yet: the copy where it is likelier right than not
             k = int(np.sum(survival[: max(0, limit)] >= 0.5))
-            return self._source(hint, survival, k, bucket, where) if k else Source("alone", None, None, bucket)
+            return self._source(hint, survival, k, bucket, where, limit) if k else Source("alone", None, None, bucket)
         expected = self.drafter_yield(bucket) if drafter else None
         # the drafter is tried in rounds of one sequence: in a batch, the whole batch would wait for it
         if drafter and sharing <= 1 and (expected is None or self._since[bucket] >= PROBE_EVERY * self._probes[bucket]):
@@ -202,7 +256,7 @@ class Chooser:
         kind, k = choose_source(survival, expected, g, costs, sharing, limit)
         self._since[bucket] += kind != "drafter"
         if kind == "copy":
-            return self._source(hint, survival, k, bucket, where)
+            return self._source(hint, survival, k, bucket, where, limit)
         return Source(kind, None, None, bucket)
 
     def _gate(self, sharing: int) -> tuple[int, bool] | None:
@@ -224,5 +278,7 @@ class Chooser:
         return self._gates["gate"]
 
     @staticmethod
-    def _source(hint: np.ndarray, survival: np.ndarray, k: int, bucket: int, where: str) -> Source:
-        return Source("copy", hint[:k].astype(np.int64), survival[:k].astype(np.float32), bucket, where)
+    def _source(hint: np.ndarray, survival: np.ndarray, k: int, bucket: int, where: str, limit: int) -> Source:
+        n = max(k, min(len(hint), limit))
+        return Source("copy", hint[:k].astype(np.int64), survival[:k].astype(np.float32), bucket, where,
+                      hint[:n].astype(np.int64), survival[:n].astype(np.float32))

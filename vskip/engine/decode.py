@@ -22,11 +22,12 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from .calls import Clocks, Models
-from .chooser import Chooser, Source
+from .chooser import ALONE, Chooser, Source
 from .features import assemble_features
 from .models.protocols import DraftBlock, Drafter, Predictor, Verifier
 from .policy import (RULE, Decision, Draw, GuardContext, PolicyConfig, Rule, block_length, committed_tokens, decide,
                      prompt_key, strict_accept, verify_length)
+from .policy.payoff import conditional
 from .policy.sampling import ACCEPT
 from .records import BlockTrace, DecodeResult, Job, RoundRecord, Step  # noqa: F401 - the loop's records, read from here too
 from .runtime import now
@@ -179,8 +180,10 @@ class Loop:
             self._prefill(steps)
         ready = {slot: d for slot, d in self.active.items() if not d.unread}  # their prompts read
         crowded = self.draft_max_batch is not None and len(ready) > self.draft_max_batch
-        clock = _RoundClock(self.models, ready)
-        sources = {slot: self._own(slot, steps, d.source, len(ready), not crowded)
+        chooser = self.models.chooser
+        mode = chooser.batch_mode(len(ready)) if len(ready) > 1 and any(d.payoff for d in ready.values()) else None
+        clock = _RoundClock(self.models, ready, mode)
+        sources = {slot: self._own(slot, steps, d.source, len(ready), not crowded) if mode != "alone" else ALONE
                    for slot, d in ready.items() if d.payoff}
         ready = {slot: d for slot, d in ready.items() if slot in self.active}  # a failed choice ends its sequence
         sources = {slot: src for slot, src in sources.items() if src is not None}
@@ -189,7 +192,7 @@ class Loop:
         blocks = self.models.draft(drafting)
         for slot, src in sources.items():
             if src.kind == "copy":  # the hint alone, its odds as its confidence
-                blocks[slot] = (DraftBlock(src.tokens, src.odds, copied=True), len(src.tokens), len(src.tokens))
+                blocks[slot] = ready[slot].copied(src)
         asks = {}
         for slot, d in ready.items():
             asks[slot] = self._own(slot, steps, d.plan, *blocks.get(slot, (None, 0, 0)))
@@ -206,7 +209,7 @@ class Loop:
             if done:
                 del active[slot]
             steps[slot] = Step(d.job, slot, new, d.rounds[-1], d.result() if done else None)
-        clock.observe(asks, sources, len(drafting))
+        clock.observe(asks, sources, len(drafting), sum(len(st.committed) for st in steps.values()))
         return list(steps.values())
 
     def _prefill(self, steps: dict) -> None:
@@ -233,24 +236,31 @@ class _RoundClock:
     """What a round teaches the chooser of drafts (:class:`vskip.engine.chooser.Chooser`): the
     round's time outside the drafter and the shadow forwards by the rows its verifier scored,
     the drafter's time per sequence, and what each drafter round its chooser asked for accepted.
-    A round in which a sequence reads its prompt teaches nothing of the costs."""
+    In a round of several sequences, also the whole round's tokens and seconds in its ``mode``
+    (:meth:`~vskip.engine.chooser.Chooser.batch_mode`). A round in which a sequence reads its
+    prompt teaches nothing of the costs."""
 
-    def __init__(self, models: Models, ready: dict):
-        self.models, self.ready = models, ready
+    def __init__(self, models: Models, ready: dict, mode: str | None = None):
+        self.models, self.ready, self.mode = models, ready, mode
         self.t, self.draft, self.shadow = now(), models.draft_seconds, models.shadow_seconds
         self.fresh = any(not d.rounds for d in ready.values())
         self.before = {slot: len(d.rounds) for slot, d in ready.items()}
+        self.pending = {slot: d.D for slot, d in ready.items()}  # skipped tokens a verification reads too
 
-    def observe(self, asks: dict, sources: dict, drafting: int) -> None:
+    def observe(self, asks: dict, sources: dict, drafting: int, tokens: int = 0) -> None:
         """The round ended: ``asks``, what its sequences asked of the verifier; ``sources``, the
-        chooser's choices; ``drafting``, how many sequences the drafter drafted for."""
+        chooser's choices; ``drafting``, how many sequences the drafter drafted for; ``tokens``,
+        what the round committed."""
         chooser = self.models.chooser
         if chooser is None or not self.ready:
             return
         drafted = self.models.draft_seconds - self.draft
         seconds = now() - self.t - drafted - (self.models.shadow_seconds - self.shadow)
         if not self.fresh:
-            chooser.observe_round(sum(len(a.verify) + 1 for a in asks.values() if a.verify is not None), seconds)
+            chooser.observe_round(sum(len(a.verify) + 1 + self.pending.get(slot, 0) for slot, a in asks.items()
+                                      if a.verify is not None), seconds)
+            if self.mode is not None:
+                chooser.observe_mode(len(self.ready), self.mode, tokens, seconds + drafted)
         if drafting:
             chooser.observe_draft(drafted / drafting)
         for slot, src in sources.items():
@@ -286,8 +296,10 @@ class _Decode:
         self.verifier = models.verifier
         # a round may verify it without a draft: its text is the verifier's own either way
         self.exact = policy.name == "strict" and not cfg.sampling.speculative and not cfg.trace
-        # and its draft may come from wherever pays most (the copy hint, the drafter or none)
-        self.payoff = self.exact and cfg.drafts == "payoff" and self.drafter is not None
+        # and its draft may come from wherever pays most (the copy hint, the drafter or none); so
+        # may raw confidence's, which skips on the copy odds of a copied block
+        own = not cfg.sampling.speculative and not cfg.trace
+        self.payoff = (self.exact or (policy.name == "raw" and own)) and cfg.drafts == "payoff" and self.drafter is not None
         if self.payoff and models.chooser is None:
             models.chooser = Chooser()
         self.key = 0 if cfg.sampling.greedy else prompt_key(job.task_id, job.prompt, job.sample)  # greedy draws nothing
@@ -344,6 +356,14 @@ class _Decode:
         limit = self.cfg.max_new_tokens - self.generated - 1  # the verifier's own token comes on top
         return self.models.chooser.choose(self.seq, lambda: self.block_length()[1], sharing, limit, drafter)
 
+    def copied(self, src: Source) -> tuple[DraftBlock, int, int]:
+        """A copy source's block, with the block length it asks to verify and the one drafted:
+        the ``k`` copied tokens that pay to verify, or, for a method that may skip, the whole hint
+        the budget allows (its skip rule reads each token's copy odds; a verification still
+        checks only the first ``k``)."""
+        tokens, odds = (src.whole, src.whole_odds) if self.policy.may_skip else (src.tokens, src.odds)
+        return DraftBlock(tokens, conditional(odds).astype(np.float32), copied=True), len(src.tokens), len(tokens)
+
     def plan(self, block: DraftBlock | None, gamma: int, g: int) -> _Ask:
         """Steps 2-3 (score, decide) on the round's drafted ``block`` (block length ``g`` of the
         ``gamma`` asked for; steps 1, the block length and the draft, ran for the whole batch in
@@ -352,11 +372,11 @@ class _Decode:
         if block is None:
             return _Ask(verify=())
         q, feats = self.score(block)
-        d = self.decide(block, q, shortened=g < gamma)
+        d = self.decide(block, q, shortened=g < gamma and not block.copied)
         if d.K > 0:  # 4a. skip: the shadow verifier only audits the committed prefix (L)
             return _Ask(None, block.tokens if self.cfg.shadow else None, block, d, g, feats)
-        # a copied block is verified as long as its chooser found it worth
-        checked = block.tokens if block.copied else block.tokens[: verify_length(block.confidence, self.cfg.trim)]
+        # a copied block is verified as far as its chooser found it worth
+        checked = block.tokens[:gamma] if block.copied else block.tokens[: verify_length(block.confidence, self.cfg.trim)]
         return _Ask(checked, None, block, d, g, feats)
 
     def block_length(self) -> tuple[int, int]:

@@ -27,8 +27,9 @@ class DecodeConfig:
     verify only the confident drafted prefix (:mod:`vskip.engine.policy.blocks`; None: the paper's
     fixed blocks); ``drafts``: where a lossless round's draft comes from, ``drafter`` (every round,
     the paper's) or ``payoff`` (each round the copy hint alone, the drafter or the verifier alone,
-    whichever the measured costs say pays most, :mod:`vskip.engine.policy.payoff`; a round whose
-    text cannot change alone: Strict SDD, not under the speculative rule, without traces);
+    whichever the measured costs say pays most, :mod:`vskip.engine.policy.payoff`; for Strict SDD
+    and raw confidence, not under the speculative rule, without traces: raw confidence skips on a
+    copied block's odds);
     ``sampling``: temperature 0 (greedy, the paper) or the verifier's sampling
     settings and seed (:mod:`vskip.engine.policy.sampling`)."""
 
@@ -75,9 +76,10 @@ def check_settings(policy: PolicyConfig, cfg: DecodeConfig, steps: int | None = 
     (:class:`vskip.engine.settings.Settings`): trimming only where it cannot change what is accepted,
     lenience and top-k greedy only, and the speculative rule only for a drafter that drafts in one
     forward (``steps``; None: checked against the drafter by :func:`check_models`)."""
-    if cfg.drafts == "payoff" and policy.name not in ("ar", "strict"):
-        raise ValueError(f"--drafts payoff chooses the draft of rounds whose text cannot change; {policy.name} "
-                         f"decides on the drafter's block every round: use --drafts drafter")
+    if cfg.drafts == "payoff" and policy.name not in ("ar", "strict", "raw"):
+        raise ValueError(f"--drafts payoff chooses each round's draft for strict (lossless) and raw (which skips "
+                         f"on a copied block's odds); {policy.name} scores the drafter's block every round: use "
+                         f"--drafts drafter")
     if cfg.trim is not None and policy.lossy_acceptance:
         raise ValueError(f"--trim would change what {policy.name} accepts; use it with strict or a skip policy")
     if not cfg.sampling.greedy and policy.lossy_acceptance:

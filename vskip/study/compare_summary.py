@@ -27,10 +27,15 @@ def _by_prompt(N, T, N0, T0, common: list[str]) -> dict[str, float]:
     return {t: float((n / s) / (n0 / s0)) for t, n, s, n0, s0 in zip(common, N, T, N0, T0)}
 
 
-def _ratio_interval(N, T, N0, T0, reps: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """95% percentile bootstrap interval of (ΣN/ΣT) / (ΣN0/ΣT0), resampling prompts."""
+def _ratio_interval(N, T, N0, T0, reps: int = 2000, seed: int = 0) -> tuple[float, float] | tuple[None, None]:
+    """95% percentile bootstrap interval of (ΣN/ΣT) / (ΣN0/ΣT0), resampling prompts; (None, None)
+    where some resample's ratio is undefined (a count that is 0 on most prompts, as the drafter
+    blocks of rounds that mostly copy)."""
     idx = next(resample_indices(len(N), reps, seed))
-    r = (N[idx].sum(1) / T[idx].sum(1)) / (N0[idx].sum(1) / T0[idx].sum(1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = (N[idx].sum(1) / T[idx].sum(1)) / (N0[idx].sum(1) / T0[idx].sum(1))
+    if not np.all(np.isfinite(r)):
+        return None, None
     return float(np.percentile(r, 2.5)), float(np.percentile(r, 97.5))
 
 
@@ -251,6 +256,8 @@ def _with_ci(d: dict, key: str) -> str:
     if d.get(key) is None:
         return "–"
     lo, hi = d[key + "_ci95"]
+    if lo is None:
+        return f"{d[key]:.3f} [–]"
     return f"{d[key]:.3f} [{lo:.3f}, {hi:.3f}]"
 
 

@@ -199,7 +199,7 @@ class Corpus:
         in the corpus and followed there by a token of the same answer, its last occurrence;
         ``start``, where its continuation begins (``(0, -1)``: none). ``skip``: leave out the
         answer of that index (a fit's own answer)."""
-        a, s = self.tokens, np.asarray(seq, dtype=np.int64)
+        a, s = self.tokens, np.asarray(seq[-max_len:], dtype=np.int64)  # a match is at most its last max_len
         if s.shape[0] == 0:
             return 0, -1
         first, at, pos = self._index
@@ -254,9 +254,10 @@ def best_hint(seq: Sequence[int], n: int, corpus: Corpus | None = None, skip: in
     sequence itself (``context``, :func:`copy_hint`) or, where its match there is shorter than
     :data:`CORPUS_BELOW` and the corpus has a longer one, from ``corpus`` (``corpus``; fewer
     tokens where its answer ends). No match: ``context`` with length 0."""
-    hint, length = copy_hint(seq, n, LONGEST_COPY)
+    a = np.asarray(seq, dtype=np.int64)  # once for both searches
+    hint, length = copy_hint(a, n, LONGEST_COPY)
     if corpus is not None and length < CORPUS_BELOW:
-        found, start = corpus.match(seq, LONGEST_COPY, skip)
+        found, start = corpus.match(a, LONGEST_COPY, skip)
         if found > length:
             return corpus.hint(start, n), found, "corpus"
     return hint, length, "context"

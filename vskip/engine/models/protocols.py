@@ -38,10 +38,18 @@ DRAFT_FEATURES = (
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix: how much of a cache built for ``a`` serves ``b``."""
     n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    lo, hi = 0, n  # a[:lo] == b[:lo]; the first difference, if any, lies in [lo, hi)
+    if list(a[:n]) == list(b[:n]):  # the usual case, compared at C speed: one sequence grows
+        return n
+    while hi - lo > 16:  # halve the range by slices compared at C speed
+        mid = (lo + hi) // 2
+        if list(a[lo:mid]) == list(b[lo:mid]):
+            lo = mid
+        else:
+            hi = mid
+    while lo < n and a[lo] == b[lo]:
+        lo += 1
+    return lo
 
 
 @dataclass

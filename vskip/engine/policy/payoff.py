@@ -20,6 +20,7 @@ expected committed tokens over its share of the round's time (Eq. 8 of the paper
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -40,7 +41,7 @@ def match_bucket(length: int, edges: Sequence[int] = ODDS_EDGES) -> int:
     """
     if length <= 0:
         return 0
-    return int(np.searchsorted(np.asarray(edges), length, side="right"))
+    return bisect_right(edges, length)
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,19 @@ class RoundCosts:
         ``sharing - 1`` others (``drafted``: it also paid a drafter call)."""
         own = self.round(rows) if sharing <= 1 else self.base / sharing + self.per_row * rows
         return own + (self.draft or 0.0 if drafted else 0.0)
+
+
+def conditional(survival: np.ndarray) -> np.ndarray:
+    """Each copied token's own odds, given the ones before it are right: ``S_j / S_(j-1)`` (0
+    after a zero), the per-position confidence a skip rule reads (:mod:`vskip.engine.policy.signals`:
+    raw confidence's geometric mean of them is ``S_k^(1/k)``).
+
+    >>> conditional(np.array([0.9, 0.81, 0.0, 0.0])).round(3).tolist()
+    [0.9, 0.9, 0.0, 0.0]
+    """
+    s = np.asarray(survival, dtype=np.float64)
+    before = np.concatenate([[1.0], s[:-1]])
+    return np.divide(s, before, out=np.zeros_like(s), where=before > 0)
 
 
 def copy_value(survival: np.ndarray, k: int, costs: RoundCosts, sharing: int = 1) -> float:

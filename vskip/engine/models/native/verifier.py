@@ -121,7 +121,7 @@ class NativeVerifier:
     def _run(self, calls: Sequence[Call]) -> list[torch.Tensor]:
         rows, restore = [], []
         for c in calls:
-            ids = [int(t) for t in c.seq] + [int(t) for t in c.block]
+            ids = list(map(int, c.seq)) + list(map(int, c.block))
             rows.append((c.slot, ids, len(c.block) + 1))
             restore.append((common_prefix(self.cache.held(c.slot), ids),
                             [tap.covered(ids, c.slot) for tap in self.taps]) if c.shadow else None)

@@ -239,29 +239,29 @@ corpora = st.lists(st.lists(st.integers(2, 6), min_size=1, max_size=12), min_siz
 
 def brute_match(answers, seq, skip=None):
     """The longest suffix of ``seq`` followed, in some answer other than ``skip``, by a token of
-    that answer; the last such occurrence (answers in order, positions in order)."""
-    best, where = 0, -1
-    flat = [(i, j) for i, a in enumerate(answers) for j in range(len(a))]
-    offset = {}
+    that answer; of its occurrences (answers in order, positions in order), the last of those
+    whose next two tokens (-1 past an answer's end) are the commonest among them."""
+    found = []  # (length, where, next two)
     pos = 0
     for i, a in enumerate(answers):
-        offset[i] = pos
+        for j in range(len(a) - 1):
+            n = 0
+            while n < min(len(seq), 32) and j - n >= 0 and a[j - n] == seq[-1 - n]:
+                n += 1
+            if n and i != skip:
+                found.append((n, pos + j + 1, (a[j + 1], a[j + 2] if j + 2 < len(a) else -1)))
         pos += len(a) + 1
-    for i, j in flat:
-        a = answers[i]
-        if i == skip or j + 1 >= len(a):
-            continue
-        n = 0
-        while n < min(len(seq), 32) and j - n >= 0 and a[j - n] == seq[-1 - n]:
-            n += 1
-        if n and n >= best:
-            best, where = n, offset[i] + j + 1
-    return best, where
+    if not found:
+        return 0, -1
+    best = max(n for n, _, _ in found)
+    at = [(w, key) for n, w, key in found if n == best]
+    counts = {key: sum(k == key for _, k in at) for _, key in at}
+    return best, [w for w, key in at if counts[key] == max(counts.values())][-1]
 
 
 @settings(max_examples=150, deadline=None)
 @given(corpora, st.lists(st.integers(2, 6), min_size=1, max_size=10), st.one_of(st.none(), st.integers(0, 5)))
-def test_a_corpus_match_is_the_longest_and_latest_by_brute_force(answers, seq, skip):
+def test_a_corpus_match_is_the_longest_and_commonest_by_brute_force(answers, seq, skip):
     from vskip.engine.models.copy import Corpus
 
     c = Corpus.of_answers(answers, "f")

@@ -47,13 +47,14 @@ def suffix_match(seq: Sequence[int] | np.ndarray, max_len: int = 32) -> tuple[in
     ends = np.flatnonzero(a[:-1] == a[-1])
     if ends.size == 0:
         return 0, -1
-    return _grow(a, ends, a, max_len)
+    length, ends = _grow(a, ends, a, max_len)
+    return length, int(ends[-1]) + 1
 
 
-def _grow(a: np.ndarray, ends: np.ndarray, s: np.ndarray, max_len: int) -> tuple[int, int]:
-    """``(length, start)``: the longest suffix of ``s`` that ends in ``a`` at one of ``ends``
-    (each already holding ``s``'s last token), grown back a token at a time, at most ``max_len``;
-    the last such end's next index."""
+def _grow(a: np.ndarray, ends: np.ndarray, s: np.ndarray, max_len: int) -> tuple[int, np.ndarray]:
+    """``(length, ends)``: the longest suffix of ``s`` that ends in ``a`` at some of ``ends`` (each
+    already holding ``s``'s last token), grown back a token at a time, at most ``max_len``; and
+    the ends where it occurs, in order."""
     length = 1
     while length < min(max_len, s.shape[0]):
         back = ends - length
@@ -61,7 +62,7 @@ def _grow(a: np.ndarray, ends: np.ndarray, s: np.ndarray, max_len: int) -> tuple
         if keep.size == 0:
             break
         ends, length = keep, length + 1
-    return length, int(ends[-1]) + 1
+    return length, ends
 
 
 def copy_hint(seq: Sequence[int] | np.ndarray, gamma: int, max_len: int = 32) -> tuple[np.ndarray, int]:
@@ -196,8 +197,9 @@ class Corpus:
     def match(self, seq: Sequence[int] | np.ndarray, max_len: int = LONGEST_COPY,
               skip: int | None = None) -> tuple[int, int]:
         """``(length, start)``: the longest suffix of ``seq`` (at most ``max_len`` tokens) found
-        in the corpus and followed there by a token of the same answer, its last occurrence;
-        ``start``, where its continuation begins (``(0, -1)``: none). ``skip``: leave out the
+        in the corpus and followed there by a token of the same answer; of its occurrences, the
+        last of those whose next two tokens are the commonest there; ``start``, where its
+        continuation begins (``(0, -1)``: none). ``skip``: leave out the
         answer of that index (a fit's own answer)."""
         a, s = self.tokens, np.asarray(seq[-max_len:], dtype=np.int64)  # a match is at most its last max_len
         if s.shape[0] == 0:
@@ -211,7 +213,12 @@ class Corpus:
             ends = ends[self.answer[ends] != skip]
         if ends.size == 0:
             return 0, -1
-        return _grow(a, ends, s, max_len)
+        length, ends = _grow(a, ends, s, max_len)
+        # of the answers that hold the match, the continuation most of them share (its next two
+        # tokens), at its last occurrence: a pattern common to many answers goes on as most do
+        nxt = (a[ends + 1] + 1) * (1 << 32) + (a[np.minimum(ends + 2, a.size - 1)] + 1)  # -1, an answer's end, too
+        _, inverse, counts = np.unique(nxt, return_inverse=True, return_counts=True)
+        return length, int(ends[counts[inverse] == counts.max()][-1]) + 1
 
     def hint(self, start: int, n: int) -> np.ndarray:
         """Up to ``n`` tokens from ``start``, to the end of their answer."""

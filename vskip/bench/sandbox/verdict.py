@@ -45,6 +45,7 @@ hook's). What remains possible is in ``docs/security.md``.
 from __future__ import annotations
 
 import ast
+import threading
 
 #: exit status of a program the hook stopped
 REFUSED_CODE = 86
@@ -243,6 +244,11 @@ def _source(text: str) -> str:
     return text.strip("\n")
 
 
+#: scoring builds its programs from threads, and CPython 3.11 can fail an ``ast.parse`` that runs
+#: while another thread parses ("AST constructor recursion depth mismatch", CPython gh-106905)
+_PARSE = threading.Lock()
+
+
 def imported_modules(*sources: str) -> list[str]:
     """The top-level modules the code of ``sources`` imports by an absolute name without a dot
     (``import math``, ``from random import randint``): those the tests get as they were before the
@@ -250,7 +256,8 @@ def imported_modules(*sources: str) -> list[str]:
     names: set[str] = set()
     for src in sources:
         try:
-            tree = ast.parse(src)
+            with _PARSE:
+                tree = ast.parse(src)
         except SyntaxError:
             continue
         for node in ast.walk(tree):

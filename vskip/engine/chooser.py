@@ -53,6 +53,8 @@ RETRY_EVERY = 64
 MODES = ("hints", "alone")
 #: weight a mode's earlier rounds keep at each of its new ones (a trial of 4 rounds is a third of it)
 MODE_DECAY = 0.9
+#: the weight of a mode's first TRY_ROUNDS rounds, below which it is still being tried
+TRIED = 0.99 * sum(MODE_DECAY ** i for i in range(TRY_ROUNDS))
 #: the shipped copy odds count as this many copy rounds of each bucket beside the ones measured
 ODDS_WEIGHT = 20.0
 #: a drafter's yield is measured this many times per bucket before it is trusted
@@ -84,21 +86,21 @@ def chooser_for(tokenizer) -> "Chooser":
 
 @dataclass(frozen=True)
 class Source:
-    """A round's source: ``kind`` ``copy`` (``tokens``: the hint's first k), ``drafter`` or
-    ``alone``, and the copy-match ``bucket`` it was chosen in."""
+    """A round's source: ``kind`` ``copy``, ``drafter`` or ``alone``, and the copy-match
+    ``bucket`` it was chosen in; a copy's ``hint`` as far as the budget allows, from ``where``,
+    with its ``odds`` (the survival of its first j tokens), of which the first ``k`` pay to verify
+    (a skip rule may commit more)."""
 
     kind: str
-    tokens: np.ndarray | None
-    odds: np.ndarray | None
     bucket: int
+    hint: np.ndarray | None = None
+    odds: np.ndarray | None = None
+    k: int = 0
     where: str = "context"
-    #: the whole hint the budget allows and its odds (a skip rule may commit more than is worth verifying)
-    whole: np.ndarray | None = None
-    whole_odds: np.ndarray | None = None
 
 
 #: a round's source where none was searched
-ALONE = Source("alone", None, None, 0)
+ALONE = Source("alone", 0)
 
 
 class Chooser:
@@ -165,7 +167,7 @@ class Chooser:
         if sharing <= 1:  # one sequence: its sources are chosen by the costs of its rows alone
             return MODES[0]
         m = self._mode_state(sharing)
-        untried = [k for k in MODES if m["seen"][k][0] < 0.99 * sum(MODE_DECAY ** i for i in range(TRY_ROUNDS))]
+        untried = [k for k in MODES if m["seen"][k][0] < TRIED]
         if untried:
             return untried[0]
         rate = {k: v[1] / v[2] for k, v in m["seen"].items()}
@@ -187,8 +189,7 @@ class Chooser:
     def observe_copy(self, source: Source, accepted: int) -> None:
         """A copy round of ``source`` whose first ``accepted`` tokens were the verifier's."""
         seen, hits = self._copied[source.where]
-        k = len(source.tokens)
-        seen[source.bucket - 1, : min(accepted + 1, k)] += 1
+        seen[source.bucket - 1, : min(accepted + 1, source.k)] += 1
         hits[source.bucket - 1, :accepted] += 1
 
     def survival(self, length: int, where: str) -> np.ndarray:
@@ -239,25 +240,25 @@ class Chooser:
         hint, length, where = best_hint(seq, self.odds.longest, self.corpus if gate is None or gate[1] else None)
         bucket = match_bucket(length, self.odds.length_edges)
         if gate is not None and bucket < gate[0]:  # a batch's round: no copy that short could pay
-            return Source("alone", None, None, bucket)
+            return Source("alone", bucket)
         survival = self.survival(length, where)
         survival[len(hint):] = 0.0  # a corpus answer that ends sooner
         costs = self.costs()
         if costs is None:  # nothing measured yet: the copy where it is likelier right than not
             k = int(np.sum(survival[: max(0, limit)] >= 0.5))
-            return self._source(hint, survival, k, bucket, where, limit) if k else Source("alone", None, None, bucket)
+            return self._source(hint, survival, k, bucket, where, limit) if k else Source("alone", bucket)
         expected = self.drafter_yield(bucket) if drafter else None
         # the drafter is tried in rounds of one sequence: in a batch, the whole batch would wait for it
         if drafter and sharing <= 1 and (expected is None or self._since[bucket] >= PROBE_EVERY * self._probes[bucket]):
             self._since[bucket] = 0
             self._probes[bucket] += expected is not None  # the next probe waits longer
-            return Source("drafter", None, None, bucket)
+            return Source("drafter", bucket)
         g = (gamma() if callable(gamma) else gamma) if expected is not None else 0  # weighed only where known
         kind, k = choose_source(survival, expected, g, costs, sharing, limit)
         self._since[bucket] += kind != "drafter"
         if kind == "copy":
             return self._source(hint, survival, k, bucket, where, limit)
-        return Source(kind, None, None, bucket)
+        return Source(kind, bucket)
 
     def _gate(self, sharing: int) -> tuple[int, bool] | None:
         """In a round of ``sharing`` sequences, where a copy could pay at all by the shipped odds
@@ -280,5 +281,4 @@ class Chooser:
     @staticmethod
     def _source(hint: np.ndarray, survival: np.ndarray, k: int, bucket: int, where: str, limit: int) -> Source:
         n = max(k, min(len(hint), limit))
-        return Source("copy", hint[:k].astype(np.int64), survival[:k].astype(np.float32), bucket, where,
-                      hint[:n].astype(np.int64), survival[:n].astype(np.float32))
+        return Source("copy", bucket, hint[:n].astype(np.int64), survival[:n].astype(np.float32), k, where)

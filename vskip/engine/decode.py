@@ -361,8 +361,8 @@ class _Decode:
         the ``k`` copied tokens that pay to verify, or, for a method that may skip, the whole hint
         the budget allows (its skip rule reads each token's copy odds; a verification still
         checks only the first ``k``)."""
-        tokens, odds = (src.whole, src.whole_odds) if self.policy.may_skip else (src.tokens, src.odds)
-        return DraftBlock(tokens, conditional(odds).astype(np.float32), copied=True), len(src.tokens), len(tokens)
+        n = len(src.hint) if self.policy.may_skip else src.k
+        return DraftBlock(src.hint[:n], conditional(src.odds[:n]).astype(np.float32), copied=True), src.k, n
 
     def plan(self, block: DraftBlock | None, gamma: int, g: int) -> _Ask:
         """Steps 2-3 (score, decide) on the round's drafted ``block`` (block length ``g`` of the

@@ -34,6 +34,14 @@ def test_suffix_match_is_the_longest_most_recent_match(seq, max_len):
     assert suffix_match(seq, max_len) == brute_match(seq, max_len)
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 1), min_size=130, max_size=400), st.integers(1, 32))
+def test_a_match_with_many_earlier_occurrences_is_found_alike(seq, max_len):
+    """A token that occurred often before: its many candidates narrowed a token at a time, then
+    the few left compared at once."""
+    assert suffix_match(seq, max_len) == brute_match(seq, max_len)
+
+
 def test_copy_hint_continues_the_match_and_repeats_a_period():
     h, length = copy_hint([1, 2, 3, 9, 1, 2, 3], 6)
     assert length == 3 and h.tolist() == [9, 1, 2, 3, 9, 1]

@@ -290,6 +290,8 @@ def test_the_lossless_check_goes_red_when_a_forward_depends_on_what_else_it_hold
         h, z = honest(cache, slots, tokens, *a, **kw)
         if z is not None and len(tokens) > 1:
             z = z + torch.linspace(0.0, 3.0, z.shape[-1])  # a shift that grows across the vocabulary
+            if kw.get("argmax_out") is not None:  # the argmax the runtime reports shifts with it
+                kw["argmax_out"][:] = z.numpy().argmax(-1)
         return h, z
 
     cfg = DecodeConfig(gamma=8, max_new_tokens=40)
@@ -573,6 +575,60 @@ def test_every_variant_this_cpu_runs_computes_the_same_bits(kind):
         got[isa] = _logits(net, calls)
     for isa in variants[1:]:
         assert np.array_equal(got[isa], got[variants[0]]), (isa, variants[0])
+
+
+def test_the_runtimes_argmax_is_numpys_on_every_variant_ties_included():
+    """The argmax the forward returns beside the logits: numpy's (the first id at the greatest
+    logit) on every variant here, where head rows repeat one another so that the greatest logit
+    stands at several ids, apart and side by side, in different parts of the vocabulary."""
+    from vskip.engine.models.native.build import runnable
+    from vskip.engine.models.native.model import from_hf_model
+
+    hf = tiny("llama")
+    with torch.no_grad():
+        w = hf.lm_head.weight
+        w[7] *= 6.0  # the greatest logit in most rows, and at every id that repeats it
+        for v in (8, 40, 41, 130, 255):
+            w[v] = w[7]
+    net = from_hf_model(hf, THREADS)
+    calls = _calls(seed=2)
+    tied = 0
+    for isa in runnable():
+        net.isa = isa
+        cache = net.new_cache(1)
+        for t, p in calls:
+            top = np.empty(len(t), dtype=np.int32)
+            _, z = net.forward(cache, [0] * len(t), t, p, argmax_out=top)
+            zn = z.numpy()
+            assert np.array_equal(top, zn.argmax(-1)), (isa, top, zn.argmax(-1))
+            tied += int(((zn == zn.max(-1, keepdims=True)).sum(-1) > 1).sum())
+    assert tied > 0  # the ties were there to break
+
+
+def test_the_runtime_keeps_freed_memory_unless_the_environment_chose(monkeypatch):
+    from vskip.engine.models.native import build
+
+    build.keep_freed_memory.cache_clear()
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
+    assert build.keep_freed_memory() is False  # the user's setting stands
+    build.keep_freed_memory.cache_clear()
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
+    for k in build.MALLOC_SETTINGS:
+        monkeypatch.delenv(k, raising=False)
+    import platform
+
+    expected = sys.platform == "linux" and platform.libc_ver()[0] == "glibc"
+    assert build.keep_freed_memory() is expected
+
+
+def test_a_verdict_leaves_a_row_whose_logits_are_not_finite_to_numpy():
+    from vskip.engine.models.native.verifier import verdict
+
+    z = torch.zeros(3, 64)
+    z[0, 5], z[1, 9], z[2, 3] = 2.0, float("nan"), float("inf")
+    v = verdict(z, [5, 4], np.array([5, -1, -1], dtype=np.int32))
+    assert v.tokens.tolist() == z.numpy().argmax(-1).tolist() == [5, 9, 3]
+    assert verdict(z, [5, 4], np.array([5, 2, 3], dtype=np.int32)).tokens.tolist() == [5, 2, 3]  # as reported
 
 
 def test_the_same_bits_check_goes_red_when_one_variant_sums_in_another_order(monkeypatch):

@@ -8,7 +8,7 @@ from fakes import FakeDrafter, FakeVerifier
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vskip.engine.chooser import EXPLORE, Chooser, load_odds
+from vskip.engine.chooser import EXPLORE, REFIT_EVERY, Chooser, load_odds
 from vskip.engine.decode import DecodeConfig, Job, decode, decode_many
 from vskip.engine.models.copy import best_hint, fit_copy_odds
 from vskip.engine.policy import PolicyConfig
@@ -271,9 +271,44 @@ def test_a_corpus_match_is_the_longest_and_commonest_by_brute_force(answers, seq
     c = Corpus.of_answers(answers, "f")
     length, start = c.match(seq, skip=skip)
     assert (length, start) == brute_match(answers, seq, skip)
+    for _ in range(2):  # a decode's sequences, asked again: the searches it keeps answer alike
+        for n in range(1, len(seq) + 1):
+            assert c.match(seq[:n], skip=skip) == brute_match(answers, seq[:n], skip), (n, seq)
     if length:
         hint = c.hint(start, 40)
         assert len(hint) >= 1 and (hint >= 0).all()  # never past its answer's end
+
+
+survivals = st.lists(st.floats(0.0, 1.0), min_size=32, max_size=32).map(
+    lambda v: np.minimum.accumulate(np.asarray(v)))  # odds: never growing along the row
+
+
+@settings(max_examples=200, deadline=None)
+@given(survivals, st.lists(st.tuples(st.integers(0, 32), st.integers(-1, 40)), min_size=1, max_size=4),
+       st.floats(0.001, 0.01), st.floats(0.0, 0.002), st.one_of(st.none(), st.floats(0.0, 8.0)),
+       st.integers(0, 16), st.one_of(st.none(), st.floats(0.001, 0.03)), st.integers(1, 4))
+def test_a_kept_copy_length_chooses_as_the_policy_does(full, asks, base, per_row, expected, g, draft, sharing):
+    """The chooser keeps each bucket's copy length while its costs and copy rounds stay: asked
+    with any hint length and budget, in any order, it chooses what :func:`choose_source` does."""
+    ch = Chooser()
+    costs = RoundCosts(base=base, per_row=per_row, draft=draft)
+    for shown, limit in asks:
+        cut = full.copy()
+        cut[shown:] = 0.0
+        got = ch._choice(full, cut, expected, g, costs, sharing, limit, ("context", 3), shown)
+        assert got == choose_source(cut, expected, g, costs, sharing, limit), (shown, limit)
+
+
+def test_the_costs_are_refitted_after_each_early_round_then_every_few():
+    ch = Chooser()
+    fits = []
+    for i in range(16 * REFIT_EVERY):
+        ch.observe_round(1 + i % 4, 0.004 + 0.0005 * (1 + i % 4))
+        ch.costs()
+        fits.append(ch._fits)
+    assert np.diff(fits[:REFIT_EVERY]).tolist()[:REFIT_EVERY - 2] == [1] * (REFIT_EVERY - 2)  # at first, each round
+    late = fits[-8 * REFIT_EVERY:]
+    assert late[-1] - late[0] == pytest.approx(8, abs=1)  # later, once in REFIT_EVERY rounds
 
 
 def test_the_corpus_is_read_only_by_a_verifier_of_its_tokenizer():
@@ -335,7 +370,7 @@ def test_a_stalled_round_is_left_out_and_a_stale_size_goes_back_to_the_line():
     before = ch.costs()
     ch.observe_round(2, 0.5)  # the machine stalled: a hundred times the line
     assert ch.costs() == before and ch.costs().by_rows[1] is None
-    for _ in range(5):
+    for _ in range(REFIT_EVERY):  # the costs are refitted after as many
         ch.observe_round(2, 0.009)  # dear but real: believed
     assert ch.costs().by_rows[1] == pytest.approx(0.009)
     for _ in range(300):  # the chooser stops asking for 2 rows: its mean fades back to the line
@@ -403,3 +438,41 @@ def test_a_batch_in_the_mode_without_hints_searches_none_and_stays_lossless(monk
     # every round the three or two shared verified each one's own next token
     assert all(r.reason == "verify" and r.accepted == 0 for res in got.values() for r in res.rounds[: lengths[-2]])
     assert ch._modes[3]["seen"]["alone"][0] > 0 and ch._modes[3]["seen"]["hints"][0] == 0  # what they measured
+
+
+def test_the_corpus_requests_are_mbpp_shaped_and_none_is_an_evaluation_prompt():
+    import importlib.util
+    from pathlib import Path
+
+    from vskip.bench.tasks import load_task
+
+    spec = importlib.util.spec_from_file_location("fit_copy_odds", Path(__file__).parents[1] / "scripts" / "fit_copy_odds.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    skills = script.skill_problems()
+    assert len(skills) == len({p.task_id for p in skills}) > 1000
+    assert all(p.prompt.startswith("Write a python function to ") and p.test.startswith(f"assert {p.entry_point}(")
+               for p in skills)
+    evaluated = {p.prompt.strip().lower() for task in ("mbpp", "humaneval") for p in load_task(task)}
+    assert not evaluated & {p.prompt.strip().lower() for p in skills}
+
+
+def test_the_budget_split_parts_a_comparison_by_where_ar_stopped(tmp_path):
+    import gzip
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("budget_split", Path(__file__).parents[1] / "benchmarks" / "budget_split.py")
+    split = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(split)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "settings.json").write_text(json.dumps({"fixed": {"max_new_tokens": 8}}))
+    rows = [("a", "ar", 8, 4.0, 8), ("a", "strict", 8, 1.0, 2), ("b", "ar", 3, 3.0, 3), ("b", "strict", 3, 2.0, 2)]
+    (run / "shard-1-of-1.jsonl.gz").write_bytes(gzip.compress("".join(
+        json.dumps({"task_id": t, "config": c, "generated_tokens": n, "decode_seconds": s, "verifier_calls": k}) + "\n"
+        for t, c, n, s, k in rows).encode()))
+    groups = split.split(run)["groups"]
+    assert groups["to_budget"]["prompts"] == 1 and groups["to_budget"]["configs"]["strict"]["ratio_vs_ar"] == 4.0
+    assert groups["ended"]["configs"]["strict"] == {"seconds": 2.0, "tokens_per_call": 1.5, "ratio_vs_ar": 1.5}

@@ -14,6 +14,10 @@
     the ``llama-server`` binary of ``vskip compare``'s llama.cpp configurations (default: the one
     ``scripts/llamacpp.sh`` built for this CPU, else one on PATH).
 
+``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_TOP_PAD_``
+    glibc's own: where any is set, the native runtime leaves malloc's settings as they are
+    (:func:`vskip.engine.models.native.build.keep_freed_memory`).
+
 Models are read with ``local_files_only`` (no model hub), not by setting ``HF_HUB_OFFLINE`` for
 the whole process. Each reads the environment when called, so a test may set a variable first.
 """
@@ -55,3 +59,8 @@ def native_isa() -> str | None:
 def llamacpp_isa() -> str:
     """The ISA level of the llama.cpp build ``scripts/llamacpp.sh`` finds (``LLAMA_CPP_ISA``, default ``native``)."""
     return os.environ.get("LLAMA_CPP_ISA", "").strip() or "native"
+
+
+def malloc_chosen(names) -> bool:
+    """Whether the environment sets any of glibc's malloc variables ``names``."""
+    return any(n in os.environ for n in names)

@@ -83,9 +83,16 @@ int main(int argc, char** argv) {
     std::vector<float*> ks(n, kp), vs_(n, vp);
     for (int i = 0; i < n; ++i) seen[i] = pos[i] + 1, rows[i] = i;
     std::vector<float> logits((size_t)n * M.vocab);
+    std::vector<int32_t> top(n);
     const int rc = vs_forward(&M, n, tokens, nullptr, pos, seen.data(), ks.data(), vs_.data(), caps.data(), n,
-                              rows.data(), nullptr, logits.data(), 2, 0, nullptr, nullptr);
+                              rows.data(), nullptr, logits.data(), top.data(), 2, 0, nullptr, nullptr);
     if (rc) return fprintf(stderr, "vs_forward: %d\n", rc), 1;
+    for (int i = 0; i < n; ++i) {  // the runtime's argmax: the first id at the greatest logit
+      const float* z = &logits[(size_t)i * M.vocab];
+      int best = 0;
+      for (int v = 1; v < M.vocab; ++v) best = z[v] > z[best] ? v : best;
+      if (top[i] != best) return fprintf(stderr, "argmax of row %d: %d, not %d\n", i, top[i], best), 1;
+    }
     fwrite(logits.data(), 4, logits.size(), out);
   }
   fclose(out);

@@ -21,7 +21,8 @@ from typing import Sequence
 import numpy as np
 
 from .models.copy import Corpus, best_hint, tokenizer_fingerprint
-from .policy.payoff import LONGEST_COPY, CopyOdds, RoundCosts, choose_source, copy_length, match_bucket
+from .policy.payoff import (LONGEST_COPY, CopyOdds, RoundCosts, choose_source, copy_length, copy_value, drafter_value,
+                             match_bucket)
 
 #: the copy odds fitted for the embedded verifier, and the corpus of its answers to held-out
 #: prompts (scripts/fit_copy_odds.py writes both)
@@ -55,6 +56,9 @@ MODES = ("hints", "alone")
 MODE_DECAY = 0.9
 #: the weight of a mode's first TRY_ROUNDS rounds, below which it is still being tried
 TRIED = 0.99 * sum(MODE_DECAY ** i for i in range(TRY_ROUNDS))
+#: the costs are refitted after this many new observations at most (after each of the first few):
+#: they drift slowly, and the fit is a round's dearest step of the choice
+REFIT_EVERY = 8
 #: the shipped copy odds count as this many copy rounds of each bucket beside the ones measured
 ODDS_WEIGHT = 20.0
 #: a drafter's yield is measured this many times per bucket before it is trusted
@@ -112,7 +116,11 @@ class Chooser:
         self.corpus = corpus if self.odds.corpus else None  # hints there only with odds for them
         self.decay = decay
         self._sums = np.zeros(5)  # weight, rows, seconds, rows^2, rows * seconds
-        self._version, self._costs = 0, None  # the costs fitted after the observations so far
+        self._version, self._costs = 0, None  # observations so far; (the version fitted at, the costs)
+        self._fits = 0  # costs fitted so far: what a kept choice was made with
+        # per (source, bucket): copy rounds observed, and the survival made of them, kept
+        self._seen_version: dict[tuple[str, int], int] = {}
+        self._kept: dict = {}
         self._gates: dict = {}
         self._rows = np.zeros((LONGEST_COPY + 1, 2))  # by rows - 1: weight, seconds
         self._draft: float | None = None
@@ -191,11 +199,22 @@ class Chooser:
         seen, hits = self._copied[source.where]
         seen[source.bucket - 1, : min(accepted + 1, source.k)] += 1
         hits[source.bucket - 1, :accepted] += 1
+        key = (source.where, source.bucket)
+        self._seen_version[key] = self._seen_version.get(key, 0) + 1
 
     def survival(self, length: int, where: str) -> np.ndarray:
         """The odds of a hint after a match of ``length`` in ``where``: the shipped fit, as
         :data:`ODDS_WEIGHT` observations of each token, with what this chooser's copy rounds
-        showed (a verifier or a task other than the fit's moves them)."""
+        showed (a verifier or a task other than the fit's moves them). A fresh array."""
+        b = match_bucket(length, self.odds.length_edges)
+        key = ("survival", where, b)
+        stamp = self._seen_version.get((where, b), 0)
+        kept = self._kept.get(key)
+        if kept is None or kept[0] != stamp:
+            kept = self._kept[key] = (stamp, self._survival(length, where))
+        return kept[1].copy()
+
+    def _survival(self, length: int, where: str) -> np.ndarray:
         prior = self.odds.row(length, where)
         b = match_bucket(length, self.odds.length_edges)
         if b == 0:
@@ -207,9 +226,13 @@ class Chooser:
         return np.cumprod((hits + ODDS_WEIGHT * cond) / (seen + ODDS_WEIGHT))
 
     def costs(self) -> RoundCosts | None:
-        """The fitted costs (None before the first round was measured)."""
-        if self._costs is None or self._costs[0] != self._version:
+        """The fitted costs (None before the first round was measured), refitted once
+        :data:`REFIT_EVERY` observations came (at first after each one)."""
+        step = min(REFIT_EVERY, 1 + self._version // REFIT_EVERY)
+        if self._costs is None or self._version - self._costs[0] >= step or \
+                (self._costs[1] is None and self._version != self._costs[0]):
             self._costs = (self._version, self._fit())
+            self._fits += 1
         return self._costs[1]
 
     def _fit(self) -> RoundCosts | None:
@@ -241,7 +264,8 @@ class Chooser:
         bucket = match_bucket(length, self.odds.length_edges)
         if gate is not None and bucket < gate[0]:  # a batch's round: no copy that short could pay
             return Source("alone", bucket)
-        survival = self.survival(length, where)
+        full = self.survival(length, where)
+        survival = full.copy() if len(hint) < full.shape[0] else full
         survival[len(hint):] = 0.0  # a corpus answer that ends sooner
         costs = self.costs()
         if costs is None:  # nothing measured yet: the copy where it is likelier right than not
@@ -254,11 +278,31 @@ class Chooser:
             self._probes[bucket] += expected is not None  # the next probe waits longer
             return Source("drafter", bucket)
         g = (gamma() if callable(gamma) else gamma) if expected is not None else 0  # weighed only where known
-        kind, k = choose_source(survival, expected, g, costs, sharing, limit)
+        kind, k = self._choice(full, survival, expected, g, costs, sharing, limit, (where, bucket), len(hint))
         self._since[bucket] += kind != "drafter"
         if kind == "copy":
             return self._source(hint, survival, k, bucket, where, limit)
         return Source(kind, bucket)
+
+    def _choice(self, full: np.ndarray, survival: np.ndarray, expected: float | None, g: int, costs: RoundCosts,
+                sharing: int, limit: int, key: tuple[str, int], shown: int) -> tuple[str, int]:
+        """:func:`choose_source` on ``survival`` (``full``, the odds before a short hint cut them),
+        with the copy length of ``full`` kept per source and bucket (``key``) and sharing while
+        the costs and that bucket's copy rounds stay as they were. It is the same wherever it
+        lies within the hint's ``shown`` tokens and the ``limit``: a shorter hint or budget only
+        cuts longer lengths, whose value then falls."""
+        stamp = (self._fits, self._seen_version.get(key, 0))
+        kept = self._kept.get(("k", key, sharing))
+        if kept is None or kept[0] != stamp:
+            k = copy_length(full, costs, sharing)
+            kept = self._kept[("k", key, sharing)] = (stamp, k, copy_value(full, k, costs, sharing))
+        _, k, value = kept
+        if k > min(shown, limit):  # cut by the hint's end or the budget: chosen afresh
+            return choose_source(survival, expected, g, costs, sharing, limit)
+        if expected is not None and g > 0 and costs.draft is not None \
+                and drafter_value(expected, g, costs, sharing) > value:
+            return "drafter", g
+        return ("copy", k) if k else ("alone", 0)
 
     def _gate(self, sharing: int) -> tuple[int, bool] | None:
         """In a round of ``sharing`` sequences, where a copy could pay at all by the shipped odds

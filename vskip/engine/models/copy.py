@@ -51,18 +51,30 @@ def suffix_match(seq: Sequence[int] | np.ndarray, max_len: int = 32) -> tuple[in
     return length, int(ends[-1]) + 1
 
 
-def _grow(a: np.ndarray, ends: np.ndarray, s: np.ndarray, max_len: int) -> tuple[int, np.ndarray]:
+#: at most this many candidate ends of a match are compared over its whole length at once
+GROW_AT_ONCE = 64
+
+
+def _grow(a: np.ndarray, ends: np.ndarray, s: np.ndarray, max_len: int, length: int = 1) -> tuple[int, np.ndarray]:
     """``(length, ends)``: the longest suffix of ``s`` that ends in ``a`` at some of ``ends`` (each
-    already holding ``s``'s last token), grown back a token at a time, at most ``max_len``; and
-    the ends where it occurs, in order."""
-    length = 1
-    while length < min(max_len, s.shape[0]):
+    already holding ``s``'s last ``length`` tokens), at most ``max_len``; and the ends where it
+    occurs, in order. Many ends are narrowed a token at a time; a few are compared at once over
+    the whole remaining length (fewer numpy calls: a round pays each one's overhead)."""
+    most = min(max_len, s.shape[0])
+    while length < most and ends.size > GROW_AT_ONCE:
         back = ends - length
         keep = ends[(back >= 0) & (a[np.maximum(back, 0)] == s[-1 - length])]
         if keep.size == 0:
-            break
+            return length, ends
         ends, length = keep, length + 1
-    return length, ends
+    if length >= most or ends.size == 0:
+        return length, ends
+    offset = np.arange(length, most)
+    back = ends[:, None] - offset
+    same = (back >= 0) & (a[np.maximum(back, 0)] == s[-1 - offset])
+    run = np.where(same.all(1), most - length, same.argmin(1))  # each end's run of matching tokens
+    best = run.max()
+    return length + int(best), ends[run == best]
 
 
 def copy_hint(seq: Sequence[int] | np.ndarray, gamma: int, max_len: int = 32) -> tuple[np.ndarray, int]:
@@ -168,6 +180,8 @@ def mixture_nll(p_target: np.ndarray, is_hint: np.ndarray, lam: np.ndarray | flo
 
 #: the token that parts two answers in a corpus (no vocabulary has a negative id)
 APART = -1
+#: a corpus search is kept per suffix of this many tokens, for this many suffixes at most
+SHORT, SHORT_KEPT = 3, 200_000
 
 
 @dataclass(frozen=True)
@@ -193,6 +207,7 @@ class Corpus:
         pos = pos[np.argsort(a[pos], kind="stable")]
         first, at = np.unique(a[pos], return_index=True)
         object.__setattr__(self, "_index", (first, np.append(at, pos.size), pos))
+        object.__setattr__(self, "_short", {})  # the search of a suffix's last SHORT tokens, kept
 
     def match(self, seq: Sequence[int] | np.ndarray, max_len: int = LONGEST_COPY,
               skip: int | None = None) -> tuple[int, int]:
@@ -201,9 +216,29 @@ class Corpus:
         last of those whose next two tokens are the commonest there; ``start``, where its
         continuation begins (``(0, -1)``: none). ``skip``: leave out the
         answer of that index (a fit's own answer)."""
-        a, s = self.tokens, np.asarray(seq[-max_len:], dtype=np.int64)  # a match is at most its last max_len
-        if s.shape[0] == 0:
+        s = np.asarray(seq[-max_len:], dtype=np.int64)  # a match is at most its last max_len
+        if s.shape[0] == 0 or max_len < 1:
             return 0, -1
+        if skip is not None or max_len < SHORT:
+            return self._search(s, max_len, skip)
+        # Most rounds ask again for a suffix whose last few tokens were asked before. Where its
+        # match stops within them, the answer is theirs alone; else their occurrences (a few where
+        # the whole corpus holds the last token thousands of times) are grown further. The
+        # corpus's arrays are out of the cache after every forward: each step read fewer of them.
+        key = tuple(s[-SHORT:].tolist())
+        known = self._short.get(key)
+        if known is None:
+            if len(self._short) >= SHORT_KEPT:
+                self._short.clear()
+            known = self._short[key] = self._search(s[-SHORT:], SHORT, grown=len(key) == SHORT)
+        if isinstance(known, tuple):  # the match stopped within the last few tokens: final
+            return known
+        length, ends = _grow(self.tokens, known, s, max_len, SHORT)
+        return length, self._commonest(ends)
+
+    def _search(self, s: np.ndarray, max_len: int, skip: int | None = None, grown: bool = False):
+        """The search of :meth:`match` from the corpus's index. ``grown``: where the whole of
+        ``s`` is found, its ends (for a longer suffix to grow) instead of ``(length, start)``."""
         first, at, pos = self._index
         i = int(np.searchsorted(first, s[-1]))
         if i == first.size or first[i] != s[-1]:
@@ -213,12 +248,21 @@ class Corpus:
             ends = ends[self.answer[ends] != skip]
         if ends.size == 0:
             return 0, -1
-        length, ends = _grow(a, ends, s, max_len)
-        # of the answers that hold the match, the continuation most of them share (its next two
-        # tokens), at its last occurrence: a pattern common to many answers goes on as most do
+        length, ends = _grow(self.tokens, ends, s, max_len)
+        if grown and length == s.shape[0]:
+            return ends
+        return length, self._commonest(ends)
+
+    def _commonest(self, ends: np.ndarray) -> int:
+        """Of the answers that hold a match at ``ends``, where the continuation most of them share
+        (its next two tokens) begins, at its last occurrence: a pattern common to many answers
+        goes on as most do."""
+        if ends.size == 1:
+            return int(ends[0]) + 1
+        a = self.tokens
         nxt = (a[ends + 1] + 1) * (1 << 32) + (a[np.minimum(ends + 2, a.size - 1)] + 1)  # -1, an answer's end, too
         _, inverse, counts = np.unique(nxt, return_inverse=True, return_counts=True)
-        return length, int(ends[counts[inverse] == counts.max()][-1]) + 1
+        return int(ends[counts[inverse] == counts.max()][-1]) + 1
 
     def hint(self, start: int, n: int) -> np.ndarray:
         """Up to ``n`` tokens from ``start``, to the end of their answer."""

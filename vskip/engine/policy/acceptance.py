@@ -34,23 +34,30 @@ class Verdict:
     draft_gap:  float [gamma]      z_j(x̂_j) - max_v z_j(v)  (<= 0; the log-ratio of Eq. 9)
     draft_rank: int   [gamma]      number of tokens whose logit is strictly above the draft's
 
-    ``draft_rank`` may be given as a function that computes it: only top-k acceptance reads it,
-    so a verifier can leave the work to the first read. It must be exact below :data:`MAX_TOP_K`
-    and may be a lower bound at or above it (top-k acceptance only asks whether it is below k).
+    ``draft_gap`` and ``draft_rank`` may be given as functions that compute them: only lenient
+    and top-k acceptance read them, so a verifier can leave the work to the first read. The rank
+    must be exact below :data:`MAX_TOP_K` and may be a lower bound at or above it (top-k
+    acceptance only asks whether it is below k).
     """
 
     tokens: np.ndarray
-    draft_gap: np.ndarray
+    gap: Union[np.ndarray, Callable[[], np.ndarray]]
     rank: Union[np.ndarray, Callable[[], np.ndarray]]
 
-    def __init__(self, tokens: np.ndarray, draft_gap: np.ndarray, draft_rank):
+    def __init__(self, tokens: np.ndarray, draft_gap, draft_rank):
         object.__setattr__(self, "tokens", tokens)
-        object.__setattr__(self, "draft_gap", draft_gap)
+        object.__setattr__(self, "gap", draft_gap)
         object.__setattr__(self, "rank", draft_rank)
-        g = self.draft_gap.shape[0]
-        assert self.tokens.shape == (g + 1,), (self.tokens.shape, g)
-        if not callable(draft_rank):
-            assert draft_rank.shape == (g,), (draft_rank.shape, g)
+        assert self.tokens.ndim == 1 and self.tokens.shape[0] >= 1, self.tokens.shape
+        for given in (draft_gap, draft_rank):
+            if not callable(given):
+                assert given.shape == (self.gamma,), (given.shape, self.gamma)
+
+    @cached_property
+    def draft_gap(self) -> np.ndarray:
+        gap = self.gap() if callable(self.gap) else self.gap
+        assert gap.shape == (self.gamma,), (gap.shape, self.gamma)
+        return gap
 
     @cached_property
     def draft_rank(self) -> np.ndarray:
@@ -60,7 +67,7 @@ class Verdict:
 
     @property
     def gamma(self) -> int:
-        return int(self.draft_gap.shape[0])
+        return int(self.tokens.shape[0]) - 1
 
 
 def leading_run(ok: np.ndarray) -> int:

@@ -26,7 +26,8 @@ class Model(C.Structure):
 
 def declare(lib: C.CDLL) -> C.CDLL:
     p = C.c_void_p
-    lib.vs_forward.argtypes = [C.POINTER(Model), C.c_int, p, p, p, p, p, p, p, C.c_int, p, p, p, C.c_int, C.c_int, p, p]
+    lib.vs_forward.argtypes = [C.POINTER(Model), C.c_int, p, p, p, p, p, p, p, C.c_int, p, p, p, p, C.c_int, C.c_int,
+                               p, p]
     lib.vs_forward.restype = C.c_int
     lib.vs_matmul.argtypes = [C.POINTER(QMat), C.c_int, p, p, C.c_int]
     lib.vs_matmul.restype = C.c_int

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from ....environment import cache_root, cxx, native_isa
+from ....environment import cache_root, cxx, malloc_chosen, native_isa
 from ....files import DirLock
 
 SOURCES = (Path(__file__).with_name("kernels.cpp"), Path(__file__).with_name("simd.h"))
@@ -235,13 +235,38 @@ def library_path(name: str | None = None, extra: tuple[str, ...] = ()) -> Path:
     return lib
 
 
+#: glibc's malloc settings (mallopt's numbers) the runtime asks for, unless the environment set
+#: them: blocks up to 64 MiB come from the heap, and up to 256 MiB of freed heap is kept. Each
+#: forward allocates its logits and scratch afresh (a 5-row verification's logits are 1 MB); by
+#: default glibc maps such blocks anew or gives the heap's top back, and every page of the next
+#: one faults again. Only where memory sits changes, never a bit.
+MALLOC_SETTINGS = {"MALLOC_MMAP_THRESHOLD_": (-3, 64 << 20), "MALLOC_TRIM_THRESHOLD_": (-1, 256 << 20),
+                   "MALLOC_TOP_PAD_": (-2, 64 << 20)}
+
+
+@lru_cache(maxsize=1)
+def keep_freed_memory() -> bool:
+    """Apply :data:`MALLOC_SETTINGS` once (glibc only; False elsewhere or where the environment
+    sets any of them)."""
+    if sys.platform != "linux" or malloc_chosen(MALLOC_SETTINGS):
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        return all(libc.mallopt(param, value) == 1 for param, value in MALLOC_SETTINGS.values())
+    except (OSError, AttributeError):  # not glibc
+        return False
+
+
 @lru_cache(maxsize=None)
 def library(name: str | None = None, extra: tuple[str, ...] = ()) -> ctypes.CDLL:
     """The compiled kernels of variant ``name`` (default: :func:`chosen_isa`), loaded (after
-    torch, whose OpenMP runtime they share)."""
+    torch, whose OpenMP runtime they share), with freed memory kept for the next forwards
+    (:func:`keep_freed_memory`)."""
     import torch  # noqa: F401 - loads the OpenMP runtime the library links
 
     from .abi import declare
+
+    keep_freed_memory()
 
     lib = declare(ctypes.CDLL(str(library_path(name, extra))))
     built = lib.vs_isa().decode()

@@ -312,6 +312,38 @@ void silu_mul(const float* g, const float* u, float* y, int F_) {
 
 bool formats_ok(const QMat& W) { return W.nibbles ? W.offset == 0 : (W.offset == 128 && !W.m); }
 
+// The greatest of z[0, n) (n a multiple of 16) and the first index where it stands, as
+// {value, index}; index -1 where a value is not finite (the caller then decides as numpy would).
+// A maximum is exact in any order, so every ISA finds the same one.
+constexpr int TOP_PARTS = 8;  // a row's logits searched as this many parts, any thread each
+struct Top {
+  float value;
+  int index;
+};
+Top top_of(const float* z, int n) {
+  constexpr int B = 256;  // the maxima of blocks of B, then the first block that holds the greatest
+  float best = -INFINITY;
+  int at = -1;
+  F bad = fzero();
+  for (int b0 = 0; b0 < n; b0 += B) {
+    const int m = std::min(B, n - b0);
+    F mx = fset(-INFINITY);
+    for (int i = 0; i < m; i += 16) {
+      const F v = fload(z + b0 + i);
+      mx = fmax(mx, v);
+      bad = fadd(bad, fsub(v, v));  // 0 for a finite value, NaN for NaN or an infinity
+    }
+    const float bm = hmax(mx);
+    if (bm > best || at < 0) {
+      best = bm;
+      at = b0;
+    }
+  }
+  if (hsum(bad) != 0.0f) return {NAN, -1};
+  for (int i = at;; ++i)
+    if (z[i] == best) return {best, i};
+}
+
 }  // namespace vs
 
 extern "C" {
@@ -328,10 +360,11 @@ const char* vs_isa() { return vs::ISA; }
 // hidden state goes to hidden (if not null, [n_out][D]) and the head's logits to logits (if not
 // null, [n_out][V]). Every row's output of each layer tap_layers[j] (j < n_tap; the last layer's
 // final-normed, as transformers' hidden states) goes to tap_out[r][j][D]. Returns 0, or a
-// negative code for bad arguments.
+// negative code for bad arguments. With logits, argmax (if not null, [n_out]) receives each out
+// row's first index at its greatest logit, or -1 where a logit is not finite.
 int vs_forward(const Model* mp, int n, const int64_t* tokens, const float* embeds, const int32_t* pos,
                const int32_t* kv_len, float* const* kc, float* const* vc, const int32_t* cap, int n_out,
-               const int32_t* out_rows, float* hidden, float* logits, int n_threads, int n_tap,
+               const int32_t* out_rows, float* hidden, float* logits, int32_t* argmax, int n_threads, int n_tap,
                const int32_t* tap_layers, float* tap_out) {
   const Model& M = *mp;
   const int D = M.dim, H = M.n_heads, KV = M.n_kv, hd = M.head_dim, F = M.ffn;
@@ -357,6 +390,9 @@ int vs_forward(const Model* mp, int n, const int64_t* tokens, const float* embed
       gu((size_t)n * 2 * F), act((size_t)n * F);
   QAct a;
   a.resize(n, Kmax);
+  const int parts = argmax && logits ? TOP_PARTS : 0;  // each out row's logits searched in parts, in parallel
+  const int span = (M.vocab / 16 + TOP_PARTS - 1) / TOP_PARTS * 16;
+  std::vector<Top> tops((size_t)n_out * parts);
   const float scale = 1.0f / sqrtf((float)hd);
   const float eps = M.eps;
 #pragma omp parallel num_threads(n_threads)
@@ -461,6 +497,21 @@ int vs_forward(const Model* mp, int n, const int64_t* tokens, const float* embed
       if (logits) quantize(a, o, y, D);
     }
     if (logits) gemm(*M.head, a, n_out, logits, M.vocab);
+#pragma omp for schedule(static)
+    for (int j = 0; j < n_out * parts; ++j) {
+      const int lo = (j % parts) * span, hi = std::min(M.vocab, lo + span);
+      Top t = hi > lo ? top_of(logits + (size_t)(j / parts) * M.vocab + lo, hi - lo) : Top{-INFINITY, 0};
+      if (t.index >= 0) t.index += lo;
+      tops[j] = t;
+    }
+  }
+  for (int o = 0; o < n_out && parts; ++o) {  // the parts in order: the first part at the maximum wins ties
+    Top best = tops[(size_t)o * parts];
+    for (int p = 1; p < parts && best.index >= 0; ++p) {
+      const Top& t = tops[(size_t)o * parts + p];
+      if (t.index < 0 || t.value > best.value) best = t;
+    }
+    argmax[o] = best.index;
   }
   return 0;
 }

@@ -97,13 +97,15 @@ class Transformer:
     def forward(self, cache: SlotCache, slots: Sequence[int], tokens: Sequence[int], positions: Sequence[int],
                 seen: Sequence[int] | None = None, out_rows: Sequence[int] | None = None, hidden: bool = False,
                 logits: bool = True, embeds: torch.Tensor | None = None, taps: Sequence[int] = (),
-                tap_out: torch.Tensor | None = None):
+                tap_out: torch.Tensor | None = None, argmax_out: np.ndarray | None = None):
         """One forward over rows: row r is token ``tokens[r]`` (or, where it is negative, the float
         vector ``embeds[r]``) at ``positions[r]`` of slot ``slots[r]``, seeing that slot's keys
         below ``seen[r]`` (default: its own position + 1, causal); its key and value are written
         at its position. Returns (hidden [n_out, D] or None, logits [n_out, V] or None) of the rows
         ``out_rows`` (default: all). ``taps``: layers whose output every row writes into
-        ``tap_out`` [n, len(taps), D] (the last layer's final-normed: transformers' hidden states)."""
+        ``tap_out`` [n, len(taps), D] (the last layer's final-normed: transformers' hidden states).
+        ``argmax_out``: int32 [n_out], with logits, receives each out row's first id at its
+        greatest logit (numpy's argmax), or -1 where a logit is not finite."""
         from .build import library
 
         lib = library(self.isa)
@@ -126,10 +128,14 @@ class Transformer:
         if len(tl):
             assert tap_out is not None and tap_out.dtype == torch.float32 and tap_out.is_contiguous() \
                 and tuple(tap_out.shape) == (n, len(tl), self.shape.dim), (None if tap_out is None else tap_out.shape)
+        if argmax_out is not None:
+            assert logits and argmax_out.dtype == np.int32 and argmax_out.shape == (len(outs),) \
+                and argmax_out.flags.c_contiguous, (argmax_out.dtype, argmax_out.shape)
         rc = lib.vs_forward(ctypes.byref(self._struct), n, tok.ctypes.data, emb.data_ptr() if emb is not None else None,
                                   pos.ctypes.data, kv.ctypes.data, kp.ctypes.data, vp.ctypes.data, cap.ctypes.data,
                                   len(outs), outs.ctypes.data, h.data_ptr() if h is not None else None,
-                                  z.data_ptr() if z is not None else None, threads, len(tl),
+                                  z.data_ptr() if z is not None else None,
+                                  argmax_out.ctypes.data if argmax_out is not None else None, threads, len(tl),
                                   tl.ctypes.data if len(tl) else None, tap_out.data_ptr() if len(tl) else None)
         if rc != 0:
             raise ValueError(f"native forward refused its arguments (code {rc}): a position past the context "

@@ -92,8 +92,10 @@ class NativeVerifier:
         if ids:
             self._forward([(slot, ids, 1)], logits=False)
 
-    def _forward(self, rows: list[tuple[int, list[int], int]], logits: bool = True) -> list[torch.Tensor]:
-        """Logits [keep, V] of the last ``keep`` positions of each row (slot, ids, keep), all rows in one forward."""
+    def _forward(self, rows: list[tuple[int, list[int], int]], logits: bool = True
+                 ) -> list[tuple[torch.Tensor, np.ndarray]]:
+        """Logits [keep, V] of the last ``keep`` positions of each row (slot, ids, keep) and their
+        argmax [keep] as the runtime found it (-1: a logit not finite), all rows in one forward."""
         slots, tokens, positions, outs, spans, computed = [], [], [], [], [], []
         for slot, ids, keep in rows:
             if len(ids) > self.max_length:
@@ -109,16 +111,17 @@ class NativeVerifier:
             computed.append((slot, ids, start, first))
         layers = sorted({i for tap in self.taps for i in tap.layers})
         tapped = torch.empty((len(tokens), len(layers), self.net.shape.dim)) if layers else None
+        top = np.empty(len(outs), dtype=np.int32) if logits else None
         _, z = self.net.forward(self.cache, slots, tokens, positions, out_rows=outs, logits=logits, taps=layers,
-                                tap_out=tapped)
+                                tap_out=tapped, argmax_out=top)
         for slot, ids, start, first in computed:  # each tap gets its layers of the positions each row computed
             rows_of = tapped[first: first + len(ids) - start] if layers else None
             for tap in self.taps:
                 cols = [layers.index(i) for i in tap.layers]
                 tap.put(start, ids, rows_of[:, cols].reshape(len(ids) - start, -1), slot)
-        return [z[a: a + k] for a, k in spans] if logits else []
+        return [(z[a: a + k], top[a: a + k]) for a, k in spans] if logits else []
 
-    def _run(self, calls: Sequence[Call]) -> list[torch.Tensor]:
+    def _run(self, calls: Sequence[Call]) -> list[tuple[torch.Tensor, np.ndarray]]:
         rows, restore = [], []
         for c in calls:
             ids = list(map(int, c.seq)) + list(map(int, c.block))
@@ -134,10 +137,10 @@ class NativeVerifier:
         return outs
 
     def score_many(self, calls: Sequence[Call]) -> list[Verdict]:
-        return [verdict(z, c.block) for z, c in zip(self._run(calls), calls)]
+        return [verdict(z, c.block, top) for (z, top), c in zip(self._run(calls), calls)]
 
     def distributions_many(self, calls: Sequence[Call], sampling: Sampling) -> list[np.ndarray]:
-        return [warped_probs(z, sampling).numpy() for z in self._run(calls)]
+        return [warped_probs(z, sampling).numpy() for z, _ in self._run(calls)]
 
     def score(self, seq: Sequence[int], block: Sequence[int], shadow: bool = False) -> Verdict:
         return self.score_many([Call(seq, block, shadow)])[0]
@@ -146,17 +149,24 @@ class NativeVerifier:
         return self.distributions_many([Call(seq, block, shadow)], sampling)[0]
 
 
-def verdict(z: torch.Tensor, block: Sequence[int]) -> Verdict:
+def verdict(z: torch.Tensor, block: Sequence[int], top: np.ndarray | None = None) -> Verdict:
     """Argmax [g + 1], drafted-token gaps and ranks [g] from logits ``z`` [g + 1, V] (float32,
-    exact as computed: the argmax is the lowest id at the maximum)."""
+    exact as computed: the argmax is the lowest id at the maximum). ``top``: the argmax the
+    runtime found beside the logits (-1 where one is not finite: numpy decides those rows)."""
     g = len(block)
     zn = z.numpy()  # numpy's argmax (the first at the maximum, as torch's) is many times faster on a CPU
-    argmax = zn.argmax(-1).astype(np.int64)
+    if top is None or (top < 0).any():
+        argmax = zn.argmax(-1).astype(np.int64)
+    else:
+        argmax = top.astype(np.int64)
     if not g:
         return Verdict(argmax, np.zeros(0), np.zeros(0, dtype=np.int64))
-    b = np.asarray([int(t) for t in block], dtype=np.int64)
-    zb, rows = zn[:-1], np.arange(g)
-    zd = zb[rows, b]
-    top = zb[rows, argmax[:-1]]  # the maximum, read where the argmax found it
-    gap = (zd - top).astype(np.float64)
-    return Verdict(argmax, draft_gap=gap, draft_rank=lambda: (zb > zd[:, None]).sum(-1).astype(np.int64))
+    zb = zn[:-1]
+
+    def drafted() -> np.ndarray:  # each drafted token's logit
+        return zb[np.arange(g), np.asarray([int(t) for t in block], dtype=np.int64)]
+
+    def gap() -> np.ndarray:  # read only by lenient acceptance; the maximum read where the argmax found it
+        return (drafted() - zb[np.arange(g), argmax[:-1]]).astype(np.float64)
+
+    return Verdict(argmax, draft_gap=gap, draft_rank=lambda: (zb > drafted()[:, None]).sum(-1).astype(np.int64))

@@ -181,7 +181,7 @@ def mixture_nll(p_target: np.ndarray, is_hint: np.ndarray, lam: np.ndarray | flo
 #: the token that parts two answers in a corpus (no vocabulary has a negative id)
 APART = -1
 #: a corpus search is kept per suffix of this many tokens, for this many suffixes at most
-SHORT, SHORT_KEPT = 3, 200_000
+SHORT, SHORT_KEPT = 3, 50_000
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from vskip.files import write_json
+
 WORKER = r'''
 import hashlib, json, sys, time
 tree = sys.argv[1]
@@ -92,7 +94,11 @@ def main(argv=None) -> int:
             for k in ("A", "B") if i % 2 == 0 else ("B", "A"):
                 procs[k].stdin.write(f"{i}\n")
                 procs[k].stdin.flush()
-                rows[k].append(json.loads(procs[k].stdout.readline()))
+                line = procs[k].stdout.readline()
+                if not line:
+                    print(f"tree {k} stopped at prompt {i} (its error is above)", file=sys.stderr)
+                    return 1
+                rows[k].append(json.loads(line))
             if rows["A"][-1]["digest"] != rows["B"][-1]["digest"]:
                 print(f"prompt {i}: the trees decoded different tokens", file=sys.stderr)
                 return 1
@@ -119,7 +125,7 @@ def main(argv=None) -> int:
               f"{v['outside_ms']} ms outside per forward")
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+        write_json(a.out, out)
     return 0
 
 

@@ -4,7 +4,8 @@ A greedy 135M verifier sometimes repeats itself until ``--max-new-tokens``; such
 copies from itself, and its rounds commit many tokens. This splits each ``vskip compare`` run
 (``--run``, its directory) by whether ``ar``'s answer ran to the budget, and gives per group the
 prompts, the tokens, each configuration's seconds, tokens per verifier call and its speed over
-``ar`` (total tokens over total seconds, as the comparison's own ratio). Printed, and written to
+``ar`` (total tokens over total seconds, as the comparison's own ratio), over the prompts every
+configuration finished. Printed, and written to
 ``--out`` (JSON). Usage::
 
     python benchmarks/budget_split.py --run docs/results/payoff/lean-mbpp200-512 \\
@@ -14,39 +15,33 @@ prompts, the tokens, each configuration's seconds, tokens per verifier call and 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import sys
 from collections import defaultdict
 from pathlib import Path
 
-
-def records(run: Path) -> list[dict]:
-    out = []
-    for f in sorted(run.glob("shard-*.jsonl*")):
-        raw = gzip.decompress(f.read_bytes()) if f.suffix == ".gz" else f.read_bytes()
-        out += [json.loads(line) for line in raw.decode().splitlines() if line.strip()]
-    return out
+from vskip.files import write_json
+from vskip.study.compare_summary import rows_of
 
 
 def split(run: Path) -> dict:
     settings = json.loads((run / "settings.json").read_text())
     budget = int(settings["fixed"]["max_new_tokens"])
     by_prompt: dict = defaultdict(dict)
-    for r in records(run):
-        if r.get("repeat", 0) == 0:
-            by_prompt[r["task_id"]][r["config"]] = r
+    for r in rows_of(run):
+        if r.repeat == 0:
+            by_prompt[r.task_id][r.config] = r.result
     groups: dict = {}
     for rows in by_prompt.values():
-        if "ar" not in rows:
-            continue
-        name = "to_budget" if rows["ar"]["generated_tokens"] >= budget else "ended"
+        if "ar" not in rows or len(rows) < len({c for p in by_prompt.values() for c in p}):
+            continue  # only the prompts every configuration finished
+        name = "to_budget" if rows["ar"].generated_tokens >= budget else "ended"
         g = groups.setdefault(name, {"prompts": 0, "tokens": 0, "configs": defaultdict(lambda: [0.0, 0])})
         g["prompts"] += 1
-        g["tokens"] += rows["ar"]["generated_tokens"]
+        g["tokens"] += rows["ar"].generated_tokens
         for config, r in rows.items():
-            g["configs"][config][0] += r["decode_seconds"]
-            g["configs"][config][1] += r["verifier_calls"]
+            g["configs"][config][0] += r.decode_seconds
+            g["configs"][config][1] += r.verifier_calls
     out = {}
     for name, g in groups.items():
         ar_s = g["configs"]["ar"][0]
@@ -64,13 +59,15 @@ def main(argv=None) -> int:
     result = {"command": "python benchmarks/budget_split.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "runs": {}}
     for run in map(Path, a.run):
+        if not (run / "settings.json").is_file() or not any(run.glob("shard-*.jsonl*")):
+            ap.error(f"--run {run}: not a vskip compare directory (no settings.json and shards)")
         result["runs"][run.name] = split(run)
         for name, g in result["runs"][run.name]["groups"].items():
             ratios = ", ".join(f"{c} {v['ratio_vs_ar']}x ({v['tokens_per_call']} tok/call)" for c, v in g["configs"].items()
                                if c != "ar")
             print(f"{run.name}: {name}: {g['prompts']} prompts, {g['tokens']} tokens: {ratios}")
     if a.out:
-        Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+        write_json(a.out, result)
     return 0
 
 

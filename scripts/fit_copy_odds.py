@@ -34,7 +34,8 @@ from vskip.cli import main as vskip
 from vskip.engine.chooser import CORPUS_FILE, ODDS_FILE
 from vskip.engine.models.copy import Corpus, fit_copy_odds, tokenizer_fingerprint
 from vskip.engine.models.verifiers import resolve_verifier_dir, verifier_tokenizer
-from vskip.files import write_json
+from vskip.files import read_jsonl_lines, write_atomic, write_json
+from vskip.study.rundir import append_lines
 
 #: the MBPP problems the odds are fitted on: after the first 200 (MBPP200, the evaluation set)
 HELD_OUT = slice(200, 500)
@@ -74,20 +75,24 @@ def decode_skills(run: Path, problems: list[Problem], max_new_tokens: int) -> di
     from vskip.commands.flags import settings
     from vskip.engine.door import open_decoder
 
-    samples = run / "samples.jsonl"
-    done = {r["task_id"]: r["tokens"] for r in map(json.loads, samples.read_text().splitlines())} \
-        if samples.exists() else {}
+    samples, config = run / "samples.jsonl", run / "config.json"
+    asked = {"policy": "ar", "max_new_tokens": max_new_tokens, "requests": len(problems), "source": SKILLS}
+    if config.exists() and json.loads(config.read_text()) != asked:
+        raise SystemExit(f"fit_copy_odds: {run} holds answers decoded with {config.read_text().strip()}, not "
+                         f"{json.dumps(asked)}: give another --skills-run")
+    kept = read_jsonl_lines(samples)  # a last line cut by a stop is dropped, and its answer decoded again
+    done = {r["task_id"]: r["tokens"] for _, r in kept}
     todo = [p for p in problems if p.task_id not in done]
     if todo:
         run.mkdir(parents=True, exist_ok=True)
+        write_json(config, asked)
+        write_atomic(samples, "".join(json.dumps(r) + "\n" for _, r in kept))  # the whole lines alone
         dec = open_decoder(settings(build_parser().parse_args(
             ["generate", "x", "--policy", "ar", "--max-new-tokens", str(max_new_tokens)])))
-        with samples.open("a") as f:
-            for p in tqdm(todo, desc="skills answers", unit="answer", file=sys.stderr):
-                tokens = [int(t) for t in dec.decode(encode_problem(dec.pair.tokenizer, p)).tokens]
-                f.write(json.dumps({"task_id": p.task_id, "tokens": tokens}) + "\n")
-                f.flush()
-                done[p.task_id] = tokens
+        for p in tqdm(todo, desc="skills answers", unit="answer", file=sys.stderr):
+            tokens = [int(t) for t in dec.decode(encode_problem(dec.pair.tokenizer, p)).tokens]
+            append_lines(samples, json.dumps({"task_id": p.task_id, "tokens": tokens}) + "\n")
+            done[p.task_id] = tokens
     return done
 
 

@@ -476,3 +476,38 @@ def test_the_budget_split_parts_a_comparison_by_where_ar_stopped(tmp_path):
     groups = split.split(run)["groups"]
     assert groups["to_budget"]["prompts"] == 1 and groups["to_budget"]["configs"]["strict"]["ratio_vs_ar"] == 4.0
     assert groups["ended"]["configs"]["strict"] == {"seconds": 2.0, "tokens_per_call": 1.5, "ratio_vs_ar": 1.5}
+
+
+def test_the_skills_run_resumes_past_a_torn_line_and_refuses_other_settings(tmp_path, monkeypatch):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("fit_copy_odds", Path(__file__).parents[1] / "scripts" / "fit_copy_odds.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    probs = script.skill_problems()[:2]
+    run = tmp_path / "skills"
+    run.mkdir()
+    (run / "samples.jsonl").write_text(json.dumps({"task_id": probs[0].task_id, "tokens": [1, 2]}) + '\n{"task_id": "sk')
+    decoded = []
+
+    class Door:  # the decoder is not loaded: each request "decodes" to its index
+        @staticmethod
+        def open_decoder(_):
+            class Dec:
+                pair = type("P", (), {"tokenizer": None})
+
+                def decode(self, ids):
+                    decoded.append(ids)
+                    return type("R", (), {"tokens": [7]})
+
+            return Dec()
+
+    monkeypatch.setattr("vskip.engine.door.open_decoder", Door.open_decoder)
+    monkeypatch.setattr(script, "encode_problem", lambda tok, p: p.task_id)
+    got = script.decode_skills(run, probs, 64)
+    assert got == {probs[0].task_id: [1, 2], probs[1].task_id: [7]} and decoded == [probs[1].task_id]
+    assert len((run / "samples.jsonl").read_text().splitlines()) == 2  # the torn line gone, the new one whole
+    with pytest.raises(SystemExit, match="holds answers decoded with"):
+        script.decode_skills(run, probs, 128)

@@ -110,7 +110,7 @@ def test_every_row_of_a_product_is_the_one_row_product_bit_for_bit(minimums):
 @pytest.mark.parametrize("minimums", [False, True])
 def test_every_variant_this_cpu_runs_computes_the_same_products(minimums):
     """Products of 1..20 rows, bit for bit, on every variant here (AMX's tiles where the CPU has
-    them, which take 3 rows or more)."""
+    them, which take 9 rows or more, 17..20 in two tiles)."""
     from vskip.engine.models.native.build import library, runnable
 
     torch.manual_seed(5)
@@ -134,7 +134,7 @@ def test_every_variant_this_cpu_runs_computes_the_same_products(minimums):
 V = 256
 
 
-def tiny(kind="llama", seed=0):
+def tiny(kind="llama", seed=0, **over):
     """A tiny random transformers model of a family the kernels compute: Llama, Qwen2 (q/k/v
     biases) or Qwen3 (each query and key head RMS-normed before RoPE; a head size other than the
     width over the heads)."""
@@ -143,7 +143,7 @@ def tiny(kind="llama", seed=0):
 
     torch.manual_seed(seed)
     kw = dict(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)
+              num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False) | over
     m = {"llama": lambda: LlamaForCausalLM(LlamaConfig(rope_theta=10000.0, **kw)),
          "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(rope_theta=1e6, **kw)),
          "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(rope_theta=1e6, head_dim=32, **kw))}[kind]().eval()
@@ -215,6 +215,32 @@ def test_a_block_computes_what_one_token_steps_compute_bit_for_bit(model):
     assert torch.equal(zp[:9], zb[:9])
     _, zo = net.forward(cache, [1] * 9, other, list(range(9)))
     assert torch.equal(zp[9:], zo)
+
+
+def test_pieces_of_attention_keep_every_rows_bits():
+    """A layer's attention is cut in pieces that share the keys they load: the rows of one slot
+    together, at most 32 queries a piece, and each key-value head's rows in two pieces where 3
+    heads would leave one of 2 threads idle. With 3 key-value heads of 4 queries each (8 rows a
+    piece), a 21-row block, a 5-row one, and rows of two slots interleaved: every row's logits
+    equal its one-token step's, bit for bit, on 1, 2 and 3 threads."""
+    from vskip.engine.models.native.model import from_hf_model
+
+    hf = tiny("llama", seed=3, hidden_size=192, num_attention_heads=12, num_key_value_heads=3)
+    for threads in (1, 2, 3):
+        net = from_hf_model(hf, threads)
+        g = torch.Generator().manual_seed(threads)
+        a, b = torch.randint(0, V, (30,), generator=g).tolist(), torch.randint(0, V, (30,), generator=g).tolist()
+        cache = net.new_cache(4)
+        _, block = net.forward(cache, [0] * 21, a[:21], list(range(21)))
+        _, five = net.forward(cache, [0] * 5, a[21:26], list(range(21, 26)))  # 3 heads x 2 pieces on 2 threads
+        _, mixed = net.forward(cache, [0, 1, 0, 1, 1, 0], [a[26], b[0], a[27], b[1], b[2], a[28]],
+                               [26, 0, 27, 1, 2, 28])
+        steps = [net.forward(cache, [2], [t], [i])[1] for i, t in enumerate(a[:29])]
+        other = [net.forward(cache, [3], [t], [i])[1] for i, t in enumerate(b[:3])]
+        assert torch.equal(block, torch.cat(steps[:21])), threads
+        assert torch.equal(five, torch.cat(steps[21:26])), threads
+        assert torch.equal(mixed[[0, 2, 5]], torch.cat(steps[26:29])), threads
+        assert torch.equal(mixed[[1, 3, 4]], torch.cat(other)), threads
 
 
 def test_a_slot_grows_past_its_capacity_keeping_what_it_holds(model):
@@ -529,6 +555,8 @@ def test_variants_are_chosen_from_the_cpu_and_refused_where_it_cannot_run_them(m
     assert build.runnable(v3 | {"avx_vnni"}, "x86_64")[0] == "avxvnni"
     skx = v3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni"}
     assert build.runnable(skx, "x86_64")[0] == "avx512vnni"
+    assert build.runnable(skx | {"amx_tile", "amx_int8"}, "x86_64")[:2] == ["amx", "avx512vnni"]
+    assert build.cannot_run("amx", skx | {"amx_tile"}, "x86_64").endswith("it lacks amx_int8")
     assert build.runnable({"avx", "sse4_2"}, "x86_64") == ["portable"]
     assert build.runnable({"asimd", "asimddp"}, "aarch64") == ["neon-dotprod", "neon", "portable"]
     assert build.runnable({"asimd"}, "aarch64") == ["neon", "portable"]
@@ -542,6 +570,36 @@ def test_variants_are_chosen_from_the_cpu_and_refused_where_it_cannot_run_them(m
         build.chosen_isa()
     monkeypatch.setenv(build.ENV, "portable")
     assert build.chosen_isa() == "portable" and build.unsupported_reason() is None
+
+
+def test_amx_is_refused_where_the_system_withholds_its_tiles_and_skipped_where_it_does_not_build(monkeypatch,
+                                                                                                   capsys):
+    from vskip.engine.models.native import build
+
+    skx = {"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm", "avx512f", "avx512bw", "avx512cd",
+           "avx512dq", "avx512vl", "avx512_vnni"}
+    monkeypatch.setattr(build, "cpu_flags", lambda: ("a Xeon", skx | {"amx_tile", "amx_int8"}))
+    monkeypatch.setattr(build, "machine_arch", lambda: "x86_64")
+    monkeypatch.delenv(build.ENV, raising=False)
+    monkeypatch.setattr(build, "tiles_granted", lambda: False)
+    assert "does not let this process use its tiles" in build.cannot_run("amx")
+    assert build.chosen_isa() == "avx512vnni"
+    monkeypatch.setattr(build, "tiles_granted", lambda: True)
+    real = build.library_path
+
+    def no_amx(name=None, extra=()):
+        if name == "amx":
+            raise build.NativeUnavailable("compiling the native kernels failed (g++ ...):\nunknown -mamx-int8")
+        return real(name, extra)
+
+    monkeypatch.setattr(build, "library_path", no_amx)
+    build._builds.cache_clear()
+    try:
+        assert build.chosen_isa() == "avx512vnni"
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "the amx variant of the native kernels does not build here" in err[0]
+    finally:
+        build._builds.cache_clear()
 
 
 def test_a_variant_the_cpu_cannot_run_is_refused_in_one_line_before_any_model_loads(monkeypatch):

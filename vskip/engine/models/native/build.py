@@ -7,6 +7,7 @@ of its ISA level:
 ===============  ==============================================  ====================================
 variant          CPUs                                            needs (``/proc/cpuinfo`` flags)
 ===============  ==============================================  ====================================
+``amx``          Intel Sapphire Rapids and later servers         avx512vnni's + amx_tile, amx_int8
 ``avx512vnni``   Intel Ice Lake and later servers, AMD Zen 4+    x86-64-v4 + avx512_vnni
 ``avxvnni``      Intel Alder Lake and later desktops, AMD Zen 5  x86-64-v3 + avx_vnni
 ``avx2``         x86-64 since Haswell / Zen 1                    x86-64-v3 (AVX2, FMA, F16C, BMI2)
@@ -47,6 +48,7 @@ COMMON_FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-fopenmp", "-shar
 ENV = "VSKIP_NATIVE_ISA"
 
 _V3 = ("avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe", "abm")
+_V4 = _V3 + ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni")
 
 
 @dataclass(frozen=True)
@@ -63,8 +65,9 @@ class Variant:
 
 #: best first, per architecture
 VARIANTS = {v.name: v for v in (
-    Variant("avx512vnni", "x86_64", _V3 + ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni"),
-            ("-march=x86-64-v4", "-mavx512vnni"), "AVX512VNNI"),
+    Variant("amx", "x86_64", _V4 + ("amx_tile", "amx_int8"), ("-march=x86-64-v4", "-mavx512vnni", "-mamx-tile",
+                                                                 "-mamx-int8"), "AMX"),
+    Variant("avx512vnni", "x86_64", _V4, ("-march=x86-64-v4", "-mavx512vnni"), "AVX512VNNI"),
     Variant("avxvnni", "x86_64", _V3 + ("avx_vnni",), ("-march=x86-64-v3", "-mavxvnni"), "AVXVNNI"),
     Variant("avx2", "x86_64", _V3, ("-march=x86-64-v3",), "AVX2"),
     Variant("neon-dotprod", "aarch64", ("asimd", "asimddp"), ("-march=armv8.2-a+dotprod",), "NEON_DOTPROD"),
@@ -119,12 +122,28 @@ def cannot_run(name: str, flags: set[str] | None = None, arch: str | None = None
     arch = arch or machine_arch()
     if v.arch not in ("any", arch):
         return f"the {name} variant runs on {v.arch} CPUs; this one is {arch}"
-    if flags is None:
+    here = flags is None
+    if here:
         flags = cpu_flags()[1]
     missing = [f for f in v.needs if f not in flags]
     if missing:
         return f"this CPU cannot run the {name} variant: it lacks {', '.join(missing)}"
+    if here and "amx_tile" in v.needs and not tiles_granted():
+        return (f"this CPU has AMX, but the operating system does not let this process use its tiles "
+                f"(Linux grants them from 5.16 on)")
     return None
+
+
+@lru_cache(maxsize=1)
+def tiles_granted() -> bool:
+    """Whether Linux lets this process use AMX's tile data (it asks: arch_prctl ARCH_REQ_XCOMP_PERM
+    for XFEATURE_XTILEDATA, as every AMX program must once before its first tile instruction)."""
+    if sys.platform != "linux" or machine_arch() != "x86_64":
+        return False
+    try:
+        return ctypes.CDLL(None, use_errno=True).syscall(158, 0x1023, 18) == 0  # SYS_arch_prctl on x86-64
+    except (OSError, AttributeError):
+        return False
 
 
 def runnable(flags: set[str] | None = None, arch: str | None = None) -> list[str]:
@@ -149,7 +168,21 @@ def chosen_isa() -> str:
         if reason:
             raise NativeUnavailable(f"{ENV}={asked}: {reason}")
         return asked
-    return runnable()[0]
+    best = runnable()
+    if best[0] == "amx" and not _builds("amx"):  # a compiler older than AMX's intrinsics: the next best
+        best = best[1:]
+    return best[0]
+
+
+@lru_cache(maxsize=None)
+def _builds(name: str) -> bool:
+    try:
+        library_path(name)
+    except NativeUnavailable as e:
+        print(f"vskip: the {name} variant of the native kernels does not build here ({str(e).splitlines()[0]}); "
+              f"using the next best", file=sys.stderr)
+        return False
+    return True
 
 
 def unsupported_reason() -> str | None:

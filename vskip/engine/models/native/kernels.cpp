@@ -26,6 +26,11 @@
 
 #include "simd.h"
 
+#if defined(VSKIP_ISA_AMX)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 extern "C" {
 
 struct QMat {
@@ -191,9 +196,94 @@ void tiles(const QMat& W, int g, const QAct& a, int M, int R, float* out, int ld
   for (int r0 = 0; r0 < M; r0 += R) tile_n<NIB>(W, g, a, r0, std::min(R, M - r0), out, ldo);
 }
 
+#if defined(VSKIP_ISA_AMX)
+// R rows (R <= MX_ROWS) times one group of 16 outputs, the block sums from AMX's tiles four
+// blocks at a time (nibbles unpacked to bytes first); then per row exactly tile<R, NIB>'s float
+// arithmetic, block by block.
+template <int R, bool NIB>
+void tile_mx(const QMat& W, int g, const QAct& a, int r0, float* out, int ldo) {
+  constexpr int BLOCK = NIB ? 256 : 512;  // bytes of one block of 16 outputs
+  const int nb = W.K / 32;
+  const uint8_t* wq = W.q + (size_t)g * nb * BLOCK;
+  const uint16_t* wd = W.d + (size_t)g * nb * 16;
+  const uint16_t* wm = W.m ? W.m + (size_t)g * nb * 16 : nullptr;
+  const size_t rows = a.rows;
+  const int8_t* xq = a.q.data() + (size_t)r0 * 32;
+  const float* xd = a.d.data() + r0;
+  const int32_t* xs = a.si.data() + r0;
+  const float* xf = a.sf.data() + r0;
+  alignas(64) int32_t c[4][16][16];
+  alignas(64) uint8_t wb[NIB ? 4 * 512 : 64];
+  F acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = fzero();
+  for (int b = 0; b < nb; b += 4) {
+    const int u = std::min(4, nb - b);
+    for (int j = 0; j < u; ++j) prefetch_block<NIB>(W, g, b + j);
+    const uint8_t* w = wq + (size_t)b * BLOCK;
+    if (NIB) {
+      mx_unpack_nib(w, u, wb);
+      w = wb;
+    }
+    const int8_t* x = xq + (size_t)b * rows * 32;
+    if (u == 4) mx_q8<4>(w, x, rows * 32, c);
+    else if (u == 3) mx_q8<3>(w, x, rows * 32, c);
+    else if (u == 2) mx_q8<2>(w, x, rows * 32, c);
+    else mx_q8<1>(w, x, rows * 32, c);
+    for (int j = 0; j < u; ++j) {
+      const F dw = fhalf(wd + (b + j) * 16);
+      const size_t i = (size_t)(b + j) * rows;
+      if (wm) {
+        const F mw = fhalf(wm + (b + j) * 16);
+        for (int r = 0; r < R; ++r) {
+          const I s = NIB ? iload(c[j][r]) : iaddc(iload(c[j][r]), -W.offset * xs[i + r]);
+          acc[r] = ffma(fcvt(s), fmul(dw, fset(xd[i + r])), acc[r]);
+          acc[r] = ffma(mw, fset(xf[i + r]), acc[r]);
+        }
+      } else {
+        for (int r = 0; r < R; ++r) {
+          const I s = NIB ? iload(c[j][r]) : iaddc(iload(c[j][r]), -W.offset * xs[i + r]);
+          acc[r] = ffma(fcvt(s), fmul(dw, fset(xd[i + r])), acc[r]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) fstore(out + (size_t)(r0 + r) * ldo + g * 16, acc[r]);
+}
+
+template <bool NIB, int R = 1>
+void tile_mx_n(const QMat& W, int g, const QAct& a, int r0, int n, float* out, int ldo) {
+  if constexpr (R < MX_ROWS) {
+    if (n > R) return tile_mx_n<NIB, R + 1>(W, g, a, r0, n, out, ldo);
+  }
+  tile_mx<R, NIB>(W, g, a, r0, out, ldo);
+}
+
+// Calls of fewer rows run on AVX512-VNNI: up to TILE_ROWS rows it computes a group of outputs in
+// one pass over its weights, faster than the tiles' fixed cost per block (measured on a Xeon with
+// AMX: 6 rows of a 3072 x 576 Q4_1 product 48 us against 59, 9 rows 71 against 68).
+constexpr int MX_MIN_ROWS = TILE_ROWS + 1;
+#endif
+
 // out[r][n] = sum_k W[n][k] x[r][k] for rows 0..M-1; called inside a parallel region.
 void gemm(const QMat& W, const QAct& a, int M, float* out, int ldo) {
   const int G = W.N / 16;
+#if defined(VSKIP_ISA_AMX)
+  if (M >= MX_MIN_ROWS) {
+    const int nt = (M + MX_ROWS - 1) / MX_ROWS, R = (M + nt - 1) / nt;  // balanced, as below
+    int shaped = 0;  // the rows this thread's tiles are configured for
+#pragma omp for schedule(static)
+    for (int g = 0; g < G; ++g) {
+      for (int r0 = 0; r0 < M; r0 += R) {
+        const int rn = std::min(R, M - r0);
+        if (rn != shaped) mx_config(shaped = rn);
+        if (W.nibbles) tile_mx_n<true>(W, g, a, r0, rn, out, ldo);
+        else tile_mx_n<false>(W, g, a, r0, rn, out, ldo);
+      }
+    }
+    if (shaped) mx_done();
+    return;
+  }
+#endif
   const int ntiles = (M + TILE_ROWS - 1) / TILE_ROWS, R = (M + ntiles - 1) / ntiles;  // balanced: 9 rows as 5 + 4
 #pragma omp for schedule(static)
   for (int g = 0; g < G; ++g) {
@@ -225,81 +315,112 @@ void rope(float* x, int hd, const float* cs, const float* sn) {
   }
 }
 
-// The G query heads of one row that share a key-value head, over keys [0, L) of its slot. K is
-// stored in tiles of 16 keys, each transposed ([cap/16][hd][16]), V as [cap][hd]; q holds the G
-// heads' vectors one after another, and out receives them so. `s`: scratch of at least
-// ATT_HEADS * (L + 64) floats. Each score is one chain of multiply-adds over the head dimension,
-// each output one over the keys, in that order, however many heads or rows share the work. The
-// scores of a tile's keys at or past L are computed from whatever the cache holds there and
-// never used.
+// Attention of queries that share one key-value head of one slot: the heads of a row, and the
+// rows of one sequence's verification (each up to its own position). K is stored in tiles of 16
+// keys, each transposed ([cap/16][hd][16]), V as [cap][hd]. Query i is the vector q[i] over keys
+// [0, L[i]) and its output goes to out[i]. Each score is one chain of multiply-adds over the head
+// dimension, each output one over its keys in order, whichever queries share the work: so every
+// query's bits are those of the query alone. Sharing only orders the work so that each tile of
+// keys, once loaded, serves every query before the next (the keys of a long context come from
+// memory once per call instead of once per row). Scores of keys at or past a query's L are
+// computed from whatever the cache holds there and never used.
+constexpr int ATT_QUERIES = 32;  // the most queries one piece of attention holds
+#ifndef ATT_SPLIT_ROWS
+#define ATT_SPLIT_ROWS 2
+#endif
+struct Queries {
+  const float* q[ATT_QUERIES];
+  float* out[ATT_QUERIES];
+  int L[ATT_QUERIES];
+  int n = 0, Lmax = 0;
+};
+
+// The scores of keys j0 .. j0 + 31 for G queries, into s (a row of `stride` floats per query).
 template <int G>
-void attend(const float* q, const float* K, const float* V, int L, int hd, float scale, float* s, float* out) {
-  const int stride = L + 64;
-  for (int j0 = 0; j0 < L; j0 += 32) {  // j0 + 32 <= capacity (a multiple of 64)
-    F a[G][2];
-    for (int g = 0; g < G; ++g) a[g][0] = a[g][1] = fzero();
-    const float* t0 = K + (size_t)(j0 / 16) * hd * 16;  // the tiles of keys j0 .. j0 + 15 and the next 16
-    const float* t1 = t0 + (size_t)hd * 16;
-    for (int d = 0; d < hd; ++d) {
-      const F k0 = fload(t0 + d * 16), k1 = fload(t1 + d * 16);
-      for (int g = 0; g < G; ++g) {
-        const F qd = fset(q[g * hd + d]);
-        a[g][0] = ffma(qd, k0, a[g][0]);
-        a[g][1] = ffma(qd, k1, a[g][1]);
-      }
+void scores(const float* const* q, const float* K, int j0, int hd, float scale, float* s, int stride) {
+  F a[G][2];
+  for (int g = 0; g < G; ++g) a[g][0] = a[g][1] = fzero();
+  const float* t0 = K + (size_t)(j0 / 16) * hd * 16;  // the tiles of keys j0 .. j0 + 15 and the next 16
+  const float* t1 = t0 + (size_t)hd * 16;
+  for (int d = 0; d < hd; ++d) {
+    const F k0 = fload(t0 + d * 16), k1 = fload(t1 + d * 16);
+    for (int g = 0; g < G; ++g) {
+      const F qd = fset(q[g][d]);
+      a[g][0] = ffma(qd, k0, a[g][0]);
+      a[g][1] = ffma(qd, k1, a[g][1]);
     }
-    for (int g = 0; g < G; ++g)
-      for (int c = 0; c < 2; ++c) fstore(s + g * stride + j0 + 16 * c, fmul(a[g][c], fset(scale)));
   }
-  float inv[G];
-  for (int g = 0; g < G; ++g) {
-    float* sg = s + g * stride;
-    F mx = fset(-INFINITY);
-    for (int j = 0; j < L; j += 16) mx = fmax(mx, ffirst(fload(sg + j), L - j, fset(-INFINITY)));
-    const F top = fset(hmax(mx));
-    F sum = fzero();
-    for (int j = 0; j < L; j += 16) {
-      const F e = ffirst(fexp(fsub(fload(sg + j), top)), L - j, fzero());
-      fstore(sg + j, e);
-      sum = fadd(sum, e);
-    }
-    inv[g] = 1.0f / hsum(sum);
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < 2; ++c) fstore(s + g * stride + j0 + 16 * c, fmul(a[g][c], fset(scale)));
+}
+
+// Scores [0, L) to probabilities times their sum (returned: 1 / the sum).
+float softmax_row(float* sg, int L) {
+  F mx = fset(-INFINITY);
+  for (int j = 0; j < L; j += 16) mx = fmax(mx, ffirst(fload(sg + j), L - j, fset(-INFINITY)));
+  const F top = fset(hmax(mx));
+  F sum = fzero();
+  for (int j = 0; j < L; j += 16) {
+    const F e = ffirst(fexp(fsub(fload(sg + j), top)), L - j, fzero());
+    fstore(sg + j, e);
+    sum = fadd(sum, e);
   }
+  return 1.0f / hsum(sum);
+}
+
+// The outputs of G queries: each the sum over its keys of probability times value, in key order.
+template <int G>
+void values(const Queries& Q, int i0, const float* V, int hd, const float* s, int stride, const float* inv) {
+  int lo = Q.L[i0], hi = Q.L[i0];
+  for (int g = 1; g < G; ++g) lo = std::min(lo, Q.L[i0 + g]), hi = std::max(hi, Q.L[i0 + g]);
   for (int c0 = 0; c0 < hd; c0 += 64) {  // 4 lane groups of the head dimension at a time
     const int nv = std::min(4, (hd - c0) / 16);
     F acc[G][4];
     for (int g = 0; g < G; ++g)
       for (int c = 0; c < 4; ++c) acc[g][c] = fzero();
-    for (int j = 0; j < L; ++j) {
+    for (int j = 0; j < hi; ++j) {
       const float* vr = V + (size_t)j * hd + c0;
       F v[4];
       for (int c = 0; c < nv; ++c) v[c] = fload(vr + 16 * c);
       for (int g = 0; g < G; ++g) {
-        const F p = fset(s[g * stride + j]);
+        if (j >= lo && j >= Q.L[i0 + g]) continue;  // past this query's keys
+        const F p = fset(s[(i0 + g) * stride + j]);
         for (int c = 0; c < nv; ++c) acc[g][c] = ffma(p, v[c], acc[g][c]);
       }
     }
     for (int g = 0; g < G; ++g)
-      for (int c = 0; c < nv; ++c) fstore(out + g * hd + c0 + 16 * c, fmul(acc[g][c], fset(inv[g])));
+      for (int c = 0; c < nv; ++c) fstore(Q.out[i0 + g] + c0 + 16 * c, fmul(acc[g][c], fset(inv[i0 + g])));
   }
 }
 
 template <int G = 1>
-void attend_g(int g, const float* q, const float* K, const float* V, int L, int hd, float scale, float* s, float* out) {
+void scores_g(int g, const float* const* q, const float* K, int j0, int hd, float scale, float* s, int stride) {
   if constexpr (G < ATT_HEADS) {
-    if (g > G) return attend_g<G + 1>(g, q, K, V, L, hd, scale, s, out);
+    if (g > G) return scores_g<G + 1>(g, q, K, j0, hd, scale, s, stride);
   }
-  attend<G>(q, K, V, L, hd, scale, s, out);
+  scores<G>(q, K, j0, hd, scale, s, stride);
 }
 
-// The query heads [h0, h0 + n) of one row, which share one key-value head, ATT_HEADS at a time.
-void attend_heads(const float* q, const float* K, const float* V, int L, int hd, float scale, float* s, float* out,
-                  int n) {
-  while (n > 0) {
-    const int g = std::min(n, ATT_HEADS);
-    attend_g(g, q, K, V, L, hd, scale, s, out);
-    q += g * hd, out += g * hd, n -= g;
+template <int G = 1>
+void values_g(int g, const Queries& Q, int i0, const float* V, int hd, const float* s, int stride, const float* inv) {
+  if constexpr (G < ATT_HEADS) {
+    if (g > G) return values_g<G + 1>(g, Q, i0, V, hd, s, stride, inv);
   }
+  values<G>(Q, i0, V, hd, s, stride, inv);
+}
+
+// `s`: scratch of at least Q.n * (Q.Lmax + 64) floats.
+void attend(const Queries& Q, const float* K, const float* V, int hd, float scale, float* s) {
+  const int stride = Q.Lmax + 64;
+  for (int j0 = 0; j0 < Q.Lmax; j0 += 32)  // j0 + 32 <= capacity (a multiple of 64)
+    for (int i = 0; i < Q.n; i += ATT_HEADS) {
+      const int g = std::min(ATT_HEADS, Q.n - i);
+      if (j0 < *std::max_element(Q.L + i, Q.L + i + g))
+        scores_g(g, Q.q + i, K, j0, hd, scale, s + (size_t)i * stride, stride);
+    }
+  float inv[ATT_QUERIES];
+  for (int i = 0; i < Q.n; ++i) inv[i] = softmax_row(s + (size_t)i * stride, Q.L[i]);
+  for (int i = 0; i < Q.n; i += ATT_HEADS) values_g(std::min(ATT_HEADS, Q.n - i), Q, i, V, hd, s, stride, inv);
 }
 
 void silu_mul(const float* g, const float* u, float* y, int F_) {
@@ -344,11 +465,44 @@ Top top_of(const float* z, int n) {
     if (z[i] == best) return {best, i};
 }
 
+// A piece of a layer's attention: rows [r0, r1) of one slot (consecutive rows with the same
+// caches), query heads [h0, h1) of key-value head k; at most ATT_QUERIES queries.
+struct AttWork {
+  int r0, r1, k, h0, h1;
+};
+
+// The layer's attention as pieces for the threads: each slot's rows in as few pieces as hold them
+// (its keys are read once a piece), but at least two pieces a key-value head where the heads
+// alone would leave a thread idle (3 key-value heads on 2 threads), when the slot has the rows.
+std::vector<AttWork> attention_work(int n, float* const* kc, int KV, int per, int threads) {
+  std::vector<AttWork> work;
+  const int hstep = std::min(per, ATT_QUERIES), rstep = std::max(1, ATT_QUERIES / hstep);
+  for (int r = 0; r < n;) {
+    int e = r + 1;
+    while (e < n && kc[e] == kc[r]) ++e;
+    const int m = e - r;
+    int pieces = (m + rstep - 1) / rstep;
+    if (threads > 1 && (KV * pieces) % threads && m >= ATT_SPLIT_ROWS) pieces = std::max(pieces, std::min(m, threads));
+    const int rows = (m + pieces - 1) / pieces;
+    for (int k = 0; k < KV; ++k)
+      for (int r0 = r; r0 < e; r0 += rows)
+        for (int h0 = 0; h0 < per; h0 += hstep) work.push_back({r0, std::min(e, r0 + rows), k, h0, std::min(per, h0 + hstep)});
+    r = e;
+  }
+  return work;
+}
+
 }  // namespace vs
 
 extern "C" {
 
 using namespace vs;
+
+#if defined(VSKIP_ISA_AMX)
+// Linux lets a process use AMX's tile data once it asks (arch_prctl ARCH_REQ_XCOMP_PERM for
+// XFEATURE_XTILEDATA); the Python side asks too, before it chooses this variant.
+__attribute__((constructor)) static void vs_ask_for_tiles() { syscall(SYS_arch_prctl, 0x1023, 18); }
+#endif
 
 // The instruction set this build was made for (simd.h).
 const char* vs_isa() { return vs::ISA; }
@@ -395,10 +549,12 @@ int vs_forward(const Model* mp, int n, const int64_t* tokens, const float* embed
   std::vector<Top> tops((size_t)n_out * parts);
   const float scale = 1.0f / sqrtf((float)hd);
   const float eps = M.eps;
+  const int per = H / KV;
+  const std::vector<AttWork> work = attention_work(n, kc, KV, per, n_threads);
 #pragma omp parallel num_threads(n_threads)
   {
     const FpEnv fp;
-    std::vector<float> s((size_t)ATT_HEADS * (maxL + 64));
+    std::vector<float> s((size_t)ATT_QUERIES * (maxL + 64));
 #pragma omp for schedule(static)
     for (int r = 0; r < n; ++r) {
       float* hr = &h[(size_t)r * D];
@@ -443,15 +599,21 @@ int vs_forward(const Model* mp, int n, const int64_t* tokens, const float* embed
           memcpy(V + (size_t)pos[r] * hd, vr, sizeof(float) * hd);
         }
       }
-#pragma omp for schedule(static) collapse(2)
-      for (int r = 0; r < n; ++r) {
-        for (int k = 0; k < KV; ++k) {
-          const int per = H / KV;
-          const size_t c = (size_t)cap[r];
-          attend_heads(&qkv[(size_t)r * NQKV + k * per * hd], kc[r] + ((size_t)l * KV + k) * hd * c,
-                       vc[r] + ((size_t)l * KV + k) * c * hd, kv_len[r], hd, scale, s.data(),
-                       &att[(size_t)r * NQ + k * per * hd], per);
+#pragma omp for schedule(static)
+      for (size_t w = 0; w < work.size(); ++w) {
+        const AttWork& it = work[w];
+        Queries Q;
+        for (int r = it.r0; r < it.r1; ++r) {
+          for (int h = it.h0; h < it.h1; ++h, ++Q.n) {
+            Q.q[Q.n] = &qkv[(size_t)r * NQKV + (size_t)(it.k * per + h) * hd];
+            Q.out[Q.n] = &att[(size_t)r * NQ + (size_t)(it.k * per + h) * hd];
+            Q.L[Q.n] = kv_len[r];
+            Q.Lmax = std::max(Q.Lmax, kv_len[r]);
+          }
         }
+        const size_t c = (size_t)cap[it.r0];
+        attend(Q, kc[it.r0] + ((size_t)l * KV + it.k) * hd * c, vc[it.r0] + ((size_t)l * KV + it.k) * c * hd, hd,
+               scale, s.data());
       }
 #pragma omp for schedule(static)
       for (int r = 0; r < n; ++r) quantize(a, r, &att[(size_t)r * NQ], NQ);

@@ -23,6 +23,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#if defined(VSKIP_ISA_AMX)  // AVX512-VNNI's section, with AMX's tiles for the products of several rows
+#define VSKIP_ISA_AVX512VNNI
+#endif
+
 #if defined(VSKIP_ISA_AVX512VNNI) || defined(VSKIP_ISA_AVXVNNI) || defined(VSKIP_ISA_AVX2)
 #include <immintrin.h>
 #elif defined(VSKIP_ISA_NEON) || defined(VSKIP_ISA_NEON_DOTPROD)
@@ -43,7 +47,11 @@ inline int32_t quad(const int8_t* p) {  // 4 consecutive int8 as one int32 (to b
 
 #if defined(VSKIP_ISA_AVX512VNNI)
 // ---- x86-64 with AVX512F/BW/VL and AVX512-VNNI: one zmm register per lane group --------------
+#if defined(VSKIP_ISA_AMX)
+constexpr const char* ISA = "amx";
+#else
 constexpr const char* ISA = "avx512vnni";
+#endif
 constexpr int TILE_ROWS = 8, ATT_HEADS = 4;
 using F = __m512;
 using I = __m512i;
@@ -100,6 +108,59 @@ inline void dot_q8(const uint8_t* w, const int8_t* x, const int32_t* xs, I* s) {
   }
   for (int r = 0; r < R; ++r) s[r] = iaddc(s[r], -128 * xs[r]);
 }
+
+#if defined(VSKIP_ISA_AMX)
+// ---- AMX (Intel Sapphire Rapids and later): the block sums of up to 16 rows at once -----------
+// A tile product gives the int32 sums of a block of 32 inputs for up to 16 rows and 16 outputs
+// in one instruction; they are the same integers dot_q8 gives (exact), and the float arithmetic
+// that follows is the same per row, so the bits are avx512vnni's.
+//   MX_ROWS            the rows a tile holds
+//   mx_config(R)       tiles 0-3: the sums of 4 blocks (R x 16 int32); 4, 5: R rows of a block of
+//                      activations (32 int8 each); 6, 7: a block of 16 outputs' weights (8 x 64
+//                      unsigned bytes, the VNNI layout as stored). Per thread; zeroes the tiles.
+//   mx_q8<U>(w, x, xs, c)  U (1..4) blocks: weights at w + 512 j, the activations of block j at
+//                      x + xs j (rows 32 bytes apart); c[j][r][o] = sum of u x (u = q + 128)
+//   mx_unpack_nib(w, u, out)  u nibble blocks as the bytes a tile of weights takes (out: 512 u)
+//   mx_done()          the tiles given back (their state is then not saved at a context switch)
+//   iload(p)           16 int32
+constexpr int MX_ROWS = 16;
+struct alignas(64) MxConfig {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+inline void mx_config(int R) {
+  MxConfig c{};
+  c.palette = 1;
+  for (int t = 0; t < 4; ++t) c.rows[t] = (uint8_t)R, c.colsb[t] = 64;
+  for (int t = 4; t < 6; ++t) c.rows[t] = (uint8_t)R, c.colsb[t] = 32;
+  for (int t = 6; t < 8; ++t) c.rows[t] = 8, c.colsb[t] = 64;
+  _tile_loadconfig(&c);
+}
+template <int U>
+inline void mx_q8(const uint8_t* w, const int8_t* x, size_t xs, int32_t (*c)[16][16]) {
+  _tile_zero(0); _tile_loadd(4, x, 32); _tile_loadd(6, w, 64); _tile_dpbsud(0, 4, 6);
+  if constexpr (U > 1) { _tile_zero(1); _tile_loadd(5, x + xs, 32); _tile_loadd(7, w + 512, 64); _tile_dpbsud(1, 5, 7); }
+  if constexpr (U > 2) { _tile_zero(2); _tile_loadd(4, x + 2 * xs, 32); _tile_loadd(6, w + 1024, 64); _tile_dpbsud(2, 4, 6); }
+  if constexpr (U > 3) { _tile_zero(3); _tile_loadd(5, x + 3 * xs, 32); _tile_loadd(7, w + 1536, 64); _tile_dpbsud(3, 5, 7); }
+  _tile_stored(0, c[0], 64);
+  if constexpr (U > 1) _tile_stored(1, c[1], 64);
+  if constexpr (U > 2) _tile_stored(2, c[2], 64);
+  if constexpr (U > 3) _tile_stored(3, c[3], 64);
+}
+// Nibble blocks (4 x 64 bytes, quads 2k and 2k + 1 in chunk k's low and high nibbles) as the
+// 8 x 64 bytes of values 0..15 a tile of weights takes, u blocks from w into out.
+inline void mx_unpack_nib(const uint8_t* w, int u, uint8_t* out) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int k = 0; k < 4 * u; ++k) {
+    const __m512i v = _mm512_loadu_si512(w + k * 64);
+    _mm512_store_si512(out + k * 128, _mm512_and_si512(v, low));
+    _mm512_store_si512(out + k * 128 + 64, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+  }
+}
+inline void mx_done() { _tile_release(); }
+inline I iload(const int32_t* p) { return _mm512_loadu_si512(p); }
+#endif
 
 #elif defined(VSKIP_ISA_AVXVNNI) || defined(VSKIP_ISA_AVX2)
 // ---- x86-64 with AVX2, FMA and F16C (x86-64-v3), and AVX-VNNI where named: two ymm registers ----

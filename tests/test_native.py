@@ -129,6 +129,30 @@ def test_every_variant_this_cpu_runs_computes_the_same_products(minimums):
         assert torch.equal(out, got[first]), (isa, first)
 
 
+@pytest.mark.parametrize("minimums", [False, True])
+def test_the_tiled_product_path_computes_the_same_products_on_any_cpu(minimums):
+    """AMX's tile path (tile_mx) with a plain C++ stand-in for the tiles, built into the portable
+    variant: products of 1..20 rows (one tile, two, and blocks in fours with a remainder) equal the
+    portable variant's bit for bit; and a stand-in one off in one sum is seen from 5 rows on (where
+    the path starts: TILE_ROWS + 1) and not below, so the path is the one compared."""
+    from vskip.engine.models.native.build import library
+
+    torch.manual_seed(6)
+    p, x = _packed(minimums), torch.randn(20, 160)
+    qm = p.qmat()
+    outs = {}
+    for extra in ((), ("-DVSKIP_TEST_MX",), ("-DVSKIP_TEST_MX", "-DVSKIP_TEST_MX_WRONG")):
+        lib = library("portable", extra)
+        outs[extra] = []
+        for n in range(1, 21):
+            out = torch.empty(n, p.N)
+            assert lib.vs_matmul(ctypes.byref(qm), n, x[:n].contiguous().data_ptr(), out.data_ptr(), THREADS) == 0
+            outs[extra].append(out)
+    plain, tiled, wrong = outs.values()
+    assert all(torch.equal(a, b) for a, b in zip(plain, tiled))
+    assert [not torch.equal(a, b) for a, b in zip(plain, wrong)] == [n >= 5 for n in range(1, 21)]
+
+
 # --- tiny transformers models ------------------------------------------------------------------
 
 V = 256

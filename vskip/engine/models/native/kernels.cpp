@@ -149,6 +149,16 @@ inline void prefetch_block(const QMat& W, int g, int b) {
   for (int c = 0; c < (NIB ? 4 : 8); ++c) __builtin_prefetch(W.q + at + c * 64, 0, 3);
 }
 
+// One row's exact block sum s into its accumulator: the float arithmetic of every product path
+// (dw, mw: the block's 16 scales and, with MIN, minimums; xd, xf: the row's activation scale and
+// scaled sum), written once, so that every path gives a row the same bits.
+template <bool MIN>
+inline F add_sum(F acc, I s, F dw, F mw, float xd, float xf) {
+  acc = ffma(fcvt(s), fmul(dw, fset(xd)), acc);
+  if constexpr (MIN) acc = ffma(mw, fset(xf), acc);
+  return acc;
+}
+
 // R rows times one group of 16 outputs. Each row's sequence of operations is the same for any R
 // (the integer block sums are exact, whatever their order), so a row's result never depends on R.
 template <int R, bool NIB>
@@ -172,12 +182,9 @@ void tile(const QMat& W, int g, const QAct& a, int r0, float* out, int ldo) {
     const F dw = fhalf(wd + b * 16);
     if (wm) {
       const F mw = fhalf(wm + b * 16);
-      for (int r = 0; r < R; ++r) {
-        acc[r] = ffma(fcvt(s[r]), fmul(dw, fset(xd[r])), acc[r]);
-        acc[r] = ffma(mw, fset(xf[r]), acc[r]);
-      }
+      for (int r = 0; r < R; ++r) acc[r] = add_sum<true>(acc[r], s[r], dw, mw, xd[r], xf[r]);
     } else {
-      for (int r = 0; r < R; ++r) acc[r] = ffma(fcvt(s[r]), fmul(dw, fset(xd[r])), acc[r]);
+      for (int r = 0; r < R; ++r) acc[r] = add_sum<false>(acc[r], s[r], dw, dw, xd[r], 0.0f);
     }
   }
   for (int r = 0; r < R; ++r) fstore(out + (size_t)(r0 + r) * ldo + g * 16, acc[r]);
@@ -196,7 +203,7 @@ void tiles(const QMat& W, int g, const QAct& a, int M, int R, float* out, int ld
   for (int r0 = 0; r0 < M; r0 += R) tile_n<NIB>(W, g, a, r0, std::min(R, M - r0), out, ldo);
 }
 
-#if defined(VSKIP_ISA_AMX)
+#if defined(VSKIP_MX_TILES)  // AMX's tiles, or their stand-in for the tests (simd.h)
 // R rows (R <= MX_ROWS) times one group of 16 outputs, the block sums from AMX's tiles four
 // blocks at a time (nibbles unpacked to bytes first); then per row exactly tile<R, NIB>'s float
 // arithmetic, block by block.
@@ -230,20 +237,15 @@ void tile_mx(const QMat& W, int g, const QAct& a, int r0, float* out, int ldo) {
     else if (u == 2) mx_q8<2>(w, x, rows * 32, c);
     else mx_q8<1>(w, x, rows * 32, c);
     for (int j = 0; j < u; ++j) {
-      const F dw = fhalf(wd + (b + j) * 16);
       const size_t i = (size_t)(b + j) * rows;
+      const F dw = fhalf(wd + (b + j) * 16);
+      // the exact sums of (q - offset) x over the block, as dot_q8 and dot_nib give them
+      auto sum = [&](int r) { return NIB ? iload(c[j][r]) : iaddc(iload(c[j][r]), -W.offset * xs[i + r]); };
       if (wm) {
         const F mw = fhalf(wm + (b + j) * 16);
-        for (int r = 0; r < R; ++r) {
-          const I s = NIB ? iload(c[j][r]) : iaddc(iload(c[j][r]), -W.offset * xs[i + r]);
-          acc[r] = ffma(fcvt(s), fmul(dw, fset(xd[i + r])), acc[r]);
-          acc[r] = ffma(mw, fset(xf[i + r]), acc[r]);
-        }
+        for (int r = 0; r < R; ++r) acc[r] = add_sum<true>(acc[r], sum(r), dw, mw, xd[i + r], xf[i + r]);
       } else {
-        for (int r = 0; r < R; ++r) {
-          const I s = NIB ? iload(c[j][r]) : iaddc(iload(c[j][r]), -W.offset * xs[i + r]);
-          acc[r] = ffma(fcvt(s), fmul(dw, fset(xd[i + r])), acc[r]);
-        }
+        for (int r = 0; r < R; ++r) acc[r] = add_sum<false>(acc[r], sum(r), dw, dw, xd[i + r], 0.0f);
       }
     }
   }
@@ -267,7 +269,7 @@ constexpr int MX_MIN_ROWS = TILE_ROWS + 1;
 // out[r][n] = sum_k W[n][k] x[r][k] for rows 0..M-1; called inside a parallel region.
 void gemm(const QMat& W, const QAct& a, int M, float* out, int ldo) {
   const int G = W.N / 16;
-#if defined(VSKIP_ISA_AMX)
+#if defined(VSKIP_MX_TILES)
   if (M >= MX_MIN_ROWS) {
     const int nt = (M + MX_ROWS - 1) / MX_ROWS, R = (M + nt - 1) / nt;  // balanced, as below
     int shaped = 0;  // the rows this thread's tiles are configured for

@@ -123,6 +123,7 @@ inline void dot_q8(const uint8_t* w, const int8_t* x, const int32_t* xs, I* s) {
 //   mx_unpack_nib(w, u, out)  u nibble blocks as the bytes a tile of weights takes (out: 512 u)
 //   mx_done()          the tiles given back (their state is then not saved at a context switch)
 //   iload(p)           16 int32
+#define VSKIP_MX_TILES
 constexpr int MX_ROWS = 16;
 struct alignas(64) MxConfig {
   uint8_t palette, start_row, reserved[14];
@@ -469,6 +470,35 @@ inline void dot_q8(const uint8_t* w, const int8_t* x, const int32_t*, I* s) {
     memcpy(s[r].v, acc, sizeof acc);
   }
 }
+
+#if defined(VSKIP_TEST_MX)
+// AMX's tile operations (the AMX section's mx_* names) one sum at a time, for the tests: built into
+// the portable variant with -DVSKIP_TEST_MX, the tiled product path of kernels.cpp (tile_mx) runs,
+// and is compared bit for bit, on any CPU.
+#define VSKIP_MX_TILES
+constexpr int MX_ROWS = 16;
+inline thread_local int mx_rows = 0;
+inline void mx_config(int R) { mx_rows = R; }
+template <int U>
+inline void mx_q8(const uint8_t* w, const int8_t* x, size_t xs, int32_t (*c)[16][16]) {
+  for (int j = 0; j < U; ++j)
+    for (int r = 0; r < mx_rows; ++r)
+      for (int o = 0; o < 16; ++o) {
+        int32_t sum = 0;
+        for (int k = 0; k < 32; ++k) sum += (int32_t)x[j * xs + r * 32 + k] * (int32_t)w[j * 512 + k / 4 * 64 + o * 4 + k % 4];
+#if defined(VSKIP_TEST_MX_WRONG)  // a tile one off in one sum: the test that must see it
+        if (r == 0 && o == 0) sum += 1;
+#endif
+        c[j][r][o] = sum;
+      }
+}
+inline void mx_unpack_nib(const uint8_t* w, int u, uint8_t* out) {
+  for (int k = 0; k < 4 * u; ++k)
+    for (int i = 0; i < 64; ++i) out[k * 128 + i] = w[k * 64 + i] & 15, out[k * 128 + 64 + i] = w[k * 64 + i] >> 4;
+}
+inline void mx_done() { mx_rows = 0; }
+inline I iload(const int32_t* p) { I o; memcpy(o.v, p, sizeof o.v); return o; }
+#endif
 #endif
 
 // IEEE defaults for the scope of a forward, on the thread that runs it: round to nearest, and

@@ -393,28 +393,43 @@ def test_sampled_payoff_rounds_commit_what_ar_draws_with_the_same_seed(seed, tem
     assert sdd.tokens == ar.tokens
 
 
+def _trials(modes: list, of: str) -> list[int]:
+    """Where each run of ``of`` in ``modes`` begins."""
+    return [i for i, m in enumerate(modes) if m == of and (i == 0 or modes[i - 1] != of)]
+
+
 def test_a_batch_takes_the_mode_that_measured_more_tokens_per_second_and_retries_the_other():
-    from vskip.engine.chooser import MODES, RETRY_EVERY, TRY_ROUNDS
+    from vskip.engine.chooser import MODES, RETRY_EVERY, RETRY_MOST, TRY_ROUNDS
 
     ch = Chooser()
     assert ch.batch_mode(1) == "hints" and ch._modes == {}  # one sequence alone is never switched
     rate = {"hints": 100.0, "alone": 150.0}
-    seen = []
-    for _ in range(2 * TRY_ROUNDS + 3 * RETRY_EVERY):
-        mode = ch.batch_mode(4)
-        seen.append(mode)
-        ch.observe_mode(4, mode, 10, 10 / rate[mode])
+
+    def run(n: int) -> list:
+        out = []
+        for _ in range(n):
+            out.append(ch.batch_mode(4))
+            ch.observe_mode(4, out[-1], 10, 10 / rate[out[-1]])
+        return out
+
+    seen = run(2 * TRY_ROUNDS + 2 * RETRY_MOST)
     assert seen[: 2 * TRY_ROUNDS] == [MODES[0]] * TRY_ROUNDS + [MODES[1]] * TRY_ROUNDS  # each tried first
     rest = seen[2 * TRY_ROUNDS:]
-    assert rest.count("alone") > 0.9 * len(rest)  # then the faster one
-    assert 2 * TRY_ROUNDS <= rest.count("hints") <= 3 * TRY_ROUNDS  # and the other again now and then
-    # the other grows faster: after its next trial it is taken
+    assert rest.count("alone") > 0.95 * len(rest)  # then the faster one
+    starts = _trials(rest, "hints")  # and the other again now and then, each trial TRY_ROUNDS long
+    assert len(starts) >= 4 and rest.count("hints") == TRY_ROUNDS * len(starts)
+    gaps = [b - a - TRY_ROUNDS for a, b in zip(starts, starts[1:])]
+    assert starts[0] == RETRY_EVERY and gaps[:3] == [2 * RETRY_EVERY, 4 * RETRY_EVERY, 8 * RETRY_EVERY]
+    assert max(gaps) == RETRY_MOST  # the trials of a mode that keeps losing grow apart, up to a limit
+    # the other grows faster: after its next trial it is taken, and the first is tried again soon
     rate["hints"] = 300.0
-    later = []
-    for _ in range(3 * RETRY_EVERY):
-        later.append(ch.batch_mode(4))
-        ch.observe_mode(4, later[-1], 10, 10 / rate[later[-1]])
+    later = run(RETRY_MOST + 4 * RETRY_EVERY)
+    switch = next(i for i in range(len(later)) if later[i: i + RETRY_EVERY] == ["hints"] * RETRY_EVERY)
+    starts = _trials(later[: switch + 1], "hints")
+    assert len(starts) >= 2 and all(b - a - TRY_ROUNDS == RETRY_EVERY for a, b in zip(starts, starts[1:]))
+    # (each trial faster than the better mode: the next one soon, until the other is taken)
     assert later[-RETRY_EVERY:].count("hints") >= RETRY_EVERY - TRY_ROUNDS
+    assert _trials(later[switch:], "alone")[0] <= RETRY_EVERY + TRY_ROUNDS  # the trials of the first start over
     assert ch._modes[4] is not ch._modes.get(8)  # each batch size measures its own
 
 

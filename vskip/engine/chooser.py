@@ -47,10 +47,13 @@ GATE_EVERY = 32
 #: them, with the copy hints searched (``hints``) and without (``alone``: every sequence verifies
 #: its own next token, as ``ar``), and takes the one that commits more tokens per second: each is
 #: tried for TRY_ROUNDS rounds first, then the other is tried again for TRY_ROUNDS rounds after
-#: RETRY_EVERY of the better one's (rounds in a batch cost what no model of one sequence says: the
-#: search is per sequence, and a batch's rows read every sequence's cache)
+#: RETRY_EVERY of the better one's, and after twice as many each time a trial's own rounds were
+#: slower than the better one (up to RETRY_MOST; a trial that was not starts over at RETRY_EVERY): rounds in a
+#: batch cost what no model of one sequence says (the search is per sequence, and a batch's rows
+#: read every sequence's cache), and a mode that keeps losing costs its trials alone
 TRY_ROUNDS = 4
 RETRY_EVERY = 64
+RETRY_MOST = 1024
 MODES = ("hints", "alone")
 #: weight a mode's earlier rounds keep at each of its new ones (a trial of 4 rounds is a third of it)
 MODE_DECAY = 0.9
@@ -130,8 +133,9 @@ class Chooser:
         self._copied = {src: (np.zeros(shape), np.zeros(shape)) for src in ("context", "corpus")}
         self._since = np.zeros(len(self.odds.length_edges) + 1, dtype=np.int64)
         self._probes = np.ones(len(self.odds.length_edges) + 1, dtype=np.int64)
-        # per sequences in a round: per mode, decayed (rounds, tokens, seconds); the mode in use,
-        # its rounds since the other was last tried, and the rounds left of a trial
+        # per sequences in a round: per mode, decayed (rounds, tokens, seconds); the rounds since
+        # the other mode was last tried, the rounds left of a trial, the rounds between trials now,
+        # the better mode when the trial began, and per mode the (tokens, seconds) since its last trial began
         self._modes: dict[int, dict] = {}
 
     # -- what was measured ----------------------------------------------------------------------
@@ -167,6 +171,7 @@ class Chooser:
             return
         m = self._mode_state(sharing)
         m["seen"][mode] = MODE_DECAY * m["seen"][mode] + np.array([1.0, tokens, seconds])
+        m["trial_sums"][mode] += (tokens, seconds)
 
     def batch_mode(self, sharing: int) -> str:
         """How a round of ``sharing`` > 1 sequences drafts: ``hints`` (each sequence's hint
@@ -180,18 +185,27 @@ class Chooser:
             return untried[0]
         rate = {k: v[1] / v[2] for k, v in m["seen"].items()}
         best = max(MODES, key=lambda k: rate[k])
-        if m["trial"] > 0:  # trying the other again
+        if m["trial"] > 0:  # trying the other again (to its end, whichever leads meanwhile)
             m["trial"] -= 1
-            return next(k for k in MODES if k != best)
+            return next(k for k in MODES if k != m["held"])
+        if m["held"] is not None:  # a trial just ended: its rounds alone were slower, or not
+            tried = next(k for k in MODES if k != m["held"])
+            tokens, seconds = m["trial_sums"][tried]
+            lost = best == m["held"] and tokens < rate[best] * seconds
+            m["every"] = min(2 * m["every"], RETRY_MOST) if lost else RETRY_EVERY
+            m["held"] = None
+        if m["since"] >= m["every"]:
+            other = next(k for k in MODES if k != best)
+            m["since"], m["trial"], m["held"] = 0, TRY_ROUNDS - 1, best
+            m["trial_sums"][other] = np.zeros(2)
+            return other
         m["since"] += 1
-        if m["since"] >= RETRY_EVERY:
-            m["since"], m["trial"] = 0, TRY_ROUNDS - 1
-            return next(k for k in MODES if k != best)
         return best
 
     def _mode_state(self, sharing: int) -> dict:
         if sharing not in self._modes:
-            self._modes[sharing] = {"seen": {k: np.zeros(3) for k in MODES}, "since": 0, "trial": 0}
+            self._modes[sharing] = {"seen": {k: np.zeros(3) for k in MODES}, "since": 0, "trial": 0,
+                                    "every": RETRY_EVERY, "held": None, "trial_sums": {k: np.zeros(2) for k in MODES}}
         return self._modes[sharing]
 
     def observe_copy(self, source: Source, accepted: int) -> None:

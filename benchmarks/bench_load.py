@@ -14,6 +14,10 @@ several tokens in one chunk; llama-server sends one token a chunk) and its compl
 tokens/s is a level's completion tokens over its wall time. The load generator shares the
 machine's cores with the server it measures.
 
+``--tree NAME=DIR`` runs the server NAME on the vskip of another source tree (a checkout of an
+earlier commit, say): two versions of the code take turns under the same load, as
+``bench_trees.py`` has them take turns one prompt at a time; the record names each tree's commit.
+
 Last, every prompt is decoded alone with Strict SDD through the door ``vskip generate`` uses, in
 this script's process: each completed greedy response of a vskip server (``ar`` and ``strict``)
 is checked against that text.
@@ -30,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -48,11 +53,17 @@ LLAMACPP = "llamacpp"
 LLAMACPP_BODY = {"cache_prompt": False}
 
 
-def start_vskip(flags: str, threads: int, log: Path):
+def start_vskip(flags: str, threads: int, log: Path, tree: str | None = None):
+    """A ``vskip serve FLAGS``; ``tree``: a source tree whose vskip it runs (first on its PYTHONPATH)."""
     err = open(log, "w")
     cmd = [sys.executable, "-m", "vskip", "serve", "--port", "0", "--threads", str(threads), "--device", "cpu",
            "--request-timeout", "0", "--max-queue", "4096", *shlex.split(flags)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+    env = None
+    if tree is not None:  # -P: the working directory's vskip does not come first
+        path = os.environ.get("PYTHONPATH")
+        env = os.environ | {"PYTHONPATH": str(Path(tree).resolve()) + (os.pathsep + path if path else "")}
+        cmd.insert(1, "-P")
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
     for _ in range(3000):
         m = re.search(r"on (http://[\d.]+:\d+) \(batch (\d+)", log.read_text())
         if m:
@@ -270,8 +281,11 @@ def run(a) -> dict:
               "vskip": dict(v.split("=", 1) for v in a.vskip), "runs": [], "exit_status": {},
               "machine": machine(runtime_of(ModelConfig(device="cpu", threads=a.threads)))}
     try:
+        trees = dict(t.split("=", 1) for t in a.tree)
+        if trees:
+            record["trees"] = {name: tree_commit(tree) for name, tree in trees.items()}
         for name, flags in record["vskip"].items():
-            servers[name], urls[name], batch[name] = start_vskip(flags, a.threads, logs / f"{name}.log")
+            servers[name], urls[name], batch[name] = start_vskip(flags, a.threads, logs / f"{name}.log", trees.get(name))
         if LLAMACPP in configs:
             slots = a.slots or max(batch.values(), default=max(levels))
             ctx = max(a.ctx, a.stall + 64) if a.stall else a.ctx
@@ -415,6 +429,9 @@ def table(record: dict) -> str:
             f"{record['per_client']} requests back to back, {record['max_tokens']} tokens at most, temperature 0, "
             f"{record['tasks']} prompts alternating. vskip servers: "
             + "; ".join(f"{k}: `vskip serve {v}` (batch {record['batch'][k]})" for k, v in record["vskip"].items())]
+    if record.get("trees"):
+        foot.append("Source trees: " + "; ".join(f"{k}: commit {v}" for k, v in record["trees"].items())
+                    + " (the other servers: this checkout).")
     if lc:
         foot.append(f"llama-server {lc['version']}: {lc['slots']} slots of {lc['ctx_per_slot']} tokens, greedy, "
                     "cache_prompt off.")
@@ -486,6 +503,18 @@ def write(record: dict, out: Path) -> None:
     plot(record, out / "load.png")
 
 
+def tree_commit(tree: str) -> str:
+    """The commit a source tree is checked out at (``+`` where it has changes), or ``unknown``."""
+    git = ["git", "-C", tree]
+    try:
+        head = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout
+        dirty = subprocess.run(git + ["status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                               check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.strip() + ("+" if dirty.strip() else "")
+
+
 def check_args(a) -> None:
     """One line naming what is wrong, before any server starts."""
     names = set()
@@ -494,6 +523,12 @@ def check_args(a) -> None:
         if not eq or not name or name == LLAMACPP:
             raise SystemExit(f"--vskip {v!r}: expected NAME=FLAGS, NAME not {LLAMACPP!r}")
         names.add(name)
+    for t in a.tree:
+        name, eq, tree = t.partition("=")
+        if not eq or name not in names:
+            raise SystemExit(f"--tree {t!r}: expected NAME=DIR with NAME a --vskip name ({', '.join(sorted(names))})")
+        if not (Path(tree) / "vskip" / "__init__.py").is_file():
+            raise SystemExit(f"--tree {t!r}: {tree} holds no vskip package (a checkout of this repository)")
     for cfg in a.configs.split(","):
         server, _, policy = cfg.partition(":")
         if cfg != LLAMACPP and (server not in names or policy not in POLICIES):
@@ -511,6 +546,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--vskip", action="append", default=[],
                    help="NAME=FLAGS: a vskip server started with `vskip serve FLAGS` (repeatable)")
+    p.add_argument("--tree", action="append", default=[],
+                   help="NAME=DIR: the --vskip server NAME runs the vskip of the source tree DIR (a checkout, "
+                        "e.g. `git worktree add /tmp/base HEAD~1`): two versions of the code under the same load")
     p.add_argument("--configs", default="vskip:ar,vskip:strict,vskip:raw,llamacpp")
     p.add_argument("--levels", default="1,4,16,32")
     p.add_argument("--per-client", type=int, default=2)

@@ -66,3 +66,51 @@ def test_a_connection_that_fails_before_any_answer_is_tried_once_more():
     assert once["status"] == 200 and once["attempts"] == 2 and once["text"] == "a"
     twice = asyncio.run(bench.one(Client(2), [1, 2], 1, {}))
     assert twice["status"] == "APIConnectionError" and twice["attempts"] == 2
+
+
+def _args(**over):
+    from types import SimpleNamespace
+
+    a = dict(vskip=["new=", "old="], tree=[], configs="new:strict,old:strict", levels="16", per_client=1, repeats=1,
+             max_tokens=8)
+    a.update(over)
+    return SimpleNamespace(**a)
+
+
+def test_a_tree_names_a_server_and_holds_a_vskip_package(tmp_path):
+    from pathlib import Path
+
+    root = str(Path(bench.__file__).parents[1])
+    bench.check_args(_args(tree=[f"old={root}"]))
+    with pytest.raises(SystemExit, match="NAME a --vskip name"):
+        bench.check_args(_args(tree=[f"other={root}"]))
+    with pytest.raises(SystemExit, match="holds no vskip package"):
+        bench.check_args(_args(tree=[f"old={tmp_path}"]))
+
+
+def test_a_server_of_another_tree_imports_that_trees_vskip_first(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    tree = tmp_path / "tree"
+    (tree / "vskip").mkdir(parents=True)
+    (tree / "vskip" / "__init__.py").write_text("MARK = 'the other tree'\n")
+    seen = {}
+
+    def popen(cmd, **kw):
+        seen.update(cmd=cmd, env=kw.get("env"))
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    with pytest.raises(RuntimeError):
+        bench.start_vskip("", 2, tmp_path / "log", str(tree))
+    # the command it would start, run with the same interpreter flags and environment, finds the tree's vskip,
+    # whatever the working directory holds
+    monkeypatch.undo()
+    probe = [seen["cmd"][0], *[x for x in seen["cmd"][1:] if x == "-P"], "-c", "import vskip; print(vskip.MARK)"]
+    out = subprocess.run(probe, env=seen["env"], capture_output=True, text=True, cwd=bench.__file__.rsplit("/", 2)[0])
+    assert out.stdout.strip() == "the other tree", out.stderr
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    with pytest.raises(RuntimeError):
+        bench.start_vskip("", 2, tmp_path / "log")
+    assert seen["env"] is None and "-P" not in seen["cmd"] and seen["cmd"][0] == sys.executable

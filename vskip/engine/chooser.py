@@ -135,7 +135,7 @@ class Chooser:
         self._probes = np.ones(len(self.odds.length_edges) + 1, dtype=np.int64)
         # per sequences in a round: per mode, decayed (rounds, tokens, seconds); the rounds since
         # the other mode was last tried, the rounds left of a trial, the rounds between trials now,
-        # the better mode when the trial began, and per mode the (tokens, seconds) since its last trial began
+        # the better mode when the trial under way began, and that trial's (tokens, seconds)
         self._modes: dict[int, dict] = {}
 
     # -- what was measured ----------------------------------------------------------------------
@@ -171,7 +171,8 @@ class Chooser:
             return
         m = self._mode_state(sharing)
         m["seen"][mode] = MODE_DECAY * m["seen"][mode] + np.array([1.0, tokens, seconds])
-        m["trial_sums"][mode] += (tokens, seconds)
+        if m["held"] is not None and mode != m["held"]:  # a round of the trial under way
+            m["trial_sums"] += (tokens, seconds)
 
     def batch_mode(self, sharing: int) -> str:
         """How a round of ``sharing`` > 1 sequences drafts: ``hints`` (each sequence's hint
@@ -189,15 +190,13 @@ class Chooser:
             m["trial"] -= 1
             return next(k for k in MODES if k != m["held"])
         if m["held"] is not None:  # a trial just ended: its rounds alone were slower, or not
-            tried = next(k for k in MODES if k != m["held"])
-            tokens, seconds = m["trial_sums"][tried]
+            tokens, seconds = m["trial_sums"]
             lost = best == m["held"] and tokens < rate[best] * seconds
             m["every"] = min(2 * m["every"], RETRY_MOST) if lost else RETRY_EVERY
             m["held"] = None
         if m["since"] >= m["every"]:
             other = next(k for k in MODES if k != best)
-            m["since"], m["trial"], m["held"] = 0, TRY_ROUNDS - 1, best
-            m["trial_sums"][other] = np.zeros(2)
+            m["since"], m["trial"], m["held"], m["trial_sums"] = 0, TRY_ROUNDS - 1, best, np.zeros(2)
             return other
         m["since"] += 1
         return best
@@ -205,7 +204,7 @@ class Chooser:
     def _mode_state(self, sharing: int) -> dict:
         if sharing not in self._modes:
             self._modes[sharing] = {"seen": {k: np.zeros(3) for k in MODES}, "since": 0, "trial": 0,
-                                    "every": RETRY_EVERY, "held": None, "trial_sums": {k: np.zeros(2) for k in MODES}}
+                                    "every": RETRY_EVERY, "held": None, "trial_sums": np.zeros(2)}
         return self._modes[sharing]
 
     def observe_copy(self, source: Source, accepted: int) -> None:
